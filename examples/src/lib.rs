@@ -1,0 +1,1 @@
+//! Runnable idem services.

@@ -1,0 +1,1 @@
+//! Items used by the code `#[idempotent]` generates. Not a public API: it changes without notice.

@@ -1,0 +1,206 @@
+//! The handler abstraction: what the macro generates and the transports drive.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use sea_orm::DatabaseTransaction;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::fingerprint::{Fingerprint, FingerprintError};
+use crate::key::{KeyError, MessageKey};
+use crate::metadata::Metadata;
+
+/// How a handler's effects are committed with its inbox record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The Inbox pattern: claim, handler writes and outcome in one database transaction, which the
+    /// handler receives through [`Context::transaction`]. A crash anywhere before the commit
+    /// leaves nothing behind; after it, a redelivery finds the record.
+    Transactional,
+    /// For side effects that cannot join the transaction (HTTP calls, e-mail, another store): the
+    /// message is claimed as in progress with a lease, the handler runs outside any transaction,
+    /// and the record is completed only while the claim is still this worker's.
+    ///
+    /// Fencing stops a double *completion*, not a double external call: pass
+    /// [`Context::message_key`] downstream as that service's idempotency key, and on a takeover
+    /// ([`Context::attempt`] > 1) look the key up there before calling again.
+    TwoPhase {
+        /// How long a claim is held before another worker may take it over.
+        lease: Duration,
+    },
+}
+
+impl Mode {
+    /// The lease two-phase handlers get when none is given.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+    /// Two-phase mode with the default lease.
+    pub const fn two_phase() -> Self {
+        Mode::TwoPhase {
+            lease: Self::DEFAULT_LEASE,
+        }
+    }
+}
+
+/// What processing a message gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The message was new; the handler ran and its output was recorded.
+    Processed(T),
+    /// The message had been processed before; this is the output recorded then. The handler did
+    /// not run.
+    Duplicate(T),
+}
+
+impl<T> Outcome<T> {
+    /// The handler's output, fresh or recorded.
+    pub fn into_inner(self) -> T {
+        match self {
+            Outcome::Processed(value) | Outcome::Duplicate(value) => value,
+        }
+    }
+
+    /// Whether this was a duplicate.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Outcome::Duplicate(_))
+    }
+}
+
+/// What a handler learns about the message it is processing.
+#[derive(Debug)]
+pub struct Context<'a> {
+    pub(crate) message_key: &'a MessageKey,
+    pub(crate) metadata: &'a Metadata,
+    pub(crate) transaction: Option<&'a DatabaseTransaction>,
+    pub(crate) attempt: u32,
+    pub(crate) previous_claim_at: Option<SystemTime>,
+}
+
+impl<'a> Context<'a> {
+    /// The message's key: pass it downstream as that service's idempotency key.
+    pub fn message_key(&self) -> &'a MessageKey {
+        self.message_key
+    }
+
+    /// What the transport knows about the delivery.
+    pub fn metadata(&self) -> &'a Metadata {
+        self.metadata
+    }
+
+    /// The transaction the handler writes its effects through ([`Mode::Transactional`]); `None`
+    /// in two-phase mode.
+    pub fn transaction(&self) -> Option<&'a DatabaseTransaction> {
+        self.transaction
+    }
+
+    /// Which attempt this is: 1 for a first claim, more after taking over an expired claim
+    /// (two-phase mode), when an earlier attempt may have done part of the work.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When the claim that was taken over had started, on a takeover.
+    pub fn previous_claim_at(&self) -> Option<SystemTime> {
+        self.previous_claim_at
+    }
+
+    /// Whether an earlier attempt may have done part of the work: reconcile with the downstream
+    /// system (look the key up there) before repeating an external call.
+    pub fn is_takeover(&self) -> bool {
+        self.attempt > 1
+    }
+}
+
+/// A message handler that the [`Inbox`](crate::Inbox) runs at most once per key.
+///
+/// `#[idempotent(...)]` implements this for an annotated function; it can also be written by
+/// hand. Transports drive it: decode → [`Handler::key`] → claim → [`Handler::handle`] → record →
+/// settle.
+pub trait Handler: Send + Sync {
+    /// The decoded message.
+    type Message: Send;
+    /// What the handler returns; stored with the record and returned again for duplicates.
+    type Output: Serialize + DeserializeOwned + Send;
+    /// The handler's own failure.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The consumer name: the first half of the inbox key. Keep it stable: renaming it forgets
+    /// what was processed.
+    fn consumer(&self) -> &str;
+
+    /// The message's key: a stable identity of the logical message.
+    fn key(&self, message: &Self::Message, metadata: &Metadata) -> Result<MessageKey, KeyError>;
+
+    /// What counts as "the same content" for this message; `Ok(None)` turns the check off.
+    fn fingerprint(&self, message: &Self::Message)
+    -> Result<Option<Fingerprint>, FingerprintError>;
+
+    /// How effects are committed.
+    fn mode(&self) -> Mode {
+        Mode::Transactional
+    }
+
+    /// How long this handler's completed records are kept, when it says so itself. The
+    /// [`RetentionPolicy`](crate::RetentionPolicy)'s per-consumer setting takes precedence.
+    fn retention(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Whether `error` is permanent: retrying cannot help, so the message goes to the
+    /// dead-letter queue at once. By default every handler error is transient: the message is
+    /// requeued, up to the transport's delivery limit.
+    fn is_permanent(&self, error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+
+    /// Processes a message. In transactional mode, write effects through
+    /// [`Context::transaction`].
+    fn handle(
+        &self,
+        cx: &Context<'_>,
+        message: Self::Message,
+    ) -> impl Future<Output = Result<Self::Output, Self::Error>> + Send;
+}
+
+/// Forwards [`Handler`] through a pointer type, so `&H` and `Arc<H>` are handlers too.
+macro_rules! forward_handler {
+    ($($pointer:ty),*) => {$(
+        impl<H: Handler + ?Sized> Handler for $pointer {
+            type Message = H::Message;
+            type Output = H::Output;
+            type Error = H::Error;
+
+            fn consumer(&self) -> &str {
+                (**self).consumer()
+            }
+            fn key(&self, message: &Self::Message, metadata: &Metadata) -> Result<MessageKey, KeyError> {
+                (**self).key(message, metadata)
+            }
+            fn fingerprint(
+                &self,
+                message: &Self::Message,
+            ) -> Result<Option<Fingerprint>, FingerprintError> {
+                (**self).fingerprint(message)
+            }
+            fn mode(&self) -> Mode {
+                (**self).mode()
+            }
+            fn retention(&self) -> Option<Duration> {
+                (**self).retention()
+            }
+            fn is_permanent(&self, error: &Self::Error) -> bool {
+                (**self).is_permanent(error)
+            }
+            fn handle(
+                &self,
+                cx: &Context<'_>,
+                message: Self::Message,
+            ) -> impl Future<Output = Result<Self::Output, Self::Error>> + Send {
+                (**self).handle(cx, message)
+            }
+        }
+    )*};
+}
+forward_handler!(&H, std::sync::Arc<H>);

@@ -1,0 +1,340 @@
+//! The inbox: runs a handler at most once per key, in transactional or two-phase mode.
+
+mod builder;
+mod claim;
+mod record;
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use sea_orm::{
+    DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqliteTransactionMode,
+    TransactionOptions, TransactionTrait,
+};
+use serde::de::DeserializeOwned;
+use tracing::Instrument;
+
+use crate::clock::{duration_ms, from_epoch_ms, now_ms};
+use crate::error::{ConfigError, Error, Result};
+use crate::handler::{Context, Handler, Mode, Outcome};
+use crate::key::{ConsumerName, InboxKey};
+use crate::metadata::Metadata;
+use crate::observe;
+use crate::retention::policy::check_covers;
+use crate::retention::{RedeliveryWindow, RetentionPolicy};
+use crate::store::Store;
+use crate::store::table::TableName;
+
+pub use builder::InboxBuilder;
+pub use record::InboxRecord;
+
+use claim::{ClaimRequest, Claimed};
+
+/// The inbox of processed messages, kept in the application's database.
+///
+/// [`Inbox::process`] runs a [`Handler`] at most once per inbox key `(consumer, message key)`:
+/// a new message is processed and its output recorded; a duplicate gets the recorded output back
+/// without running the handler. Cloning an inbox is cheap; clones share the connection pool.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_runtime::{Inbox, Metadata, Outcome};
+/// # use idem_runtime::{Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey};
+/// # struct Greeter;
+/// # impl Handler for Greeter {
+/// #     type Message = String; type Output = usize; type Error = std::io::Error;
+/// #     fn consumer(&self) -> &str { "greeter" }
+/// #     fn key(&self, m: &String, _: &Metadata) -> Result<MessageKey, KeyError> { MessageKey::new(m.as_str()) }
+/// #     fn fingerprint(&self, m: &String) -> Result<Option<Fingerprint>, FingerprintError> { Fingerprint::of(m).map(Some) }
+/// #     async fn handle(&self, _: &Context<'_>, m: String) -> Result<usize, std::io::Error> { Ok(m.len()) }
+/// # }
+/// let db = sea_orm::Database::connect("sqlite::memory:").await?;
+/// let inbox = Inbox::builder(db).build().await?;
+/// let meta = Metadata::default();
+/// let first = inbox.process(&Greeter, "hello".to_owned(), &meta).await?;
+/// let again = inbox.process(&Greeter, "hello".to_owned(), &meta).await?;
+/// assert_eq!(first, Outcome::Processed(5));
+/// assert_eq!(again, Outcome::Duplicate(5));
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) db: DatabaseConnection,
+    pub(crate) store: Store,
+    pub(crate) retention: RetentionPolicy,
+    window: Option<RedeliveryWindow>,
+    max_attempts: u32,
+}
+
+impl Inbox {
+    /// Starts configuring an inbox on `db` (SQLite, PostgreSQL or MySQL/MariaDB).
+    pub fn builder(db: DatabaseConnection) -> InboxBuilder {
+        InboxBuilder::new(db)
+    }
+
+    /// Processes `message` with `handler`, at most once per key.
+    ///
+    /// Returns [`Outcome::Processed`] with the handler's output, or [`Outcome::Duplicate`] with
+    /// the output recorded the first time. Every error says how to settle the delivery
+    /// ([`Error::settle`]).
+    pub async fn process<H: Handler>(
+        &self,
+        handler: &H,
+        message: H::Message,
+        metadata: &Metadata,
+    ) -> Result<Outcome<H::Output>> {
+        let consumer = handler.consumer();
+        let span = observe::span(consumer, metadata);
+        let result = self
+            .process_in_span(handler, message, metadata)
+            .instrument(span.clone())
+            .await;
+        observe::record(&span, consumer, &result);
+        result
+    }
+
+    async fn process_in_span<H: Handler>(
+        &self,
+        handler: &H,
+        message: H::Message,
+        metadata: &Metadata,
+    ) -> Result<Outcome<H::Output>> {
+        let consumer = ConsumerName::new(handler.consumer()).map_err(Error::InvalidConsumer)?;
+        let message_key = handler.key(&message, metadata).map_err(Error::InvalidKey)?;
+        tracing::Span::current().record("key", message_key.as_str());
+        let key = InboxKey {
+            consumer,
+            message_key,
+        };
+        let fingerprint = handler.fingerprint(&message)?;
+        let retention = self
+            .inner
+            .retention
+            .retention_for(key.consumer.as_str(), handler.retention());
+        let request = ClaimRequest {
+            key: &key,
+            fingerprint: fingerprint.as_ref(),
+            lease: match handler.mode() {
+                Mode::Transactional => None,
+                Mode::TwoPhase { lease } => Some(lease),
+            },
+            retention,
+            max_attempts: self.inner.max_attempts,
+        };
+        if request.lease.is_some() {
+            self.two_phase(handler, request, message, metadata).await
+        } else {
+            self.transactional(handler, request, message, metadata)
+                .await
+        }
+    }
+
+    /// Claim, handler and output in one transaction.
+    async fn transactional<H: Handler>(
+        &self,
+        handler: &H,
+        request: ClaimRequest<'_>,
+        message: H::Message,
+        metadata: &Metadata,
+    ) -> Result<Outcome<H::Output>> {
+        let store = &self.inner.store;
+        let tx = self.begin().await?;
+        let (attempt, previous_claim_at) = match claim::claim(store, &tx, request).await? {
+            Claimed::Completed(output) => {
+                tx.commit().await?;
+                return decode_stored(request.key, output).map(Outcome::Duplicate);
+            }
+            Claimed::Acquired {
+                attempt,
+                previous_claim_at,
+                ..
+            } => (attempt, previous_claim_at),
+        };
+        let cx = Context {
+            message_key: &request.key.message_key,
+            metadata,
+            transaction: Some(&tx),
+            attempt,
+            previous_claim_at: previous_claim_at.map(from_epoch_ms),
+        };
+        let output = run(handler, &cx, message).await?;
+        let json = serde_json::to_string(&output).map_err(Error::OutputNotStorable)?;
+        if json != "null" {
+            store.set_output(&tx, request.key, &json).await?;
+        }
+        tx.commit().await?;
+        Ok(Outcome::Processed(output))
+    }
+
+    /// Claim with a lease, handler outside any transaction, completion fenced by the claim token.
+    async fn two_phase<H: Handler>(
+        &self,
+        handler: &H,
+        request: ClaimRequest<'_>,
+        message: H::Message,
+        metadata: &Metadata,
+    ) -> Result<Outcome<H::Output>> {
+        let store = &self.inner.store;
+        let db = &self.inner.db;
+        let (token, attempt, previous_claim_at) = match claim::claim(store, db, request).await? {
+            Claimed::Completed(output) => {
+                return decode_stored(request.key, output).map(Outcome::Duplicate);
+            }
+            Claimed::Acquired {
+                token,
+                attempt,
+                previous_claim_at,
+            } => (token, attempt, previous_claim_at),
+        };
+        let cx = Context {
+            message_key: &request.key.message_key,
+            metadata,
+            transaction: None,
+            attempt,
+            previous_claim_at: previous_claim_at.map(from_epoch_ms),
+        };
+        let stored = run(handler, &cx, message).await.and_then(|output| {
+            let json = serde_json::to_string(&output).map_err(Error::OutputNotStorable)?;
+            Ok((output, json))
+        });
+        let (output, json) = match stored {
+            Ok(done) => done,
+            Err(error) => {
+                // Never keep a key after a failed handler: the redelivery must be able to retry.
+                if let Err(release) = store.release(db, request.key, &token).await {
+                    tracing::warn!(error = %release, "could not release the claim; it expires with its lease");
+                }
+                return Err(error);
+            }
+        };
+        let now = now_ms();
+        let expires_at = now.saturating_add(duration_ms(request.retention));
+        let output_json = (json != "null").then_some(json.as_str());
+        if store
+            .complete(db, request.key, &token, output_json, now, expires_at)
+            .await?
+        {
+            Ok(Outcome::Processed(output))
+        } else {
+            Err(Error::ClaimLost {
+                key: request.key.clone(),
+            })
+        }
+    }
+
+    /// Begins a transaction that takes the write lock at once on SQLite, where a deferred
+    /// transaction that reads and then writes fails under concurrency whatever the busy timeout.
+    async fn begin(&self) -> Result<DatabaseTransaction, DbErr> {
+        let db = &self.inner.db;
+        if self.inner.store.backend() == DbBackend::Sqlite {
+            db.begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..TransactionOptions::default()
+            })
+            .await
+        } else {
+            db.begin().await
+        }
+    }
+
+    /// Checks a handler against this inbox's configuration before it processes anything: its
+    /// consumer name, and its retention against the redelivery window if one was given.
+    pub fn check_handler<H: Handler>(&self, handler: &H) -> Result<(), Error> {
+        let consumer = ConsumerName::new(handler.consumer()).map_err(Error::InvalidConsumer)?;
+        if let Mode::TwoPhase { lease } = handler.mode()
+            && lease.is_zero()
+        {
+            return Err(ConfigError::Zero("lease").into());
+        }
+        if let Some(window) = &self.inner.window {
+            let retention = self
+                .inner
+                .retention
+                .retention_for(consumer.as_str(), handler.retention());
+            check_covers(consumer.as_str(), retention, window.duration())?;
+        }
+        Ok(())
+    }
+
+    /// Reads the record of `key`, if any (for operators and tests).
+    pub async fn lookup(&self, key: &InboxKey) -> Result<Option<InboxRecord>> {
+        let row = self.inner.store.find(&self.inner.db, key).await?;
+        Ok(row.map(InboxRecord::from_row))
+    }
+
+    /// Deletes the record of `key` whatever its state, so the next delivery of the message is
+    /// processed again: an operator's tool after reconciling a message that needed intervention.
+    /// Returns whether a record was deleted.
+    pub async fn forget(&self, key: &InboxKey) -> Result<bool> {
+        Ok(self.inner.store.delete(&self.inner.db, key).await?)
+    }
+
+    /// The database connection the inbox uses.
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.inner.db
+    }
+
+    /// The inbox table's name.
+    pub fn table(&self) -> &TableName {
+        self.inner.store.table()
+    }
+
+    /// The retention policy.
+    pub fn retention(&self) -> &RetentionPolicy {
+        &self.inner.retention
+    }
+
+    /// How many claims a key may have before it needs intervention.
+    pub fn max_attempts(&self) -> u32 {
+        self.inner.max_attempts
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+}
+
+/// Runs the handler, turning its error and its panic into [`Error`]s.
+async fn run<H: Handler>(handler: &H, cx: &Context<'_>, message: H::Message) -> Result<H::Output> {
+    match AssertUnwindSafe(handler.handle(cx, message))
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(output)) => Ok(output),
+        Ok(Err(error)) => Err(Error::Handler {
+            permanent: handler.is_permanent(&error),
+            source: Box::new(error),
+        }),
+        Err(panic) => Err(Error::HandlerPanicked(panic_message(panic.as_ref()))),
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
+fn decode_stored<T: DeserializeOwned>(key: &InboxKey, output: Option<String>) -> Result<T> {
+    serde_json::from_str(output.as_deref().unwrap_or("null")).map_err(|source| {
+        Error::StoredOutputUnreadable {
+            key: key.clone(),
+            source,
+        }
+    })
+}
+
+/// The default number of claims before a key needs intervention.
+pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 5;

@@ -1,0 +1,65 @@
+//! Tracing spans and metrics for every processed message.
+//!
+//! Metrics go through the [`metrics`] facade, so any recorder (Prometheus, StatsD, ...) the
+//! application installs receives them:
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `idem_messages_total` | counter | `consumer`, `outcome` (`processed`, `duplicate`, or the error's [`code`](crate::Error::code)) |
+//! | `idem_cleanup_deleted_total` | counter | `table` |
+//!
+//! A rising `duplicate` rate points at producer retries, an acknowledgment window that is too
+//! short or unhealthy consumers; any `fingerprint-mismatch` deserves an alert.
+
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::error::{Error, Result, Settle};
+use crate::handler::Outcome;
+use crate::metadata::Metadata;
+
+/// The counter of processed messages.
+pub const MESSAGES_TOTAL: &str = "idem_messages_total";
+/// The counter of records deleted by the cleaner.
+pub const CLEANUP_DELETED_TOTAL: &str = "idem_cleanup_deleted_total";
+
+/// The span of one message: consumer, message key, correlation id and outcome.
+pub(crate) fn span(consumer: &str, metadata: &Metadata) -> Span {
+    tracing::info_span!(
+        "idem.process",
+        consumer,
+        key = Empty,
+        message_id = metadata.message_id.as_deref(),
+        correlation_id = metadata.correlation_id.as_deref(),
+        outcome = Empty,
+    )
+}
+
+/// Records the outcome on the span, counts it, and logs failures at a level matching how they
+/// settle: a dead-lettered message is an error (an alert for a fingerprint mismatch), a requeued
+/// one a warning.
+pub(crate) fn record<T>(span: &Span, consumer: &str, result: &Result<Outcome<T>>) {
+    let outcome = match result {
+        Ok(Outcome::Processed(_)) => "processed",
+        Ok(Outcome::Duplicate(_)) => "duplicate",
+        Err(error) => error.code(),
+    };
+    span.record("outcome", outcome);
+    metrics::counter!(MESSAGES_TOTAL, "consumer" => consumer.to_owned(), "outcome" => outcome)
+        .increment(1);
+    if let Err(error) = result {
+        log_error(span, error);
+    }
+}
+
+fn log_error(span: &Span, error: &Error) {
+    let _entered = span.enter();
+    match error.settle() {
+        Settle::DeadLetter(_) if matches!(error, Error::FingerprintMismatch { .. }) => {
+            tracing::error!(alert = true, %error, "reused key with different content")
+        }
+        Settle::DeadLetter(_) => tracing::error!(%error, "message cannot be processed"),
+        Settle::Requeue => tracing::warn!(%error, "message will be retried"),
+        Settle::Ack => tracing::warn!(%error, "message was processed before"),
+    }
+}

@@ -1,0 +1,192 @@
+//! The cleaner: deletes expired records in bounded batches, one cleaner at a time.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sea_orm::{DbBackend, TransactionTrait};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::clock::now_ms;
+use crate::error::Result;
+use crate::inbox::{Inbox, Inner};
+use crate::observe::CLEANUP_DELETED_TOTAL;
+
+/// What one cleanup run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    /// Records deleted.
+    pub deleted: u64,
+    /// Delete statements run, each its own short transaction of at most the batch size.
+    pub batches: u32,
+    /// Whether the run did nothing because another cleaner held the lock.
+    pub skipped: bool,
+}
+
+impl CleanupReport {
+    fn add(&mut self, other: CleanupReport) {
+        self.deleted += other.deleted;
+        self.batches += other.batches;
+    }
+}
+
+/// Deletes expired inbox records, following the inbox's [`RetentionPolicy`](crate::RetentionPolicy).
+///
+/// Each batch is one `DELETE` of at most the batch size, found through the expiry index, in its
+/// own short transaction, with a pause between batches so consumers are never held up for long.
+/// Only one cleaner works on a table at a time, across processes: a PostgreSQL advisory lock or a
+/// MySQL/MariaDB named lock (`GET_LOCK`), or, on SQLite, which one process owns, a lock in the
+/// process. A cleaner that finds the lock taken skips its run.
+///
+/// On PostgreSQL and MySQL/MariaDB the lock is held by a transaction of its own while batches run
+/// on other connections: the pool needs at least two.
+#[derive(Debug, Clone)]
+pub struct Cleaner {
+    inner: Arc<Inner>,
+}
+
+/// A running cleaner task, from [`Cleaner::spawn`].
+#[derive(Debug)]
+pub struct CleanerHandle {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<CleanupReport>,
+}
+
+impl CleanerHandle {
+    /// Stops the cleaner after its current batch and returns what it deleted in all.
+    pub async fn stop(self) -> CleanupReport {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+impl Inbox {
+    /// The cleaner of this inbox's table.
+    pub fn cleaner(&self) -> Cleaner {
+        Cleaner {
+            inner: Arc::clone(self.inner()),
+        }
+    }
+}
+
+impl Cleaner {
+    /// Runs one cleanup now: deletes every record expired at the start of the run, batch by
+    /// batch, unless another cleaner holds the lock.
+    pub async fn run_once(&self) -> Result<CleanupReport> {
+        let (_tx, stop) = watch::channel(false);
+        self.run_locked(&stop).await
+    }
+
+    /// Spawns a tokio task that runs a cleanup at once and then every
+    /// [`cleanup_interval`](crate::RetentionPolicy::cleanup_interval), until stopped.
+    pub fn spawn(self) -> CleanerHandle {
+        let (stop_tx, mut stop) = watch::channel(false);
+        let interval = self.inner.retention.cleanup_interval();
+        let task = tokio::spawn(async move {
+            let mut total = CleanupReport::default();
+            loop {
+                match self.run_locked(&stop).await {
+                    Ok(report) => total.add(report),
+                    Err(error) => tracing::warn!(%error, "inbox cleanup failed; retrying later"),
+                }
+                tokio::select! {
+                    _ = stop.changed() => break,
+                    _ = tokio::time::sleep(interval) => {}
+                }
+            }
+            total
+        });
+        CleanerHandle {
+            stop: stop_tx,
+            task,
+        }
+    }
+
+    async fn run_locked(&self, stop: &watch::Receiver<bool>) -> Result<CleanupReport> {
+        let store = &self.inner.store;
+        let db = &self.inner.db;
+        if store.backend() == DbBackend::Sqlite {
+            let Some(_guard) = ProcessLock::try_acquire(store.table().as_str()) else {
+                return Ok(skipped());
+            };
+            return self.delete_batches(stop).await;
+        }
+        let holder = db.begin().await?;
+        if !store.try_lock_cleaner(&holder).await? {
+            holder.rollback().await?;
+            return Ok(skipped());
+        }
+        let result = self.delete_batches(stop).await;
+        let unlocked = store.unlock_cleaner(&holder).await;
+        holder.commit().await?;
+        unlocked?;
+        result
+    }
+
+    async fn delete_batches(&self, stop: &watch::Receiver<bool>) -> Result<CleanupReport> {
+        let policy = &self.inner.retention;
+        let store = &self.inner.store;
+        let now = now_ms();
+        let mut report = CleanupReport::default();
+        loop {
+            let deleted = store
+                .delete_expired(&self.inner.db, now, policy.batch_size())
+                .await?;
+            report.deleted += deleted;
+            report.batches += 1;
+            if deleted < u64::from(policy.batch_size()) || *stop.borrow() {
+                break;
+            }
+            pause(policy.pause_between_batches()).await;
+        }
+        metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => store.table().to_string())
+            .increment(report.deleted);
+        if report.deleted > 0 {
+            tracing::info!(
+                table = %store.table(),
+                deleted = report.deleted,
+                batches = report.batches,
+                "deleted expired inbox records"
+            );
+        }
+        Ok(report)
+    }
+}
+
+fn skipped() -> CleanupReport {
+    CleanupReport {
+        skipped: true,
+        ..CleanupReport::default()
+    }
+}
+
+async fn pause(duration: Duration) {
+    if !duration.is_zero() {
+        tokio::time::sleep(duration).await;
+    }
+}
+
+/// The SQLite cleaner lock: the tables being cleaned in this process.
+static SQLITE_CLEANING: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+struct ProcessLock(String);
+
+impl ProcessLock {
+    fn try_acquire(table: &str) -> Option<Self> {
+        let mut tables = SQLITE_CLEANING.lock().unwrap_or_else(|e| e.into_inner());
+        tables
+            .get_or_insert_with(HashSet::new)
+            .insert(table.to_owned())
+            .then(|| Self(table.to_owned()))
+    }
+}
+
+impl Drop for ProcessLock {
+    fn drop(&mut self) {
+        let mut tables = SQLITE_CLEANING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tables) = tables.as_mut() {
+            tables.remove(&self.0);
+        }
+    }
+}

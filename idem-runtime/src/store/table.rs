@@ -1,0 +1,126 @@
+//! The inbox table: its validated name and its schema on each backend.
+
+use sea_orm::DbBackend;
+
+use crate::error::ConfigError;
+
+/// A validated inbox table name: 1 to [`TableName::MAX_LEN`] ASCII letters, digits or
+/// underscores, not starting with a digit. It is spliced into SQL, so nothing else is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableName(String);
+
+impl TableName {
+    /// The longest name accepted, leaving room for the index name derived from it.
+    pub const MAX_LEN: usize = 48;
+
+    /// The table name used when none is configured.
+    pub const DEFAULT: &'static str = "idem_inbox";
+
+    /// Validates `name`.
+    ///
+    /// ```
+    /// use idem_runtime::TableName;
+    /// assert!(TableName::new("billing_inbox").is_ok());
+    /// assert!(TableName::new("inbox; DROP TABLE orders").is_err());
+    /// assert!(TableName::new("1inbox").is_err());
+    /// ```
+    pub fn new(name: impl Into<String>) -> Result<Self, ConfigError> {
+        let name = name.into();
+        let valid = !name.is_empty()
+            && name.len() <= Self::MAX_LEN
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if valid {
+            Ok(Self(name))
+        } else {
+            Err(ConfigError::InvalidTableName(name))
+        }
+    }
+
+    /// The name as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name quoted for `backend`.
+    pub(crate) fn quoted(&self, backend: DbBackend) -> String {
+        match backend {
+            DbBackend::MySql => format!("`{}`", self.0),
+            _ => format!("\"{}\"", self.0),
+        }
+    }
+}
+
+impl Default for TableName {
+    fn default() -> Self {
+        Self(Self::DEFAULT.to_owned())
+    }
+}
+
+impl std::fmt::Display for TableName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The statements that create the inbox table and its expiry index, idempotently.
+///
+/// Keys are compared byte for byte on every backend: MySQL/MariaDB store them as `VARBINARY`,
+/// because their default collations would make `"A"` equal `"a"` and `"a"` equal `"a "`.
+/// Timestamps are milliseconds since the Unix epoch (`BIGINT`).
+pub fn create_table_statements(backend: DbBackend, table: &TableName) -> Vec<String> {
+    let name = table.quoted(backend);
+    let index = match backend {
+        DbBackend::MySql => format!("`{}_expires_at`", table.as_str()),
+        _ => format!("\"{}_expires_at\"", table.as_str()),
+    };
+    let (key_type, consumer_type, output_type) = match backend {
+        DbBackend::MySql => ("VARBINARY(255)", "VARBINARY(128)", "MEDIUMTEXT"),
+        _ => ("VARCHAR(255)", "VARCHAR(128)", "TEXT"),
+    };
+    let columns = format!(
+        "consumer {consumer_type} NOT NULL, \
+         message_key {key_type} NOT NULL, \
+         status VARCHAR(16) NOT NULL, \
+         fingerprint CHAR(64) NULL, \
+         output {output_type} NULL, \
+         attempts BIGINT NOT NULL, \
+         claim_token CHAR(32) NOT NULL, \
+         created_at BIGINT NOT NULL, \
+         claimed_at BIGINT NOT NULL, \
+         lease_until BIGINT NULL, \
+         completed_at BIGINT NULL, \
+         expires_at BIGINT NOT NULL, \
+         PRIMARY KEY (consumer, message_key)"
+    );
+    match backend {
+        DbBackend::MySql => vec![format!(
+            "CREATE TABLE IF NOT EXISTS {name} ({columns}, INDEX {index} (expires_at)) \
+             ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+        )],
+        _ => vec![
+            format!("CREATE TABLE IF NOT EXISTS {name} ({columns})"),
+            format!("CREATE INDEX IF NOT EXISTS {index} ON {name} (expires_at)"),
+        ],
+    }
+}
+
+/// The statement that drops the inbox table (used by the migration's `down`).
+pub(crate) fn drop_table_statement(backend: DbBackend, table: &TableName) -> String {
+    format!("DROP TABLE IF EXISTS {}", table.quoted(backend))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_plain_identifiers() {
+        for bad in ["", "a-b", "a b", "a\"b", "9lives", "é", &"x".repeat(49)] {
+            assert!(TableName::new(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["inbox", "_inbox", "Inbox_2", &"x".repeat(48)] {
+            assert!(TableName::new(good).is_ok(), "{good:?} refused");
+        }
+    }
+}

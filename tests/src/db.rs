@@ -1,0 +1,234 @@
+//! Databases for tests: a real SQLite file, PostgreSQL or MariaDB per test, with tables of its
+//! own that are dropped when the test ends.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, Value,
+};
+
+/// The backends every behaviour is tested on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file in the temporary directory, with a pool of several connections.
+    Sqlite,
+    /// The PostgreSQL server at `IDEM_TEST_POSTGRES_URL` (default `127.0.0.1:5432/test`).
+    Postgres,
+    /// The MariaDB/MySQL server at `IDEM_TEST_MYSQL_URL` (default `127.0.0.1:3306/test`).
+    MySql,
+}
+
+impl Backend {
+    /// The URL tests connect to.
+    pub fn url(self, sqlite_path: &str) -> String {
+        match self {
+            Backend::Sqlite => format!("sqlite://{sqlite_path}?mode=rwc"),
+            Backend::Postgres => std::env::var("IDEM_TEST_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+            Backend::MySql => std::env::var("IDEM_TEST_MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
+        }
+    }
+}
+
+/// A short random suffix for names of tables, queues and consumers.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// A test's database: its connection and the tables it made, dropped with it.
+#[derive(Debug)]
+pub struct TestDb {
+    /// The backend.
+    pub backend: Backend,
+    /// The connection pool.
+    pub db: DatabaseConnection,
+    url: String,
+    sqlite_path: Option<String>,
+    tables: Mutex<Vec<String>>,
+}
+
+impl TestDb {
+    /// Connects to `backend`. A server that does not answer fails the test: these tests never
+    /// pass without the real database.
+    pub async fn connect(backend: Backend) -> Self {
+        Self::connect_with_pool(backend, 16).await
+    }
+
+    /// Connects with a pool of `max_connections`.
+    pub async fn connect_with_pool(backend: Backend, max_connections: u32) -> Self {
+        let sqlite_path = (backend == Backend::Sqlite).then(|| {
+            std::env::temp_dir()
+                .join(format!("{}.db", unique("idem_test")))
+                .display()
+                .to_string()
+        });
+        let url = backend.url(sqlite_path.as_deref().unwrap_or_default());
+        let db = connect(&url, max_connections).await.unwrap_or_else(|error| {
+            panic!(
+                "{backend:?} is not reachable at {url}: {error}. The tests need the real server: \
+                 start it (see README) or point IDEM_TEST_POSTGRES_URL / IDEM_TEST_MYSQL_URL at one."
+            )
+        });
+        Self {
+            backend,
+            db,
+            url,
+            sqlite_path,
+            tables: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A fresh table name, dropped when this `TestDb` is.
+    pub fn table(&self, prefix: &str) -> String {
+        let name = unique(prefix);
+        self.tables.lock().unwrap().push(name.clone());
+        name
+    }
+
+    /// Creates a table `(consumer, message_key, body)` for handlers' effects and returns its
+    /// name.
+    pub async fn effects_table(&self) -> String {
+        let name = self.table("effects");
+        self.exec(&format!(
+            "CREATE TABLE {name} (consumer VARCHAR(128) NOT NULL, message_key VARCHAR(255) NOT NULL, body VARCHAR(255) NOT NULL)"
+        ))
+        .await;
+        name
+    }
+
+    /// Runs a statement without parameters.
+    pub async fn exec(&self, sql: &str) {
+        self.db
+            .execute_unprepared(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Runs `sql` with `?` placeholders (numbered for PostgreSQL).
+    pub async fn exec_with(&self, sql: &str, values: Vec<Value>) -> u64 {
+        self.db
+            .execute_raw(self.statement(sql, values))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .rows_affected()
+    }
+
+    /// Counts the rows of `table` matching `filter` (a SQL condition, `1=1` for all).
+    pub async fn count(&self, table: &str, filter: &str) -> i64 {
+        let sql = format!("SELECT COUNT(*) FROM {table} WHERE {filter}");
+        let row = self
+            .db
+            .query_one_raw(Statement::from_string(self.db.get_database_backend(), sql))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<i64>(0).unwrap()
+    }
+
+    /// A statement with `?` placeholders, numbered on PostgreSQL.
+    pub fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
+        statement(self.db.get_database_backend(), sql, values)
+    }
+}
+
+/// A statement with `?` placeholders turned into `$n` on PostgreSQL.
+pub fn statement(backend: DbBackend, sql: &str, values: Vec<Value>) -> Statement {
+    let sql = if backend == DbBackend::Postgres {
+        let mut n = 0;
+        sql.chars()
+            .map(|c| {
+                if c == '?' {
+                    n += 1;
+                    format!("${n}")
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect()
+    } else {
+        sql.to_owned()
+    };
+    Statement::from_sql_and_values(backend, sql, values)
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(path) = &self.sqlite_path {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{path}{suffix}"));
+            }
+            return;
+        }
+        let tables = std::mem::take(&mut *self.tables.lock().unwrap());
+        if tables.is_empty() {
+            return;
+        }
+        let url = self.url.clone();
+        // Dropping happens outside any runtime the test may be tearing down.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                if let Ok(db) = connect(&url, 1).await {
+                    for table in tables {
+                        let _ = db
+                            .execute_unprepared(&format!("DROP TABLE IF EXISTS {table}"))
+                            .await;
+                    }
+                    let _ = db.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, sea_orm::DbErr> {
+    let mut options = ConnectOptions::new(url);
+    options
+        .max_connections(max_connections)
+        .connect_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(30))
+        .sqlx_logging(false);
+    Database::connect(options).await
+}
+
+/// Defines one test per backend for each listed async function taking a [`Backend`]:
+/// `on_each_backend!(fresh_then_duplicate)` gives `sqlite::fresh_then_duplicate`,
+/// `postgres::fresh_then_duplicate` and `mysql::fresh_then_duplicate`.
+#[macro_export]
+macro_rules! on_each_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::db::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::db::Backend::Postgres).await
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::db::Backend::MySql).await
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,11 @@
+//! Shared context for idem's end-to-end tests: real databases (SQLite, PostgreSQL, MariaDB)
+//! with per-test tables, and a recording handler.
+//!
+//! Run them with the command the README gives; the PostgreSQL and MariaDB servers must be up
+//! (`.ci/run` starts them). A missing server fails the tests, it never skips them.
+
+pub mod db;
+pub mod recorder;
+
+pub use db::{Backend, TestDb, unique};
+pub use recorder::{Msg, Recorder};

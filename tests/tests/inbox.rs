@@ -1,0 +1,632 @@
+//! The inbox on each backend: fresh and duplicate, content checks, concurrency, failures,
+//! expiry, two-phase leases and bad input.
+//!
+//! Run: `cargo test -p idem-tests --test inbox` with PostgreSQL and MariaDB up (see README).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::{
+    ConfigError, Error, Inbox, InboxKey, Metadata, Outcome, RedeliveryWindow, RetentionPolicy,
+    Settle, Status,
+};
+use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
+
+on_each_backend!(
+    fresh_then_duplicate_returns_the_stored_output,
+    reused_key_with_other_content_is_refused,
+    fingerprint_off_lets_changed_content_through_as_duplicate,
+    two_consumers_each_process_the_same_message,
+    thirty_two_concurrent_copies_have_one_effect,
+    two_hundred_keys_four_copies_each_have_two_hundred_effects,
+    handler_error_before_commit_records_nothing,
+    handler_panic_before_commit_records_nothing,
+    permanent_handler_error_is_dead_lettered,
+    expired_record_is_processed_again,
+    two_phase_lease_takeover_fences_the_stale_worker,
+    two_phase_releases_the_claim_when_the_handler_fails,
+    two_phase_max_takeovers_needs_intervention,
+    two_phase_duplicate_returns_the_stored_output,
+    bad_input_gets_its_own_error,
+    table_creation_is_idempotent_and_migration_creates_the_same_table,
+    retention_shorter_than_the_redelivery_window_is_refused,
+);
+
+/// An inbox on a fresh table, with a fresh effects table.
+async fn setup(backend: Backend) -> (TestDb, Inbox, String) {
+    setup_with(backend, |b| b).await
+}
+
+async fn setup_with(
+    backend: Backend,
+    configure: impl FnOnce(idem_runtime::InboxBuilder) -> idem_runtime::InboxBuilder,
+) -> (TestDb, Inbox, String) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("inbox");
+    let inbox = configure(Inbox::builder(db.db.clone()).table(table))
+        .build()
+        .await
+        .expect("inbox builds");
+    let effects = db.effects_table().await;
+    (db, inbox, effects)
+}
+
+fn meta() -> Metadata {
+    Metadata::default()
+}
+
+fn inbox_key(consumer: &str, key: &str) -> InboxKey {
+    InboxKey {
+        consumer: idem_runtime::ConsumerName::new(consumer).unwrap(),
+        message_key: idem_runtime::MessageKey::new(key).unwrap(),
+    }
+}
+
+/// Processes until the inbox stops asking for a requeue, as a broker would redeliver.
+async fn process_until_settled(
+    inbox: &Inbox,
+    handler: &Recorder,
+    msg: Msg,
+) -> Result<Outcome<String>, Error> {
+    loop {
+        match inbox.process(handler, msg.clone(), &meta()).await {
+            Err(e) if e.settle() == Settle::Requeue => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn fresh_then_duplicate_returns_the_stored_output(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Recorder::new(&db, &effects, "billing").tagged("first");
+    let msg = Msg::new("order-1", "charge 10");
+
+    let first = inbox.process(&handler, msg.clone(), &meta()).await.unwrap();
+    assert_eq!(first, Outcome::Processed("first:charge 10".into()));
+
+    // A later run must not run the handler: its tag would change the output.
+    let handler = handler.tagged("second");
+    let again = inbox.process(&handler, msg.clone(), &meta()).await.unwrap();
+    assert_eq!(again, Outcome::Duplicate("first:charge 10".into()));
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+
+    let record = inbox
+        .lookup(&inbox_key("billing", "order-1"))
+        .await
+        .unwrap()
+        .expect("record");
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.attempts, 1);
+    assert_eq!(record.output.as_deref(), Some("\"first:charge 10\""));
+    assert!(record.expires_at > record.completed_at.unwrap());
+}
+
+async fn reused_key_with_other_content_is_refused(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Recorder::new(&db, &effects, "billing");
+    inbox
+        .process(&handler, Msg::new("order-1", "charge 10"), &meta())
+        .await
+        .unwrap();
+
+    let err = inbox
+        .process(&handler, Msg::new("order-1", "charge 99"), &meta())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::FingerprintMismatch { .. }),
+        "got {err:?}"
+    );
+    match err.settle() {
+        Settle::DeadLetter(reason) => assert_eq!(reason.code, "fingerprint-mismatch"),
+        other => panic!("mismatch must be dead-lettered, got {other:?}"),
+    }
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+    assert_eq!(db.count(&effects, "body = 'charge 99'").await, 0);
+}
+
+async fn fingerprint_off_lets_changed_content_through_as_duplicate(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let mut handler = Recorder::new(&db, &effects, "audit");
+    handler.fingerprint = false;
+    inbox
+        .process(&handler, Msg::new("e-1", "a"), &meta())
+        .await
+        .unwrap();
+    let again = inbox
+        .process(&handler, Msg::new("e-1", "b"), &meta())
+        .await
+        .unwrap();
+    assert_eq!(again, Outcome::Duplicate("run:a".into()));
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+async fn two_consumers_each_process_the_same_message(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let billing = Recorder::new(&db, &effects, "billing");
+    let shipping = Recorder::new(&db, &effects, "shipping");
+    let msg = Msg::new("order-7", "placed");
+    for handler in [&billing, &shipping] {
+        let outcome = inbox.process(handler, msg.clone(), &meta()).await.unwrap();
+        assert!(!outcome.is_duplicate());
+    }
+    for handler in [&billing, &shipping] {
+        let outcome = inbox.process(handler, msg.clone(), &meta()).await.unwrap();
+        assert!(outcome.is_duplicate());
+    }
+    assert_eq!(db.count(&effects, "consumer = 'billing'").await, 1);
+    assert_eq!(db.count(&effects, "consumer = 'shipping'").await, 1);
+}
+
+async fn thirty_two_concurrent_copies_have_one_effect(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Arc::new(Recorder::new(&db, &effects, "billing").slow(Duration::from_millis(20)));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (inbox, handler) = (inbox.clone(), Arc::clone(&handler));
+            tokio::spawn(async move {
+                process_until_settled(&inbox, &handler, Msg::new("hot-key", "x")).await
+            })
+        })
+        .collect();
+    let mut processed = 0;
+    for task in tasks {
+        match task.await.unwrap().unwrap() {
+            Outcome::Processed(_) => processed += 1,
+            Outcome::Duplicate(output) => assert_eq!(output, "run:x"),
+        }
+    }
+    assert_eq!(processed, 1);
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+async fn two_hundred_keys_four_copies_each_have_two_hundred_effects(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Arc::new(Recorder::new(&db, &effects, "billing"));
+    // Interleave copies so that copies of one key run at the same time.
+    let messages: Vec<Msg> = (0..4)
+        .flat_map(|_| (0..200).map(|i| Msg::new(format!("k-{i}"), format!("body-{i}"))))
+        .collect();
+    let tasks: Vec<_> = messages
+        .into_iter()
+        .map(|msg| {
+            let (inbox, handler) = (inbox.clone(), Arc::clone(&handler));
+            tokio::spawn(async move { process_until_settled(&inbox, &handler, msg).await })
+        })
+        .collect();
+    let mut processed = 0;
+    for task in tasks {
+        if let Outcome::Processed(_) = task.await.unwrap().unwrap() {
+            processed += 1;
+        }
+    }
+    assert_eq!(processed, 200);
+    assert_eq!(db.count(&effects, "1=1").await, 200);
+    assert_eq!(db.count(inbox.table().as_str(), "1=1").await, 200);
+}
+
+async fn handler_error_before_commit_records_nothing(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Recorder::new(&db, &effects, "billing");
+    handler.fail_next(1);
+    let msg = Msg::new("order-1", "charge");
+    let err = inbox
+        .process(&handler, msg.clone(), &meta())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Handler {
+                permanent: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.settle(), Settle::Requeue);
+    // The effect written before the failure was rolled back with the claim.
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+    assert!(
+        inbox
+            .lookup(&inbox_key("billing", "order-1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let retry = inbox.process(&handler, msg, &meta()).await.unwrap();
+    assert_eq!(retry, Outcome::Processed("run:charge".into()));
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+async fn handler_panic_before_commit_records_nothing(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Recorder::new(&db, &effects, "billing");
+    handler.panic_next(1);
+    let msg = Msg::new("order-1", "charge");
+    let err = inbox
+        .process(&handler, msg.clone(), &meta())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::HandlerPanicked(ref m) if m.contains("on purpose")));
+    assert_eq!(err.settle(), Settle::Requeue);
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+
+    let retry = inbox.process(&handler, msg, &meta()).await.unwrap();
+    assert!(!retry.is_duplicate());
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+async fn permanent_handler_error_is_dead_lettered(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let mut handler = Recorder::new(&db, &effects, "billing");
+    handler.permanent = true;
+    handler.fail_next(1);
+    let err = inbox
+        .process(&handler, Msg::new("bad-order", "x"), &meta())
+        .await
+        .unwrap_err();
+    match err.settle() {
+        Settle::DeadLetter(reason) => assert_eq!(reason.code, "handler-permanent-error"),
+        other => panic!("expected dead-letter, got {other:?}"),
+    }
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+}
+
+async fn expired_record_is_processed_again(backend: Backend) {
+    let retention = RetentionPolicy::default().with_consumer("short", Duration::from_millis(300));
+    let (db, inbox, effects) = setup_with(backend, |b| b.retention(retention)).await;
+    let handler = Recorder::new(&db, &effects, "short");
+    let msg = Msg::new("k", "v");
+    assert!(
+        !inbox
+            .process(&handler, msg.clone(), &meta())
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    assert!(
+        inbox
+            .process(&handler, msg.clone(), &meta())
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Past its retention the record behaves as absent, cleaner or not.
+    let after = inbox.process(&handler, msg.clone(), &meta()).await.unwrap();
+    assert_eq!(after, Outcome::Processed("run:v".into()));
+    assert_eq!(db.count(&effects, "1=1").await, 2);
+    // Even with different content: an expired record is not compared.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let changed = inbox
+        .process(&handler, Msg::new("k", "w"), &meta())
+        .await
+        .unwrap();
+    assert_eq!(changed, Outcome::Processed("run:w".into()));
+}
+
+async fn two_phase_lease_takeover_fences_the_stale_worker(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let lease = Duration::from_millis(300);
+    let stale = Recorder::new(&db, &effects, "mailer")
+        .two_phase(lease)
+        .tagged("stale")
+        .slow(Duration::from_millis(900));
+    let fresh = Recorder::new(&db, &effects, "mailer")
+        .two_phase(lease)
+        .tagged("fresh");
+    let msg = Msg::new("mail-1", "hello");
+
+    let stale_run = {
+        let (inbox, stale, msg) = (inbox.clone(), stale.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&stale, msg, &Metadata::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // The stale worker's claim is live: another copy is told to come back later.
+    let busy = inbox
+        .process(&fresh, msg.clone(), &meta())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(busy, Error::InProgressElsewhere { .. }),
+        "{busy:?}"
+    );
+    assert_eq!(busy.settle(), Settle::Requeue);
+    let record = inbox
+        .lookup(&inbox_key("mailer", "mail-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::InProgress);
+
+    // Once the lease ran out, the claim is taken over, and the handler sees it is attempt 2.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let taken = inbox.process(&fresh, msg.clone(), &meta()).await.unwrap();
+    assert_eq!(taken, Outcome::Processed("fresh:hello".into()));
+    assert_eq!(fresh.attempts(), vec![2]);
+
+    // The stale worker finishes late and may not complete the record.
+    let stale_result = stale_run.await.unwrap().unwrap_err();
+    assert!(
+        matches!(stale_result, Error::ClaimLost { .. }),
+        "{stale_result:?}"
+    );
+    assert_eq!(stale_result.settle(), Settle::Requeue);
+
+    let record = inbox
+        .lookup(&inbox_key("mailer", "mail-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.attempts, 2);
+    assert_eq!(record.output.as_deref(), Some("\"fresh:hello\""));
+    // Fencing stops the double completion; both external calls happened, which is why the key is
+    // handed downstream.
+    assert_eq!(db.count(&effects, "1=1").await, 2);
+    let again = inbox.process(&stale, msg, &meta()).await.unwrap();
+    assert_eq!(again, Outcome::Duplicate("fresh:hello".into()));
+}
+
+async fn two_phase_releases_the_claim_when_the_handler_fails(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Recorder::new(&db, &effects, "mailer").two_phase(Duration::from_secs(30));
+    handler.fail_next(1);
+    let msg = Msg::new("mail-2", "hi");
+    let err = inbox
+        .process(&handler, msg.clone(), &meta())
+        .await
+        .unwrap_err();
+    assert_eq!(err.settle(), Settle::Requeue);
+    // No key is kept after a failed handler, so the retry is not dropped as a duplicate.
+    assert!(
+        inbox
+            .lookup(&inbox_key("mailer", "mail-2"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let retry = inbox.process(&handler, msg.clone(), &meta()).await.unwrap();
+    assert_eq!(retry, Outcome::Processed("run:hi".into()));
+
+    handler.panic_next(1);
+    let panicked = inbox
+        .process(&handler, Msg::new("mail-3", "hi"), &meta())
+        .await
+        .unwrap_err();
+    assert!(matches!(panicked, Error::HandlerPanicked(_)));
+    assert!(
+        inbox
+            .lookup(&inbox_key("mailer", "mail-3"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn two_phase_max_takeovers_needs_intervention(backend: Backend) {
+    let (db, inbox, effects) = setup_with(backend, |b| b.max_attempts(2)).await;
+    let lease = Duration::from_millis(150);
+    let hanging = Recorder::new(&db, &effects, "mailer")
+        .two_phase(lease)
+        .slow(Duration::from_secs(60));
+    let msg = Msg::new("mail-9", "hello");
+    // Two workers crash mid-handler (their futures are dropped): each leaves a claim behind.
+    for attempt in 1..=2u32 {
+        let crashed =
+            tokio::time::timeout(lease, inbox.process(&hanging, msg.clone(), &meta())).await;
+        assert!(crashed.is_err(), "attempt {attempt} should hang");
+        let record = inbox
+            .lookup(&inbox_key("mailer", "mail-9"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.attempts, attempt);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let err = inbox
+        .process(&hanging, msg.clone(), &meta())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::NeedsIntervention { attempts: 2, .. }),
+        "{err:?}"
+    );
+    match err.settle() {
+        Settle::DeadLetter(reason) => assert_eq!(reason.code, "needs-intervention"),
+        other => panic!("expected dead-letter, got {other:?}"),
+    }
+    assert_eq!(hanging.attempts(), vec![1, 2]);
+
+    // An operator reconciles and forgets the key: the next delivery is processed.
+    assert!(inbox.forget(&inbox_key("mailer", "mail-9")).await.unwrap());
+    let quick = Recorder::new(&db, &effects, "mailer").two_phase(lease);
+    assert!(
+        !inbox
+            .process(&quick, msg, &meta())
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+}
+
+async fn two_phase_duplicate_returns_the_stored_output(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Recorder::new(&db, &effects, "mailer").two_phase(Duration::from_secs(5));
+    let msg = Msg::new("mail-4", "hey");
+    assert_eq!(
+        inbox.process(&handler, msg.clone(), &meta()).await.unwrap(),
+        Outcome::Processed("run:hey".into())
+    );
+    let handler = handler.tagged("other");
+    assert_eq!(
+        inbox.process(&handler, msg.clone(), &meta()).await.unwrap(),
+        Outcome::Duplicate("run:hey".into())
+    );
+    let err = inbox
+        .process(&handler, Msg::new("mail-4", "changed"), &meta())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::FingerprintMismatch { .. }));
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+async fn bad_input_gets_its_own_error(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Recorder::new(&db, &effects, "billing");
+
+    let empty = inbox
+        .process(&handler, Msg::new("", "x"), &meta())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            empty,
+            Error::InvalidKey(idem_runtime::KeyError::Empty { .. })
+        ),
+        "{empty:?}"
+    );
+    let long = inbox
+        .process(&handler, Msg::new("k".repeat(256), "x"), &meta())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            long,
+            Error::InvalidKey(idem_runtime::KeyError::TooLong { len: 256, .. })
+        ),
+        "{long:?}"
+    );
+    for err in [&empty, &long] {
+        match err.settle() {
+            Settle::DeadLetter(reason) => assert_eq!(reason.code, "invalid-key"),
+            other => panic!("expected dead-letter, got {other:?}"),
+        }
+    }
+    // The longest valid key fits the column on every backend.
+    let longest = "k".repeat(idem_runtime::MessageKey::MAX_LEN);
+    assert!(
+        !inbox
+            .process(&handler, Msg::new(longest, "x"), &meta())
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    // Keys differing only in case or trailing blanks are different keys on every backend.
+    for key in ["Case", "case", "case "] {
+        let outcome = inbox
+            .process(&handler, Msg::new(key, "x"), &meta())
+            .await
+            .unwrap();
+        assert!(!outcome.is_duplicate(), "{key:?} was taken for another key");
+    }
+    assert_eq!(db.count(&effects, "1=1").await, 4);
+
+    let bad_consumer = Recorder::new(&db, &effects, "");
+    let err = inbox
+        .process(&bad_consumer, Msg::new("k", "x"), &meta())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConsumer(_)), "{err:?}");
+
+    let bad_table = Inbox::builder(db.db.clone())
+        .table("inbox; DROP TABLE x")
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            bad_table,
+            Error::Config(ConfigError::InvalidTableName(ref name)) if name == "inbox; DROP TABLE x"
+        ),
+        "{bad_table:?}"
+    );
+}
+
+async fn table_creation_is_idempotent_and_migration_creates_the_same_table(backend: Backend) {
+    use sea_orm_migration::{MigrationTrait, SchemaManager};
+
+    let (db, inbox, effects) = setup(backend).await;
+    // Building again on the same table neither fails nor loses records.
+    let handler = Recorder::new(&db, &effects, "billing");
+    inbox
+        .process(&handler, Msg::new("a", "1"), &meta())
+        .await
+        .unwrap();
+    let again = Inbox::builder(db.db.clone())
+        .table(inbox.table().as_str())
+        .build()
+        .await
+        .unwrap();
+    assert!(
+        again
+            .process(&handler, Msg::new("a", "1"), &meta())
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+
+    // The migration creates a table the inbox can use without creating anything itself.
+    let migrated = db.table("migrated");
+    let migration = idem_runtime::migration::CreateInbox::new(
+        idem_runtime::TableName::new(migrated.clone()).unwrap(),
+    );
+    let manager = SchemaManager::new(&db.db);
+    migration.up(&manager).await.unwrap();
+    let inbox = Inbox::builder(db.db.clone())
+        .table(migrated.clone())
+        .create_table(false)
+        .build()
+        .await
+        .unwrap();
+    inbox
+        .process(&handler, Msg::new("b", "1"), &meta())
+        .await
+        .unwrap();
+    assert_eq!(db.count(&migrated, "1=1").await, 1);
+    migration.down(&manager).await.unwrap();
+    let gone = inbox.process(&handler, Msg::new("c", "1"), &meta()).await;
+    assert!(matches!(gone, Err(Error::Database(_))), "{gone:?}");
+    assert_eq!(gone.unwrap_err().settle(), Settle::Requeue);
+}
+
+async fn retention_shorter_than_the_redelivery_window_is_refused(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let day = Duration::from_secs(24 * 3600);
+    let window =
+        RedeliveryWindow::new(5, Duration::from_secs(1800)).with_dead_letter_resubmission(7 * day);
+    let err = Inbox::builder(db.db.clone())
+        .table(unique("inbox"))
+        .retention(RetentionPolicy::default())
+        .redelivery_window(window)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ConfigError::RetentionTooShort { .. })),
+        "{err:?}"
+    );
+
+    // A long enough default, but one handler asking for less, is caught when it is checked.
+    let table = db.table("inbox");
+    let inbox = Inbox::builder(db.db.clone())
+        .table(table)
+        .retention(RetentionPolicy::new(10 * day))
+        .redelivery_window(window)
+        .build()
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    let mut handler = Recorder::new(&db, &effects, "billing");
+    assert!(inbox.check_handler(&handler).is_ok());
+    handler.retention = Some(day);
+    assert!(matches!(
+        inbox.check_handler(&handler),
+        Err(Error::Config(ConfigError::RetentionTooShort { .. }))
+    ));
+}
