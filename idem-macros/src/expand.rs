@@ -1,0 +1,354 @@
+//! Generating the handler next to the annotated function.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Ident, ItemFn};
+
+use crate::attr::Args;
+use crate::valid::{self, Fingerprint, Kind, Mode, Spec};
+
+/// The whole macro: parse, validate, expand; on an error, the error and the function unchanged.
+pub(crate) fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item_fn = match syn::parse2::<ItemFn>(item.clone()) {
+        Ok(item_fn) => item_fn,
+        Err(_) => {
+            let error = syn::Error::new(
+                Span::call_site(),
+                "`#[idempotent]` applies to an `async fn` (a free function or a method with `&self`)",
+            );
+            return with_item(error, item);
+        }
+    };
+    let spec = syn::parse2::<Args>(attr).and_then(|args| valid::validate(args, &item_fn));
+    match spec {
+        Ok(spec) => {
+            let generated = expand(&spec);
+            quote! {
+                #item_fn
+                #generated
+            }
+        }
+        Err(error) => with_item(error, item),
+    }
+}
+
+/// The error next to the item unchanged, so that one mistake gives one error.
+fn with_item(error: syn::Error, item: TokenStream) -> TokenStream {
+    let error = error.into_compile_error();
+    quote! {
+        #error
+        #item
+    }
+}
+
+fn expand(spec: &Spec) -> TokenStream {
+    if spec.method {
+        expand_method(spec)
+    } else {
+        expand_free(spec)
+    }
+}
+
+/// `::idem_runtime::__private`.
+fn rt() -> TokenStream {
+    quote!(::idem_runtime::__private)
+}
+
+fn handler_ident(spec: &Spec) -> Ident {
+    format_ident!("{}_handler", spec.ident)
+}
+
+/// `impl Handler<Message = M, Output = O, Error = E> + 'static`.
+fn return_type(spec: &Spec) -> TokenStream {
+    let rt = rt();
+    let message = &spec.message_ty;
+    let (output, error) = output_and_error(spec);
+    quote! {
+        impl #rt::Handler<Message = #message, Output = #output, Error = #error> + 'static
+    }
+}
+
+/// The output and error types, spanned at the user's types so that unmet bounds are reported
+/// there.
+fn output_and_error(spec: &Spec) -> (TokenStream, TokenStream) {
+    let rt = rt();
+    let ret = &spec.ret;
+    (
+        quote_spanned!(spec.output_span=> #rt::OutputOf<#ret>),
+        quote_spanned!(spec.error_span=> #rt::ErrorOf<#ret>),
+    )
+}
+
+/// Never-run checks that report missing bounds on the user's own types.
+fn checks(spec: &Spec) -> TokenStream {
+    let rt = rt();
+    let (output, error) = output_and_error(spec);
+    let message = &spec.message_ty;
+    let message_span = message.span();
+    let output_check = quote_spanned!(spec.output_span=> #rt::assert_output::<#output>(););
+    let error_check = quote_spanned!(spec.error_span=> #rt::assert_error::<#error>(););
+    let message_check = quote_spanned!(message_span=> #rt::assert_message::<#message>(););
+    let fingerprint_check = match spec.fingerprint {
+        Fingerprint::Message => {
+            quote_spanned!(message_span=> #rt::assert_fingerprintable::<#message>();)
+        }
+        _ => quote!(),
+    };
+    quote! {
+        #output_check
+        #error_check
+        #message_check
+        #fingerprint_check
+    }
+}
+
+fn consumer(spec: &Spec) -> TokenStream {
+    match &spec.consumer {
+        Some(name) => quote!(#name),
+        None => {
+            let name = spec.ident.to_string();
+            quote!(::core::concat!(::core::env!("CARGO_PKG_NAME"), "::", #name))
+        }
+    }
+}
+
+fn mode(spec: &Spec) -> TokenStream {
+    let rt = rt();
+    match spec.mode {
+        Mode::Transactional => quote!(#rt::Mode::Transactional),
+        Mode::TwoPhase { lease_ms: None } => quote!(#rt::Mode::two_phase()),
+        Mode::TwoPhase { lease_ms: Some(ms) } => {
+            quote!(#rt::Mode::TwoPhase { lease: #rt::Duration::from_millis(#ms) })
+        }
+    }
+}
+
+fn retention(spec: &Spec) -> TokenStream {
+    let rt = rt();
+    match spec.retention_ms {
+        Some(ms) => quote!(#rt::Some(#rt::Duration::from_millis(#ms))),
+        None => quote!(#rt::None),
+    }
+}
+
+/// The body of the key function, with `__idem_message: &M` and `__idem_meta: &Metadata`.
+fn key_body(spec: &Spec) -> TokenStream {
+    let rt = rt();
+    let pat = &spec.message_pat;
+    let key = &spec.key;
+    let meta = spec.meta_pat.as_ref().map(|meta| {
+        quote! {
+            #[allow(unused_variables)]
+            let #meta = __idem_meta;
+        }
+    });
+    quote! {
+        #[allow(unused_variables)]
+        let #pat = __idem_message;
+        #meta
+        #rt::key_of(&(#key))
+    }
+}
+
+/// The body of the fingerprint function, with `__idem_message: &M`.
+fn fingerprint_body(spec: &Spec) -> TokenStream {
+    let rt = rt();
+    match &spec.fingerprint {
+        Fingerprint::Message => quote!(#rt::fingerprint_of(__idem_message)),
+        Fingerprint::Off => quote!(#rt::Ok(#rt::None)),
+        Fingerprint::Expr(expr) => {
+            let pat = &spec.message_pat;
+            quote! {
+                #[allow(unused_variables)]
+                let #pat = __idem_message;
+                #rt::fingerprint_of(&(#expr))
+            }
+        }
+    }
+}
+
+/// The arguments the user's function is called with, from `__idem_cx` and `__idem_message`.
+fn call_args(spec: &Spec) -> Vec<TokenStream> {
+    let rt = rt();
+    spec.params
+        .iter()
+        .map(|param| match param.kind {
+            Kind::Transaction => quote!(#rt::transaction(__idem_cx)),
+            Kind::Metadata => quote!(__idem_cx.metadata()),
+            Kind::Context => quote!(__idem_cx),
+            Kind::Message => quote!(__idem_message),
+        })
+        .collect()
+}
+
+fn handler_doc(target: &str) -> String {
+    format!(
+        "The idempotent handler of [`{target}`], generated by `#[idempotent]`: run it with \
+         `Inbox::process` or bind it to a queue."
+    )
+}
+
+/// A free function: `fn <name>_handler() -> impl Handler` returning a unit struct defined in its
+/// body.
+fn expand_free(spec: &Spec) -> TokenStream {
+    let rt = rt();
+    let vis = &spec.vis;
+    let ident = &spec.ident;
+    let handler = handler_ident(spec);
+    let ret_ty = return_type(spec);
+    let message = &spec.message_ty;
+    let (output, error) = output_and_error(spec);
+    let checks = checks(spec);
+    let consumer = consumer(spec);
+    let mode = mode(spec);
+    let retention = retention(spec);
+    let key = key_body(spec);
+    let fingerprint = fingerprint_body(spec);
+    let args = call_args(spec);
+    let call = quote_spanned!(ident.span()=> #rt::send_future(#ident(#(#args),*)));
+    let permanent = match &spec.permanent {
+        Some(path) => quote!((#path)(__idem_error)),
+        None => quote!(false),
+    };
+    let doc = handler_doc(&ident.to_string());
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code)]
+        #vis fn #handler() -> #ret_ty {
+            #checks
+
+            #[doc(hidden)]
+            #[allow(non_camel_case_types)]
+            struct __idem_handler;
+
+            #[automatically_derived]
+            impl #rt::Handler for __idem_handler {
+                type Message = #message;
+                type Output = #output;
+                type Error = #error;
+
+                fn consumer(&self) -> &str {
+                    #consumer
+                }
+
+                fn key(
+                    &self,
+                    __idem_message: &Self::Message,
+                    __idem_meta: &#rt::Metadata,
+                ) -> #rt::Result<#rt::MessageKey, #rt::KeyError> {
+                    #key
+                }
+
+                fn fingerprint(
+                    &self,
+                    __idem_message: &Self::Message,
+                ) -> #rt::Result<#rt::Option<#rt::Fingerprint>, #rt::FingerprintError> {
+                    #fingerprint
+                }
+
+                fn mode(&self) -> #rt::Mode {
+                    #mode
+                }
+
+                fn retention(&self) -> #rt::Option<#rt::Duration> {
+                    #retention
+                }
+
+                fn is_permanent(&self, __idem_error: &Self::Error) -> bool {
+                    #permanent
+                }
+
+                fn handle(
+                    &self,
+                    __idem_cx: &#rt::Context<'_>,
+                    __idem_message: Self::Message,
+                ) -> impl #rt::Future<Output = #rt::Result<Self::Output, Self::Error>> + Send {
+                    #call
+                }
+            }
+
+            __idem_handler
+        }
+    }
+}
+
+/// A method with `&self`: `fn <name>_handler(self: &Arc<Self>) -> impl Handler` and hidden
+/// associated functions in the same `impl` block, assembled by `__private::MethodHandler`.
+fn expand_method(spec: &Spec) -> TokenStream {
+    let rt = rt();
+    let vis = &spec.vis;
+    let ident = &spec.ident;
+    let handler = handler_ident(spec);
+    let ret_ty = return_type(spec);
+    let message = &spec.message_ty;
+    let (output, error) = output_and_error(spec);
+    let checks = checks(spec);
+    let consumer = consumer(spec);
+    let mode = mode(spec);
+    let retention = retention(spec);
+    let key = key_body(spec);
+    let fingerprint = fingerprint_body(spec);
+    let args = call_args(spec);
+    let key_fn = format_ident!("__idem_{}_key", ident);
+    let fingerprint_fn = format_ident!("__idem_{}_fingerprint", ident);
+    let handle_fn = format_ident!("__idem_{}_handle", ident);
+    let call = quote_spanned!(ident.span()=> #rt::send_future(__idem_this.#ident(#(#args),*)));
+    let permanent = match &spec.permanent {
+        Some(path) => quote!(#path),
+        None => quote!(#rt::never_permanent),
+    };
+    let doc = handler_doc(&format!("Self::{ident}"));
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code)]
+        #vis fn #handler(self: &#rt::Arc<Self>) -> #ret_ty
+        where
+            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+        {
+            #checks
+            #rt::MethodHandler::new(
+                self,
+                #rt::MethodSpec {
+                    consumer: #consumer,
+                    mode: #mode,
+                    retention: #retention,
+                    key: Self::#key_fn,
+                    fingerprint: Self::#fingerprint_fn,
+                    permanent: #permanent,
+                    handle: Self::#handle_fn,
+                },
+            )
+        }
+
+        #[doc(hidden)]
+        #[allow(dead_code)]
+        fn #key_fn(
+            __idem_message: &#message,
+            __idem_meta: &#rt::Metadata,
+        ) -> #rt::Result<#rt::MessageKey, #rt::KeyError> {
+            #key
+        }
+
+        #[doc(hidden)]
+        #[allow(dead_code)]
+        fn #fingerprint_fn(
+            __idem_message: &#message,
+        ) -> #rt::Result<#rt::Option<#rt::Fingerprint>, #rt::FingerprintError> {
+            #fingerprint
+        }
+
+        #[doc(hidden)]
+        #[allow(dead_code)]
+        fn #handle_fn<'__idem>(
+            __idem_this: #rt::Arc<Self>,
+            __idem_cx: &'__idem #rt::Context<'__idem>,
+            __idem_message: #message,
+        ) -> #rt::BoxFuture<'__idem, #rt::Result<#output, #error>>
+        where
+            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+        {
+            #rt::Box::pin(async move { #call.await })
+        }
+    }
+}
