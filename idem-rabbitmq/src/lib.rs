@@ -1,1 +1,75 @@
-//! RabbitMQ consumer and publisher for idem.
+//! RabbitMQ for idem: a lapin 4 consumer that runs idempotent handlers and settles every
+//! delivery as the inbox decides, and a publisher with confirms and stable message ids.
+//!
+//! Data flows one way: delivery → decode ([`Codec`], JSON by default) → key (the handler's, from
+//! the message or the [`Metadata`](idem_runtime::Metadata) this crate fills from the AMQP
+//! properties: `message_id`, headers, CloudEvents `source` + `id` from `cloudEvents:` or
+//! `cloudEvents_` headers) → [`Inbox`](idem_runtime::Inbox) → settle: ack, requeue within a
+//! delivery limit, or dead-letter with a reason. See [`Consumer`] for the contract.
+//!
+//! ```no_run
+//! use idem_rabbitmq::{Consumer, PublishOptions, Publisher, QueueTopology};
+//! use idem_runtime::{Inbox, idempotent, sea_orm::DatabaseTransaction};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct OrderPlaced { id: String, amount: i64 }
+//!
+//! #[idempotent(key = order.id, consumer = "billing")]
+//! async fn charge(tx: &DatabaseTransaction, order: OrderPlaced) -> Result<i64, sea_orm::DbErr> {
+//!     // write the charge through `tx`
+//!     Ok(order.amount)
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+//! let db = sea_orm::Database::connect("sqlite://billing.db?mode=rwc").await?;
+//! let inbox = Inbox::builder(db).build().await?;
+//! let topology = QueueTopology::quorum("billing.orders").delivery_limit(20);
+//! let consumer = Consumer::builder(url, inbox).bind(topology, charge_handler()).start().await?;
+//!
+//! let publisher = Publisher::connect(url).await?;
+//! let order = OrderPlaced { id: "o-1".into(), amount: 42 };
+//! publisher.publish("", "billing.orders", &order, PublishOptions::default()).await?;
+//!
+//! consumer.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Features
+//!
+//! | feature | what it enables |
+//! |---|---|
+//! | `tls` | `amqps://` URLs, with rustls and the platform's root certificates |
+//!
+//! # Metrics
+//!
+//! `idem_rabbitmq_deliveries_total{queue, settle}` counts settled deliveries (`acked`,
+//! `duplicate`, `requeued`, `dead-lettered`, `settle-lost`), besides the inbox's own
+//! `idem_messages_total`.
+
+mod codec;
+mod connect;
+mod consumer;
+mod error;
+mod metadata;
+mod publisher;
+mod topology;
+mod url;
+
+pub use codec::{Codec, DecodeError, Json};
+pub use connect::connect;
+pub use consumer::{
+    Binding, Consumer, ConsumerBuilder, ConsumerStats, ShutdownHandle, ShutdownReport, headers,
+};
+pub use error::{Error, Result};
+pub use metadata::metadata_of;
+pub use publisher::{PublishOptions, Publisher};
+pub use topology::{ExchangeBinding, QueueKind, QueueTopology};
+pub use url::AmqpUrl;
+
+/// lapin, re-exported so applications name the same types.
+pub use lapin;
+
+/// The counter of settled deliveries.
+pub const DELIVERIES_TOTAL: &str = "idem_rabbitmq_deliveries_total";

@@ -106,6 +106,7 @@ pub fn create_table_statements(backend: DbBackend, table: &TableName) -> Vec<Str
 }
 
 /// The statement that drops the inbox table (used by the migration's `down`).
+#[cfg(feature = "migration")]
 pub(crate) fn drop_table_statement(backend: DbBackend, table: &TableName) -> String {
     format!("DROP TABLE IF EXISTS {}", table.quoted(backend))
 }

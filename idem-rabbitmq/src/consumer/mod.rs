@@ -1,0 +1,299 @@
+//! The consumer: handlers bound to queues, every delivery settled as the inbox decides.
+
+mod binding;
+mod settle;
+mod worker;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::{Handler, Inbox};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::topology::QueueTopology;
+use crate::url::AmqpUrl;
+
+pub use binding::Binding;
+use binding::Dispatch;
+pub use settle::{ConsumerStats, headers};
+use settle::{DeliveryCounts, RetryPolicy, Stats};
+pub use worker::ShutdownReport;
+use worker::Worker;
+
+/// Settings shared by a consumer's workers.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    url: AmqpUrl,
+    connection_name: String,
+    prefetch: u16,
+    max_in_flight: usize,
+    shutdown_timeout: Duration,
+    recovery_timeout: Duration,
+    reconnect_delay: Duration,
+    retry: RetryPolicy,
+}
+
+/// Consumes queues with idempotent handlers and settles every delivery:
+///
+/// | what the inbox says | settle |
+/// |---|---|
+/// | processed, or a duplicate with the same content | ack |
+/// | handler's transient error, database unavailable, in progress elsewhere | nack + requeue after a back-off, up to [`max_deliveries`](ConsumerBuilder::max_deliveries); then dead-letter (`delivery-limit`) |
+/// | undecodable payload, missing or invalid key, reused key with other content, needs intervention, handler's permanent error | dead-letter with a reason |
+///
+/// Dead-lettering publishes a copy to the queue's dead-letter exchange with the headers in
+/// [`headers`] (`x-idem-reason`, `x-idem-detail`, `x-idem-consumer`, `x-idem-key`, ...), waits for
+/// the broker's confirm, then acknowledges the original; a copy the broker does not take leaves the
+/// original requeued. Nothing is acknowledged before its effect is committed.
+///
+/// Each binding has its own connection (lapin's automatic recovery on; a session that does not
+/// recover within [`recovery_timeout`](ConsumerBuilder::recovery_timeout) is replaced by a new
+/// connection), a prefetch window and manual acknowledgments; [`max_in_flight`](ConsumerBuilder::max_in_flight)
+/// bounds the handlers running at once across bindings. Deliveries whose channel died before
+/// they were settled are redelivered by the broker, and the inbox recognises them.
+///
+/// ```no_run
+/// # async fn demo(inbox: idem_runtime::Inbox, handler: impl idem_runtime::Handler<Message = serde_json::Value> + 'static) -> Result<(), idem_rabbitmq::Error> {
+/// use idem_rabbitmq::{Consumer, QueueTopology};
+///
+/// let consumer = Consumer::builder("amqp://guest:guest@127.0.0.1:5672/%2f", inbox)
+///     .bind(QueueTopology::quorum("billing.orders").delivery_limit(20), handler)
+///     .prefetch(50)
+///     .start()
+///     .await?;
+/// let report = consumer.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Consumer {
+    shutdown: Arc<watch::Sender<bool>>,
+    workers: Vec<JoinHandle<ShutdownReport>>,
+    stats: Arc<Stats>,
+}
+
+/// Asks a running [`Consumer`] to stop; cloneable, usable from anywhere.
+#[derive(Debug, Clone)]
+pub struct ShutdownHandle(Arc<watch::Sender<bool>>);
+
+impl ShutdownHandle {
+    /// Asks the consumer to stop taking deliveries and finish the ones in flight.
+    pub fn shutdown(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl Consumer {
+    /// Starts configuring a consumer of the broker at `url` that processes through `inbox`.
+    pub fn builder(url: impl Into<AmqpUrl>, inbox: Inbox) -> ConsumerBuilder {
+        ConsumerBuilder {
+            inbox,
+            bindings: Vec::new(),
+            settings: Settings {
+                url: url.into(),
+                connection_name: "idem".to_owned(),
+                prefetch: 32,
+                max_in_flight: 16,
+                shutdown_timeout: Duration::from_secs(30),
+                recovery_timeout: Duration::from_secs(30),
+                reconnect_delay: Duration::from_secs(1),
+                retry: RetryPolicy {
+                    max_deliveries: 10,
+                    backoff_base: Duration::from_millis(200),
+                    backoff_max: Duration::from_secs(10),
+                },
+            },
+        }
+    }
+
+    /// Counts of settled deliveries so far.
+    pub fn stats(&self) -> ConsumerStats {
+        self.stats.snapshot()
+    }
+
+    /// A handle that asks the consumer to stop, e.g. from a signal handler.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(Arc::clone(&self.shutdown))
+    }
+
+    /// Stops taking deliveries, lets in-flight handlers finish (until the
+    /// [`shutdown_timeout`](ConsumerBuilder::shutdown_timeout)), settles them and closes the
+    /// connections. Deliveries prefetched but not started go back to the queue.
+    pub async fn shutdown(self) -> ShutdownReport {
+        self.shutdown.send_replace(true);
+        self.join().await
+    }
+
+    /// Runs until `signal` completes (`tokio::signal::ctrl_c()`, a SIGTERM stream, a
+    /// [`ShutdownHandle`]...), then shuts down gracefully.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> ShutdownReport {
+        let mut stopped = self.shutdown.subscribe();
+        tokio::select! {
+            _ = signal => {}
+            _ = stopped.wait_for(|stop| *stop) => {}
+        }
+        self.shutdown().await
+    }
+
+    async fn join(self) -> ShutdownReport {
+        let mut report = ShutdownReport::default();
+        for worker in self.workers {
+            match worker.await {
+                Ok(part) => report.add(part),
+                Err(error) => tracing::error!(%error, "consumer worker failed"),
+            }
+        }
+        report
+    }
+}
+
+/// Configures a [`Consumer`].
+#[derive(Debug)]
+pub struct ConsumerBuilder {
+    inbox: Inbox,
+    bindings: Vec<Arc<dyn Dispatch>>,
+    settings: Settings,
+}
+
+impl std::fmt::Debug for dyn Dispatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Binding")
+            .field("queue", &self.topology().queue())
+            .field("consumer", &self.consumer())
+            .finish()
+    }
+}
+
+impl ConsumerBuilder {
+    /// Binds `handler` to the queue of `topology`, decoding JSON payloads.
+    pub fn bind<H>(self, topology: QueueTopology, handler: H) -> Self
+    where
+        H: Handler + 'static,
+        H::Message: DeserializeOwned,
+    {
+        self.bind_with(Binding::new(topology, handler))
+    }
+
+    /// Adds a binding, e.g. one with another codec.
+    pub fn bind_with<H, C>(mut self, binding: Binding<H, C>) -> Self
+    where
+        H: Handler + 'static,
+        H::Message: DeserializeOwned,
+        C: crate::codec::Codec,
+    {
+        self.bindings.push(Arc::new(binding));
+        self
+    }
+
+    /// How many unacknowledged deliveries the broker sends each binding ahead (default 32).
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.settings.prefetch = prefetch;
+        self
+    }
+
+    /// How many handlers may run at once, across bindings (default 16).
+    pub fn max_in_flight(mut self, max: usize) -> Self {
+        self.settings.max_in_flight = max;
+        self
+    }
+
+    /// How many deliveries a message gets before a transient failure dead-letters it with reason
+    /// `delivery-limit` (default 10). Counted by the broker on quorum queues
+    /// (`x-delivery-count`), by this process on classic ones.
+    pub fn max_deliveries(mut self, max: u32) -> Self {
+        self.settings.retry.max_deliveries = max;
+        self
+    }
+
+    /// The wait before requeueing a message that failed transiently: `base` after the first
+    /// delivery, doubling each time, at most `max` (defaults 200 ms and 10 s).
+    pub fn retry_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.settings.retry.backoff_base = base;
+        self.settings.retry.backoff_max = max;
+        self
+    }
+
+    /// How long in-flight handlers get to finish at shutdown (default 30 s).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.shutdown_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for lapin's automatic recovery before replacing the connection
+    /// (default 30 s).
+    pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.recovery_timeout = timeout;
+        self
+    }
+
+    /// The first delay between reconnection attempts; it doubles up to 30 s (default 1 s).
+    pub fn reconnect_delay(mut self, delay: Duration) -> Self {
+        self.settings.reconnect_delay = delay;
+        self
+    }
+
+    /// The name the connections show in the broker's management tools, followed by the queue
+    /// (default `idem`).
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.settings.connection_name = name.into();
+        self
+    }
+
+    /// Checks the handlers against the inbox, connects, declares each binding's topology and
+    /// starts consuming. Fails, with nothing left running, if any of it fails.
+    pub async fn start(self) -> Result<Consumer> {
+        self.validate()?;
+        for binding in &self.bindings {
+            binding.check(&self.inbox)?;
+        }
+        let (shutdown, stop) = watch::channel(false);
+        let shutdown = Arc::new(shutdown);
+        let settings = Arc::new(self.settings);
+        let stats = Arc::new(Stats::default());
+        let counts = Arc::new(DeliveryCounts::default());
+        let in_flight = Arc::new(Semaphore::new(settings.max_in_flight));
+        let mut consumer = Consumer {
+            shutdown,
+            workers: Vec::new(),
+            stats: Arc::clone(&stats),
+        };
+        for binding in self.bindings {
+            let worker = Worker {
+                binding,
+                inbox: self.inbox.clone(),
+                settings: Arc::clone(&settings),
+                stats: Arc::clone(&stats),
+                counts: Arc::clone(&counts),
+                in_flight: Arc::clone(&in_flight),
+                shutdown: stop.clone(),
+            };
+            match worker.start().await {
+                Ok(handle) => consumer.workers.push(handle),
+                Err(error) => {
+                    consumer.shutdown().await;
+                    return Err(error);
+                }
+            }
+        }
+        Ok(consumer)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let settings = &self.settings;
+        let problem = if self.bindings.is_empty() {
+            "no handler is bound to a queue"
+        } else if settings.prefetch == 0 {
+            "prefetch must be at least 1"
+        } else if settings.max_in_flight == 0 {
+            "max_in_flight must be at least 1"
+        } else if settings.retry.max_deliveries == 0 {
+            "max_deliveries must be at least 1"
+        } else {
+            return Ok(());
+        };
+        Err(Error::Config(problem.to_owned()))
+    }
+}

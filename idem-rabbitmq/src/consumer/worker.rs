@@ -1,0 +1,331 @@
+//! One binding's worker: a session (connection, channels, consumer) that is reopened when it
+//! fails, deliveries handed to tasks within the in-flight bound, and a graceful drain.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idem_runtime::Inbox;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use super::Settings;
+use super::binding::Dispatch;
+use super::settle::{DeliveryCounts, Settler, Stats};
+use crate::connect::connect;
+use crate::error::{Error, Result};
+use crate::metadata::metadata_of;
+
+/// What a worker did at shutdown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Handlers that were running at shutdown and finished, their deliveries settled.
+    pub completed: usize,
+    /// Handlers still running at the deadline, stopped; their deliveries go back to the queue
+    /// when the channel closes, and a transactional handler's work is rolled back.
+    pub abandoned: usize,
+}
+
+impl ShutdownReport {
+    pub(crate) fn add(&mut self, other: ShutdownReport) {
+        self.completed += other.completed;
+        self.abandoned += other.abandoned;
+    }
+}
+
+/// An open connection with its consuming and publishing channels.
+struct Session {
+    connection: Connection,
+    channel: Channel,
+    publisher: Channel,
+    consumer: lapin::Consumer,
+}
+
+/// Why consuming stopped.
+enum End {
+    Shutdown,
+    Failed(String),
+}
+
+pub(crate) struct Worker {
+    pub(crate) binding: Arc<dyn Dispatch>,
+    pub(crate) inbox: Inbox,
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) counts: Arc<DeliveryCounts>,
+    pub(crate) in_flight: Arc<Semaphore>,
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+impl Worker {
+    fn queue(&self) -> &str {
+        self.binding.topology().queue()
+    }
+
+    /// Connects, declares the topology, sets the prefetch and starts consuming.
+    async fn open_session(&self) -> Result<Session> {
+        let name = format!("{} {}", self.settings.connection_name, self.queue());
+        let connection = connect(&self.settings.url, &name).await?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(Error::amqp("channel.open"))?;
+        self.binding.topology().declare(&channel).await?;
+        channel
+            .basic_qos(self.settings.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(Error::amqp("basic.qos"))?;
+        let publisher = connection
+            .create_channel()
+            .await
+            .map_err(Error::amqp("channel.open"))?;
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(Error::amqp("confirm.select"))?;
+        let consumer = channel
+            .basic_consume(
+                self.queue().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(Error::amqp(format!("basic.consume {}", self.queue())))?;
+        tracing::info!(queue = self.queue(), "consuming");
+        Ok(Session {
+            connection,
+            channel,
+            publisher,
+            consumer,
+        })
+    }
+
+    /// Opens the first session, so that a wrong URL or topology fails `start`.
+    pub(crate) async fn start(self) -> Result<tokio::task::JoinHandle<ShutdownReport>> {
+        let session = self.open_session().await?;
+        Ok(tokio::spawn(self.run(session)))
+    }
+
+    async fn run(mut self, first: Session) -> ShutdownReport {
+        let mut tasks = JoinSet::new();
+        let mut session = Some(first);
+        loop {
+            let current = match session.take() {
+                Some(current) => current,
+                None => match self.reconnect().await {
+                    Some(current) => current,
+                    None => return self.drain(None, &mut tasks).await,
+                },
+            };
+            match self.consume(&current, &mut tasks).await {
+                End::Shutdown => return self.drain(Some(current), &mut tasks).await,
+                End::Failed(why) => {
+                    tracing::warn!(queue = self.queue(), %why, "session lost; reconnecting");
+                    close(&current).await;
+                }
+            }
+        }
+    }
+
+    /// Reopens a session with a growing delay, until it works or shutdown is asked for.
+    async fn reconnect(&mut self) -> Option<Session> {
+        let mut delay = self.settings.reconnect_delay;
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => return None,
+                opened = self.open_session() => match opened {
+                    Ok(session) => return Some(session),
+                    Err(error) => tracing::warn!(queue = self.queue(), %error, "reconnect failed"),
+                },
+            }
+            tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => return None,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    /// Takes deliveries until shutdown or until the session fails and lapin cannot recover it
+    /// in time (a recovery that waits forever is not waited for).
+    async fn consume(&mut self, session: &Session, tasks: &mut JoinSet<()>) -> End {
+        let mut consumer = session.consumer.clone();
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            while tasks.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
+                permit = Arc::clone(&self.in_flight).acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return End::Shutdown,
+                },
+            };
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
+                next = consumer.next() => next,
+            };
+            match next {
+                Some(Ok(delivery)) => {
+                    tasks.spawn(self.job(session, delivery, permit).run());
+                }
+                Some(Err(error)) => {
+                    drop(permit);
+                    tracing::warn!(queue = self.queue(), %error, "consumer error; waiting for recovery");
+                    let recovery = tokio::time::timeout(
+                        self.settings.recovery_timeout,
+                        session.channel.wait_for_recovery(error),
+                    )
+                    .await;
+                    match recovery {
+                        Ok(Ok(())) => {
+                            tracing::info!(queue = self.queue(), "connection recovered");
+                        }
+                        Ok(Err(error)) => return End::Failed(error.to_string()),
+                        Err(_) => return End::Failed("recovery did not complete in time".into()),
+                    }
+                }
+                None => return End::Failed("the broker cancelled the consumer".into()),
+            }
+        }
+    }
+
+    fn job(&self, session: &Session, delivery: Delivery, permit: OwnedSemaphorePermit) -> Job {
+        Job {
+            binding: Arc::clone(&self.binding),
+            inbox: self.inbox.clone(),
+            settings: Arc::clone(&self.settings),
+            stats: Arc::clone(&self.stats),
+            counts: Arc::clone(&self.counts),
+            publisher: session.publisher.clone(),
+            delivery,
+            _permit: permit,
+        }
+    }
+
+    /// Stops taking deliveries, lets in-flight handlers finish within the deadline, then closes
+    /// the channels: deliveries prefetched but not started go back to the queue.
+    async fn drain(&self, session: Option<Session>, tasks: &mut JoinSet<()>) -> ShutdownReport {
+        if let Some(session) = &session {
+            let tag = session.consumer.tag();
+            if let Err(error) = session
+                .channel
+                .basic_cancel(tag, BasicCancelOptions::default())
+                .await
+            {
+                tracing::warn!(queue = self.queue(), %error, "basic.cancel failed");
+            }
+        }
+        let mut report = ShutdownReport::default();
+        let deadline = tokio::time::sleep(self.settings.shutdown_timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => break,
+                next = tasks.join_next() => match next {
+                    Some(_) => report.completed += 1,
+                    None => break,
+                },
+            }
+        }
+        report.abandoned = tasks.len();
+        if report.abandoned > 0 {
+            tracing::warn!(
+                queue = self.queue(),
+                abandoned = report.abandoned,
+                "handlers still running at the shutdown deadline are stopped; their messages will be redelivered"
+            );
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
+        if let Some(session) = &session {
+            close(session).await;
+        }
+        tracing::info!(
+            queue = self.queue(),
+            completed = report.completed,
+            "consumer stopped"
+        );
+        report
+    }
+}
+
+/// Closes a session, best effort and bounded: a broken connection is not waited for.
+async fn close(session: &Session) {
+    let closing = async {
+        let _ = session.channel.close(200, "shutdown".into()).await;
+        let _ = session.publisher.close(200, "shutdown".into()).await;
+        let _ = session.connection.close(200, "shutdown".into()).await;
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
+}
+
+/// One delivery's processing and settlement, run in its own task.
+struct Job {
+    binding: Arc<dyn Dispatch>,
+    inbox: Inbox,
+    settings: Arc<Settings>,
+    stats: Arc<Stats>,
+    counts: Arc<DeliveryCounts>,
+    publisher: Channel,
+    delivery: Delivery,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Job {
+    async fn run(self) {
+        let topology = self.binding.topology();
+        let metadata = metadata_of(&self.delivery.properties, self.delivery.redelivered);
+        let span = tracing::info_span!(
+            "idem.delivery",
+            queue = topology.queue(),
+            delivery_tag = self.delivery.delivery_tag,
+            redelivered = self.delivery.redelivered,
+            message_id = metadata.message_id.as_deref(),
+            correlation_id = metadata.correlation_id.as_deref(),
+            key = Empty,
+            settle = Empty,
+        );
+        async {
+            let handled = self
+                .binding
+                .handle(&self.inbox, &self.delivery, &metadata)
+                .await;
+            if let Some(key) = &handled.key {
+                tracing::Span::current().record("key", key.as_str());
+            }
+            let settler = Settler {
+                queue: topology.queue(),
+                consumer: self.binding.consumer(),
+                dead_letter_exchange: topology.dead_letter_exchange(),
+                publisher: &self.publisher,
+                retry: self.settings.retry,
+                counts: &self.counts,
+            };
+            let settled = settler
+                .settle(&self.delivery, handled.verdict, handled.key.as_deref())
+                .await;
+            tracing::Span::current().record("settle", settled.label());
+            self.stats.count(settled);
+            metrics::counter!(
+                crate::DELIVERIES_TOTAL,
+                "queue" => topology.queue().to_owned(),
+                "settle" => settled.label()
+            )
+            .increment(1);
+        }
+        .instrument(span)
+        .await;
+    }
+}

@@ -1,0 +1,276 @@
+//! Declaring a work queue with its dead-letter exchange and queue, idempotently.
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Channel, ExchangeKind};
+
+use crate::error::{Error, Result};
+
+/// The type of the work queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueKind {
+    /// A classic durable queue.
+    Classic,
+    /// A quorum queue (replicated; the broker counts deliveries and dead-letters a message past
+    /// `x-delivery-limit`, which also stops a message that crashes consumers from looping).
+    Quorum,
+}
+
+/// An exchange the work queue is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExchangeBinding {
+    /// The exchange's name.
+    pub exchange: String,
+    /// The exchange's type, declared durable.
+    pub kind: ExchangeKind,
+    /// The binding's routing key (or pattern, for a topic exchange).
+    pub routing_key: String,
+}
+
+/// A work queue, its dead-letter exchange and queue, and its bindings.
+///
+/// [`QueueTopology::declare`] declares them all, durable; declaring again is a no-op, and a
+/// queue that exists with other arguments is reported, never changed. The dead-letter exchange is
+/// a fanout exchange named `<queue>.dlx` bound to the queue `<queue>.dlq`, unless named
+/// otherwise. An application that manages its own topology skips `declare` and names its queue
+/// and dead-letter exchange with [`QueueTopology::existing`].
+///
+/// ```
+/// use idem_rabbitmq::QueueTopology;
+/// use lapin::ExchangeKind;
+///
+/// let topology = QueueTopology::quorum("billing.orders")
+///     .delivery_limit(10)
+///     .bind("orders", ExchangeKind::Topic, "order.placed");
+/// assert_eq!(topology.dead_letter_queue(), "billing.orders.dlq");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueTopology {
+    queue: String,
+    kind: QueueKind,
+    dead_letter_exchange: String,
+    dead_letter_queue: String,
+    delivery_limit: Option<u32>,
+    bindings: Vec<ExchangeBinding>,
+    declare: bool,
+}
+
+impl QueueTopology {
+    /// A classic durable work queue.
+    pub fn classic(queue: impl Into<String>) -> Self {
+        Self::new(queue.into(), QueueKind::Classic)
+    }
+
+    /// A quorum work queue.
+    pub fn quorum(queue: impl Into<String>) -> Self {
+        Self::new(queue.into(), QueueKind::Quorum)
+    }
+
+    /// A queue and dead-letter exchange that already exist and that idem must not declare.
+    pub fn existing(queue: impl Into<String>, dead_letter_exchange: impl Into<String>) -> Self {
+        let mut topology = Self::new(queue.into(), QueueKind::Classic);
+        topology.dead_letter_exchange = dead_letter_exchange.into();
+        topology.declare = false;
+        topology
+    }
+
+    fn new(queue: String, kind: QueueKind) -> Self {
+        Self {
+            dead_letter_exchange: format!("{queue}.dlx"),
+            dead_letter_queue: format!("{queue}.dlq"),
+            queue,
+            kind,
+            delivery_limit: None,
+            bindings: Vec::new(),
+            declare: true,
+        }
+    }
+
+    /// Names the dead-letter exchange and queue.
+    pub fn dead_letter(mut self, exchange: impl Into<String>, queue: impl Into<String>) -> Self {
+        self.dead_letter_exchange = exchange.into();
+        self.dead_letter_queue = queue.into();
+        self
+    }
+
+    /// The broker's delivery limit (`x-delivery-limit`, quorum queues): a message delivered more
+    /// often is dead-lettered by the broker. It catches messages whose processing crashes the
+    /// consumer; the consumer's own limit
+    /// ([`ConsumerBuilder::max_deliveries`](crate::ConsumerBuilder::max_deliveries)) catches
+    /// the rest with a reason.
+    pub fn delivery_limit(mut self, limit: u32) -> Self {
+        self.delivery_limit = Some(limit);
+        self
+    }
+
+    /// Binds the queue to `exchange` (declared durable, of `kind`) with `routing_key`.
+    pub fn bind(
+        mut self,
+        exchange: impl Into<String>,
+        kind: ExchangeKind,
+        routing_key: impl Into<String>,
+    ) -> Self {
+        self.bindings.push(ExchangeBinding {
+            exchange: exchange.into(),
+            kind,
+            routing_key: routing_key.into(),
+        });
+        self
+    }
+
+    /// The work queue's name.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The queue type.
+    pub fn kind(&self) -> QueueKind {
+        self.kind
+    }
+
+    /// The dead-letter exchange's name.
+    pub fn dead_letter_exchange(&self) -> &str {
+        &self.dead_letter_exchange
+    }
+
+    /// The dead-letter queue's name.
+    pub fn dead_letter_queue(&self) -> &str {
+        &self.dead_letter_queue
+    }
+
+    /// The broker's delivery limit, if set.
+    pub fn broker_delivery_limit(&self) -> Option<u32> {
+        self.delivery_limit
+    }
+
+    /// Declares the dead-letter exchange and queue, the work queue and its bindings (nothing for
+    /// an [`existing`](QueueTopology::existing) topology).
+    pub async fn declare(&self, channel: &Channel) -> Result<()> {
+        if !self.declare {
+            return Ok(());
+        }
+        let durable_exchange = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        channel
+            .exchange_declare(
+                self.dead_letter_exchange.as_str().into(),
+                ExchangeKind::Fanout,
+                durable_exchange,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(declare_error("exchange", &self.dead_letter_exchange))?;
+        channel
+            .queue_declare(
+                self.dead_letter_queue.as_str().into(),
+                durable(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(declare_error("queue", &self.dead_letter_queue))?;
+        channel
+            .queue_bind(
+                self.dead_letter_queue.as_str().into(),
+                self.dead_letter_exchange.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(declare_error("binding of", &self.dead_letter_queue))?;
+        channel
+            .queue_declare(self.queue.as_str().into(), durable(), self.arguments())
+            .await
+            .map_err(declare_error("queue", &self.queue))?;
+        for binding in &self.bindings {
+            channel
+                .exchange_declare(
+                    binding.exchange.as_str().into(),
+                    binding.kind.clone(),
+                    durable_exchange,
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(declare_error("exchange", &binding.exchange))?;
+            channel
+                .queue_bind(
+                    self.queue.as_str().into(),
+                    binding.exchange.as_str().into(),
+                    binding.routing_key.as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(declare_error("binding of", &self.queue))?;
+        }
+        Ok(())
+    }
+
+    /// The work queue's arguments: type, dead-letter exchange and delivery limit, which lapin has
+    /// no helpers for.
+    fn arguments(&self) -> FieldTable {
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            ShortString::from("x-dead-letter-exchange"),
+            AMQPValue::LongString(self.dead_letter_exchange.as_str().into()),
+        );
+        if self.kind == QueueKind::Quorum {
+            arguments.insert(
+                ShortString::from("x-queue-type"),
+                AMQPValue::LongString("quorum".into()),
+            );
+            if let Some(limit) = self.delivery_limit {
+                arguments.insert(
+                    ShortString::from("x-delivery-limit"),
+                    AMQPValue::LongLongInt(i64::from(limit)),
+                );
+            }
+        }
+        arguments
+    }
+}
+
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+fn declare_error(what: &'static str, name: &str) -> impl FnOnce(lapin::Error) -> Error {
+    let operation = format!(
+        "declaring {what} {name:?} (a PRECONDITION_FAILED error means it exists with other arguments)"
+    );
+    Error::amqp(operation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_queues_carry_type_dead_letter_exchange_and_limit() {
+        let args = QueueTopology::quorum("q").delivery_limit(7).arguments();
+        let args = args.inner();
+        assert_eq!(
+            args.get("x-queue-type"),
+            Some(&AMQPValue::LongString("quorum".into()))
+        );
+        assert_eq!(
+            args.get("x-dead-letter-exchange"),
+            Some(&AMQPValue::LongString("q.dlx".into()))
+        );
+        assert_eq!(
+            args.get("x-delivery-limit"),
+            Some(&AMQPValue::LongLongInt(7))
+        );
+        assert!(
+            !QueueTopology::classic("q")
+                .arguments()
+                .inner()
+                .contains_key("x-queue-type")
+        );
+    }
+}
