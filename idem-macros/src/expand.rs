@@ -55,16 +55,26 @@ fn rt() -> TokenStream {
     quote!(::idem_runtime::__private)
 }
 
+/// `::idem_runtime::__private`, spanned at a user's token: an error in an expression built with
+/// it is reported there.
+fn rt_at(span: Span) -> TokenStream {
+    quote_spanned!(span=> ::idem_runtime::__private)
+}
+
 fn handler_ident(spec: &Spec) -> Ident {
     format_ident!("{}_handler", spec.ident)
 }
 
 /// `impl Handler<Message = M, Output = O, Error = E> + 'static`.
+///
+/// Spanned at the output type: for a method, an unmet bound of the runtime's generic handler
+/// is reported there rather than on the attribute.
 fn return_type(spec: &Spec) -> TokenStream {
-    let rt = rt();
+    let span = spec.output_span;
+    let rt = rt_at(span);
     let message = &spec.message_ty;
     let (output, error) = output_and_error(spec);
-    quote! {
+    quote_spanned! {span=>
         impl #rt::Handler<Message = #message, Output = #output, Error = #error> + 'static
     }
 }
@@ -72,34 +82,28 @@ fn return_type(spec: &Spec) -> TokenStream {
 /// The output and error types, spanned at the user's types so that unmet bounds are reported
 /// there.
 fn output_and_error(spec: &Spec) -> (TokenStream, TokenStream) {
-    let rt = rt();
     let ret = &spec.ret;
+    let output_rt = rt_at(spec.output_span);
+    let error_rt = rt_at(spec.error_span);
     (
-        quote_spanned!(spec.output_span=> #rt::OutputOf<#ret>),
-        quote_spanned!(spec.error_span=> #rt::ErrorOf<#ret>),
+        quote_spanned!(spec.output_span=> #output_rt::OutputOf<#ret>),
+        quote_spanned!(spec.error_span=> #error_rt::ErrorOf<#ret>),
     )
 }
 
-/// Never-run checks that report missing bounds on the user's own types.
+/// Never-run checks that report missing bounds on the user's own types (for methods, whose
+/// handler is a generic runtime type that would report them at the attribute).
 fn checks(spec: &Spec) -> TokenStream {
-    let rt = rt();
     let (output, error) = output_and_error(spec);
     let message = &spec.message_ty;
     let message_span = message.span();
-    let output_check = quote_spanned!(spec.output_span=> #rt::assert_output::<#output>(););
-    let error_check = quote_spanned!(spec.error_span=> #rt::assert_error::<#error>(););
-    let message_check = quote_spanned!(message_span=> #rt::assert_message::<#message>(););
-    let fingerprint_check = match spec.fingerprint {
-        Fingerprint::Message => {
-            quote_spanned!(message_span=> #rt::assert_fingerprintable::<#message>();)
-        }
-        _ => quote!(),
-    };
+    let output_rt = rt_at(spec.output_span);
+    let error_rt = rt_at(spec.error_span);
+    let message_rt = rt_at(message_span);
     quote! {
-        #output_check
-        #error_check
-        #message_check
-        #fingerprint_check
+        #output_rt::assert_output::<#output>();
+        #error_rt::assert_error::<#error>();
+        #message_rt::assert_message::<#message>();
     }
 }
 
@@ -155,7 +159,12 @@ fn key_body(spec: &Spec) -> TokenStream {
 fn fingerprint_body(spec: &Spec) -> TokenStream {
     let rt = rt();
     match &spec.fingerprint {
-        Fingerprint::Message => quote!(#rt::fingerprint_of(__idem_message)),
+        Fingerprint::Message => {
+            // A message that is not `Serialize` is reported on its type.
+            let span = spec.message_ty.span();
+            let rt = rt_at(span);
+            quote_spanned!(span=> #rt::fingerprint_of(__idem_message))
+        }
         Fingerprint::Off => quote!(#rt::Ok(#rt::None)),
         Fingerprint::Expr(expr) => {
             let pat = &spec.message_pat;
@@ -199,14 +208,23 @@ fn expand_free(spec: &Spec) -> TokenStream {
     let ret_ty = return_type(spec);
     let message = &spec.message_ty;
     let (output, error) = output_and_error(spec);
-    let checks = checks(spec);
+    let message_span = message.span();
+    let message_item = quote_spanned!(message_span=> type Message = #message;);
+    let output_item = quote_spanned!(spec.output_span=> type Output = #output;);
+    let error_item = quote_spanned!(spec.error_span=> type Error = #error;);
     let consumer = consumer(spec);
     let mode = mode(spec);
     let retention = retention(spec);
     let key = key_body(spec);
     let fingerprint = fingerprint_body(spec);
     let args = call_args(spec);
-    let call = quote_spanned!(ident.span()=> #rt::send_future(#ident(#(#args),*)));
+    // A future that is not `Send` is reported on the function's name.
+    let span = ident.span();
+    let rt_span = rt_at(span);
+    let future = quote_spanned! {span=>
+        impl #rt_span::Future<Output = #rt_span::Result<Self::Output, Self::Error>> + ::core::marker::Send
+    };
+    let call = quote_spanned!(span=> #ident(#(#args),*));
     let permanent = match &spec.permanent {
         Some(path) => quote!((#path)(__idem_error)),
         None => quote!(false),
@@ -216,17 +234,15 @@ fn expand_free(spec: &Spec) -> TokenStream {
         #[doc = #doc]
         #[allow(dead_code)]
         #vis fn #handler() -> #ret_ty {
-            #checks
-
             #[doc(hidden)]
             #[allow(non_camel_case_types)]
             struct __idem_handler;
 
             #[automatically_derived]
             impl #rt::Handler for __idem_handler {
-                type Message = #message;
-                type Output = #output;
-                type Error = #error;
+                #message_item
+                #output_item
+                #error_item
 
                 fn consumer(&self) -> &str {
                     #consumer
@@ -263,7 +279,7 @@ fn expand_free(spec: &Spec) -> TokenStream {
                     &self,
                     __idem_cx: &#rt::Context<'_>,
                     __idem_message: Self::Message,
-                ) -> impl #rt::Future<Output = #rt::Result<Self::Output, Self::Error>> + Send {
+                ) -> #future {
                     #call
                 }
             }
@@ -293,32 +309,43 @@ fn expand_method(spec: &Spec) -> TokenStream {
     let key_fn = format_ident!("__idem_{}_key", ident);
     let fingerprint_fn = format_ident!("__idem_{}_fingerprint", ident);
     let handle_fn = format_ident!("__idem_{}_handle", ident);
-    let call = quote_spanned!(ident.span()=> #rt::send_future(__idem_this.#ident(#(#args),*)));
+    // A future that is not `Send` is reported on the method's name.
+    let span = ident.span();
+    let rt_span = rt_at(span);
+    let boxed = quote_spanned! {span=>
+        #rt_span::Box::pin(async move { __idem_this.#ident(#(#args),*).await })
+    };
     let permanent = match &spec.permanent {
         Some(path) => quote!(#path),
         None => quote!(#rt::never_permanent),
     };
     let doc = handler_doc(&format!("Self::{ident}"));
+    // A service that cannot be shared between threads is reported on the method's name.
+    let service_bounds = quote_spanned! {ident.span()=>
+        where
+            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+    };
+    let output_rt = rt_at(spec.output_span);
+    let construct = quote_spanned! {spec.output_span=>
+        #output_rt::MethodHandler::new(self, __idem_spec)
+    };
     quote! {
         #[doc = #doc]
         #[allow(dead_code)]
         #vis fn #handler(self: &#rt::Arc<Self>) -> #ret_ty
-        where
-            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+        #service_bounds
         {
+            let __idem_spec = #rt::MethodSpec {
+                consumer: #consumer,
+                mode: #mode,
+                retention: #retention,
+                key: Self::#key_fn,
+                fingerprint: Self::#fingerprint_fn,
+                permanent: #permanent,
+                handle: Self::#handle_fn,
+            };
             #checks
-            #rt::MethodHandler::new(
-                self,
-                #rt::MethodSpec {
-                    consumer: #consumer,
-                    mode: #mode,
-                    retention: #retention,
-                    key: Self::#key_fn,
-                    fingerprint: Self::#fingerprint_fn,
-                    permanent: #permanent,
-                    handle: Self::#handle_fn,
-                },
-            )
+            #construct
         }
 
         #[doc(hidden)]
@@ -345,10 +372,9 @@ fn expand_method(spec: &Spec) -> TokenStream {
             __idem_cx: &'__idem #rt::Context<'__idem>,
             __idem_message: #message,
         ) -> #rt::BoxFuture<'__idem, #rt::Result<#output, #error>>
-        where
-            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+        #service_bounds
         {
-            #rt::Box::pin(async move { #call.await })
+            #boxed
         }
     }
 }

@@ -180,6 +180,8 @@ pub(crate) fn validate(args: Args, item: &ItemFn) -> syn::Result<Spec> {
             Ok(kind) => kind,
             Err(error) => {
                 errors.push(error);
+                // Its names are still the user's: no second error for a key that uses them.
+                names.key.extend(pat_bindings(&typed.pat));
                 continue;
             }
         };
@@ -242,7 +244,12 @@ pub(crate) fn validate(args: Args, item: &ItemFn) -> syn::Result<Spec> {
 
     // Return type.
     let ret = match &sig.output {
-        ReturnType::Type(_, ty) => Some((**ty).clone()),
+        ReturnType::Type(_, ty) => {
+            if let Err(error) = check_result(ty) {
+                errors.push(error);
+            }
+            Some((**ty).clone())
+        }
         ReturnType::Default => {
             errors.push(syn::Error::new(
                 sig.paren_token.span.close(),
@@ -314,14 +321,15 @@ pub(crate) fn validate(args: Args, item: &ItemFn) -> syn::Result<Spec> {
 
     let mode = match (args.mode, seen_tx) {
         (Some((ModeArg::TwoPhase, span)), Some(tx)) => {
-            let mut error = syn::Error::new(
+            errors.push(syn::Error::new(
                 span,
-                "`mode = two_phase` runs the handler outside any transaction, but it takes a \
-                 `&DatabaseTransaction`: remove the parameter, or remove `mode = two_phase` to \
-                 write through the transaction",
-            );
-            error.combine(syn::Error::new_spanned(tx, "the transaction parameter"));
-            errors.push(error);
+                format!(
+                    "`mode = two_phase` runs the handler outside any transaction, but it takes \
+                     `{}`: remove that parameter, or remove `mode = two_phase` to write through \
+                     the transaction",
+                    tx.to_token_stream()
+                ),
+            ));
             Mode::Transactional
         }
         (Some((ModeArg::TwoPhase, _)), None) | (None, None) => Mode::TwoPhase { lease_ms },
@@ -565,6 +573,33 @@ fn without_mut(pat: Pat) -> Pat {
         }
         other => other,
     }
+}
+
+/// Refuses return types that are certainly not a `Result`; aliases of `Result` are checked by
+/// the type checker through `__private::HandlerResult`.
+fn check_result(ty: &Type) -> syn::Result<()> {
+    const NOT_RESULTS: &[&str] = &[
+        "bool", "char", "str", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32",
+        "i64", "i128", "isize", "f32", "f64", "String", "Vec", "Option", "Box", "Self",
+    ];
+    let certainly_not = match ty {
+        Type::Path(path) => {
+            path.qself.is_none()
+                && path.path.segments.len() == 1
+                && NOT_RESULTS.iter().any(|name| path.path.segments[0].ident == name)
+        }
+        Type::Paren(paren) => return check_result(&paren.elem),
+        Type::Group(group) => return check_result(&group.elem),
+        _ => true,
+    };
+    if certainly_not {
+        return Err(syn::Error::new_spanned(
+            ty,
+            "an `#[idempotent]` handler returns `Result<T, E>`: the `Ok` value is recorded and \
+             returned again for duplicates, an `Err` records nothing",
+        ));
+    }
+    Ok(())
 }
 
 /// Where to report bounds on the output and the error: the `T` and `E` of a `Result<T, E>`

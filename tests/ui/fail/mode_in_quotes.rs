@@ -1,0 +1,17 @@
+#![allow(unused_imports)]
+use idem_runtime::idempotent;
+use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Order {
+    pub id: String,
+}
+
+#[idempotent(key = order.id, mode = "two_phase")]
+async fn notify(order: Order) -> Result<(), DbErr> {
+    let _ = order;
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+#![allow(unused_imports)]
+use idem_runtime::idempotent;
+use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Order {
+    pub id: String,
+}
+
+#[idempotent(key = order.id)]
+pub struct Charge;
+
+fn main() {}

@@ -1,0 +1,21 @@
+#![allow(unused_imports)]
+use idem_runtime::idempotent;
+use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Order {
+    pub id: String,
+}
+
+pub struct Receipt {
+    pub amount: i64,
+}
+
+#[idempotent(key = order.id)]
+async fn charge(tx: &DatabaseTransaction, order: Order) -> Result<Receipt, DbErr> {
+    let _ = (tx, order);
+    Ok(Receipt { amount: 1 })
+}
+
+fn main() {}
