@@ -1,4 +1,49 @@
 //! `#[idempotent(...)]`: the inbox bookkeeping generated around a message handler.
+//!
+//! Use it through `idem_runtime::idempotent` (the runtime's default `macros` feature); the
+//! generated code names only `::idem_runtime` items, so the runtime is the one dependency a
+//! handler crate needs.
+//!
+//! # What the expansion generates
+//!
+//! The annotated function is emitted **unchanged**: it stays an ordinary `async fn` that tests
+//! can call with their own transaction or context. Next to it the macro writes one function,
+//! named after it with `_handler` appended and with its visibility, that returns a value
+//! implementing `idem_runtime::Handler`:
+//!
+//! - for a free function `charge`, `fn charge_handler() -> impl Handler<Message = M, Output = O,
+//!   Error = E> + 'static`. Its body defines a unit struct and implements `Handler` for it
+//!   directly: nothing is boxed and nothing is allocated per message;
+//! - for a method `async fn charge(&self, ...)` in an `impl` block, an associated
+//!   `fn charge_handler(self: &Arc<Self>) -> impl Handler<...> + 'static`. The handler holds a
+//!   clone of the `Arc`, so the service's dependencies (an HTTP client, a connection pool, its
+//!   configuration) are shared by every message. Because an attribute on a method can only add
+//!   items to the same `impl` block, the key, fingerprint and call are hidden associated
+//!   functions (`__idem_charge_key`, `__idem_charge_fingerprint`, `__idem_charge_handle`) that
+//!   a small generic type of the runtime assembles; the call's future is boxed. Generic `impl`
+//!   blocks work the same way.
+//!
+//! The generated `Handler` implementation:
+//!
+//! - `consumer()` is the `consumer = "..."` option, or `"<crate name>::<function name>"`;
+//! - `key()` evaluates the `key = <expr>` expression with the message parameter bound to a
+//!   *reference* to the message and the `&Metadata` parameter (if any) bound to the transport's
+//!   metadata, and turns the value into a validated `MessageKey` through `KeySource`;
+//! - `fingerprint()` hashes the message (or the `fingerprint = <expr>` value) with
+//!   `Fingerprint::of`, or returns `None` for `fingerprint = none`;
+//! - `mode()` is `Mode::Transactional` when the function takes `&DatabaseTransaction` and
+//!   `Mode::TwoPhase` (with the `lease`) otherwise; `retention()` and `is_permanent()` follow
+//!   the `retention` and `permanent` options;
+//! - `handle()` calls the function, passing the inbox's transaction, the metadata and the
+//!   context to the parameters that ask for them, and the message by value.
+//!
+//! Mistakes are compile errors that point at the token that causes them (an unknown or
+//! repeated option, a missing key, a key that uses no parameter, a bad duration, a second
+//! transaction, ...); the function is still emitted, so one mistake gives one error. A missing
+//! `Serialize`, `DeserializeOwned` or `std::error::Error` bound, or a future that is not
+//! `Send`, is reported on the user's own type or function name.
+//!
+//! See [`idempotent`] for the parameters and every option.
 
 mod attr;
 mod expand;
@@ -6,7 +51,271 @@ mod valid;
 
 use proc_macro::TokenStream;
 
-/// Makes an async handler function idempotent.
+/// Makes an `async fn` an idempotent message handler: the inbox runs it at most once per
+/// message key and replays its recorded output to duplicates.
+///
+/// The function is kept as written; the macro adds `<name>_handler()`, which returns an
+/// `idem_runtime::Handler` for `Inbox::process` or a transport adapter (see the
+/// [crate documentation](crate) for exactly what it generates).
+///
+/// ```
+/// use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
+/// use idem_runtime::{Inbox, Metadata, Outcome, idempotent};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct OrderPlaced { id: String, amount: i64 }
+///
+/// #[derive(Debug, PartialEq, Serialize, Deserialize)]
+/// struct Receipt { charged: i64 }
+///
+/// #[idempotent(key = order.id, consumer = "billing")]
+/// async fn charge(tx: &DatabaseTransaction, order: OrderPlaced) -> Result<Receipt, DbErr> {
+///     // Business writes go through `tx`: they commit atomically with the inbox record.
+///     tx.execute_unprepared("INSERT INTO charges VALUES (1)").await?;
+///     Ok(Receipt { charged: order.amount })
+/// }
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let db = idem_runtime::sea_orm::Database::connect("sqlite::memory:").await?;
+/// db.execute_unprepared("CREATE TABLE charges (n INTEGER)").await?;
+/// let inbox = Inbox::builder(db).build().await?;
+///
+/// let handler = charge_handler();
+/// let order = || OrderPlaced { id: "o-1".into(), amount: 42 };
+/// let meta = Metadata::default();
+/// let first = inbox.process(&handler, order(), &meta).await?;
+/// let again = inbox.process(&handler, order(), &meta).await?;
+/// assert_eq!(first, Outcome::Processed(Receipt { charged: 42 }));
+/// assert_eq!(again, Outcome::Duplicate(Receipt { charged: 42 }));
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+/// ```
+///
+/// # Parameters
+///
+/// Parameters are recognised by their type, in any order:
+///
+/// | parameter | what the handler gets |
+/// |---|---|
+/// | `tx: &DatabaseTransaction` | the inbox's transaction: the handler is transactional |
+/// | `meta: &Metadata` | what the transport knows: message id, headers, CloudEvents attributes |
+/// | `cx: &Context<'_>` | the message key (to pass downstream), the attempt number on a takeover |
+/// | `message: M`, by value | the decoded message; exactly one |
+///
+/// Any path ending in `DatabaseTransaction`, `Metadata` or `Context` counts. A method takes
+/// `&self` as well; dependencies belong there, not in the parameters.
+///
+/// # Options
+///
+/// ## `key = <expr>` (required)
+///
+/// The message key: a stable identity of the logical message, never a delivery tag or a
+/// timestamp. Any expression over the message parameter and the `&Metadata` parameter; the
+/// message is bound *by reference*, so `order.id` does not move it. The value may be a string,
+/// an integer, a `Uuid`, an `Option` of those (`None` is a missing key, dead-lettered), a
+/// `MessageKey` or a `Result<MessageKey, KeyError>`; an expression that uses no parameter is a
+/// compile error.
+///
+/// ```
+/// # use idem_runtime::{MessageKey, Metadata, idempotent};
+/// # #[derive(serde::Serialize)] struct Line { order: String, line: u32 }
+/// # #[derive(serde::Serialize)] struct Event { source: String, id: String }
+/// # #[derive(Debug, thiserror::Error)] #[error("e")] struct E;
+/// #[idempotent(key = format!("{}#{}", line.order, line.line))]
+/// async fn reserve(line: Line) -> Result<(), E> { Ok(()) }
+///
+/// // CloudEvents: `source` + `id`, from the event or from the transport's attributes.
+/// #[idempotent(key = MessageKey::cloud_event(&ev.source, &ev.id))]
+/// async fn on_event(ev: Event) -> Result<(), E> { Ok(()) }
+///
+/// #[idempotent(key = meta.cloud_event_key())]
+/// async fn on_binary_event(meta: &Metadata, line: Line) -> Result<(), E> { Ok(()) }
+/// ```
+///
+/// To key on the transport's message id, take the metadata and say so — it is never implied:
+///
+/// ```
+/// # use idem_runtime::{Metadata, idempotent};
+/// # #[derive(serde::Serialize)] struct AuditEvent { action: String }
+/// # #[derive(Debug, thiserror::Error)] #[error("e")] struct E;
+/// #[idempotent(key = meta.message_id(), consumer = "audit")]
+/// async fn audit(meta: &Metadata, event: AuditEvent) -> Result<(), E> { Ok(()) }
+/// ```
+///
+/// ## `consumer = "<name>"`
+///
+/// The consumer name, the first half of the inbox key: each consumer of a pub/sub channel
+/// tracks its own completions. Checked at compile time (non-empty, at most 128 bytes). The
+/// default is `"<crate name>::<function name>"` (`concat!(env!("CARGO_PKG_NAME"), "::",
+/// "charge")`): stable across builds and machines, but renaming the crate or the function
+/// changes it, and a renamed consumer forgets what it processed. **Set it explicitly for
+/// production handlers.**
+///
+/// ```
+/// # use idem_runtime::{Handler, idempotent};
+/// # #[derive(serde::Serialize)] struct OrderPlaced { id: String }
+/// # #[derive(Debug, thiserror::Error)] #[error("e")] struct E;
+/// #[idempotent(key = order.id, consumer = "billing")]
+/// async fn charge(order: OrderPlaced) -> Result<(), E> { Ok(()) }
+///
+/// #[idempotent(key = order.id)]
+/// async fn ship(order: OrderPlaced) -> Result<(), E> { Ok(()) }
+///
+/// assert_eq!(charge_handler().consumer(), "billing");
+/// assert_eq!(ship_handler().consumer(), concat!(env!("CARGO_PKG_NAME"), "::ship"));
+/// ```
+///
+/// ## `mode = transactional | two_phase`
+///
+/// A handler that takes `&DatabaseTransaction` is transactional: its writes, the claim and the
+/// recorded output are one transaction. Without that parameter it is two-phase: claimed with a
+/// lease, run outside any transaction, completed only while the claim is still its own, released
+/// if it fails. `mode = two_phase` says so explicitly (and refuses a transaction parameter);
+/// `mode = transactional` keeps a handler without the parameter in the transaction (it can reach
+/// it through `Context::transaction`).
+///
+/// Fencing stops a double *completion*, not a double external call: pass the message key
+/// downstream as that service's idempotency key, and on a takeover (`cx.is_takeover()`) look it
+/// up there before calling again.
+///
+/// ```
+/// # use idem_runtime::{Context, Handler, Mode, idempotent};
+/// # #[derive(serde::Serialize)] struct Webhook { id: u64, url: String }
+/// # #[derive(Debug, thiserror::Error)] #[error("e")] struct E;
+/// #[idempotent(key = hook.id, consumer = "webhooks", mode = two_phase)]
+/// async fn deliver(cx: &Context<'_>, hook: Webhook) -> Result<u16, E> {
+///     let idempotency_key = cx.message_key().as_str();
+///     # let _ = idempotency_key;
+///     // POST to hook.url with the Idempotency-Key header...
+///     Ok(200)
+/// }
+/// assert_eq!(deliver_handler().mode(), Mode::two_phase());
+/// ```
+///
+/// ## `lease = "30s"`
+///
+/// How long a two-phase claim is held before another worker may take it over (default 30 s).
+/// Longer than the handler ever runs. Refused on a transactional handler.
+///
+/// ## `retention = "14d"`
+///
+/// How long this handler's completed records are kept (the inbox's `RetentionPolicy` decides
+/// otherwise; a per-consumer setting there wins). It must cover the broker's redelivery window.
+///
+/// Durations are one whole number and a unit, `ms`, `s`, `m`, `h` or `d`, checked at compile
+/// time: `"30 seconds"`, `"1.5h"` or `"0s"` is an error on the literal.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use idem_runtime::{Handler, Mode, idempotent};
+/// # #[derive(serde::Serialize)] struct Mail { to: String }
+/// # #[derive(Debug, thiserror::Error)] #[error("e")] struct E;
+/// #[idempotent(key = mail.to, consumer = "mailer", lease = "2m", retention = "14d")]
+/// async fn send(mail: Mail) -> Result<(), E> { Ok(()) }
+///
+/// let handler = send_handler();
+/// assert_eq!(handler.mode(), Mode::TwoPhase { lease: Duration::from_secs(120) });
+/// assert_eq!(handler.retention(), Some(Duration::from_secs(14 * 86_400)));
+/// ```
+///
+/// ## `fingerprint = <expr>` / `fingerprint = none`
+///
+/// A redelivery with a known key but different content is refused (`FingerprintMismatch`,
+/// dead-lettered), never processed. By default the whole message is fingerprinted, which needs
+/// `M: Serialize`. `fingerprint = <expr>` chooses what counts as "the same content" (any
+/// `Serialize` expression over the message, bound by reference); `fingerprint = none` turns the
+/// check off.
+///
+/// ```
+/// # use idem_runtime::{Fingerprint, Handler, idempotent};
+/// # #[derive(Debug, thiserror::Error)] #[error("e")] struct E;
+/// #[derive(serde::Serialize)]
+/// struct OrderPlaced { id: String, amount: i64, sent_at: String }
+///
+/// // A producer's retry stamps a new `sent_at`: only the id and the amount are content.
+/// #[idempotent(key = order.id, fingerprint = (&order.id, order.amount))]
+/// async fn charge(order: OrderPlaced) -> Result<(), E> { Ok(()) }
+///
+/// struct Ping { id: String } // not `Serialize`: no fingerprint
+/// #[idempotent(key = ping.id, fingerprint = none)]
+/// async fn pong(ping: Ping) -> Result<(), E> { Ok(()) }
+///
+/// let order = OrderPlaced { id: "o-1".into(), amount: 5, sent_at: "10:00".into() };
+/// assert_eq!(charge_handler().fingerprint(&order)?, Some(Fingerprint::of(&("o-1", 5))?));
+/// assert_eq!(pong_handler().fingerprint(&Ping { id: "p".into() })?, None);
+/// # Ok::<(), idem_runtime::FingerprintError>(())
+/// ```
+///
+/// ## `permanent = <path>`
+///
+/// A function `fn(&E) -> bool` saying which errors retrying cannot fix: those go to the
+/// dead-letter queue at once. Without it every handler error is transient and the message is
+/// requeued, up to the transport's delivery limit.
+///
+/// ```
+/// # use idem_runtime::{Handler, idempotent};
+/// # #[derive(serde::Serialize)] struct Mail { to: String }
+/// #[derive(Debug, thiserror::Error)]
+/// enum MailError {
+///     #[error("server unavailable")]
+///     Unavailable,
+///     #[error("no such mailbox")]
+///     NoSuchMailbox,
+/// }
+///
+/// impl MailError {
+///     fn is_permanent(&self) -> bool {
+///         matches!(self, MailError::NoSuchMailbox)
+///     }
+/// }
+///
+/// #[idempotent(key = mail.to, permanent = MailError::is_permanent)]
+/// async fn send(mail: Mail) -> Result<(), MailError> { Ok(()) }
+///
+/// assert!(send_handler().is_permanent(&MailError::NoSuchMailbox));
+/// assert!(!send_handler().is_permanent(&MailError::Unavailable));
+/// ```
+///
+/// # Methods: handlers with dependencies
+///
+/// On a method taking `&self`, the generated `<name>_handler` takes `self: &Arc<Self>` and
+/// holds a clone of the `Arc`. The service must be `Send + Sync + 'static`. Methods of generic
+/// `impl` blocks work; generic *functions* are refused (a handler has one message type).
+/// Associated functions without `self` are not supported: write a free function instead.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_runtime::{Context, Handler, idempotent};
+/// # #[derive(serde::Serialize)] struct SendMail { to: String, subject: String }
+/// # #[derive(Debug, thiserror::Error)] #[error("e")] struct MailError;
+/// # struct HttpClient;
+/// # impl HttpClient { async fn post(&self, _: &str, _: &str) -> Result<u32, MailError> { Ok(1) } }
+///
+/// struct Mailer {
+///     http: HttpClient,
+///     endpoint: String,
+/// }
+///
+/// impl Mailer {
+///     #[idempotent(key = mail.to.clone() + "/" + &mail.subject, consumer = "mailer")]
+///     async fn send(&self, cx: &Context<'_>, mail: SendMail) -> Result<u32, MailError> {
+///         self.http.post(&self.endpoint, cx.message_key().as_str()).await
+///     }
+/// }
+///
+/// let mailer = Arc::new(Mailer { http: HttpClient, endpoint: "https://mail.example".into() });
+/// let handler = mailer.send_handler(); // impl Handler + 'static, holds an Arc<Mailer>
+/// assert_eq!(handler.consumer(), "mailer");
+/// ```
+///
+/// # Output and errors
+///
+/// The function returns `Result<O, E>`, spelled any way (`anyhow`-style aliases and a crate's
+/// own `type Result<T> = ...` work). `O` is recorded and returned again for duplicates, so it
+/// must be `Serialize + DeserializeOwned + Send`; `E` must be `std::error::Error + Send + Sync +
+/// 'static`; the message must be `Send + 'static`, and the function's future `Send`. A missing
+/// bound is reported on the type that lacks it.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(attr.into(), item.into()).into()

@@ -586,7 +586,9 @@ fn check_result(ty: &Type) -> syn::Result<()> {
         Type::Path(path) => {
             path.qself.is_none()
                 && path.path.segments.len() == 1
-                && NOT_RESULTS.iter().any(|name| path.path.segments[0].ident == name)
+                && NOT_RESULTS
+                    .iter()
+                    .any(|name| path.path.segments[0].ident == name)
         }
         Type::Paren(paren) => return check_result(&paren.elem),
         Type::Group(group) => return check_result(&group.elem),

@@ -26,6 +26,10 @@ pub use crate::metadata::Metadata;
 /// A boxed, `Send` future: what a method handler's hidden `handle` function returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// The hidden function that calls a handler method on a clone of its service's `Arc`.
+pub type HandleFn<S, M, O, E> =
+    for<'a> fn(Arc<S>, &'a Context<'a>, M) -> BoxFuture<'a, Result<O, E>>;
+
 /// The return type of an idempotent handler: a `Result<T, E>`, however it is spelled
 /// (`Result<T, E>`, `anyhow::Result<T>`, a crate's own `type Result<T> = ...`).
 #[diagnostic::on_unimplemented(
@@ -123,7 +127,7 @@ pub struct MethodSpec<S, M, O, E> {
     pub permanent: fn(&E) -> bool,
     /// Runs the method on a clone of the service's `Arc` (the future then borrows only the
     /// context).
-    pub handle: for<'a> fn(Arc<S>, &'a Context<'a>, M) -> BoxFuture<'a, Result<O, E>>,
+    pub handle: HandleFn<S, M, O, E>,
 }
 
 impl<S, M, O, E> fmt::Debug for MethodSpec<S, M, O, E> {

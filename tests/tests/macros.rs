@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
+use idem_runtime::sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait,
+};
 use idem_runtime::{
     ConsumerName, Context, Error, Handler, Inbox, InboxKey, MessageKey, Metadata, Mode, Outcome,
     Settle, Status, idempotent,
@@ -26,6 +28,7 @@ on_each_backend!(
     method_permanent_error_is_dead_lettered,
     message_id_key_from_the_transport,
     cloud_event_key_and_custom_fingerprint,
+    the_annotated_function_is_still_callable_on_its_own,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -529,4 +532,21 @@ async fn cloud_event_key_and_custom_fingerprint(backend: Backend) {
         .await
         .unwrap();
     assert!(record.is_some());
+}
+
+async fn the_annotated_function_is_still_callable_on_its_own(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    // A unit test of the business logic: its own transaction, no inbox involved.
+    let tx = db.db.begin().await.unwrap();
+    let receipt = charge(&tx, order(&effects, "o-9", 3)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((receipt.order.as_str(), receipt.amount), ("o-9", 3));
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+    assert!(
+        inbox
+            .lookup(&inbox_key("billing", "o-9"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
