@@ -1,6 +1,8 @@
 //! A hand-written handler for tests: it records one effect row per run, in its transaction or
 //! (two-phase) straight on the connection, and can be told to fail, panic or dawdle.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -47,8 +49,11 @@ pub enum RecorderError {
     Db(#[from] DbErr),
 }
 
+/// Something to do once, right after the first run wrote its effect.
+pub type Hook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// The recording handler.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Recorder {
     /// Consumer name.
     pub consumer: String,
@@ -64,9 +69,12 @@ pub struct Recorder {
     pub delay: Duration,
     /// Whether its failures are permanent.
     pub permanent: bool,
+    /// Whether the key is the transport's message id rather than the message's `id`.
+    pub key_from_message_id: bool,
     failures: Arc<AtomicU32>,
     panics: Arc<AtomicU32>,
     attempts: Arc<Mutex<Vec<u32>>>,
+    hook: Option<Hook>,
     effects: String,
     db: DatabaseConnection,
 }
@@ -82,9 +90,11 @@ impl Recorder {
             retention: None,
             delay: Duration::ZERO,
             permanent: false,
+            key_from_message_id: false,
             failures: Arc::default(),
             panics: Arc::default(),
             attempts: Arc::default(),
+            hook: None,
             effects: effects.to_owned(),
             db: db.db.clone(),
         }
@@ -105,6 +115,22 @@ impl Recorder {
     /// Waits `delay` before writing the effect.
     pub fn slow(mut self, delay: Duration) -> Self {
         self.delay = delay;
+        self
+    }
+
+    /// Keys messages on the transport's message id.
+    pub fn keyed_by_message_id(mut self) -> Self {
+        self.key_from_message_id = true;
+        self
+    }
+
+    /// Runs `hook` once, after the first run wrote its effect and before the handler returns.
+    pub fn after_first_effect<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.hook = Some(Arc::new(move || Box::pin(hook())));
         self
     }
 
@@ -130,6 +156,15 @@ impl Recorder {
     }
 }
 
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("consumer", &self.consumer)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Handler for Recorder {
     type Message = Msg;
     type Output = String;
@@ -139,8 +174,15 @@ impl Handler for Recorder {
         &self.consumer
     }
 
-    fn key(&self, message: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
-        MessageKey::new(message.id.as_str())
+    fn key(&self, message: &Msg, metadata: &Metadata) -> Result<MessageKey, KeyError> {
+        if self.key_from_message_id {
+            let id = metadata
+                .message_id()
+                .ok_or(KeyError::Missing("message id"))?;
+            MessageKey::new(id)
+        } else {
+            MessageKey::new(message.id.as_str())
+        }
     }
 
     fn fingerprint(&self, message: &Msg) -> Result<Option<Fingerprint>, FingerprintError> {
@@ -186,6 +228,11 @@ impl Handler for Recorder {
                 let stmt = crate::db::statement(self.db.get_database_backend(), &sql, values);
                 self.db.execute_raw(stmt).await?;
             }
+        }
+        if let Some(hook) = &self.hook
+            && self.attempts.lock().unwrap().len() == 1
+        {
+            hook().await;
         }
         if Self::take(&self.failures) {
             return Err(RecorderError::OnPurpose {

@@ -1,0 +1,65 @@
+//! A TCP proxy in front of a database that a test can cut and restore: a real outage of the
+//! database as the application sees it, without touching the server other tests use.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+
+/// A proxy listening on a free local port and forwarding to `target`.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    port: u16,
+    up: Arc<AtomicBool>,
+    links: Arc<Mutex<JoinSet<()>>>,
+}
+
+impl Proxy {
+    /// Starts a proxy to `target` (`host:port`).
+    pub async fn start(target: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let proxy = Self {
+            port,
+            up: Arc::new(AtomicBool::new(true)),
+            links: Arc::new(Mutex::new(JoinSet::new())),
+        };
+        let (up, links, target) = (proxy.up.clone(), proxy.links.clone(), target.to_owned());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if !up.load(Ordering::SeqCst) {
+                    drop(client); // refused while down
+                    continue;
+                }
+                let target = target.clone();
+                links.lock().await.spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(&target).await {
+                        let mut client = client;
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        proxy
+    }
+
+    /// The port to connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Cuts every open connection and refuses new ones.
+    pub async fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        let mut links = self.links.lock().await;
+        links.abort_all();
+        while links.join_next().await.is_some() {}
+    }
+
+    /// Accepts connections again.
+    pub fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}

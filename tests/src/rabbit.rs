@@ -1,0 +1,276 @@
+//! The real RabbitMQ for tests: unique queues deleted afterwards, queue depths and dead-letter
+//! contents, and closing a consumer's connection from the broker side.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use idem_rabbitmq::lapin::options::{
+    BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+use idem_rabbitmq::lapin::{Channel, Connection, ConnectionProperties};
+use idem_rabbitmq::{PublishOptions, Publisher, QueueTopology};
+
+use crate::db::unique;
+
+/// The broker tests use: `IDEM_TEST_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`.
+pub fn amqp_url() -> String {
+    std::env::var("IDEM_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// A dead-lettered message as read back from the dead-letter queue.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// Its text headers (`x-idem-reason`, ...).
+    pub headers: BTreeMap<String, String>,
+    /// Its payload.
+    pub body: Vec<u8>,
+    /// Its message id.
+    pub message_id: Option<String>,
+}
+
+impl DeadLetter {
+    /// The `x-idem-reason` header.
+    pub fn reason(&self) -> &str {
+        self.headers
+            .get(idem_rabbitmq::headers::REASON)
+            .map(String::as_str)
+            .unwrap_or_default()
+    }
+}
+
+/// A test's view of the broker: a connection to inspect queues, a publisher, and the queues and
+/// exchanges it made, deleted when it is dropped.
+pub struct TestBroker {
+    connection: Connection,
+    channel: Channel,
+    /// A publisher with confirms.
+    pub publisher: Publisher,
+    queues: Mutex<Vec<String>>,
+    exchanges: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for TestBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestBroker").finish_non_exhaustive()
+    }
+}
+
+impl TestBroker {
+    /// Connects. A broker that does not answer fails the test.
+    pub async fn connect() -> Self {
+        let url = amqp_url();
+        let fail = |error: &dyn std::fmt::Display| -> ! {
+            panic!(
+                "RabbitMQ is not reachable at {}: {error}. The tests need the real broker: start it \
+                 (see README) or point IDEM_TEST_AMQP_URL at one.",
+                idem_rabbitmq::AmqpUrl::new(url.clone())
+            )
+        };
+        let connection = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|e| fail(&e));
+        let channel = connection.create_channel().await.unwrap();
+        let publisher = Publisher::connect(url.as_str())
+            .await
+            .unwrap_or_else(|e| fail(&e));
+        Self {
+            connection,
+            channel,
+            publisher,
+            queues: Mutex::new(Vec::new()),
+            exchanges: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A fresh classic work queue with its dead-letter exchange and queue, deleted afterwards.
+    pub fn classic_queue(&self) -> QueueTopology {
+        self.track(QueueTopology::classic(unique("idem_q")))
+    }
+
+    /// A fresh quorum work queue, deleted afterwards.
+    pub fn quorum_queue(&self) -> QueueTopology {
+        self.track(QueueTopology::quorum(unique("idem_qq")))
+    }
+
+    /// Records a topology's queues and exchanges for deletion.
+    pub fn track(&self, topology: QueueTopology) -> QueueTopology {
+        let mut queues = self.queues.lock().unwrap();
+        queues.push(topology.queue().to_owned());
+        queues.push(topology.dead_letter_queue().to_owned());
+        self.exchanges
+            .lock()
+            .unwrap()
+            .push(topology.dead_letter_exchange().to_owned());
+        topology
+    }
+
+    /// Records an exchange for deletion.
+    pub fn track_exchange(&self, name: &str) {
+        self.exchanges.lock().unwrap().push(name.to_owned());
+    }
+
+    /// Publishes `body` as JSON to `queue` through the default exchange.
+    pub async fn send<T: serde::Serialize>(
+        &self,
+        queue: &str,
+        body: &T,
+        options: PublishOptions,
+    ) -> String {
+        self.publisher
+            .publish("", queue, body, options)
+            .await
+            .expect("publish")
+    }
+
+    /// Publishes raw bytes to `queue`.
+    pub async fn send_bytes(&self, queue: &str, body: &[u8], options: PublishOptions) -> String {
+        self.publisher
+            .publish_bytes("", queue, body, options)
+            .await
+            .expect("publish")
+    }
+
+    /// How many messages are ready in `queue` (not counting unacknowledged ones).
+    pub async fn depth(&self, queue: &str) -> u32 {
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        self.channel
+            .queue_declare(queue.into(), options, FieldTable::default())
+            .await
+            .unwrap_or_else(|e| panic!("queue {queue}: {e}"))
+            .message_count()
+    }
+
+    /// Takes every message out of `queue` (a dead-letter queue, usually).
+    pub async fn drain(&self, queue: &str) -> Vec<DeadLetter> {
+        let mut messages = Vec::new();
+        while let Some(message) = self
+            .channel
+            .basic_get(queue.into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+        {
+            let properties = &message.delivery.properties;
+            let headers = properties
+                .headers()
+                .as_ref()
+                .map(|table| {
+                    table
+                        .inner()
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.to_string(), text(v)?)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            messages.push(DeadLetter {
+                headers,
+                body: message.delivery.data.clone(),
+                message_id: properties.message_id().as_ref().map(|id| id.to_string()),
+            });
+            message
+                .delivery
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .unwrap();
+        }
+        messages
+    }
+
+    /// Waits until `condition` holds, polling; fails the test after `timeout`.
+    pub async fn eventually<F, Fut>(&self, what: &str, timeout: Duration, mut condition: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !condition().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn text(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        AMQPValue::LongLongInt(n) => Some(n.to_string()),
+        AMQPValue::LongInt(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        let queues = std::mem::take(&mut *self.queues.lock().unwrap());
+        let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let Ok(connection) =
+                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
+                else {
+                    return;
+                };
+                let Ok(channel) = connection.create_channel().await else {
+                    return;
+                };
+                for queue in queues {
+                    let _ = channel
+                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                for exchange in exchanges {
+                    let _ = channel
+                        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                        .await;
+                }
+                let _ = connection.close(200, "done".into()).await;
+            });
+        })
+        .join();
+        let _ = &self.connection;
+    }
+}
+
+/// Closes, from the broker side, every connection whose client-provided name contains `name`
+/// (`rabbitmqctl close_connection`), as a broker restart or a network cut would. Returns how
+/// many were closed.
+pub async fn close_connections(name: &str) -> usize {
+    let listing = tokio::process::Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "pid", "client_properties"])
+        .output()
+        .await
+        .expect("rabbitmqctl runs");
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    let pids: Vec<String> = listing
+        .lines()
+        .filter(|line| line.contains(name))
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect();
+    for pid in &pids {
+        let status = tokio::process::Command::new("rabbitmqctl")
+            .args(["-q", "close_connection", pid, "closed by test"])
+            .status()
+            .await
+            .expect("rabbitmqctl runs");
+        assert!(
+            status.success(),
+            "rabbitmqctl close_connection {pid} failed"
+        );
+    }
+    pids.len()
+}

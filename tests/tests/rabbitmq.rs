@@ -1,0 +1,722 @@
+//! The RabbitMQ adapter end to end: the real broker on 127.0.0.1:5672 and the real PostgreSQL
+//! (SQLite for one test). Each test makes its own queues and tables.
+//!
+//! Run: `cargo test -p idem-tests --test rabbitmq` with RabbitMQ and PostgreSQL up (see README).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_rabbitmq::lapin::ExchangeKind;
+use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, QueueTopology, headers};
+use idem_runtime::{Handler, Inbox};
+use idem_tests::proxy::Proxy;
+use idem_tests::rabbit::{amqp_url, close_connections};
+use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, unique};
+use sea_orm::{ConnectOptions, Database};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn postgres() -> (TestDb, Inbox, String) {
+    let db = TestDb::connect(Backend::Postgres).await;
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    (db, inbox, effects)
+}
+
+fn builder(inbox: &Inbox, name: &str) -> ConsumerBuilder {
+    Consumer::builder(amqp_url(), inbox.clone())
+        .connection_name(name)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .shutdown_timeout(Duration::from_secs(10))
+}
+
+async fn start<H>(inbox: &Inbox, topology: QueueTopology, handler: H) -> Consumer
+where
+    H: Handler<Message = Msg> + 'static,
+{
+    builder(inbox, &unique("idem-test"))
+        .bind(topology, handler)
+        .start()
+        .await
+        .expect("consumer starts")
+}
+
+fn with_id(id: &str) -> PublishOptions {
+    PublishOptions::default().message_id(id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn producer_retry_publishing_twice_has_one_effect() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing").keyed_by_message_id();
+    let consumer = start(&inbox, topology, handler).await;
+
+    // The producer did not get its confirm and published again, with the same message id.
+    let msg = Msg::new("order-1", "charge 10");
+    broker.send(&queue, &msg, with_id("m-1")).await;
+    broker.send(&queue, &msg, with_id("m-1")).await;
+
+    broker
+        .eventually("both copies settled", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.duplicates == 2
+        })
+        .await;
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+    let stats = consumer.stats();
+    assert_eq!((stats.acked, stats.duplicates), (1, 1));
+    assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nacked_and_redelivered_message_has_one_effect() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing");
+    handler.fail_next(2);
+    let consumer = start(&inbox, topology, handler.clone()).await;
+
+    broker
+        .send(&queue, &Msg::new("order-2", "x"), PublishOptions::default())
+        .await;
+    broker
+        .eventually("processed after two requeues", WAIT, || async {
+            consumer.stats().acked == 1
+        })
+        .await;
+    assert_eq!(consumer.stats().requeued, 2);
+    assert_eq!(handler.attempts().len(), 3);
+    // The two failed runs were rolled back with their claims.
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_after_commit_before_ack_is_redelivered_and_recognised() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let name = unique("idem-crash");
+    // The broker drops the consumer's connection while the first run is in its handler: the
+    // handler's transaction still commits, but its ack can no longer reach the broker.
+    let cut = name.clone();
+    let handler = Recorder::new(&db, &effects, "billing").after_first_effect(move || {
+        let cut = cut.clone();
+        async move {
+            assert!(close_connections(&cut).await >= 1, "no connection to close");
+        }
+    });
+    let consumer = builder(&inbox, &name)
+        .bind(topology, handler.clone())
+        .start()
+        .await
+        .unwrap();
+
+    broker
+        .send(&queue, &Msg::new("order-3", "x"), PublishOptions::default())
+        .await;
+    broker
+        .eventually("the redelivery acked as a duplicate", WAIT, || async {
+            consumer.stats().duplicates == 1
+        })
+        .await;
+    let stats = consumer.stats();
+    assert_eq!(stats.settle_lost, 1, "{stats:?}");
+    assert_eq!(stats.acked, 0, "{stats:?}");
+    assert_eq!(handler.attempts().len(), 1, "the handler ran once");
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+
+    // After recovery, consuming continues by itself.
+    broker
+        .send(&queue, &Msg::new("order-4", "y"), PublishOptions::default())
+        .await;
+    broker
+        .eventually("a new message after recovery", WAIT, || async {
+            consumer.stats().acked == 1
+        })
+        .await;
+    assert_eq!(db.count(&effects, "1=1").await, 2);
+    assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_consumer_connections_with_a_burst_of_duplicates_have_one_effect_per_key() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.quorum_queue();
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing").keyed_by_message_id();
+    let first = start(&inbox, topology.clone(), handler.clone()).await;
+    let second = start(&inbox, topology, handler).await;
+
+    for copy in 0..3 {
+        for key in 0..100 {
+            let options = with_id(&format!("m-{key}")).correlation_id(format!("copy-{copy}"));
+            broker
+                .send(&queue, &Msg::new(format!("o-{key}"), "x"), options)
+                .await;
+        }
+    }
+    broker
+        .eventually("300 deliveries settled", WAIT, || async {
+            let (a, b) = (first.stats(), second.stats());
+            a.acked + a.duplicates + b.acked + b.duplicates == 300
+        })
+        .await;
+    let (a, b) = (first.stats(), second.stats());
+    assert_eq!(a.acked + b.acked, 100, "{a:?} {b:?}");
+    assert_eq!(db.count(&effects, "1=1").await, 100);
+    assert_eq!(
+        db.count(
+            &effects,
+            "message_key IN (SELECT message_key FROM (SELECT message_key, COUNT(*) AS n FROM \
+             (SELECT message_key FROM effects_dummy) d GROUP BY message_key) g WHERE n > 1)"
+                .replace("effects_dummy", &effects)
+                .as_str()
+        )
+        .await,
+        0,
+        "no key has two effects"
+    );
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fanout_to_two_consumers_each_processes_once() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let exchange = unique("idem_fanout");
+    broker.track_exchange(&exchange);
+    let billing_queue = broker.track(QueueTopology::classic(unique("idem_billing")).bind(
+        &exchange,
+        ExchangeKind::Fanout,
+        "",
+    ));
+    let shipping_queue = broker.track(QueueTopology::classic(unique("idem_shipping")).bind(
+        &exchange,
+        ExchangeKind::Fanout,
+        "",
+    ));
+    // Both consumers share one inbox table; their records do not collide.
+    let billing = start(
+        &inbox,
+        billing_queue,
+        Recorder::new(&db, &effects, "billing").keyed_by_message_id(),
+    )
+    .await;
+    let shipping = start(
+        &inbox,
+        shipping_queue,
+        Recorder::new(&db, &effects, "shipping").keyed_by_message_id(),
+    )
+    .await;
+
+    for key in 0..20 {
+        let msg = Msg::new(format!("o-{key}"), "placed");
+        for _ in 0..2 {
+            broker
+                .publisher
+                .publish(&exchange, "", &msg, with_id(&format!("m-{key}")))
+                .await
+                .unwrap();
+        }
+    }
+    broker
+        .eventually("each consumer settled 40 deliveries", WAIT, || async {
+            let (a, b) = (billing.stats(), shipping.stats());
+            a.acked + a.duplicates == 40 && b.acked + b.duplicates == 40
+        })
+        .await;
+    assert_eq!(db.count(&effects, "consumer = 'billing'").await, 20);
+    assert_eq!(db.count(&effects, "consumer = 'shipping'").await, 20);
+    billing.shutdown().await;
+    shipping.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_ends_in_the_dead_letter_queue_with_its_reason() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    let handler = Recorder::new(&db, &effects, "billing").keyed_by_message_id();
+    let consumer = start(&inbox, topology, handler).await;
+
+    // No message id: nothing to deduplicate on.
+    broker
+        .send_bytes(
+            &queue,
+            br#"{"id":"o-1","body":"x"}"#,
+            PublishOptions::default().message_id(""),
+        )
+        .await;
+    // Not JSON.
+    broker
+        .send_bytes(&queue, b"{not json", with_id("m-bad-json"))
+        .await;
+    // Not the content type the codec reads.
+    broker
+        .send_bytes(
+            &queue,
+            b"<order/>",
+            with_id("m-xml").content_type("application/xml"),
+        )
+        .await;
+    // A reused id with different content: the first is processed, the second refused.
+    broker
+        .send(&queue, &Msg::new("o-2", "charge 10"), with_id("m-2"))
+        .await;
+    broker
+        .eventually("the first m-2 processed", WAIT, || async {
+            consumer.stats().acked == 1
+        })
+        .await;
+    broker
+        .send(&queue, &Msg::new("o-2", "charge 99"), with_id("m-2"))
+        .await;
+
+    broker
+        .eventually("four messages dead-lettered", WAIT, || async {
+            consumer.stats().dead_lettered == 4
+        })
+        .await;
+    let mut reasons: Vec<(String, Option<String>)> = broker
+        .drain(&dlq)
+        .await
+        .into_iter()
+        .map(|m| (m.reason().to_owned(), m.message_id))
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        vec![
+            ("fingerprint-mismatch".into(), Some("m-2".into())),
+            ("invalid-key".into(), Some("".into())),
+            ("undecodable".into(), Some("m-bad-json".into())),
+            ("undecodable".into(), Some("m-xml".into())),
+        ]
+    );
+    assert_eq!(broker.depth(&queue).await, 0);
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+    assert_eq!(db.count(&effects, "body = 'charge 99'").await, 0);
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_lettered_copy_carries_consumer_key_and_detail() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    let mut handler = Recorder::new(&db, &effects, "billing");
+    handler.permanent = true;
+    handler.fail_next(1);
+    let consumer = start(&inbox, topology, handler).await;
+    broker
+        .send(
+            &queue,
+            &Msg::new("o-9", "x"),
+            with_id("m-9").correlation_id("c-9"),
+        )
+        .await;
+    broker
+        .eventually("dead-lettered", WAIT, || async {
+            consumer.stats().dead_lettered == 1
+        })
+        .await;
+    let letters = broker.drain(&dlq).await;
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    assert_eq!(letter.reason(), "handler-permanent-error");
+    assert_eq!(letter.headers[headers::CONSUMER], "billing");
+    assert_eq!(letter.headers[headers::KEY], "o-9");
+    assert_eq!(letter.headers[headers::QUEUE], queue);
+    assert!(letter.headers[headers::DETAIL].contains("failing on purpose"));
+    assert_eq!(
+        serde_json::from_slice::<Msg>(&letter.body).unwrap(),
+        Msg::new("o-9", "x")
+    );
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn message_failing_every_time_ends_in_the_dead_letter_queue() {
+    for quorum in [false, true] {
+        let broker = TestBroker::connect().await;
+        let (db, inbox, effects) = postgres().await;
+        let topology = if quorum {
+            broker.quorum_queue().delivery_limit(10)
+        } else {
+            broker.classic_queue()
+        };
+        let (queue, dlq) = (
+            topology.queue().to_owned(),
+            topology.dead_letter_queue().to_owned(),
+        );
+        let handler = Recorder::new(&db, &effects, "billing");
+        handler.fail_next(u32::MAX);
+        let consumer = builder(&inbox, &unique("idem-test"))
+            .max_deliveries(4)
+            .bind(topology, handler.clone())
+            .start()
+            .await
+            .unwrap();
+        broker
+            .send(&queue, &Msg::new("o-5", "x"), PublishOptions::default())
+            .await;
+        broker
+            .eventually("dead-lettered at the limit", WAIT, || async {
+                consumer.stats().dead_lettered == 1
+            })
+            .await;
+        assert_eq!(consumer.stats().requeued, 3, "quorum: {quorum}");
+        assert_eq!(handler.attempts().len(), 4);
+        let letters = broker.drain(&dlq).await;
+        assert_eq!(letters.len(), 1);
+        assert_eq!(letters[0].reason(), "delivery-limit");
+        assert!(letters[0].headers[headers::DETAIL].contains("handler-error"));
+        assert_eq!(broker.depth(&queue).await, 0);
+        assert_eq!(db.count(&effects, "1=1").await, 0);
+        consumer.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_unavailable_requeues_and_processes_once_it_is_back() {
+    let broker = TestBroker::connect().await;
+    let db = TestDb::connect(Backend::Postgres).await;
+    let table = db.table("inbox");
+    let effects = db.effects_table().await;
+    let target = std::env::var("IDEM_TEST_POSTGRES_ADDR").unwrap_or("127.0.0.1:5432".into());
+    let proxy = Proxy::start(&target).await;
+    let mut options = ConnectOptions::new(format!(
+        "postgres://postgres@127.0.0.1:{}/test",
+        proxy.port()
+    ));
+    options
+        .max_connections(4)
+        .connect_timeout(Duration::from_secs(2))
+        .acquire_timeout(Duration::from_secs(2))
+        .sqlx_logging(false);
+    let proxied = Database::connect(options).await.unwrap();
+    let inbox = Inbox::builder(proxied).table(table).build().await.unwrap();
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .max_deliveries(1000)
+        .bind(topology, Recorder::new(&db, &effects, "billing"))
+        .start()
+        .await
+        .unwrap();
+
+    proxy.cut().await;
+    broker
+        .send(&queue, &Msg::new("o-7", "x"), PublishOptions::default())
+        .await;
+    broker
+        .eventually("requeued while the database is down", WAIT, || async {
+            consumer.stats().requeued >= 3
+        })
+        .await;
+    assert_eq!(consumer.stats().acked, 0, "nothing acked while down");
+    assert_eq!(consumer.stats().dead_lettered, 0);
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+
+    proxy.restore();
+    broker
+        .eventually("processed once the database is back", WAIT, || async {
+            consumer.stats().acked == 1
+        })
+        .await;
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+    assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_with_messages_in_flight_settles_all_and_loses_none() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_millis(150));
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .prefetch(10)
+        .max_in_flight(5)
+        .bind(topology.clone(), handler.clone())
+        .start()
+        .await
+        .unwrap();
+    for key in 0..40 {
+        broker
+            .send(
+                &queue,
+                &Msg::new(format!("o-{key}"), "x"),
+                PublishOptions::default(),
+            )
+            .await;
+    }
+    broker
+        .eventually("some processed", WAIT, || async {
+            consumer.stats().acked >= 5
+        })
+        .await;
+    let started = handler.attempts().len();
+    let report = consumer.shutdown().await;
+    assert_eq!(report.abandoned, 0);
+    assert!(report.completed > 0, "{report:?}");
+
+    // Everything started was finished and acked; the rest is back on the queue.
+    let processed = db.count(&effects, "1=1").await;
+    assert!(processed as usize >= started, "{processed} < {started}");
+    assert_eq!(processed as u32 + broker.depth(&queue).await, 40);
+
+    // A new consumer takes the rest: each message exactly once.
+    let rest = start(&inbox, topology, handler.clone().slow(Duration::ZERO)).await;
+    broker
+        .eventually("the rest processed", WAIT, || async {
+            db.count(&effects, "1=1").await == 40
+        })
+        .await;
+    assert_eq!(rest.stats().duplicates, 0);
+    rest.shutdown().await;
+    assert_eq!(broker.depth(&queue).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_deadline_abandons_handlers_whose_messages_are_redelivered() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_secs(5));
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .shutdown_timeout(Duration::from_millis(200))
+        .bind(topology.clone(), handler.clone())
+        .start()
+        .await
+        .unwrap();
+    for key in 0..3 {
+        broker
+            .send(
+                &queue,
+                &Msg::new(format!("o-{key}"), "x"),
+                PublishOptions::default(),
+            )
+            .await;
+    }
+    let runs = handler.clone();
+    broker
+        .eventually("handlers running", WAIT, || {
+            let runs = runs.clone();
+            async move { runs.attempts().len() == 3 }
+        })
+        .await;
+    let report = consumer.shutdown().await;
+    assert_eq!(report.abandoned, 3);
+    // The stopped transactions were rolled back and the messages are back on the queue.
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+    broker
+        .eventually("messages back on the queue", WAIT, || async {
+            broker.depth(&queue).await == 3
+        })
+        .await;
+    let rest = start(&inbox, topology, handler.slow(Duration::ZERO)).await;
+    broker
+        .eventually("redelivered and processed", WAIT, || async {
+            db.count(&effects, "1=1").await == 3
+        })
+        .await;
+    rest.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_progress_elsewhere_is_requeued_until_the_other_worker_completes() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "mailer")
+        .two_phase(Duration::from_secs(30))
+        .slow(Duration::from_millis(500))
+        .keyed_by_message_id();
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .max_in_flight(4)
+        .bind(topology, handler)
+        .start()
+        .await
+        .unwrap();
+    broker
+        .send(&queue, &Msg::new("mail-1", "hi"), with_id("m-1"))
+        .await;
+    broker
+        .send(&queue, &Msg::new("mail-1", "hi"), with_id("m-1"))
+        .await;
+    broker
+        .eventually("one processed, one duplicate", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked == 1 && stats.duplicates == 1
+        })
+        .await;
+    assert!(consumer.stats().requeued >= 1);
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_inbox_behind_a_cloud_events_key() {
+    let broker = TestBroker::connect().await;
+    let db = TestDb::connect(Backend::Sqlite).await;
+    let inbox = Inbox::builder(db.db.clone()).build().await.unwrap();
+    let effects = db.effects_table().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let handler = CloudEventRecorder {
+        inner: Recorder::new(&db, &effects, "audit"),
+        seen: seen.clone(),
+    };
+    let consumer = start(&inbox, topology, handler).await;
+    // Same id, two sources: two events. Same source and id again: a duplicate.
+    for (source, id) in [("/orders", "1"), ("/refunds", "1"), ("/orders", "1")] {
+        let options = PublishOptions::default().cloud_event(source, id, "com.acme.event");
+        broker
+            .send(&queue, &Msg::new("ignored", source), options)
+            .await;
+    }
+    broker
+        .eventually("three deliveries settled", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.duplicates == 3
+        })
+        .await;
+    assert_eq!(consumer.stats().duplicates, 1);
+    assert_eq!(db.count(&effects, "1=1").await, 2);
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    consumer.shutdown().await;
+}
+
+/// A recorder keyed on the CloudEvents source and id from the AMQP headers.
+#[derive(Debug, Clone)]
+struct CloudEventRecorder {
+    inner: Recorder,
+    seen: Arc<AtomicUsize>,
+}
+
+impl Handler for CloudEventRecorder {
+    type Message = Msg;
+    type Output = String;
+    type Error = idem_tests::recorder::RecorderError;
+
+    fn consumer(&self) -> &str {
+        self.inner.consumer()
+    }
+    fn key(
+        &self,
+        _: &Msg,
+        metadata: &idem_runtime::Metadata,
+    ) -> Result<idem_runtime::MessageKey, idem_runtime::KeyError> {
+        metadata.cloud_event_key()
+    }
+    fn fingerprint(
+        &self,
+        message: &Msg,
+    ) -> Result<Option<idem_runtime::Fingerprint>, idem_runtime::FingerprintError> {
+        self.inner.fingerprint(message)
+    }
+    async fn handle(
+        &self,
+        cx: &idem_runtime::Context<'_>,
+        message: Msg,
+    ) -> Result<String, Self::Error> {
+        self.seen.fetch_add(1, Ordering::SeqCst);
+        self.inner.handle(cx, message).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publisher_ids_and_unroutable_messages() {
+    let broker = TestBroker::connect().await;
+    let topology = broker.classic_queue();
+    let channel_queue = topology.queue().to_owned();
+    let db = TestDb::connect(Backend::Sqlite).await;
+    let inbox = Inbox::builder(db.db.clone()).build().await.unwrap();
+    let effects = db.effects_table().await;
+    // Declares the queue.
+    let consumer = start(&inbox, topology, Recorder::new(&db, &effects, "c")).await;
+    consumer.shutdown().await;
+
+    let generated = broker
+        .send(
+            &channel_queue,
+            &Msg::new("a", "b"),
+            PublishOptions::default(),
+        )
+        .await;
+    let parsed = uuid::Uuid::parse_str(&generated).expect("a UUID");
+    assert_eq!(parsed.get_version_num(), 7);
+    let chosen = broker
+        .send(&channel_queue, &Msg::new("a", "b"), with_id("mine"))
+        .await;
+    assert_eq!(chosen, "mine");
+    let letters = broker.drain(&channel_queue).await;
+    let ids: Vec<_> = letters
+        .iter()
+        .map(|l| l.message_id.clone().unwrap())
+        .collect();
+    assert_eq!(ids, vec![generated, chosen]);
+
+    let unroutable = broker
+        .publisher
+        .publish(
+            "",
+            &unique("no_such_queue"),
+            &Msg::new("a", "b"),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(unroutable, idem_rabbitmq::Error::Unroutable { .. }),
+        "{unroutable:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wrong_credentials_fail_start_without_showing_the_password() {
+    let db = TestDb::connect(Backend::Sqlite).await;
+    let inbox = Inbox::builder(db.db.clone()).build().await.unwrap();
+    let effects = db.effects_table().await;
+    let error = Consumer::builder("amqp://guest:hunter2-secret@127.0.0.1:5672/%2f", inbox)
+        .bind(
+            QueueTopology::classic(unique("idem_q")),
+            Recorder::new(&db, &effects, "c"),
+        )
+        .start()
+        .await
+        .unwrap_err();
+    let shown = format!("{error} {error:?}");
+    assert!(!shown.contains("hunter2-secret"), "{shown}");
+    assert!(shown.contains("guest:***@127.0.0.1"), "{shown}");
+}
