@@ -104,6 +104,16 @@ async fn nacked_and_redelivered_message_has_one_effect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crash_after_commit_before_ack_is_redelivered_and_recognised() {
+    crash_after_commit_before_ack(Duration::from_secs(30)).await;
+}
+
+/// The same when lapin's recovery is not waited for: the consumer opens a new connection itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_after_commit_before_ack_with_a_replaced_connection() {
+    crash_after_commit_before_ack(Duration::from_millis(1)).await;
+}
+
+async fn crash_after_commit_before_ack(recovery_timeout: Duration) {
     let broker = TestBroker::connect().await;
     let (db, inbox, effects) = postgres().await;
     let topology = broker.classic_queue();
@@ -119,6 +129,8 @@ async fn crash_after_commit_before_ack_is_redelivered_and_recognised() {
         }
     });
     let consumer = builder(&inbox, &name)
+        .recovery_timeout(recovery_timeout)
+        .reconnect_delay(Duration::from_millis(100))
         .bind(topology, handler.clone())
         .start()
         .await
@@ -136,6 +148,12 @@ async fn crash_after_commit_before_ack_is_redelivered_and_recognised() {
     assert_eq!(stats.settle_lost, 1, "{stats:?}");
     assert_eq!(stats.acked, 0, "{stats:?}");
     assert_eq!(handler.attempts().len(), 1, "the handler ran once");
+    if recovery_timeout < Duration::from_millis(10) {
+        // Either lapin won the race or the connection was replaced: the session survived.
+        assert!(stats.recoveries + stats.reconnections >= 1, "{stats:?}");
+    } else {
+        assert_eq!((stats.recoveries, stats.reconnections), (1, 0), "{stats:?}");
+    }
     assert_eq!(db.count(&effects, "1=1").await, 1);
 
     // After recovery, consuming continues by itself.

@@ -85,6 +85,10 @@ pub struct ConsumerStats {
     /// Settlements that did not reach the broker because the channel died; the broker
     /// redelivers those messages.
     pub settle_lost: u64,
+    /// Connection losses that lapin's automatic recovery repaired.
+    pub recoveries: u64,
+    /// Connections replaced by new ones, after a loss that was not recovered in time.
+    pub reconnections: u64,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +98,8 @@ pub(crate) struct Stats {
     requeued: AtomicU64,
     dead_lettered: AtomicU64,
     settle_lost: AtomicU64,
+    pub(crate) recoveries: AtomicU64,
+    pub(crate) reconnections: AtomicU64,
 }
 
 impl Stats {
@@ -115,6 +121,8 @@ impl Stats {
             requeued: self.requeued.load(Ordering::Relaxed),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             settle_lost: self.settle_lost.load(Ordering::Relaxed),
+            recoveries: self.recoveries.load(Ordering::Relaxed),
+            reconnections: self.reconnections.load(Ordering::Relaxed),
         }
     }
 }

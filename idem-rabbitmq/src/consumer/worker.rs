@@ -2,18 +2,22 @@
 //! fails, deliveries handed to tasks within the in-flight bound, and a graceful drain.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use std::pin::Pin;
+
+use futures_util::{Stream, StreamExt};
 use idem_runtime::Inbox;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection};
+use lapin::{Channel, Connection, Event};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -47,6 +51,51 @@ struct Session {
     channel: Channel,
     publisher: Channel,
     consumer: lapin::Consumer,
+    events: Pin<Box<dyn Stream<Item = Event> + Send + Sync>>,
+}
+
+/// Watches a session that lapin may be recovering, so that a recovery that never completes is
+/// not waited for forever.
+struct Health {
+    lost_since: Option<Instant>,
+    timeout: Duration,
+}
+
+impl Health {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            lost_since: None,
+            timeout,
+        }
+    }
+
+    /// Notes a connection event; returns whether it is a completed recovery (the session's first
+    /// `Connected` came before it listened).
+    fn on_event(&mut self, event: &Event) -> bool {
+        if matches!(event, Event::Connected) {
+            self.lost_since = None;
+            return true;
+        }
+        false
+    }
+
+    /// Looks at the session; returns whether it has been down longer than the recovery timeout.
+    fn expired(&mut self, session: &Session, queue: &str) -> bool {
+        if session.connection.status().connected() && session.channel.status().connected() {
+            self.lost_since = None;
+            return false;
+        }
+        let since = *self.lost_since.get_or_insert_with(|| {
+            tracing::warn!(queue, "connection lost; waiting for recovery");
+            Instant::now()
+        });
+        since.elapsed() > self.timeout
+    }
+
+    /// How often to look at the session.
+    fn check_period(&self) -> Duration {
+        (self.timeout / 4).clamp(Duration::from_millis(1), Duration::from_secs(1))
+    }
 }
 
 /// Why consuming stopped.
@@ -100,12 +149,14 @@ impl Worker {
             )
             .await
             .map_err(Error::amqp(format!("basic.consume {}", self.queue())))?;
+        let events = Box::pin(connection.events_listener());
         tracing::info!(queue = self.queue(), "consuming");
         Ok(Session {
             connection,
             channel,
             publisher,
             consumer,
+            events,
         })
     }
 
@@ -122,15 +173,19 @@ impl Worker {
             let current = match session.take() {
                 Some(current) => current,
                 None => match self.reconnect().await {
-                    Some(current) => current,
+                    Some(current) => {
+                        self.stats.reconnections.fetch_add(1, Ordering::Relaxed);
+                        current
+                    }
                     None => return self.drain(None, &mut tasks).await,
                 },
             };
-            match self.consume(&current, &mut tasks).await {
+            let mut current = current;
+            match self.consume(&mut current, &mut tasks).await {
                 End::Shutdown => return self.drain(Some(current), &mut tasks).await,
                 End::Failed(why) => {
                     tracing::warn!(queue = self.queue(), %why, "session lost; reconnecting");
-                    close(&current).await;
+                    retire(current);
                 }
             }
         }
@@ -156,25 +211,47 @@ impl Worker {
         }
     }
 
-    /// Takes deliveries until shutdown or until the session fails and lapin cannot recover it
-    /// in time (a recovery that waits forever is not waited for).
-    async fn consume(&mut self, session: &Session, tasks: &mut JoinSet<()>) -> End {
+    /// Takes deliveries until shutdown or until the session fails and is not recovered within
+    /// the recovery timeout: lapin's automatic recovery is relied on, but a recovery that waits
+    /// forever is not waited for.
+    async fn consume(&mut self, session: &mut Session, tasks: &mut JoinSet<()>) -> End {
         let mut consumer = session.consumer.clone();
         let mut shutdown = self.shutdown.clone();
+        let mut health = Health::new(self.settings.recovery_timeout);
+        let mut check = tokio::time::interval(health.check_period());
+        let queue = self.binding.topology().queue().to_owned();
         loop {
             while tasks.try_join_next().is_some() {}
             let permit = tokio::select! {
                 biased;
                 _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
+                Some(event) = session.events.next() => {
+                    self.note(&mut health, &event, &queue);
+                    continue;
+                }
+                _ = check.tick() => {
+                    if health.expired(session, &queue) {
+                        return End::Failed("the connection was not recovered in time".into());
+                    }
+                    continue;
+                }
                 permit = Arc::clone(&self.in_flight).acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => return End::Shutdown,
                 },
             };
-            let next = tokio::select! {
-                biased;
-                _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
-                next = consumer.next() => next,
+            let next = loop {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
+                    Some(event) = session.events.next() => self.note(&mut health, &event, &queue),
+                    _ = check.tick() => {
+                        if health.expired(session, &queue) {
+                            return End::Failed("the connection was not recovered in time".into());
+                        }
+                    }
+                    next = consumer.next() => break next,
+                }
             };
             match next {
                 Some(Ok(delivery)) => {
@@ -182,22 +259,27 @@ impl Worker {
                 }
                 Some(Err(error)) => {
                     drop(permit);
-                    tracing::warn!(queue = self.queue(), %error, "consumer error; waiting for recovery");
+                    tracing::warn!(queue, %error, "consumer error; waiting for recovery");
                     let recovery = tokio::time::timeout(
                         self.settings.recovery_timeout,
                         session.channel.wait_for_recovery(error),
                     )
                     .await;
                     match recovery {
-                        Ok(Ok(())) => {
-                            tracing::info!(queue = self.queue(), "connection recovered");
-                        }
+                        Ok(Ok(())) => self.note(&mut health, &Event::Connected, &queue),
                         Ok(Err(error)) => return End::Failed(error.to_string()),
                         Err(_) => return End::Failed("recovery did not complete in time".into()),
                     }
                 }
                 None => return End::Failed("the broker cancelled the consumer".into()),
             }
+        }
+    }
+
+    fn note(&self, health: &mut Health, event: &Event, queue: &str) {
+        if health.on_event(event) {
+            tracing::info!(queue, "connection recovered");
+            self.stats.recoveries.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -259,6 +341,25 @@ impl Worker {
         );
         report
     }
+}
+
+/// Closes a replaced session in the background. A connection that lapin is still recovering is
+/// closed as soon as its recovery completes, so that its recreated consumer cannot hold
+/// deliveries that nobody reads.
+fn retire(session: Session) {
+    tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let status = session.connection.status();
+            if status.closed() || status.errored() || Instant::now() > deadline {
+                return;
+            }
+            if status.connected() {
+                return close(&session).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
 }
 
 /// Closes a session, best effort and bounded: a broken connection is not waited for.

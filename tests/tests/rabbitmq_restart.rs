@@ -1,0 +1,90 @@
+//! A broker restart while a message is in flight: the consumer comes back by itself, the
+//! message whose ack was lost is redelivered and recognised, and new messages are processed.
+//!
+//! It stops and starts the RabbitMQ application (`rabbitmqctl stop_app` / `start_app`), which
+//! cuts every connection: it is the only test in this binary, and cargo runs test binaries one at
+//! a time. Run: `cargo test -p idem-tests --test rabbitmq_restart`.
+
+use std::time::Duration;
+
+use idem_rabbitmq::{Consumer, PublishOptions};
+use idem_runtime::Inbox;
+use idem_tests::rabbit::amqp_url;
+use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, unique};
+
+async fn rabbitmqctl(command: &str) {
+    let status = tokio::process::Command::new("rabbitmqctl")
+        .args(["-q", command])
+        .status()
+        .await
+        .expect("rabbitmqctl runs");
+    assert!(status.success(), "rabbitmqctl {command} failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
+    let broker = TestBroker::connect().await;
+    let db = TestDb::connect(Backend::Postgres).await;
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_secs(2));
+    let consumer = Consumer::builder(amqp_url(), inbox.clone())
+        .connection_name(unique("idem-restart"))
+        // Shorter than the outage: the consumer replaces the connection itself rather than wait
+        // for lapin's recovery, which can wait forever after a broker restart.
+        .recovery_timeout(Duration::from_secs(1))
+        .reconnect_delay(Duration::from_millis(500))
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .bind(topology, handler.clone())
+        .start()
+        .await
+        .unwrap();
+
+    broker
+        .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
+        .await;
+    broker
+        .eventually("the handler started", Duration::from_secs(10), || {
+            let handler = handler.clone();
+            async move { !handler.attempts().is_empty() }
+        })
+        .await;
+
+    // The broker goes away while the handler runs: its transaction commits, its ack is lost.
+    rabbitmqctl("stop_app").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    rabbitmqctl("start_app").await;
+
+    // The test's own connections died too.
+    let after = TestBroker::connect().await;
+    after
+        .eventually(
+            "the lost ack's message recognised as a duplicate",
+            Duration::from_secs(90),
+            || async { consumer.stats().duplicates >= 1 },
+        )
+        .await;
+    after
+        .send(&queue, &Msg::new("o-2", "y"), PublishOptions::default())
+        .await;
+    after
+        .eventually(
+            "a new message processed after the restart",
+            Duration::from_secs(60),
+            || async { db.count(&effects, "1=1").await == 2 },
+        )
+        .await;
+    assert_eq!(db.count(&effects, "message_key = 'o-1'").await, 1);
+    assert_eq!(after.depth(&queue).await, 0);
+    let stats = consumer.stats();
+    assert!(stats.reconnections >= 1, "{stats:?}");
+    consumer.shutdown().await;
+    drop(after);
+    drop(broker);
+}
