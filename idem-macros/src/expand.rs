@@ -85,26 +85,15 @@ fn output_and_error(spec: &Spec) -> (TokenStream, TokenStream) {
     let ret = &spec.ret;
     let output_rt = rt_at(spec.output_span);
     let error_rt = rt_at(spec.error_span);
-    (
-        quote_spanned!(spec.output_span=> #output_rt::OutputOf<#ret>),
-        quote_spanned!(spec.error_span=> #error_rt::ErrorOf<#ret>),
-    )
-}
-
-/// Never-run checks that report missing bounds on the user's own types (for methods, whose
-/// handler is a generic runtime type that would report them at the attribute).
-fn checks(spec: &Spec) -> TokenStream {
-    let (output, error) = output_and_error(spec);
-    let message = &spec.message_ty;
-    let message_span = message.span();
-    let output_rt = rt_at(spec.output_span);
-    let error_rt = rt_at(spec.error_span);
-    let message_rt = rt_at(message_span);
-    quote! {
-        #output_rt::assert_output::<#output>();
-        #error_rt::assert_error::<#error>();
-        #message_rt::assert_message::<#message>();
-    }
+    let output = match &spec.output_ty {
+        Some(ty) => quote!(#ty),
+        None => quote_spanned!(spec.output_span=> #output_rt::OutputOf<#ret>),
+    };
+    let error = match &spec.error_ty {
+        Some(ty) => quote!(#ty),
+        None => quote_spanned!(spec.error_span=> #error_rt::ErrorOf<#ret>),
+    };
+    (output, error)
 }
 
 fn consumer(spec: &Spec) -> TokenStream {
@@ -299,7 +288,6 @@ fn expand_method(spec: &Spec) -> TokenStream {
     let ret_ty = return_type(spec);
     let message = &spec.message_ty;
     let (output, error) = output_and_error(spec);
-    let checks = checks(spec);
     let consumer = consumer(spec);
     let mode = mode(spec);
     let retention = retention(spec);
@@ -325,9 +313,9 @@ fn expand_method(spec: &Spec) -> TokenStream {
         where
             Self: ::core::marker::Send + ::core::marker::Sync + 'static,
     };
-    let output_rt = rt_at(spec.output_span);
-    let construct = quote_spanned! {spec.output_span=>
-        #output_rt::MethodHandler::new(self, __idem_spec)
+    // Each unmet bound is reported on the type argument that lacks it.
+    let construct = quote! {
+        #rt::method_handler::<Self, #message, #output, #error>(self, __idem_spec)
     };
     quote! {
         #[doc = #doc]
@@ -344,7 +332,6 @@ fn expand_method(spec: &Spec) -> TokenStream {
                 permanent: #permanent,
                 handle: Self::#handle_fn,
             };
-            #checks
             #construct
         }
 

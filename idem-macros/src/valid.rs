@@ -38,6 +38,10 @@ pub(crate) struct Spec {
     pub(crate) output_span: Span,
     /// Where to report a bound missing on the error type.
     pub(crate) error_span: Span,
+    /// The `T` of a `Result<T, ..>` written out, when it is.
+    pub(crate) output_ty: Option<Type>,
+    /// The `E` of a `Result<T, E>` written out, when it is.
+    pub(crate) error_ty: Option<Type>,
     /// `key = <expr>`.
     pub(crate) key: Expr,
     /// The consumer name: a literal given, or none for the default.
@@ -362,7 +366,9 @@ pub(crate) fn validate(args: Args, item: &ItemFn) -> syn::Result<Spec> {
     errors.finish()?;
     let (message_pat, message_ty) = message.expect("checked above");
     let ret = ret.expect("checked above");
-    let (output_span, error_span) = result_spans(&ret);
+    let (output_ty, error_ty) = result_types(&ret);
+    let output_span = output_ty.as_ref().map_or_else(|| ret.span(), Spanned::span);
+    let error_span = error_ty.as_ref().map_or_else(|| ret.span(), Spanned::span);
     Ok(Spec {
         ident: sig.ident.clone(),
         vis: item.vis.clone(),
@@ -374,6 +380,8 @@ pub(crate) fn validate(args: Args, item: &ItemFn) -> syn::Result<Spec> {
         ret,
         output_span,
         error_span,
+        output_ty,
+        error_ty,
         key: key.expect("checked above"),
         consumer: args.consumer,
         mode,
@@ -604,18 +612,21 @@ fn check_result(ty: &Type) -> syn::Result<()> {
     Ok(())
 }
 
-/// Where to report bounds on the output and the error: the `T` and `E` of a `Result<T, E>`
-/// written out, else the whole return type.
-fn result_spans(ret: &Type) -> (Span, Span) {
-    let whole = ret.span();
+/// The `T` and `E` of a return type written `Result<T, E>` (or `Result<T>`, an alias with a
+/// default error): named directly in the generated code so that an unmet bound is reported on
+/// them. Other spellings go through `__private::HandlerResult`.
+fn result_types(ret: &Type) -> (Option<Type>, Option<Type>) {
     let Type::Path(path) = ret else {
-        return (whole, whole);
+        return (None, None);
     };
     let Some(last) = path.path.segments.last() else {
-        return (whole, whole);
+        return (None, None);
     };
+    if path.qself.is_some() || last.ident != "Result" {
+        return (None, None);
+    }
     let PathArguments::AngleBracketed(args) = &last.arguments else {
-        return (whole, whole);
+        return (None, None);
     };
     let types: Vec<&Type> = args
         .args
@@ -626,9 +637,9 @@ fn result_spans(ret: &Type) -> (Span, Span) {
         })
         .collect();
     match types.as_slice() {
-        [ok] => (ok.span(), whole),
-        [ok, err] => (ok.span(), err.span()),
-        _ => (whole, whole),
+        [ok] => (Some((*ok).clone()), None),
+        [ok, err] => (Some((*ok).clone()), Some((*err).clone())),
+        _ => (None, None),
     }
 }
 

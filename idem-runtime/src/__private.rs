@@ -162,6 +162,21 @@ impl<S, M, O, E> MethodHandler<S, M, O, E> {
     }
 }
 
+/// The handler of a method, checked: each unmet bound is reported on the type argument that
+/// lacks it, which the macro spans at the user's own type.
+pub fn method_handler<S, M, O, E>(
+    service: &Arc<S>,
+    spec: MethodSpec<S, M, O, E>,
+) -> impl Handler<Message = M, Output = O, Error = E> + 'static
+where
+    S: Send + Sync + 'static,
+    M: Send + 'static,
+    O: Serialize + DeserializeOwned + Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    MethodHandler::new(service, spec)
+}
+
 impl<S, M, O, E> fmt::Debug for MethodHandler<S, M, O, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MethodHandler")
