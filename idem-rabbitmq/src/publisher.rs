@@ -2,9 +2,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -114,6 +114,20 @@ impl Publisher {
     pub fn with_max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
         self
+    }
+
+    /// Declares a durable exchange of `kind` (a no-op if it exists with the same type), for a
+    /// producer that owns the exchange it publishes to.
+    pub async fn declare_exchange(&self, name: &str, kind: ExchangeKind) -> Result<()> {
+        let options = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        let channel = self.channel.lock().await.clone();
+        channel
+            .exchange_declare(name.into(), kind, options, FieldTable::default())
+            .await
+            .map_err(Error::amqp(format!("declaring exchange {name:?}")))
     }
 
     /// Publishes `message` as JSON and returns its message id.

@@ -309,6 +309,8 @@ impl Worker {
                 tracing::warn!(queue = self.queue(), %error, "basic.cancel failed");
             }
         }
+        // Handlers that finished before the shutdown are not part of the report.
+        while tasks.try_join_next().is_some() {}
         let mut report = ShutdownReport::default();
         let deadline = tokio::time::sleep(self.settings.shutdown_timeout);
         tokio::pin!(deadline);

@@ -1,0 +1,115 @@
+//! The billing service: charges each placed order once, in the same transaction as its inbox
+//! record.
+
+use std::time::Duration;
+
+use idem_rabbitmq::QueueTopology;
+use idem_rabbitmq::lapin::ExchangeKind;
+use idem_runtime::idempotent;
+use sea_orm::sea_query::Query;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Statement};
+use serde::{Deserialize, Serialize};
+
+use crate::orders::{EXCHANGE, OrderPlaced, ROUTING_KEY};
+
+/// The queue billing consumes.
+pub const QUEUE: &str = "billing.orders";
+
+/// The broker's delivery limit on the queue: a message that crashes the consumer this often is
+/// dead-lettered by the broker.
+pub const DELIVERY_LIMIT: u32 = 20;
+
+/// What a charge returns; recorded with the inbox record and replayed to duplicates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The order charged.
+    pub order_id: String,
+    /// The amount charged, in cents.
+    pub amount_cents: i64,
+}
+
+/// Why a charge failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BillingError {
+    /// The database failed: worth retrying.
+    #[error("database error: {0}")]
+    Database(#[from] DbErr),
+    /// The order cannot be charged, ever.
+    #[error("cannot charge {0} cents")]
+    InvalidAmount(i64),
+}
+
+/// Invalid orders are dead-lettered at once; database errors are retried.
+pub fn is_permanent(error: &BillingError) -> bool {
+    matches!(error, BillingError::InvalidAmount(_))
+}
+
+/// Charges an order: writes its invoice through the inbox's transaction, so the invoice and the
+/// record that the order was charged commit together or not at all.
+#[idempotent(
+    key = order.order_id,
+    consumer = "billing.charge",
+    retention = "14d",
+    permanent = is_permanent
+)]
+pub async fn charge(tx: &DatabaseTransaction, order: OrderPlaced) -> Result<Receipt, BillingError> {
+    if order.amount_cents <= 0 {
+        return Err(BillingError::InvalidAmount(order.amount_cents));
+    }
+    let insert = Query::insert()
+        .into_table("invoices")
+        .columns(["order_id", "customer", "amount_cents"])
+        .values_panic([
+            order.order_id.clone().into(),
+            order.customer.into(),
+            order.amount_cents.into(),
+        ])
+        .to_owned();
+    tx.execute(&insert).await?;
+    tracing::debug!(order_id = %order.order_id, amount_cents = order.amount_cents, "charged");
+    Ok(Receipt {
+        order_id: order.order_id,
+        amount_cents: order.amount_cents,
+    })
+}
+
+/// The queue, its dead-letter queue and its binding to the orders exchange.
+pub fn topology() -> QueueTopology {
+    QueueTopology::quorum(QUEUE)
+        .delivery_limit(DELIVERY_LIMIT)
+        .bind(EXCHANGE, ExchangeKind::Topic, ROUTING_KEY)
+}
+
+/// Creates the invoices table if it is missing. There is deliberately no unique constraint on
+/// `order_id`: the inbox alone keeps an order from being charged twice.
+pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
+    db.execute_unprepared(
+        "CREATE TABLE IF NOT EXISTS invoices (\
+         order_id VARCHAR(255) NOT NULL, \
+         customer VARCHAR(255) NOT NULL, \
+         amount_cents BIGINT NOT NULL)",
+    )
+    .await?;
+    Ok(())
+}
+
+/// How many invoices were written for orders whose id starts with `prefix`.
+pub async fn count_invoices(db: &DatabaseConnection, prefix: &str) -> Result<i64, DbErr> {
+    let backend = db.get_database_backend();
+    let placeholder = if backend == sea_orm::DbBackend::Postgres {
+        "$1"
+    } else {
+        "?"
+    };
+    let statement = Statement::from_sql_and_values(
+        backend,
+        format!("SELECT COUNT(*) FROM invoices WHERE order_id LIKE {placeholder}"),
+        [format!("{prefix}%").into()],
+    );
+    let row = db.query_one_raw(statement).await?;
+    row.map_or(Ok(0), |row| row.try_get_by_index::<i64>(0))
+}
+
+/// How long a delivery may stay unacknowledged before RabbitMQ redelivers it (its default
+/// `consumer_timeout`).
+pub const CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);

@@ -1,0 +1,168 @@
+//! The billing service: consumes `billing.orders` into the database and charges each order once.
+//!
+//! `cargo run -p idem-examples --bin billing` consumes until Ctrl-C or SIGTERM;
+//! `-- --demo 100` first publishes 100 demo orders, waits until every delivery is settled,
+//! checks the invoices and exits (non-zero if anything is off).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use idem_examples::billing::{self, CONSUMER_TIMEOUT, DELIVERY_LIMIT, charge_handler};
+use idem_examples::orders::{self, DemoPlan};
+use idem_rabbitmq::{Consumer, Publisher};
+use idem_runtime::{Inbox, RedeliveryWindow, RetentionPolicy};
+use sea_orm::{ConnectOptions, Database, DatabaseConnection};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    idem_examples::init_logging();
+    let demo = match parse_demo(std::env::args().skip(1)) {
+        Ok(demo) => demo,
+        Err(usage) => {
+            eprintln!("{usage}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(demo).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("billing: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_demo(mut args: impl Iterator<Item = String>) -> Result<Option<usize>, String> {
+    let usage = "usage: billing [--demo N]";
+    match (args.next().as_deref(), args.next(), args.next()) {
+        (None, _, _) => Ok(None),
+        (Some("--demo"), None, None) => Ok(Some(100)),
+        (Some("--demo"), Some(n), None) => n.parse().map(Some).map_err(|_| usage.to_owned()),
+        _ => Err(usage.to_owned()),
+    }
+}
+
+async fn run(demo: Option<usize>) -> Result<(), BoxError> {
+    let database_url = idem_examples::database_url();
+    let amqp_url = idem_examples::amqp_url();
+    let mut options = ConnectOptions::new(database_url.as_str());
+    options.sqlx_logging(false);
+    if database_url.starts_with("sqlite:") {
+        options.max_connections(4);
+    }
+    let db = Database::connect(options).await?;
+    billing::create_tables(&db).await?;
+
+    // Records must outlive every redelivery: the broker's delivery limit times its consumer
+    // timeout, plus three days in which an operator may resubmit from the dead-letter queue.
+    let window = RedeliveryWindow::new(DELIVERY_LIMIT, CONSUMER_TIMEOUT)
+        .with_dead_letter_resubmission(Duration::from_secs(3 * 24 * 3600));
+    let inbox = Inbox::builder(db.clone())
+        .retention(RetentionPolicy::default())
+        .redelivery_window(window)
+        .build()
+        .await?;
+    let cleaner = inbox.cleaner().spawn();
+    let consumer = Consumer::builder(amqp_url.as_str(), inbox)
+        .connection_name("billing")
+        .bind(billing::topology(), charge_handler())
+        .start()
+        .await?;
+    tracing::info!(queue = billing::QUEUE, database = %redact(&database_url), "billing is consuming");
+
+    let result = match demo {
+        Some(count) => run_demo(&consumer, &db, &amqp_url, count).await,
+        None => {
+            wait_for_signal().await;
+            Ok(())
+        }
+    };
+    let report = consumer.shutdown().await;
+    let cleaned = cleaner.stop().await;
+    tracing::info!(
+        completed = report.completed,
+        abandoned = report.abandoned,
+        expired_records_deleted = cleaned.deleted,
+        "billing stopped"
+    );
+    result
+}
+
+async fn run_demo(
+    consumer: &Consumer,
+    db: &DatabaseConnection,
+    amqp_url: &str,
+    count: usize,
+) -> Result<(), BoxError> {
+    let before = consumer.stats();
+    let publisher = Publisher::connect(amqp_url).await?;
+    let plan = orders::publish_demo(&publisher, count).await?;
+    publisher.close().await;
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = consumer.stats();
+        let settled = (now.acked + now.duplicates + now.dead_lettered)
+            - (before.acked + before.duplicates + before.dead_lettered);
+        if settled >= plan.deliveries as u64 {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("only {settled} of {} deliveries settled", plan.deliveries).into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let invoices = billing::count_invoices(db, &plan.run).await?;
+    let stats = consumer.stats();
+    print_summary(
+        &plan,
+        invoices,
+        stats.duplicates - before.duplicates,
+        stats.dead_lettered - before.dead_lettered,
+    );
+    let expected = (plan.orders - plan.invalid) as i64;
+    if invoices != expected {
+        return Err(format!("expected {expected} invoices, found {invoices}").into());
+    }
+    Ok(())
+}
+
+fn print_summary(plan: &DemoPlan, invoices: i64, duplicates: u64, dead_lettered: u64) {
+    println!(
+        "billing demo {}: {} orders published as {} messages \
+         ({} producer retries, {} reused order id, {} invalid order)",
+        plan.run,
+        plan.orders,
+        plan.deliveries,
+        plan.producer_retries,
+        plan.reused_ids,
+        plan.invalid
+    );
+    println!("  invoices written     {invoices:>6}   (one per valid order)");
+    println!("  duplicates skipped   {duplicates:>6}");
+    println!(
+        "  dead-lettered        {dead_lettered:>6}   (queue {}.dlq, reason in x-idem-reason)",
+        billing::QUEUE
+    );
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// The database URL without its password, for the log.
+fn redact(url: &str) -> String {
+    idem_rabbitmq::AmqpUrl::new(url).redacted()
+}
