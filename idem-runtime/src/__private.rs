@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 pub use std::boxed::Box;
 pub use std::future::Future;
 pub use std::option::Option::{self, None, Some};
-pub use std::result::Result::{self, Err, Ok};
+pub use std::result::Result::{self, Ok};
 pub use std::sync::Arc;
 pub use std::time::Duration;
 
@@ -54,30 +54,6 @@ pub type OutputOf<R> = <R as HandlerResult>::Output;
 
 /// The `Err` type of a handler's return type.
 pub type ErrorOf<R> = <R as HandlerResult>::Error;
-
-/// Checks that a handler's output can be stored and replayed; the macro spans the call at the
-/// user's type so that a missing bound is reported there.
-#[inline(always)]
-pub fn assert_output<T: Serialize + DeserializeOwned + Send + 'static>() {}
-
-/// Checks that a handler's error can be reported by the inbox.
-#[inline(always)]
-pub fn assert_error<E: std::error::Error + Send + Sync + 'static>() {}
-
-/// Checks that a handler's message can be sent to the task that processes it.
-#[inline(always)]
-pub fn assert_message<M: Send + 'static>() {}
-
-/// Checks that the message can be fingerprinted by default (it is serialized for that).
-#[inline(always)]
-pub fn assert_fingerprintable<M: Serialize + ?Sized>() {}
-
-/// Checks that a handler's future can be sent between threads (transports spawn handlers on a
-/// multi-threaded runtime).
-#[inline(always)]
-pub fn send_future<F: Future + Send>(future: F) -> F {
-    future
-}
 
 /// The key made from a `key = <expr>` expression.
 #[inline]
