@@ -74,8 +74,7 @@ pub fn fingerprint_of<T: Serialize + ?Sized>(
 /// # Panics
 ///
 /// When the handler is driven without a transaction, which the [`Inbox`](crate::Inbox) never
-/// does for a transactional handler. The panic happens inside the handler's future, where the
-/// inbox reports it as [`Error::HandlerPanicked`](crate::Error::HandlerPanicked).
+/// does: the macro makes a handler transactional exactly when the function takes one.
 #[track_caller]
 pub fn transaction<'a>(cx: &Context<'a>) -> &'a DatabaseTransaction {
     match cx.transaction() {
