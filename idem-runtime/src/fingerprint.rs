@@ -45,6 +45,17 @@ impl Fingerprint {
         Self(Sha256::digest(bytes).into())
     }
 
+    /// The 32 bytes of the hash, as stored in the inbox.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// A fingerprint from the 32 bytes [`Fingerprint::as_bytes`] gives; `None` for any other
+    /// length.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(Self)
+    }
+
     /// Reads the lowercase hexadecimal form written by [`Fingerprint::to_hex`].
     pub fn from_hex(hex: &str) -> Option<Self> {
         if hex.len() != 64 {
@@ -58,7 +69,7 @@ impl Fingerprint {
         Some(Self(bytes))
     }
 
-    /// The fingerprint as 64 lowercase hexadecimal digits, as stored in the inbox.
+    /// The fingerprint as 64 lowercase hexadecimal digits.
     pub fn to_hex(&self) -> String {
         use fmt::Write;
         let mut hex = String::with_capacity(64);

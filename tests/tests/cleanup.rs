@@ -25,14 +25,13 @@ fn now_ms() -> i64 {
 
 /// Inserts `count` completed records of `consumer`, expiring at `expires_at`, 1 000 per statement.
 async fn seed(db: &TestDb, table: &str, consumer: &str, count: usize, expires_at: i64) {
-    let token = "0".repeat(32);
     let ids: Vec<usize> = (0..count).collect();
     for chunk in ids.chunks(1000) {
         let rows: Vec<String> = chunk
             .iter()
             .map(|i| {
                 format!(
-                    "('{consumer}', 'key-{i}', 'completed', NULL, NULL, 1, '{token}', 1, 1, NULL, 1, {expires_at})"
+                    "('{consumer}', 'key-{i}', 'completed', NULL, NULL, 1, 0, 1, 1, NULL, 1, {expires_at})"
                 )
             })
             .collect();

@@ -1,6 +1,8 @@
 //! Claiming an inbox key: one atomic conditional insert, and the takeover of records that
 //! expired or whose lease ran out.
 
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DbErr};
@@ -32,7 +34,7 @@ pub(crate) struct ClaimRequest<'a> {
 pub(crate) enum Claimed {
     /// The key is this worker's to process.
     Acquired {
-        token: String,
+        token: i64,
         attempt: u32,
         /// When the claim that was taken over had started (epoch ms), on a lease takeover.
         previous_claim_at: Option<i64>,
@@ -41,8 +43,14 @@ pub(crate) enum Claimed {
     Completed(Option<String>),
 }
 
-fn new_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+/// A claim token: unique per claim, so that a takeover is a compare-and-swap on it. A random
+/// base per process plus a counter: unique within the process, and colliding across processes
+/// with a probability of about one in 2^64 per pair of claims on the same key.
+fn new_token() -> i64 {
+    static BASE: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    base.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed)) as i64
 }
 
 /// Claims `request.key` on `conn`: a fresh insert, a takeover, or the report of what holds it.
@@ -51,7 +59,6 @@ pub(crate) async fn claim(
     conn: &impl ConnectionTrait,
     request: ClaimRequest<'_>,
 ) -> Result<Claimed> {
-    let fingerprint = request.fingerprint.map(Fingerprint::to_hex);
     for _ in 0..RACES {
         let now = now_ms();
         let token = new_token();
@@ -61,9 +68,9 @@ pub(crate) async fn claim(
             } else {
                 Status::Completed
             },
-            fingerprint: fingerprint.as_deref(),
+            fingerprint: request.fingerprint.map(Fingerprint::as_bytes),
             attempts,
-            claim_token: &token,
+            claim_token: token,
             created_at,
             claimed_at: now,
             lease_until: request.lease.map(|lease| now + duration_ms(lease)),
@@ -82,14 +89,14 @@ pub(crate) async fn claim(
         if row.expires_at <= now {
             // Past its retention: the record behaves as absent.
             if store
-                .take_over(conn, request.key, &row.claim_token, &values(1, now))
+                .take_over(conn, request.key, row.claim_token, &values(1, now))
                 .await?
             {
                 return Ok(acquired(token, 1, None));
             }
             continue;
         }
-        check_fingerprint(request, &row, fingerprint.as_deref())?;
+        check_fingerprint(request, &row)?;
         match row.status {
             Status::Completed => return Ok(Claimed::Completed(row.output)),
             Status::InProgress => {
@@ -112,7 +119,7 @@ pub(crate) async fn claim(
                     .take_over(
                         conn,
                         request.key,
-                        &row.claim_token,
+                        row.claim_token,
                         &values(i64::from(next), row.created_at),
                     )
                     .await?
@@ -129,7 +136,7 @@ pub(crate) async fn claim(
     })
 }
 
-fn acquired(token: String, attempt: u32, previous_claim_at: Option<i64>) -> Claimed {
+fn acquired(token: i64, attempt: u32, previous_claim_at: Option<i64>) -> Claimed {
     Claimed::Acquired {
         token,
         attempt,
@@ -137,20 +144,18 @@ fn acquired(token: String, attempt: u32, previous_claim_at: Option<i64>) -> Clai
     }
 }
 
-fn check_fingerprint(request: ClaimRequest<'_>, row: &Row, received: Option<&str>) -> Result<()> {
-    let (Some(stored), Some(received)) = (row.fingerprint.as_deref(), received) else {
+fn check_fingerprint(request: ClaimRequest<'_>, row: &Row) -> Result<()> {
+    let (Some(stored), Some(received)) = (row.fingerprint.as_deref(), request.fingerprint) else {
         return Ok(());
     };
-    if stored == received {
+    if stored == received.as_bytes() {
         return Ok(());
     }
-    let parse = |hex: &str| {
-        Fingerprint::from_hex(hex)
-            .ok_or_else(|| DbErr::Custom(format!("corrupt fingerprint {hex:?} in the inbox")))
-    };
+    let stored = Fingerprint::from_bytes(stored)
+        .ok_or_else(|| DbErr::Custom("corrupt fingerprint in the inbox".to_owned()))?;
     Err(Error::FingerprintMismatch {
         key: request.key.clone(),
-        stored: parse(stored)?,
-        received: parse(received)?,
+        stored,
+        received: *received,
     })
 }

@@ -209,7 +209,7 @@ impl Inbox {
             Ok(done) => done,
             Err(error) => {
                 // Never keep a key after a failed handler: the redelivery must be able to retry.
-                if let Err(release) = store.release(db, request.key, &token).await {
+                if let Err(release) = store.release(db, request.key, token).await {
                     tracing::warn!(error = %release, "could not release the claim; it expires with its lease");
                 }
                 return Err(error);
@@ -219,7 +219,7 @@ impl Inbox {
         let expires_at = now.saturating_add(duration_ms(request.retention));
         let output_json = (json != "null").then_some(json.as_str());
         if store
-            .complete(db, request.key, &token, output_json, now, expires_at)
+            .complete(db, request.key, token, output_json, now, expires_at)
             .await?
         {
             Ok(Outcome::Processed(output))

@@ -34,7 +34,7 @@ impl InboxRecord {
     pub(super) fn from_row(row: Row) -> Self {
         Self {
             status: row.status,
-            fingerprint: row.fingerprint.as_deref().and_then(Fingerprint::from_hex),
+            fingerprint: row.fingerprint.as_deref().and_then(Fingerprint::from_bytes),
             output: row.output,
             attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
             created_at: from_epoch_ms(row.created_at),

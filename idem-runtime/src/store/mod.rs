@@ -40,10 +40,10 @@ impl Status {
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
     pub(crate) status: Status,
-    pub(crate) fingerprint: Option<String>,
+    pub(crate) fingerprint: Option<Vec<u8>>,
     pub(crate) output: Option<String>,
     pub(crate) attempts: i64,
-    pub(crate) claim_token: String,
+    pub(crate) claim_token: i64,
     pub(crate) created_at: i64,
     pub(crate) claimed_at: i64,
     pub(crate) lease_until: Option<i64>,
@@ -55,9 +55,9 @@ pub(crate) struct Row {
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimValues<'a> {
     pub(crate) status: Status,
-    pub(crate) fingerprint: Option<&'a str>,
+    pub(crate) fingerprint: Option<&'a [u8; 32]>,
     pub(crate) attempts: i64,
-    pub(crate) claim_token: &'a str,
+    pub(crate) claim_token: i64,
     pub(crate) created_at: i64,
     pub(crate) claimed_at: i64,
     pub(crate) lease_until: Option<i64>,
@@ -162,12 +162,12 @@ impl Store {
         &self,
         conn: &impl ConnectionTrait,
         key: &InboxKey,
-        previous_token: &str,
+        previous_token: i64,
         claim: &ClaimValues<'_>,
     ) -> Result<bool, DbErr> {
         let mut values = claim_values(claim);
         values.extend(Self::key_values(key));
-        values.push(text(previous_token));
+        values.push(Value::from(previous_token));
         let result = conn
             .execute_raw(self.statement(&self.sql.take_over, values))
             .await?;
@@ -194,7 +194,7 @@ impl Store {
         &self,
         conn: &impl ConnectionTrait,
         key: &InboxKey,
-        token: &str,
+        token: i64,
         output: Option<&str>,
         completed_at: i64,
         expires_at: i64,
@@ -205,7 +205,7 @@ impl Store {
             Value::from(expires_at),
         ];
         values.extend(Self::key_values(key));
-        values.push(text(token));
+        values.push(Value::from(token));
         let result = conn
             .execute_raw(self.statement(&self.sql.complete, values))
             .await?;
@@ -217,10 +217,10 @@ impl Store {
         &self,
         conn: &impl ConnectionTrait,
         key: &InboxKey,
-        token: &str,
+        token: i64,
     ) -> Result<bool, DbErr> {
         let mut values = Self::key_values(key).to_vec();
-        values.push(text(token));
+        values.push(Value::from(token));
         let result = conn
             .execute_raw(self.statement(&self.sql.release, values))
             .await?;
@@ -280,9 +280,9 @@ impl Store {
 fn claim_values(claim: &ClaimValues<'_>) -> Vec<Value> {
     vec![
         text(claim.status.as_str()),
-        opt_text(claim.fingerprint),
+        Value::from(claim.fingerprint.map(|bytes| bytes.to_vec())),
         Value::from(claim.attempts),
-        text(claim.claim_token),
+        Value::from(claim.claim_token),
         Value::from(claim.created_at),
         Value::from(claim.claimed_at),
         Value::from(claim.lease_until),

@@ -67,25 +67,32 @@ impl std::fmt::Display for TableName {
 ///
 /// Keys are compared byte for byte on every backend: MySQL/MariaDB store them as `VARBINARY`,
 /// because their default collations would make `"A"` equal `"a"` and `"a"` equal `"a "`.
-/// Timestamps are milliseconds since the Unix epoch (`BIGINT`).
+/// Timestamps are milliseconds since the Unix epoch (`BIGINT`); fingerprints are the 32 bytes of
+/// a SHA-256 hash.
 pub fn create_table_statements(backend: DbBackend, table: &TableName) -> Vec<String> {
     let name = table.quoted(backend);
     let index = match backend {
         DbBackend::MySql => format!("`{}_expires_at`", table.as_str()),
         _ => format!("\"{}_expires_at\"", table.as_str()),
     };
-    let (key_type, consumer_type, output_type) = match backend {
-        DbBackend::MySql => ("VARBINARY(255)", "VARBINARY(128)", "MEDIUMTEXT"),
-        _ => ("VARCHAR(255)", "VARCHAR(128)", "TEXT"),
+    let (key_type, consumer_type, output_type, hash_type) = match backend {
+        DbBackend::MySql => (
+            "VARBINARY(255)",
+            "VARBINARY(128)",
+            "MEDIUMTEXT",
+            "BINARY(32)",
+        ),
+        DbBackend::Postgres => ("VARCHAR(255)", "VARCHAR(128)", "TEXT", "BYTEA"),
+        _ => ("VARCHAR(255)", "VARCHAR(128)", "TEXT", "BLOB"),
     };
     let columns = format!(
         "consumer {consumer_type} NOT NULL, \
          message_key {key_type} NOT NULL, \
          status VARCHAR(16) NOT NULL, \
-         fingerprint CHAR(64) NULL, \
+         fingerprint {hash_type} NULL, \
          output {output_type} NULL, \
          attempts BIGINT NOT NULL, \
-         claim_token CHAR(32) NOT NULL, \
+         claim_token BIGINT NOT NULL, \
          created_at BIGINT NOT NULL, \
          claimed_at BIGINT NOT NULL, \
          lease_until BIGINT NULL, \

@@ -1,0 +1,325 @@
+//! Per-message throughput through RabbitMQ and PostgreSQL with 10 % duplicates: idem's consumer
+//! against the same work written by hand with lapin and SQL (per delivery: one transaction with a
+//! conditional insert into an inbox table and, if the key was new, one business insert; then the
+//! ack), at the same prefetch and concurrency.
+//!
+//! Run: `cargo bench -p idem-tests --bench rabbitmq [-- --messages 3000 --rounds 3
+//! --concurrency 1 --prefetch 50 --json]`. Messages are published (durable queue, persistent
+//! messages) before each timed run; the time is from starting the consumer to the last
+//! settlement.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use idem_rabbitmq::lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use idem_rabbitmq::lapin::types::FieldTable;
+use idem_rabbitmq::lapin::{Connection, ConnectionProperties};
+use idem_rabbitmq::{Consumer, PublishOptions, QueueTopology};
+use idem_runtime::{
+    Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
+};
+use idem_tests::db::statement;
+use idem_tests::rabbit::amqp_url;
+use idem_tests::{Backend, TestBroker, TestDb};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionTrait};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Order {
+    id: String,
+    amount: i64,
+}
+
+/// idem's side: the business insert, through the inbox's transaction.
+struct Charge {
+    table: String,
+}
+
+impl Handler for Charge {
+    type Message = Order;
+    type Output = ();
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        "bench"
+    }
+    fn key(&self, _: &Order, meta: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(meta.message_id().ok_or(KeyError::Missing("message id"))?)
+    }
+    fn fingerprint(&self, order: &Order) -> Result<Option<Fingerprint>, FingerprintError> {
+        Fingerprint::of(order).map(Some)
+    }
+    async fn handle(&self, cx: &Context<'_>, order: Order) -> Result<(), DbErr> {
+        insert_charge(cx.transaction().expect("transactional"), &self.table, order).await
+    }
+}
+
+async fn insert_charge(
+    conn: &impl ConnectionTrait,
+    table: &str,
+    order: Order,
+) -> Result<(), DbErr> {
+    let sql = format!("INSERT INTO {table} (order_id, amount) VALUES (?, ?)");
+    conn.execute_raw(statement(
+        conn.get_database_backend(),
+        &sql,
+        vec![order.id.into(), order.amount.into()],
+    ))
+    .await
+    .map(|_| ())
+}
+
+/// The hand-written side: decode, claim the message id, insert if new, commit, ack.
+async fn hand_written_delivery(
+    db: &DatabaseConnection,
+    inbox_table: &str,
+    table: &str,
+    delivery: idem_rabbitmq::lapin::message::Delivery,
+) {
+    let order: Order = serde_json::from_slice(&delivery.data).expect("json");
+    let id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .expect("message id")
+        .to_string();
+    let tx = db.begin().await.unwrap();
+    let claim = format!(
+        "INSERT INTO {inbox_table} (consumer, message_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
+    );
+    let fresh = tx
+        .execute_raw(statement(
+            tx.get_database_backend(),
+            &claim,
+            vec!["bench".into(), id.into()],
+        ))
+        .await
+        .unwrap()
+        .rows_affected()
+        == 1;
+    if fresh {
+        insert_charge(&tx, table, order).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    delivery
+        .acker
+        .ack(BasicAckOptions::default())
+        .await
+        .unwrap();
+}
+
+struct Args {
+    messages: usize,
+    rounds: usize,
+    concurrency: usize,
+    prefetch: u16,
+    json: bool,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        messages: 3000,
+        rounds: 3,
+        concurrency: 1,
+        prefetch: 50,
+        json: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().and_then(|v| v.parse::<usize>().ok());
+        match arg.as_str() {
+            "--json" => args.json = true,
+            "--messages" => args.messages = value().unwrap_or(args.messages),
+            "--rounds" => args.rounds = value().unwrap_or(args.rounds),
+            "--concurrency" => args.concurrency = value().unwrap_or(args.concurrency).max(1),
+            "--prefetch" => {
+                args.prefetch = value().map_or(args.prefetch, |v| v.clamp(1, 65535) as u16)
+            }
+            _ => {} // `cargo bench` passes `--bench`
+        }
+    }
+    args
+}
+
+/// Publishes `n` orders to `queue`, every tenth a copy of an earlier one (same message id).
+async fn publish(broker: &TestBroker, queue: &str, n: usize, round: usize) {
+    for i in 0..n {
+        let id = if i % 10 == 9 { i - 5 } else { i };
+        let order = Order {
+            id: format!("r{round}-o{id}"),
+            amount: id as i64,
+        };
+        broker
+            .send(
+                queue,
+                &order,
+                PublishOptions::default().message_id(order.id.as_str()),
+            )
+            .await;
+    }
+}
+
+async fn wait_until(settled: impl Fn() -> u64, target: u64) {
+    while settled() < target {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn idem_round(inbox: &Inbox, topology: &QueueTopology, table: &str, args: &Args) -> f64 {
+    let start = Instant::now();
+    let consumer = Consumer::builder(amqp_url(), inbox.clone())
+        .prefetch(args.prefetch)
+        .max_in_flight(args.concurrency)
+        .bind(
+            topology.clone(),
+            Charge {
+                table: table.to_owned(),
+            },
+        )
+        .start()
+        .await
+        .unwrap();
+    wait_until(
+        || {
+            let stats = consumer.stats();
+            stats.acked + stats.duplicates
+        },
+        args.messages as u64,
+    )
+    .await;
+    let rate = args.messages as f64 / start.elapsed().as_secs_f64();
+    consumer.shutdown().await;
+    rate
+}
+
+async fn hand_round(
+    db: &DatabaseConnection,
+    queue: &str,
+    inbox_table: &str,
+    table: &str,
+    args: &Args,
+) -> f64 {
+    let start = Instant::now();
+    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .basic_qos(args.prefetch, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let done = Arc::new(AtomicU64::new(0));
+    let permits = Arc::new(Semaphore::new(args.concurrency));
+    for _ in 0..args.messages {
+        let permit = Arc::clone(&permits).acquire_owned().await.unwrap();
+        let delivery = consumer.next().await.unwrap().unwrap();
+        let (db, inbox_table, table, done) = (
+            db.clone(),
+            inbox_table.to_owned(),
+            table.to_owned(),
+            done.clone(),
+        );
+        tokio::spawn(async move {
+            hand_written_delivery(&db, &inbox_table, &table, delivery).await;
+            done.fetch_add(1, Ordering::SeqCst);
+            drop(permit);
+        });
+    }
+    wait_until(|| done.load(Ordering::SeqCst), args.messages as u64).await;
+    let rate = args.messages as f64 / start.elapsed().as_secs_f64();
+    let _ = connection.close(200, "done".into()).await;
+    rate
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let args = parse_args();
+    let broker = TestBroker::connect().await;
+    let db = TestDb::connect_with_pool(Backend::Postgres, 8).await;
+    let charges = db.table("charges");
+    let hand_inbox = db.table("hand_inbox");
+    db.exec(&format!(
+        "CREATE TABLE {charges} (order_id VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)"
+    ))
+    .await;
+    db.exec(&format!(
+        "CREATE TABLE {hand_inbox} (consumer VARCHAR(128) NOT NULL, message_key VARCHAR(255) NOT NULL, PRIMARY KEY (consumer, message_key))"
+    ))
+    .await;
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .unwrap();
+    let idem_topology = broker.classic_queue();
+    let hand_topology = broker.classic_queue();
+    // Declares both queues.
+    let setup = Consumer::builder(amqp_url(), inbox.clone())
+        .bind(
+            idem_topology.clone(),
+            Charge {
+                table: charges.clone(),
+            },
+        )
+        .bind(
+            hand_topology.clone(),
+            Charge {
+                table: charges.clone(),
+            },
+        )
+        .start()
+        .await
+        .unwrap();
+    setup.shutdown().await;
+
+    let (mut idem, mut hand) = (Vec::new(), Vec::new());
+    // Round 0 warms up and is not counted.
+    for round in 0..=args.rounds {
+        publish(&broker, idem_topology.queue(), args.messages, round * 2).await;
+        let idem_rate = idem_round(&inbox, &idem_topology, &charges, &args).await;
+        publish(&broker, hand_topology.queue(), args.messages, round * 2 + 1).await;
+        let hand_rate =
+            hand_round(&db.db, hand_topology.queue(), &hand_inbox, &charges, &args).await;
+        if round > 0 {
+            idem.push(idem_rate);
+            hand.push(hand_rate);
+        }
+    }
+    let expected = (args.messages - args.messages / 10) * (args.rounds + 1) * 2;
+    assert_eq!(
+        db.count(&charges, "1=1").await as usize,
+        expected,
+        "one charge per distinct order"
+    );
+    let (idem, hand) = (median(idem), median(hand));
+    let ratio = idem / hand;
+    if args.json {
+        println!(
+            "{{\"bench\":\"rabbitmq-postgres\",\"messages\":{},\"rounds\":{},\"concurrency\":{},\"prefetch\":{},\"duplicates\":0.1,\"idem_msgs_per_s\":{idem:.1},\"hand_written_msgs_per_s\":{hand:.1},\"ratio\":{ratio:.3}}}",
+            args.messages, args.rounds, args.concurrency, args.prefetch
+        );
+    } else {
+        println!(
+            "RabbitMQ + PostgreSQL: idem {idem:.0} msg/s, hand-written {hand:.0} msg/s, ratio {ratio:.3} \
+             ({} messages x {} rounds, concurrency {}, prefetch {}, 10% duplicates, median)",
+            args.messages, args.rounds, args.concurrency, args.prefetch
+        );
+    }
+}
