@@ -74,6 +74,17 @@ pub enum ConfigError {
     /// A duration or count that must be positive is zero.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    /// The inbox table exists but does not have the schema this version uses (it was created by
+    /// another version, or changed by hand).
+    #[error(
+        "the inbox table {table} does not have the expected schema ({detail}); see idem_runtime::create_table_statements"
+    )]
+    SchemaMismatch {
+        /// The table.
+        table: String,
+        /// What the check found.
+        detail: String,
+    },
     /// The database connection's backend is not compiled in or not supported.
     #[error("unsupported database backend: {0}")]
     UnsupportedBackend(String),

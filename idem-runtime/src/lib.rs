@@ -89,7 +89,7 @@
 //! | `postgres` | no | PostgreSQL |
 //! | `mysql` | no | MySQL and MariaDB |
 //! | `tls-rustls` | no | TLS to the database |
-//! | `migration` | no | [`migration::CreateInbox`] for `sea-orm-migration` |
+//! | `migration` | no | `migration::CreateInbox` for `sea-orm-migration` |
 //!
 //! # Backends
 //!

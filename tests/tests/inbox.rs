@@ -11,6 +11,7 @@ use idem_runtime::{
     Settle, Status,
 };
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
+use sea_orm::ConnectionTrait;
 
 on_each_backend!(
     fresh_then_duplicate_returns_the_stored_output,
@@ -30,6 +31,7 @@ on_each_backend!(
     bad_input_gets_its_own_error,
     table_creation_is_idempotent_and_migration_creates_the_same_table,
     retention_shorter_than_the_redelivery_window_is_refused,
+    a_table_with_another_schema_is_refused_at_start_up,
 );
 
 /// An inbox on a fresh table, with a fresh effects table.
@@ -629,4 +631,60 @@ async fn retention_shorter_than_the_redelivery_window_is_refused(backend: Backen
         inbox.check_handler(&handler),
         Err(Error::Config(ConfigError::RetentionTooShort { .. }))
     ));
+}
+
+async fn a_table_with_another_schema_is_refused_at_start_up(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    // A column missing.
+    let missing = db.table("inbox");
+    db.exec(&format!(
+        "CREATE TABLE {missing} (consumer VARCHAR(128) NOT NULL, message_key VARCHAR(255) NOT NULL, \
+         PRIMARY KEY (consumer, message_key))"
+    ))
+    .await;
+    let err = Inbox::builder(db.db.clone())
+        .table(missing)
+        .create_table(false)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ConfigError::SchemaMismatch { .. })),
+        "{err:?}"
+    );
+
+    // A fingerprint column too narrow for 32 bytes (SQLite does not enforce column types).
+    if backend != Backend::Sqlite {
+        let narrow = db.table("inbox");
+        let statements = idem_runtime::create_table_statements(
+            db.db.get_database_backend(),
+            &idem_runtime::TableName::new(narrow.clone()).unwrap(),
+        );
+        let binary = if backend == Backend::Postgres {
+            "BYTEA"
+        } else {
+            "BINARY(32)"
+        };
+        db.exec(&statements[0].replace(binary, "CHAR(8)")).await;
+        let err = Inbox::builder(db.db.clone())
+            .table(narrow)
+            .create_table(false)
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Config(ConfigError::SchemaMismatch { .. })),
+            "{err:?}"
+        );
+    }
+
+    // Without the table and without creating it: refused too, by name.
+    let absent = unique("absent");
+    let err = Inbox::builder(db.db.clone())
+        .table(absent.clone())
+        .create_table(false)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(&absent), "{err}");
 }

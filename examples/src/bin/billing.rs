@@ -101,20 +101,28 @@ async fn run_demo(
     let plan = orders::publish_demo(&publisher, count).await?;
     publisher.close().await;
 
+    // Done when every valid order of this run is invoiced and as many deliveries as this run
+    // published are settled (messages left on the queue by an earlier run may be among them).
+    let expected = (plan.orders - plan.invalid) as i64;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
+    let invoices = loop {
+        let invoices = billing::count_invoices(db, &plan.run).await?;
         let now = consumer.stats();
         let settled = (now.acked + now.duplicates + now.dead_lettered)
             - (before.acked + before.duplicates + before.dead_lettered);
-        if settled >= plan.deliveries as u64 {
-            break;
+        if invoices >= expected && settled >= plan.deliveries as u64 {
+            break invoices;
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(format!("only {settled} of {} deliveries settled", plan.deliveries).into());
+            return Err(format!(
+                "after 120 s, {invoices} of {expected} orders are invoiced and {settled} of {} \
+                 deliveries settled",
+                plan.deliveries
+            )
+            .into());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let invoices = billing::count_invoices(db, &plan.run).await?;
+    };
     let stats = consumer.stats();
     print_summary(
         &plan,
@@ -122,7 +130,6 @@ async fn run_demo(
         stats.duplicates - before.duplicates,
         stats.dead_lettered - before.dead_lettered,
     );
-    let expected = (plan.orders - plan.invalid) as i64;
     if invoices != expected {
         return Err(format!("expected {expected} invoices, found {invoices}").into());
     }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use sea_orm::{DatabaseConnection, DbBackend};
+use sea_orm::{DatabaseConnection, DbBackend, DbErr};
 
 use super::{DEFAULT_MAX_ATTEMPTS, Inbox, Inner};
 use crate::error::{ConfigError, Error, Result};
@@ -81,7 +81,8 @@ impl InboxBuilder {
         self
     }
 
-    /// Validates the configuration, creates the table if asked, and returns the inbox.
+    /// Validates the configuration, creates the table if asked, checks that the table has the
+    /// schema this version uses, and returns the inbox.
     pub async fn build(self) -> Result<Inbox> {
         let table = TableName::new(self.table)?;
         match &self.window {
@@ -108,6 +109,17 @@ impl InboxBuilder {
                 .await
                 .map_err(Error::Database)?;
         }
+        store
+            .check_schema(&self.db)
+            .await
+            .map_err(|error| match error {
+                DbErr::Conn(_) | DbErr::ConnectionAcquire(_) => Error::Database(error),
+                _ => ConfigError::SchemaMismatch {
+                    table: store.table().to_string(),
+                    detail: error.to_string(),
+                }
+                .into(),
+            })?;
         Ok(Inbox {
             inner: Arc::new(Inner {
                 db: self.db,

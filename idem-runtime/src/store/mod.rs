@@ -4,9 +4,11 @@
 mod statements;
 pub(crate) mod table;
 
-use sea_orm::{ConnectionTrait, DbBackend, DbErr, Statement, Value};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, TransactionTrait, Value,
+};
 
-use crate::key::InboxKey;
+use crate::key::{ConsumerName, InboxKey, MessageKey};
 use statements::Statements;
 use table::TableName;
 
@@ -113,6 +115,50 @@ impl Store {
             conn.execute_unprepared(&sql).await?;
         }
         Ok(())
+    }
+
+    /// Checks that the table has the schema this version writes and reads: inserts a record with
+    /// the widest values a claim can have and reads it back, in a transaction that is rolled
+    /// back. A table created by another version fails here, at start-up, instead of failing
+    /// every message.
+    pub(crate) async fn check_schema(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
+        let tx = db.begin().await?;
+        let key = InboxKey {
+            consumer: ConsumerName::new("c".repeat(ConsumerName::MAX_LEN)).expect("valid"),
+            message_key: MessageKey::new("k".repeat(MessageKey::MAX_LEN)).expect("valid"),
+        };
+        let fingerprint = [0xab; 32];
+        let claim = ClaimValues {
+            status: Status::InProgress,
+            fingerprint: Some(&fingerprint),
+            attempts: i64::from(u32::MAX),
+            claim_token: i64::MIN,
+            created_at: i64::MAX,
+            claimed_at: i64::MAX,
+            lease_until: Some(i64::MAX),
+            completed_at: Some(i64::MAX),
+            expires_at: i64::MAX,
+        };
+        let [consumer, message_key] = Self::key_values(&key);
+        let mut values = vec![consumer, message_key];
+        values.extend(claim_values(&claim));
+        tx.execute_raw(self.statement(&self.sql.insert_probe, values))
+            .await?;
+        self.set_output(&tx, &key, "{}").await?;
+        let row = self.find(&tx, &key).await?;
+        tx.rollback().await?;
+        match row {
+            Some(row)
+                if row.fingerprint.as_deref() == Some(&fingerprint[..])
+                    && row.claim_token == i64::MIN
+                    && row.output.as_deref() == Some("{}") =>
+            {
+                Ok(())
+            }
+            other => Err(DbErr::Custom(format!(
+                "a probe record did not read back as written: {other:?}"
+            ))),
+        }
     }
 
     /// Inserts a claim unless a record exists; `true` when this call inserted it. The

@@ -24,6 +24,7 @@ const KEY: &str = "consumer = ? AND message_key = ?";
 pub(super) struct Statements {
     backend: DbBackend,
     pub(super) insert_claim: String,
+    pub(super) insert_probe: String,
     pub(super) select: String,
     pub(super) take_over: String,
     pub(super) set_output: String,
@@ -49,6 +50,9 @@ impl Statements {
                  ON CONFLICT (consumer, message_key) DO NOTHING"
             ),
         };
+        // A plain insert: MySQL's `INSERT IGNORE` would turn a value that does not fit the
+        // column into a warning and store it truncated.
+        let insert_probe = format!("INSERT INTO {t} ({insert_columns}) VALUES ({insert_values})");
         // A locking read on MySQL/MariaDB sees the latest committed row even inside a
         // REPEATABLE READ transaction; PostgreSQL and SQLite read it anyway.
         let lock = if backend == DbBackend::MySql {
@@ -90,6 +94,7 @@ impl Statements {
         let mut statements = Self {
             backend,
             insert_claim,
+            insert_probe,
             select,
             take_over,
             set_output,
@@ -108,6 +113,7 @@ impl Statements {
     fn number_placeholders(&mut self) {
         for sql in [
             &mut self.insert_claim,
+            &mut self.insert_probe,
             &mut self.select,
             &mut self.take_over,
             &mut self.set_output,
