@@ -9,21 +9,22 @@
 //!
 //! ```no_run
 //! use idem_rabbitmq::{Consumer, PublishOptions, Publisher, QueueTopology};
-//! use idem_runtime::{Inbox, idempotent, sea_orm::DatabaseTransaction};
+//! use idem_runtime::sea_orm::{Database, DatabaseTransaction, DbErr};
+//! use idem_runtime::{Inbox, idempotent};
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[derive(Serialize, Deserialize)]
 //! struct OrderPlaced { id: String, amount: i64 }
 //!
 //! #[idempotent(key = order.id, consumer = "billing")]
-//! async fn charge(tx: &DatabaseTransaction, order: OrderPlaced) -> Result<i64, sea_orm::DbErr> {
+//! async fn charge(tx: &DatabaseTransaction, order: OrderPlaced) -> Result<i64, DbErr> {
 //!     // write the charge through `tx`
 //!     Ok(order.amount)
 //! }
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
-//! let db = sea_orm::Database::connect("sqlite://billing.db?mode=rwc").await?;
+//! let db = Database::connect("sqlite://billing.db?mode=rwc").await?;
 //! let inbox = Inbox::builder(db).build().await?;
 //! let topology = QueueTopology::quorum("billing.orders").delivery_limit(20);
 //! let consumer = Consumer::builder(url, inbox).bind(topology, charge_handler()).start().await?;
