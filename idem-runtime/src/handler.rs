@@ -70,14 +70,38 @@ impl<T> Outcome<T> {
 /// What a handler learns about the message it is processing.
 #[derive(Debug)]
 pub struct Context<'a> {
-    pub(crate) message_key: &'a MessageKey,
-    pub(crate) metadata: &'a Metadata,
-    pub(crate) transaction: Option<&'a DatabaseTransaction>,
-    pub(crate) attempt: u32,
-    pub(crate) previous_claim_at: Option<SystemTime>,
+    message_key: &'a MessageKey,
+    metadata: &'a Metadata,
+    transaction: Option<&'a DatabaseTransaction>,
+    attempt: u32,
+    previous_claim_at: Option<SystemTime>,
 }
 
 impl<'a> Context<'a> {
+    /// A context for running a handler without the inbox, as a unit test does: a first
+    /// attempt, with the given transaction (transactional handlers) or none (two-phase).
+    pub fn new(
+        message_key: &'a MessageKey,
+        metadata: &'a Metadata,
+        transaction: Option<&'a DatabaseTransaction>,
+    ) -> Self {
+        Self {
+            message_key,
+            metadata,
+            transaction,
+            attempt: 1,
+            previous_claim_at: None,
+        }
+    }
+
+    /// The same context as the `attempt`-th claim, after a takeover of a claim that started at
+    /// `previous_claim_at`: to test a handler's reconciliation path.
+    pub fn with_attempt(mut self, attempt: u32, previous_claim_at: Option<SystemTime>) -> Self {
+        self.attempt = attempt;
+        self.previous_claim_at = previous_claim_at;
+        self
+    }
+
     /// The message's key: pass it downstream as that service's idempotency key.
     pub fn message_key(&self) -> &'a MessageKey {
         self.message_key

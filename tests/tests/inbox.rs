@@ -11,7 +11,6 @@ use idem_runtime::{
     Settle, Status,
 };
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
-use sea_orm::ConnectionTrait;
 
 on_each_backend!(
     fresh_then_duplicate_returns_the_stored_output,

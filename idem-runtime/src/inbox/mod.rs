@@ -158,13 +158,8 @@ impl Inbox {
                 ..
             } => (attempt, previous_claim_at),
         };
-        let cx = Context {
-            message_key: &request.key.message_key,
-            metadata,
-            transaction: Some(&tx),
-            attempt,
-            previous_claim_at: previous_claim_at.map(from_epoch_ms),
-        };
+        let cx = Context::new(&request.key.message_key, metadata, Some(&tx))
+            .with_attempt(attempt, previous_claim_at.map(from_epoch_ms));
         let output = run(handler, &cx, message).await?;
         let json = serde_json::to_string(&output).map_err(Error::OutputNotStorable)?;
         if json != "null" {
@@ -194,13 +189,8 @@ impl Inbox {
                 previous_claim_at,
             } => (token, attempt, previous_claim_at),
         };
-        let cx = Context {
-            message_key: &request.key.message_key,
-            metadata,
-            transaction: None,
-            attempt,
-            previous_claim_at: previous_claim_at.map(from_epoch_ms),
-        };
+        let cx = Context::new(&request.key.message_key, metadata, None)
+            .with_attempt(attempt, previous_claim_at.map(from_epoch_ms));
         let stored = run(handler, &cx, message).await.and_then(|output| {
             let json = serde_json::to_string(&output).map_err(Error::OutputNotStorable)?;
             Ok((output, json))
