@@ -738,3 +738,215 @@ async fn wrong_credentials_fail_start_without_showing_the_password() {
     assert!(!shown.contains("hunter2-secret"), "{shown}");
     assert!(shown.contains("guest:***@127.0.0.1"), "{shown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn existing_topology_and_a_second_binding_in_one_consumer() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    // The application's own topology: a queue whose dead-letter exchange is named its way.
+    let own = broker.track(
+        QueueTopology::classic(unique("idem_own"))
+            .dead_letter(unique("idem_own_dlx"), unique("idem_own_dlq")),
+    );
+    let channel = broker_channel().await;
+    own.declare(&channel).await.unwrap();
+    let (own_queue, own_dlq) = (own.queue().to_owned(), own.dead_letter_queue().to_owned());
+    let declared_by_idem = broker.classic_queue();
+    let idem_queue = declared_by_idem.queue().to_owned();
+
+    // idem does not declare an existing topology: a queue that is not there fails the start.
+    let missing = builder(&inbox, &unique("idem-test"))
+        .bind(
+            QueueTopology::existing(unique("idem_absent"), "amq.fanout"),
+            Recorder::new(&db, &effects, "a"),
+        )
+        .start()
+        .await
+        .unwrap_err();
+    assert!(missing.to_string().contains("basic.consume"), "{missing}");
+
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .bind(
+            QueueTopology::existing(&own_queue, own.dead_letter_exchange()),
+            Recorder::new(&db, &effects, "own"),
+        )
+        .bind(declared_by_idem, Recorder::new(&db, &effects, "declared"))
+        .start()
+        .await
+        .unwrap();
+    broker
+        .send(&own_queue, &Msg::new("o-1", "x"), PublishOptions::default())
+        .await;
+    broker
+        .send(
+            &idem_queue,
+            &Msg::new("o-1", "x"),
+            PublishOptions::default(),
+        )
+        .await;
+    broker
+        .send_bytes(&own_queue, b"{", PublishOptions::default())
+        .await;
+    broker
+        .eventually("both queues consumed", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked == 2 && stats.dead_lettered == 1
+        })
+        .await;
+    assert_eq!(db.count(&effects, "consumer = 'own'").await, 1);
+    assert_eq!(db.count(&effects, "consumer = 'declared'").await, 1);
+    let letters = broker.drain(&own_dlq).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].reason(), "undecodable");
+    consumer.shutdown().await;
+}
+
+async fn broker_channel() -> idem_rabbitmq::lapin::Channel {
+    let connection = idem_rabbitmq::connect(&amqp_url().into(), "idem-test setup")
+        .await
+        .unwrap();
+    connection.create_channel().await.unwrap()
+}
+
+/// Messages as `id|body` text.
+#[derive(Debug, Clone, Copy)]
+struct PipeText;
+
+impl idem_rabbitmq::Codec for PipeText {
+    fn decode<M: serde::de::DeserializeOwned>(
+        &self,
+        content_type: Option<&str>,
+        payload: &[u8],
+    ) -> Result<M, idem_rabbitmq::DecodeError> {
+        if content_type != Some("text/plain") {
+            return Err(idem_rabbitmq::DecodeError::UnsupportedContentType(
+                content_type.unwrap_or_default().to_owned(),
+            ));
+        }
+        let text = std::str::from_utf8(payload)
+            .map_err(|e| idem_rabbitmq::DecodeError::Malformed(e.to_string()))?;
+        let (id, body) = text
+            .split_once('|')
+            .ok_or_else(|| idem_rabbitmq::DecodeError::Malformed("no `|`".into()))?;
+        serde_json::from_value(serde_json::json!({ "id": id, "body": body }))
+            .map_err(|e| idem_rabbitmq::DecodeError::Malformed(e.to_string()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_swapped_codec_decodes_payloads() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    let binding = idem_rabbitmq::Binding::new(topology, Recorder::new(&db, &effects, "text"))
+        .with_codec(PipeText);
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .bind_with(binding)
+        .start()
+        .await
+        .unwrap();
+    let text = PublishOptions::default().content_type("text/plain");
+    broker.send_bytes(&queue, b"o-1|hello", text.clone()).await;
+    broker.send_bytes(&queue, b"o-1|hello", text.clone()).await;
+    broker.send_bytes(&queue, b"no separator", text).await;
+    broker
+        .send(&queue, &Msg::new("o-2", "json"), PublishOptions::default())
+        .await;
+    broker
+        .eventually("four settled", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.duplicates + stats.dead_lettered == 4
+        })
+        .await;
+    let stats = consumer.stats();
+    assert_eq!(
+        (stats.acked, stats.duplicates, stats.dead_lettered),
+        (1, 1, 2)
+    );
+    assert_eq!(db.count(&effects, "body = 'hello'").await, 1);
+    let mut reasons: Vec<String> = broker
+        .drain(&dlq)
+        .await
+        .iter()
+        .map(|letter| letter.headers[headers::DETAIL].clone())
+        .collect();
+    reasons.sort();
+    assert!(
+        reasons[0].contains("malformed payload: no `|`"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].contains("unsupported content type \"application/json\""),
+        "{reasons:?}"
+    );
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_publish_is_retried_with_the_same_message_id() {
+    use idem_rabbitmq::lapin::options::{QueueDeclareOptions, QueuePurgeOptions};
+    use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+
+    let broker = TestBroker::connect().await;
+    let channel = broker_channel().await;
+    // A queue that holds one message and refuses (nacks) publishes beyond it.
+    let queue = unique("idem_full");
+    broker.track(QueueTopology::classic(queue.clone()));
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), options, arguments)
+        .await
+        .unwrap();
+    broker
+        .send(&queue, &Msg::new("blocker", "x"), PublishOptions::default())
+        .await;
+
+    let publisher = idem_rabbitmq::Publisher::connect(amqp_url().as_str())
+        .await
+        .unwrap()
+        .with_max_attempts(3);
+    let refused = publisher
+        .publish("", &queue, &Msg::new("o-1", "x"), with_id("m-1"))
+        .await;
+    assert!(
+        matches!(&refused, Err(idem_rabbitmq::Error::NotConfirmed { attempts: 3, last, .. }) if last.contains("refused")),
+        "{refused:?}"
+    );
+
+    // Room appears while the publisher is retrying: a later attempt is confirmed, with the id
+    // the caller gave.
+    let purge = {
+        let channel = channel.clone();
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            channel
+                .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+                .await
+                .unwrap();
+        })
+    };
+    let accepted = publisher
+        .publish("", &queue, &Msg::new("o-2", "x"), with_id("m-2"))
+        .await
+        .expect("confirmed after a retry");
+    purge.await.unwrap();
+    assert_eq!(accepted, "m-2");
+    let stored = broker.drain(&queue).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].message_id.as_deref(), Some("m-2"));
+    publisher.close().await;
+}

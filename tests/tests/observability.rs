@@ -1,0 +1,180 @@
+//! Metrics through the `metrics` facade: a counter per outcome for the inbox, per settlement for
+//! the RabbitMQ consumer, and the cleaner's deletions. This binary installs a global recorder,
+//! so it holds these tests alone.
+//!
+//! Run: `cargo test -p idem-tests --test observability` with PostgreSQL and RabbitMQ up.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use idem_rabbitmq::{Consumer, PublishOptions};
+use idem_runtime::{Inbox, Metadata, RetentionPolicy};
+use idem_tests::rabbit::amqp_url;
+use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, unique};
+use metrics::{
+    Counter, Gauge, Histogram, Key, KeyName, Metadata as MetricMetadata, SharedString, Unit,
+};
+
+/// Counters by name and sorted labels.
+#[derive(Debug, Default)]
+struct Counters(Mutex<BTreeMap<String, Arc<AtomicU64>>>);
+
+struct Cell(Arc<AtomicU64>);
+
+impl metrics::CounterFn for Cell {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::SeqCst);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.fetch_max(value, Ordering::SeqCst);
+    }
+}
+
+fn label(key: &Key) -> String {
+    let mut labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    labels.sort();
+    format!("{}{{{}}}", key.name(), labels.join(","))
+}
+
+impl metrics::Recorder for Counters {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &MetricMetadata<'_>) -> Counter {
+        let cell = self
+            .0
+            .lock()
+            .unwrap()
+            .entry(label(key))
+            .or_default()
+            .clone();
+        Counter::from_arc(Arc::new(Cell(cell)))
+    }
+    fn register_gauge(&self, _: &Key, _: &MetricMetadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, _: &Key, _: &MetricMetadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+fn counters() -> &'static Counters {
+    static COUNTERS: OnceLock<&'static Counters> = OnceLock::new();
+    COUNTERS.get_or_init(|| {
+        let counters: &'static Counters = Box::leak(Box::default());
+        metrics::set_global_recorder(counters).expect("the only recorder");
+        counters
+    })
+}
+
+fn count(name_and_labels: &str) -> u64 {
+    counters()
+        .0
+        .lock()
+        .unwrap()
+        .get(name_and_labels)
+        .map_or(0, |cell| cell.load(Ordering::SeqCst))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outcomes_settlements_and_cleanup_are_counted() {
+    counters();
+    let db = TestDb::connect(Backend::Postgres).await;
+    let table = db.table("inbox");
+    let inbox = Inbox::builder(db.db.clone())
+        .table(table.clone())
+        .retention(RetentionPolicy::default().with_consumer("short", Duration::from_millis(1)))
+        .build()
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    let consumer = unique("observed");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    let meta = Metadata::default();
+
+    inbox
+        .process(&handler, Msg::new("a", "1"), &meta)
+        .await
+        .unwrap();
+    inbox
+        .process(&handler, Msg::new("a", "1"), &meta)
+        .await
+        .unwrap();
+    inbox
+        .process(&handler, Msg::new("a", "2"), &meta)
+        .await
+        .unwrap_err();
+    inbox
+        .process(&handler, Msg::new("", "1"), &meta)
+        .await
+        .unwrap_err();
+    let outcome = |outcome: &str| {
+        count(&format!(
+            "idem_messages_total{{consumer={consumer},outcome={outcome}}}"
+        ))
+    };
+    assert_eq!(outcome("processed"), 1);
+    assert_eq!(outcome("duplicate"), 1);
+    assert_eq!(outcome("fingerprint-mismatch"), 1);
+    assert_eq!(outcome("invalid-key"), 1);
+
+    // The cleaner reports what it deleted.
+    let short = Recorder::new(&db, &effects, "short");
+    for id in ["x", "y", "z"] {
+        inbox
+            .process(&short, Msg::new(id, "1"), &meta)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(inbox.cleaner().run_once().await.unwrap().deleted, 3);
+    assert_eq!(
+        count(&format!("idem_cleanup_deleted_total{{table={table}}}")),
+        3
+    );
+
+    // The consumer counts settlements per queue.
+    let broker = TestBroker::connect().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let running = Consumer::builder(amqp_url(), inbox.clone())
+        .bind(topology, handler.clone())
+        .start()
+        .await
+        .unwrap();
+    broker
+        .send(&queue, &Msg::new("b", "1"), PublishOptions::default())
+        .await;
+    broker
+        .send(&queue, &Msg::new("b", "1"), PublishOptions::default())
+        .await;
+    broker
+        .send_bytes(&queue, b"not json", PublishOptions::default())
+        .await;
+    let settle = |settle: &str| {
+        count(&format!(
+            "idem_rabbitmq_deliveries_total{{queue={queue},settle={settle}}}"
+        ))
+    };
+    broker
+        .eventually(
+            "three settlements counted",
+            Duration::from_secs(30),
+            || async { settle("acked") + settle("duplicate") + settle("dead-lettered") == 3 },
+        )
+        .await;
+    assert_eq!(
+        (
+            settle("acked"),
+            settle("duplicate"),
+            settle("dead-lettered")
+        ),
+        (1, 1, 1)
+    );
+    running.shutdown().await;
+}
