@@ -17,66 +17,18 @@ use idem_rabbitmq::lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQ
 use idem_rabbitmq::lapin::types::FieldTable;
 use idem_rabbitmq::lapin::{Connection, ConnectionProperties};
 use idem_rabbitmq::{Consumer, PublishOptions, QueueTopology};
-use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
-};
-use idem_tests::db::statement;
+use idem_runtime::Inbox;
+use idem_tests::bench::{Charge, Order, Rates, Tables, hand_written, orders};
 use idem_tests::rabbit::amqp_url;
 use idem_tests::{Backend, TestBroker, TestDb};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionTrait};
-use serde::{Deserialize, Serialize};
+use sea_orm::DatabaseConnection;
 use tokio::sync::Semaphore;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Order {
-    id: String,
-    amount: i64,
-}
-
-/// idem's side: the business insert, through the inbox's transaction.
-struct Charge {
-    table: String,
-}
-
-impl Handler for Charge {
-    type Message = Order;
-    type Output = ();
-    type Error = DbErr;
-
-    fn consumer(&self) -> &str {
-        "bench"
-    }
-    fn key(&self, _: &Order, meta: &Metadata) -> Result<MessageKey, KeyError> {
-        MessageKey::new(meta.message_id().ok_or(KeyError::Missing("message id"))?)
-    }
-    fn fingerprint(&self, order: &Order) -> Result<Option<Fingerprint>, FingerprintError> {
-        Fingerprint::of(order).map(Some)
-    }
-    async fn handle(&self, cx: &Context<'_>, order: Order) -> Result<(), DbErr> {
-        insert_charge(cx.transaction().expect("transactional"), &self.table, order).await
-    }
-}
-
-async fn insert_charge(
-    conn: &impl ConnectionTrait,
-    table: &str,
-    order: Order,
-) -> Result<(), DbErr> {
-    let sql = format!("INSERT INTO {table} (order_id, amount) VALUES (?, ?)");
-    conn.execute_raw(statement(
-        conn.get_database_backend(),
-        &sql,
-        vec![order.id.into(), order.amount.into()],
-    ))
-    .await
-    .map(|_| ())
-}
-
-/// The hand-written side: decode, claim the message id, insert if new, commit, ack.
+/// The hand-written side of one delivery: decode, the same transaction as the inbox bench's
+/// hand-written side keyed on the message id, then the ack.
 async fn hand_written_delivery(
     db: &DatabaseConnection,
-    inbox_table: &str,
-    table: &str,
+    tables: &Tables,
     delivery: idem_rabbitmq::lapin::message::Delivery,
 ) {
     let order: Order = serde_json::from_slice(&delivery.data).expect("json");
@@ -86,24 +38,7 @@ async fn hand_written_delivery(
         .as_ref()
         .expect("message id")
         .to_string();
-    let tx = db.begin().await.unwrap();
-    let claim = format!(
-        "INSERT INTO {inbox_table} (consumer, message_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
-    );
-    let fresh = tx
-        .execute_raw(statement(
-            tx.get_database_backend(),
-            &claim,
-            vec!["bench".into(), id.into()],
-        ))
-        .await
-        .unwrap()
-        .rows_affected()
-        == 1;
-    if fresh {
-        insert_charge(&tx, table, order).await.unwrap();
-    }
-    tx.commit().await.unwrap();
+    hand_written(db, tables, &id, order).await.unwrap();
     delivery
         .acker
         .ack(BasicAckOptions::default())
@@ -144,14 +79,9 @@ fn parse_args() -> Args {
     args
 }
 
-/// Publishes `n` orders to `queue`, every tenth a copy of an earlier one (same message id).
+/// Publishes the orders of `round` to `queue`, each with its order id as message id.
 async fn publish(broker: &TestBroker, queue: &str, n: usize, round: usize) {
-    for i in 0..n {
-        let id = if i % 10 == 9 { i - 5 } else { i };
-        let order = Order {
-            id: format!("r{round}-o{id}"),
-            amount: id as i64,
-        };
+    for order in orders(n, round) {
         broker
             .send(
                 queue,
@@ -168,17 +98,12 @@ async fn wait_until(settled: impl Fn() -> u64, target: u64) {
     }
 }
 
-async fn idem_round(inbox: &Inbox, topology: &QueueTopology, table: &str, args: &Args) -> f64 {
+async fn idem_round(inbox: &Inbox, topology: &QueueTopology, tables: &Tables, args: &Args) -> f64 {
     let start = Instant::now();
     let consumer = Consumer::builder(amqp_url(), inbox.clone())
         .prefetch(args.prefetch)
         .max_in_flight(args.concurrency)
-        .bind(
-            topology.clone(),
-            Charge {
-                table: table.to_owned(),
-            },
-        )
+        .bind(topology.clone(), charge(tables))
         .start()
         .await
         .unwrap();
@@ -195,13 +120,7 @@ async fn idem_round(inbox: &Inbox, topology: &QueueTopology, table: &str, args: 
     rate
 }
 
-async fn hand_round(
-    db: &DatabaseConnection,
-    queue: &str,
-    inbox_table: &str,
-    table: &str,
-    args: &Args,
-) -> f64 {
+async fn hand_round(db: &DatabaseConnection, queue: &str, tables: &Tables, args: &Args) -> f64 {
     let start = Instant::now();
     let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
         .await
@@ -225,14 +144,9 @@ async fn hand_round(
     for _ in 0..args.messages {
         let permit = Arc::clone(&permits).acquire_owned().await.unwrap();
         let delivery = consumer.next().await.unwrap().unwrap();
-        let (db, inbox_table, table, done) = (
-            db.clone(),
-            inbox_table.to_owned(),
-            table.to_owned(),
-            done.clone(),
-        );
+        let (db, tables, done) = (db.clone(), tables.clone(), done.clone());
         tokio::spawn(async move {
-            hand_written_delivery(&db, &inbox_table, &table, delivery).await;
+            hand_written_delivery(&db, &tables, delivery).await;
             done.fetch_add(1, Ordering::SeqCst);
             drop(permit);
         });
@@ -243,9 +157,11 @@ async fn hand_round(
     rate
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+fn charge(tables: &Tables) -> Charge {
+    Charge {
+        table: tables.charges.clone(),
+        key_from_message_id: true,
+    }
 }
 
 #[tokio::main]
@@ -253,16 +169,7 @@ async fn main() {
     let args = parse_args();
     let broker = TestBroker::connect().await;
     let db = TestDb::connect_with_pool(Backend::Postgres, 8).await;
-    let charges = db.table("charges");
-    let hand_inbox = db.table("hand_inbox");
-    db.exec(&format!(
-        "CREATE TABLE {charges} (order_id VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)"
-    ))
-    .await;
-    db.exec(&format!(
-        "CREATE TABLE {hand_inbox} (consumer VARCHAR(128) NOT NULL, message_key VARCHAR(255) NOT NULL, PRIMARY KEY (consumer, message_key))"
-    ))
-    .await;
+    let tables = Tables::create(&db).await;
     let inbox = Inbox::builder(db.db.clone())
         .table(db.table("inbox"))
         .build()
@@ -271,45 +178,33 @@ async fn main() {
     let idem_topology = broker.classic_queue();
     let hand_topology = broker.classic_queue();
     // Declares both queues.
-    let setup = Consumer::builder(amqp_url(), inbox.clone())
-        .bind(
-            idem_topology.clone(),
-            Charge {
-                table: charges.clone(),
-            },
-        )
-        .bind(
-            hand_topology.clone(),
-            Charge {
-                table: charges.clone(),
-            },
-        )
+    Consumer::builder(amqp_url(), inbox.clone())
+        .bind(idem_topology.clone(), charge(&tables))
+        .bind(hand_topology.clone(), charge(&tables))
         .start()
         .await
-        .unwrap();
-    setup.shutdown().await;
+        .unwrap()
+        .shutdown()
+        .await;
 
-    let (mut idem, mut hand) = (Vec::new(), Vec::new());
+    let mut rates = Rates::default();
     // Round 0 warms up and is not counted.
     for round in 0..=args.rounds {
         publish(&broker, idem_topology.queue(), args.messages, round * 2).await;
-        let idem_rate = idem_round(&inbox, &idem_topology, &charges, &args).await;
+        let idem = idem_round(&inbox, &idem_topology, &tables, &args).await;
         publish(&broker, hand_topology.queue(), args.messages, round * 2 + 1).await;
-        let hand_rate =
-            hand_round(&db.db, hand_topology.queue(), &hand_inbox, &charges, &args).await;
+        let hand = hand_round(&db.db, hand_topology.queue(), &tables, &args).await;
         if round > 0 {
-            idem.push(idem_rate);
-            hand.push(hand_rate);
+            rates.push(idem, hand);
         }
     }
     let expected = (args.messages - args.messages / 10) * (args.rounds + 1) * 2;
     assert_eq!(
-        db.count(&charges, "1=1").await as usize,
+        db.count(&tables.charges, "1=1").await as usize,
         expected,
         "one charge per distinct order"
     );
-    let (idem, hand) = (median(idem), median(hand));
-    let ratio = idem / hand;
+    let (idem, hand, ratio) = rates.summary();
     if args.json {
         println!(
             "{{\"bench\":\"rabbitmq-postgres\",\"messages\":{},\"rounds\":{},\"concurrency\":{},\"prefetch\":{},\"duplicates\":0.1,\"idem_msgs_per_s\":{idem:.1},\"hand_written_msgs_per_s\":{hand:.1},\"ratio\":{ratio:.3}}}",
@@ -318,7 +213,7 @@ async fn main() {
     } else {
         println!(
             "RabbitMQ + PostgreSQL: idem {idem:.0} msg/s, hand-written {hand:.0} msg/s, ratio {ratio:.3} \
-             ({} messages x {} rounds, concurrency {}, prefetch {}, 10% duplicates, median)",
+             ({} messages x {} rounds, concurrency {}, prefetch {}, 10% duplicates; medians, ratio per round)",
             args.messages, args.rounds, args.concurrency, args.prefetch
         );
     }

@@ -169,24 +169,16 @@ impl Drop for TestDb {
             return;
         }
         let url = self.url.clone();
-        // Dropping happens outside any runtime the test may be tearing down.
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                if let Ok(db) = connect(&url, 1).await {
-                    for table in tables {
-                        let _ = db
-                            .execute_unprepared(&format!("DROP TABLE IF EXISTS {table}"))
-                            .await;
-                    }
-                    let _ = db.close().await;
+        crate::clean_up(async move {
+            if let Ok(db) = connect(&url, 1).await {
+                for table in tables {
+                    let _ = db
+                        .execute_unprepared(&format!("DROP TABLE IF EXISTS {table}"))
+                        .await;
                 }
-            });
-        })
-        .join();
+                let _ = db.close().await;
+            }
+        });
     }
 }
 

@@ -5,11 +5,28 @@
 //! Run them with the command the README gives; the PostgreSQL and MariaDB servers must be up
 //! (`.ci/run` starts them). A missing server fails the tests, it never skips them.
 
+pub mod bench;
 pub mod db;
 pub mod proxy;
 pub mod rabbit;
 pub mod recorder;
 
 pub use db::{Backend, TestDb, unique};
+
+/// Runs `cleanup` to completion on a runtime of its own, in a thread of its own: test fixtures
+/// clean up when dropped, possibly while the test's runtime is shutting down.
+pub fn clean_up<F>(cleanup: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(cleanup);
+    })
+    .join();
+}
 pub use rabbit::TestBroker;
 pub use recorder::{Msg, Recorder};

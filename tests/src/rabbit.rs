@@ -9,7 +9,7 @@ use idem_rabbitmq::lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
-use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+use idem_rabbitmq::lapin::types::FieldTable;
 use idem_rabbitmq::lapin::{Channel, Connection, ConnectionProperties};
 use idem_rabbitmq::{PublishOptions, Publisher, QueueTopology};
 
@@ -45,7 +45,7 @@ impl DeadLetter {
 /// A test's view of the broker: a connection to inspect queues, a publisher, and the queues and
 /// exchanges it made, deleted when it is dropped.
 pub struct TestBroker {
-    connection: Connection,
+    _connection: Connection,
     channel: Channel,
     /// A publisher with confirms.
     pub publisher: Publisher,
@@ -78,7 +78,7 @@ impl TestBroker {
             .await
             .unwrap_or_else(|e| fail(&e));
         Self {
-            connection,
+            _connection: connection,
             channel,
             publisher,
             queues: Mutex::new(Vec::new()),
@@ -156,22 +156,11 @@ impl TestBroker {
             .await
             .unwrap()
         {
-            let properties = &message.delivery.properties;
-            let headers = properties
-                .headers()
-                .as_ref()
-                .map(|table| {
-                    table
-                        .inner()
-                        .iter()
-                        .filter_map(|(k, v)| Some((k.to_string(), text(v)?)))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let metadata = idem_rabbitmq::metadata_of(&message.delivery.properties, false);
             messages.push(DeadLetter {
-                headers,
+                headers: metadata.headers,
                 body: message.delivery.data.clone(),
-                message_id: properties.message_id().as_ref().map(|id| id.to_string()),
+                message_id: metadata.message_id,
             });
             message
                 .delivery
@@ -200,49 +189,31 @@ impl TestBroker {
     }
 }
 
-fn text(value: &AMQPValue) -> Option<String> {
-    match value {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.to_string()),
-        AMQPValue::LongLongInt(n) => Some(n.to_string()),
-        AMQPValue::LongInt(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
 impl Drop for TestBroker {
     fn drop(&mut self) {
         let queues = std::mem::take(&mut *self.queues.lock().unwrap());
         let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let Ok(connection) =
-                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
-                else {
-                    return;
-                };
-                let Ok(channel) = connection.create_channel().await else {
-                    return;
-                };
-                for queue in queues {
-                    let _ = channel
-                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                        .await;
-                }
-                for exchange in exchanges {
-                    let _ = channel
-                        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-                        .await;
-                }
-                let _ = connection.close(200, "done".into()).await;
-            });
-        })
-        .join();
-        let _ = &self.connection;
+        crate::clean_up(async move {
+            let Ok(connection) =
+                Connection::connect(&amqp_url(), ConnectionProperties::default()).await
+            else {
+                return;
+            };
+            let Ok(channel) = connection.create_channel().await else {
+                return;
+            };
+            for queue in queues {
+                let _ = channel
+                    .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+            }
+            for exchange in exchanges {
+                let _ = channel
+                    .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
+            }
+            let _ = connection.close(200, "done".into()).await;
+        });
     }
 }
 

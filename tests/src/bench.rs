@@ -1,0 +1,185 @@
+//! What the benchmarks share: the orders, idem's handler, the same work written by hand, and
+//! the figures.
+
+use idem_runtime::{
+    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata,
+};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, SqliteTransactionMode,
+    TransactionOptions, TransactionTrait,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::db::{TestDb, statement};
+
+/// A benchmark message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Order {
+    /// The order id, also the message id.
+    pub id: String,
+    /// Anything.
+    pub amount: i64,
+}
+
+/// `n` orders for `round`, every tenth a copy of an earlier one: 10 % duplicates.
+pub fn orders(n: usize, round: usize) -> Vec<Order> {
+    (0..n)
+        .map(|i| {
+            let id = if i % 10 == 9 { i - 5 } else { i };
+            Order {
+                id: format!("r{round}-o{id}"),
+                amount: id as i64,
+            }
+        })
+        .collect()
+}
+
+/// The tables of a benchmark run: the business table both sides write, and the hand-written
+/// side's inbox.
+#[derive(Debug, Clone)]
+pub struct Tables {
+    /// `(order_id, amount)`, one row per processed order.
+    pub charges: String,
+    /// `(consumer, message_key)` with its primary key.
+    pub hand_inbox: String,
+}
+
+impl Tables {
+    /// Creates both in `db`.
+    pub async fn create(db: &TestDb) -> Self {
+        let tables = Self {
+            charges: db.table("charges"),
+            hand_inbox: db.table("hand_inbox"),
+        };
+        db.exec(&format!(
+            "CREATE TABLE {} (order_id VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)",
+            tables.charges
+        ))
+        .await;
+        db.exec(&format!(
+            "CREATE TABLE {} (consumer VARCHAR(128) NOT NULL, message_key VARCHAR(255) NOT NULL, \
+             PRIMARY KEY (consumer, message_key))",
+            tables.hand_inbox
+        ))
+        .await;
+        tables
+    }
+}
+
+/// idem's side: the business insert, through the inbox's transaction.
+#[derive(Debug, Clone)]
+pub struct Charge {
+    /// The business table.
+    pub table: String,
+    /// Whether the key is the transport's message id rather than the order id.
+    pub key_from_message_id: bool,
+}
+
+impl Handler for Charge {
+    type Message = Order;
+    type Output = ();
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        "bench"
+    }
+    fn key(&self, order: &Order, meta: &Metadata) -> Result<MessageKey, KeyError> {
+        if self.key_from_message_id {
+            MessageKey::new(meta.message_id().ok_or(KeyError::Missing("message id"))?)
+        } else {
+            MessageKey::new(order.id.as_str())
+        }
+    }
+    fn fingerprint(&self, order: &Order) -> Result<Option<Fingerprint>, FingerprintError> {
+        Fingerprint::of(order).map(Some)
+    }
+    async fn handle(&self, cx: &Context<'_>, order: Order) -> Result<(), DbErr> {
+        insert_charge(cx.transaction().expect("transactional"), &self.table, order).await
+    }
+}
+
+/// The business work: one insert.
+pub async fn insert_charge(
+    conn: &impl ConnectionTrait,
+    table: &str,
+    order: Order,
+) -> Result<(), DbErr> {
+    let sql = format!("INSERT INTO {table} (order_id, amount) VALUES (?, ?)");
+    conn.execute_raw(statement(
+        conn.get_database_backend(),
+        &sql,
+        vec![order.id.into(), order.amount.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// The same work written by hand: in one transaction, a conditional insert of `key` into the
+/// hand-written inbox and, if the key was new, the business insert.
+pub async fn hand_written(
+    db: &DatabaseConnection,
+    tables: &Tables,
+    key: &str,
+    order: Order,
+) -> Result<(), DbErr> {
+    let backend = db.get_database_backend();
+    let tx = if backend == DbBackend::Sqlite {
+        db.begin_with_options(TransactionOptions {
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+            ..TransactionOptions::default()
+        })
+        .await?
+    } else {
+        db.begin().await?
+    };
+    let inbox = &tables.hand_inbox;
+    let claim = if backend == DbBackend::MySql {
+        format!("INSERT IGNORE INTO {inbox} (consumer, message_key) VALUES (?, ?)")
+    } else {
+        format!("INSERT INTO {inbox} (consumer, message_key) VALUES (?, ?) ON CONFLICT DO NOTHING")
+    };
+    let claimed = tx
+        .execute_raw(statement(backend, &claim, vec!["bench".into(), key.into()]))
+        .await?
+        .rows_affected();
+    if claimed == 1 {
+        insert_charge(&tx, &tables.charges, order).await?;
+    }
+    tx.commit().await
+}
+
+/// Messages per second of idem and of the hand-written side, round by round.
+#[derive(Debug, Default)]
+pub struct Rates {
+    idem: Vec<f64>,
+    hand: Vec<f64>,
+}
+
+impl Rates {
+    /// Records one round: both sides ran alternately, so that their ratio cancels slow drift of
+    /// the machine.
+    pub fn push(&mut self, idem: f64, hand: f64) {
+        self.idem.push(idem);
+        self.hand.push(hand);
+    }
+
+    /// The medians of idem's and the hand-written rates, and the median of the per-round ratios.
+    pub fn summary(&self) -> (f64, f64, f64) {
+        let ratios = self
+            .idem
+            .iter()
+            .zip(&self.hand)
+            .map(|(idem, hand)| idem / hand)
+            .collect();
+        (
+            median(self.idem.clone()),
+            median(self.hand.clone()),
+            median(ratios),
+        )
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
