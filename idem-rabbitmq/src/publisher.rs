@@ -24,6 +24,8 @@ pub struct PublishOptions {
     pub headers: Vec<(String, String)>,
     /// The content type; `application/json` for [`Publisher::publish`] when `None`.
     pub content_type: Option<String>,
+    /// A per-message time-to-live.
+    pub expiration: Option<Duration>,
 }
 
 impl PublishOptions {
@@ -48,6 +50,13 @@ impl PublishOptions {
     /// Sets the content type.
     pub fn content_type(mut self, content_type: impl Into<String>) -> Self {
         self.content_type = Some(content_type.into());
+        self
+    }
+
+    /// Sets a per-message time-to-live: the broker drops the message (or dead-letters it) when
+    /// it has waited that long in a queue.
+    pub fn expiration(mut self, ttl: Duration) -> Self {
+        self.expiration = Some(ttl);
         self
     }
 
@@ -258,6 +267,9 @@ fn properties(message_id: &str, options: &PublishOptions) -> BasicProperties {
         );
     if let Some(content_type) = &options.content_type {
         properties = properties.with_content_type(content_type.as_str().into());
+    }
+    if let Some(ttl) = options.expiration {
+        properties = properties.with_expiration(ttl.as_millis().to_string().into());
     }
     if let Some(correlation_id) = &options.correlation_id {
         properties = properties.with_correlation_id(correlation_id.as_str().into());

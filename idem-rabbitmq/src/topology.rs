@@ -143,11 +143,29 @@ impl QueueTopology {
         self.delivery_limit
     }
 
-    /// Declares the dead-letter exchange and queue, the work queue and its bindings (nothing for
-    /// an [`existing`](QueueTopology::existing) topology).
+    /// Declares the dead-letter exchange and queue, the work queue and its bindings; for an
+    /// [`existing`](QueueTopology::existing) topology, only checks that the dead-letter exchange
+    /// exists.
     pub async fn declare(&self, channel: &Channel) -> Result<()> {
         if !self.declare {
-            return Ok(());
+            // Only checked: a dead-letter exchange that is not there would fail every
+            // dead-lettering later, and close the channel that publishes the copies.
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            return channel
+                .exchange_declare(
+                    self.dead_letter_exchange.as_str().into(),
+                    ExchangeKind::Fanout,
+                    passive,
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(Error::amqp(format!(
+                    "checking that the dead-letter exchange {:?} exists",
+                    self.dead_letter_exchange
+                )));
         }
         let durable_exchange = ExchangeDeclareOptions {
             durable: true,

@@ -119,7 +119,7 @@ pub mod __private;
 pub use error::{BoxError, ConfigError, DeadLetterReason, Error, Result, Settle};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use handler::{Context, Handler, Mode, Outcome};
-pub use inbox::{Inbox, InboxBuilder, InboxRecord};
+pub use inbox::{Inbox, InboxBuilder, InboxRecord, panic_message};
 pub use key::{ConsumerName, InboxKey, KeyError, KeySource, MessageKey};
 pub use metadata::{CloudEvent, Metadata};
 pub use retention::{Cleaner, CleanerHandle, CleanupReport, RedeliveryWindow, RetentionPolicy};

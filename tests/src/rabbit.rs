@@ -30,6 +30,10 @@ pub struct DeadLetter {
     pub body: Vec<u8>,
     /// Its message id.
     pub message_id: Option<String>,
+    /// Its per-message time-to-live, if any.
+    pub expiration: Option<String>,
+    /// 2 when persistent.
+    pub delivery_mode: Option<u8>,
 }
 
 impl DeadLetter {
@@ -157,10 +161,13 @@ impl TestBroker {
             .unwrap()
         {
             let metadata = idem_rabbitmq::metadata_of(&message.delivery.properties, false);
+            let properties = &message.delivery.properties;
             messages.push(DeadLetter {
                 headers: metadata.headers,
                 body: message.delivery.data.clone(),
                 message_id: metadata.message_id,
+                expiration: properties.expiration().as_ref().map(|e| e.to_string()),
+                delivery_mode: *properties.delivery_mode(),
             });
             message
                 .delivery

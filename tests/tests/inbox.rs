@@ -27,6 +27,7 @@ on_each_backend!(
     two_phase_releases_the_claim_when_the_handler_fails,
     two_phase_max_takeovers_needs_intervention,
     two_phase_duplicate_returns_the_stored_output,
+    two_phase_claim_outlives_a_retention_shorter_than_its_lease,
     bad_input_gets_its_own_error,
     table_creation_is_idempotent_and_migration_creates_the_same_table,
     retention_shorter_than_the_redelivery_window_is_refused,
@@ -686,4 +687,24 @@ async fn a_table_with_another_schema_is_refused_at_start_up(backend: Backend) {
         .await
         .unwrap_err();
     assert!(err.to_string().contains(&absent), "{err}");
+}
+
+async fn two_phase_claim_outlives_a_retention_shorter_than_its_lease(backend: Backend) {
+    let retention = RetentionPolicy::default().with_consumer("mailer", Duration::from_millis(50));
+    let (db, inbox, effects) = setup_with(backend, |b| b.retention(retention)).await;
+    let slow = Recorder::new(&db, &effects, "mailer")
+        .two_phase(Duration::from_secs(5))
+        .slow(Duration::from_millis(600));
+    let msg = Msg::new("mail-1", "hi");
+    let first = {
+        let (inbox, slow, msg) = (inbox.clone(), slow.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&slow, msg, &Metadata::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Past the retention, but the lease runs: the claim is not taken over.
+    let err = inbox.process(&slow, msg, &meta()).await.unwrap_err();
+    assert!(matches!(err, Error::InProgressElsewhere { .. }), "{err:?}");
+    assert!(!first.await.unwrap().unwrap().is_duplicate());
+    assert_eq!(slow.attempts(), vec![1]);
+    assert_eq!(db.count(&effects, "1=1").await, 1);
 }

@@ -765,6 +765,20 @@ async fn existing_topology_and_a_second_binding_in_one_consumer() {
         .unwrap_err();
     assert!(missing.to_string().contains("basic.consume"), "{missing}");
 
+    // Nor one whose dead-letter exchange is not there: the copies would have nowhere to go.
+    let no_dlx = builder(&inbox, &unique("idem-test"))
+        .bind(
+            QueueTopology::existing(&own_queue, unique("idem_no_such_dlx")),
+            Recorder::new(&db, &effects, "a"),
+        )
+        .start()
+        .await
+        .unwrap_err();
+    assert!(
+        no_dlx.to_string().contains("dead-letter exchange"),
+        "{no_dlx}"
+    );
+
     let consumer = builder(&inbox, &unique("idem-test"))
         .bind(
             QueueTopology::existing(&own_queue, own.dead_letter_exchange()),
@@ -949,4 +963,113 @@ async fn a_refused_publish_is_retried_with_the_same_message_id() {
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].message_id.as_deref(), Some("m-2"));
     publisher.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_binding_does_not_starve_a_busy_one() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let (idle, busy) = (broker.classic_queue(), broker.classic_queue());
+    let busy_queue = busy.queue().to_owned();
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .max_in_flight(1)
+        .bind(idle, Recorder::new(&db, &effects, "idle"))
+        .bind(busy, Recorder::new(&db, &effects, "busy"))
+        .start()
+        .await
+        .unwrap();
+    for key in 0..5 {
+        broker
+            .send(
+                &busy_queue,
+                &Msg::new(format!("o-{key}"), "x"),
+                PublishOptions::default(),
+            )
+            .await;
+    }
+    broker
+        .eventually("the busy queue consumed", WAIT, || async {
+            consumer.stats().acked == 5
+        })
+        .await;
+    assert_eq!(db.count(&effects, "consumer = 'busy'").await, 5);
+    consumer.shutdown().await;
+}
+
+/// A codec that panics on a payload saying so.
+#[derive(Debug, Clone, Copy)]
+struct PanickyJson;
+
+impl idem_rabbitmq::Codec for PanickyJson {
+    fn decode<M: serde::de::DeserializeOwned>(
+        &self,
+        content_type: Option<&str>,
+        payload: &[u8],
+    ) -> Result<M, idem_rabbitmq::DecodeError> {
+        assert!(payload != b"\"panic\"", "codec panics on purpose");
+        idem_rabbitmq::Json.decode(content_type, payload)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panic_outside_the_handler_still_settles_the_delivery() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    let binding = idem_rabbitmq::Binding::new(topology, Recorder::new(&db, &effects, "c"))
+        .with_codec(PanickyJson);
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .max_deliveries(2)
+        .bind_with(binding)
+        .start()
+        .await
+        .unwrap();
+    broker.send(&queue, &"panic", with_id("m-panic")).await;
+    broker
+        .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
+        .await;
+    broker
+        .eventually(
+            "the panicking message dead-lettered, the other processed",
+            WAIT,
+            || async {
+                let stats = consumer.stats();
+                stats.dead_lettered == 1 && stats.acked == 1
+            },
+        )
+        .await;
+    assert_eq!(consumer.stats().requeued, 1);
+    let letters = broker.drain(&dlq).await;
+    assert_eq!(letters[0].reason(), "delivery-limit");
+    assert!(letters[0].headers[headers::DETAIL].contains("codec panics on purpose"));
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_letter_copy_is_persistent_and_does_not_expire() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    let consumer = start(&inbox, topology, Recorder::new(&db, &effects, "c")).await;
+    let options = with_id("m-ttl").expiration(Duration::from_secs(600));
+    broker.send_bytes(&queue, b"{not json", options).await;
+    broker
+        .eventually("dead-lettered", WAIT, || async {
+            consumer.stats().dead_lettered == 1
+        })
+        .await;
+    let letters = broker.drain(&dlq).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].expiration, None);
+    assert_eq!(letters[0].delivery_mode, Some(2));
+    assert_eq!(letters[0].message_id.as_deref(), Some("m-ttl"));
+    consumer.shutdown().await;
 }

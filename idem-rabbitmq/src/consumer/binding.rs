@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_runtime::{Handler, Inbox, Metadata, Outcome, Settle};
+use idem_runtime::{Error, Handler, Inbox, Metadata, Outcome, Settle};
 use lapin::message::Delivery;
 use serde::de::DeserializeOwned;
 
@@ -117,6 +117,11 @@ where
                     Settle::Requeue => Verdict::Requeue {
                         code: error.code(),
                         detail: error.to_string(),
+                        wait: match &error {
+                            Error::InProgressElsewhere { remaining, .. } => Some(*remaining),
+                            _ => None,
+                        },
+                        counted: !matches!(error, Error::InProgressElsewhere { .. }),
                     },
                     Settle::DeadLetter(reason) => Verdict::DeadLetter(reason),
                 },

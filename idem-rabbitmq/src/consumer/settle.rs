@@ -8,8 +8,8 @@ use std::time::Duration;
 use idem_runtime::DeadLetterReason;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions};
-use lapin::types::{AMQPValue, ShortString};
-use lapin::{Channel, Confirmation};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation};
 
 use crate::metadata::broker_delivery_count;
 
@@ -37,12 +37,17 @@ pub(crate) enum Verdict {
         /// Whether it was a duplicate.
         duplicate: bool,
     },
-    /// It could succeed later: requeue, within the delivery limit.
+    /// It could succeed later: requeue, after a back-off.
     Requeue {
         /// The error's code.
         code: &'static str,
         /// The error in words.
         detail: String,
+        /// The least time worth waiting (another worker's claim runs this much longer).
+        wait: Option<Duration>,
+        /// Whether the delivery counts toward the delivery limit. Waiting for another worker's
+        /// claim does not: the lease and its takeovers bound that wait.
+        counted: bool,
     },
     /// It cannot succeed: dead-letter with this reason.
     DeadLetter(DeadLetterReason),
@@ -193,7 +198,7 @@ impl Settler<'_> {
         verdict: Verdict,
         key: Option<&str>,
     ) -> Settled {
-        let identity = identity(delivery);
+        let identity = identity(self.queue, delivery);
         let deliveries = self.deliveries(delivery, &identity);
         let settled = match verdict {
             Verdict::Ack { duplicate } => {
@@ -204,16 +209,25 @@ impl Settler<'_> {
                 };
                 self.ack(delivery, settled).await
             }
-            Verdict::Requeue { code, detail } if deliveries >= self.retry.max_deliveries => {
+            Verdict::Requeue {
+                code,
+                detail,
+                counted: true,
+                ..
+            } if deliveries >= self.retry.max_deliveries => {
                 let reason = DeadLetterReason::new(
                     "delivery-limit",
                     format!("gave up after {deliveries} deliveries; last error ({code}): {detail}"),
                 );
                 self.dead_letter(delivery, &reason, key, deliveries).await
             }
-            Verdict::Requeue { .. } => {
-                self.counts.set(&identity, deliveries);
-                tokio::time::sleep(self.retry.backoff(deliveries)).await;
+            Verdict::Requeue { wait, counted, .. } => {
+                if counted {
+                    self.counts.set(&identity, deliveries);
+                }
+                let backoff = self.retry.backoff(deliveries);
+                let wait = wait.map_or(backoff, |wait| wait.clamp(backoff, self.retry.backoff_max));
+                tokio::time::sleep(wait).await;
                 return self.requeue(delivery).await;
             }
             Verdict::DeadLetter(reason) => {
@@ -268,7 +282,11 @@ impl Settler<'_> {
             key,
             "dead-lettering message"
         );
-        match self.publish_copy(delivery, reason, key, deliveries).await {
+        let copy = self.publish_copy(delivery, reason, key, deliveries);
+        let published = tokio::time::timeout(DEAD_LETTER_CONFIRM_TIMEOUT, copy)
+            .await
+            .unwrap_or_else(|_| Err("no confirm from the broker in time".to_owned()));
+        match published {
             Ok(()) => match self.ack(delivery, Settled::DeadLettered).await {
                 Settled::Lost => Settled::Lost,
                 _ => Settled::DeadLettered,
@@ -294,6 +312,11 @@ impl Settler<'_> {
         deliveries: u32,
     ) -> Result<(), String> {
         let mut table = delivery.properties.headers().clone().unwrap_or_default();
+        // The broker's count belongs to the original; a copy resubmitted from the dead-letter
+        // queue starts afresh (the count is kept in `x-idem-deliveries`).
+        let mut inner = table.inner().clone();
+        inner.remove("x-delivery-count");
+        table = FieldTable::from(inner);
         let mut text = |name: &str, value: &str| {
             table.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
         };
@@ -308,7 +331,7 @@ impl Settler<'_> {
             ShortString::from(headers::DELIVERIES),
             AMQPValue::LongLongInt(i64::from(deliveries)),
         );
-        let properties = delivery.properties.clone().with_headers(table);
+        let properties = dead_letter_properties(&delivery.properties, table);
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
@@ -338,6 +361,48 @@ impl Settler<'_> {
     }
 }
 
+/// How long a dead-letter copy may wait for the broker's confirm before the original is requeued
+/// instead.
+const DEAD_LETTER_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The properties of a dead-letter copy: the original's, persistent, without its `expiration`
+/// (a copy that expired out of the dead-letter queue would be lost, the original being acked)
+/// and without its `user_id` (which the broker checks against this connection's user).
+fn dead_letter_properties(original: &BasicProperties, headers: FieldTable) -> BasicProperties {
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(headers);
+    let text = |value: &Option<ShortString>| value.clone();
+    if let Some(value) = text(original.content_type()) {
+        properties = properties.with_content_type(value);
+    }
+    if let Some(value) = text(original.content_encoding()) {
+        properties = properties.with_content_encoding(value);
+    }
+    if let Some(value) = text(original.correlation_id()) {
+        properties = properties.with_correlation_id(value);
+    }
+    if let Some(value) = text(original.reply_to()) {
+        properties = properties.with_reply_to(value);
+    }
+    if let Some(value) = text(original.message_id()) {
+        properties = properties.with_message_id(value);
+    }
+    if let Some(value) = text(original.kind()) {
+        properties = properties.with_type(value);
+    }
+    if let Some(value) = text(original.app_id()) {
+        properties = properties.with_app_id(value);
+    }
+    if let Some(value) = *original.priority() {
+        properties = properties.with_priority(value);
+    }
+    if let Some(value) = *original.timestamp() {
+        properties = properties.with_timestamp(value);
+    }
+    properties
+}
+
 fn lost(delivery: &Delivery, what: &str) -> Settled {
     tracing::warn!(
         delivery_tag = delivery.delivery_tag,
@@ -346,13 +411,13 @@ fn lost(delivery: &Delivery, what: &str) -> Settled {
     Settled::Lost
 }
 
-/// What identifies a message across its deliveries when counting them: its message id, else a
-/// hash of its payload.
-fn identity(delivery: &Delivery) -> String {
+/// What identifies a message on a queue across its deliveries when counting them: the queue and
+/// the message id, else a hash of the payload.
+fn identity(queue: &str, delivery: &Delivery) -> String {
     match delivery.properties.message_id() {
-        Some(id) => format!("id:{id}"),
+        Some(id) => format!("{queue}\0id:{id}"),
         None => format!(
-            "sha256:{}",
+            "{queue}\0sha256:{}",
             idem_runtime::Fingerprint::of_bytes(&delivery.data)
         ),
     }

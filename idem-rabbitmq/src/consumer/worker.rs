@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use std::pin::Pin;
 
-use futures_util::{Stream, StreamExt};
+use std::panic::AssertUnwindSafe;
+
+use futures_util::{FutureExt, Stream, StreamExt};
 use idem_runtime::Inbox;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -22,8 +24,8 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::Settings;
-use super::binding::Dispatch;
-use super::settle::{DeliveryCounts, Settler, Stats};
+use super::binding::{Dispatch, Handled};
+use super::settle::{DeliveryCounts, Settler, Stats, Verdict};
 use crate::connect::connect;
 use crate::error::{Error, Result};
 use crate::metadata::metadata_of;
@@ -81,7 +83,12 @@ impl Health {
 
     /// Looks at the session; returns whether it has been down longer than the recovery timeout.
     fn expired(&mut self, session: &Session, queue: &str) -> bool {
-        if session.connection.status().connected() && session.channel.status().connected() {
+        let status = (
+            session.connection.status(),
+            session.channel.status(),
+            session.publisher.status(),
+        );
+        if status.0.connected() && status.1.connected() && status.2.connected() {
             self.lost_since = None;
             return false;
         }
@@ -222,7 +229,7 @@ impl Worker {
         let queue = self.binding.topology().queue().to_owned();
         loop {
             while tasks.try_join_next().is_some() {}
-            let permit = tokio::select! {
+            let next = tokio::select! {
                 biased;
                 _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
                 Some(event) = session.events.next() => {
@@ -235,30 +242,31 @@ impl Worker {
                     }
                     continue;
                 }
-                permit = Arc::clone(&self.in_flight).acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => return End::Shutdown,
-                },
-            };
-            let next = loop {
-                tokio::select! {
-                    biased;
-                    _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
-                    Some(event) = session.events.next() => self.note(&mut health, &event, &queue),
-                    _ = check.tick() => {
-                        if health.expired(session, &queue) {
-                            return End::Failed("the connection was not recovered in time".into());
-                        }
-                    }
-                    next = consumer.next() => break next,
-                }
+                next = consumer.next() => next,
             };
             match next {
                 Some(Ok(delivery)) => {
+                    // Room among the handlers in flight is taken once a delivery is in hand, so
+                    // that an idle binding holds none of it; the prefetch bounds what waits.
+                    let permit = loop {
+                        tokio::select! {
+                            biased;
+                            _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
+                            Some(event) = session.events.next() => self.note(&mut health, &event, &queue),
+                            _ = check.tick() => {
+                                if health.expired(session, &queue) {
+                                    return End::Failed("the connection was not recovered in time".into());
+                                }
+                            }
+                            permit = Arc::clone(&self.in_flight).acquire_owned() => match permit {
+                                Ok(permit) => break permit,
+                                Err(_) => return End::Shutdown,
+                            },
+                        }
+                    };
                     tasks.spawn(self.job(session, delivery, permit).run());
                 }
                 Some(Err(error)) => {
-                    drop(permit);
                     tracing::warn!(queue, %error, "consumer error; waiting for recovery");
                     let recovery = tokio::time::timeout(
                         self.settings.recovery_timeout,
@@ -301,12 +309,15 @@ impl Worker {
     async fn drain(&self, session: Option<Session>, tasks: &mut JoinSet<()>) -> ShutdownReport {
         if let Some(session) = &session {
             let tag = session.consumer.tag();
-            if let Err(error) = session
+            let cancel = session
                 .channel
-                .basic_cancel(tag, BasicCancelOptions::default())
-                .await
-            {
-                tracing::warn!(queue = self.queue(), %error, "basic.cancel failed");
+                .basic_cancel(tag, BasicCancelOptions::default());
+            match tokio::time::timeout(Duration::from_secs(5), cancel).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(queue = self.queue(), %error, "basic.cancel failed")
+                }
+                Err(_) => tracing::warn!(queue = self.queue(), "basic.cancel timed out"),
             }
         }
         // Handlers that finished before the shutdown are not part of the report.
@@ -401,10 +412,22 @@ impl Job {
             settle = Empty,
         );
         async {
-            let handled = self
-                .binding
-                .handle(&self.inbox, &self.delivery, &metadata)
-                .await;
+            // A panic outside the handler (a key expression, a codec, an output's `Serialize`)
+            // must still settle the delivery, or it would hold its place until the channel
+            // closes.
+            let handled =
+                AssertUnwindSafe(self.binding.handle(&self.inbox, &self.delivery, &metadata))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|panic| Handled {
+                        verdict: Verdict::Requeue {
+                            code: "panicked",
+                            detail: idem_runtime::panic_message(panic.as_ref()),
+                            wait: None,
+                            counted: true,
+                        },
+                        key: None,
+                    });
             if let Some(key) = &handled.key {
                 tracing::Span::current().record("key", key.as_str());
             }

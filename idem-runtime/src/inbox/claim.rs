@@ -62,6 +62,9 @@ pub(crate) async fn claim(
     for _ in 0..RACES {
         let now = now_ms();
         let token = new_token();
+        let lease_until = request
+            .lease
+            .map(|lease| now.saturating_add(duration_ms(lease)));
         let values = |attempts: i64, created_at: i64| ClaimValues {
             status: if request.lease.is_some() {
                 Status::InProgress
@@ -73,9 +76,13 @@ pub(crate) async fn claim(
             claim_token: token,
             created_at,
             claimed_at: now,
-            lease_until: request.lease.map(|lease| now + duration_ms(lease)),
+            lease_until,
             completed_at: request.lease.is_none().then_some(now),
-            expires_at: now.saturating_add(duration_ms(request.retention)),
+            // An in-progress record is kept for the retention after its lease, however short the
+            // retention: a live claim never counts as expired.
+            expires_at: lease_until
+                .unwrap_or(now)
+                .saturating_add(duration_ms(request.retention)),
         };
         if store
             .insert_claim(conn, request.key, &values(1, now))

@@ -7,6 +7,7 @@ mod record;
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::FutureExt;
 use sea_orm::{
@@ -208,8 +209,7 @@ impl Inbox {
         let now = now_ms();
         let expires_at = now.saturating_add(duration_ms(request.retention));
         let output_json = (json != "null").then_some(json.as_str());
-        if store
-            .complete(db, request.key, token, output_json, now, expires_at)
+        if complete_with_retries(store, db, request.key, token, output_json, now, expires_at)
             .await?
         {
             Ok(Outcome::Processed(output))
@@ -292,6 +292,36 @@ impl Inbox {
     }
 }
 
+/// Completes a two-phase claim, retrying a failed database call a few times: a claim left in
+/// progress would make a redelivery wait out the lease and repeat the side effect.
+async fn complete_with_retries(
+    store: &Store,
+    db: &DatabaseConnection,
+    key: &InboxKey,
+    token: i64,
+    output: Option<&str>,
+    now: i64,
+    expires_at: i64,
+) -> Result<bool, DbErr> {
+    let mut attempt = 1;
+    loop {
+        match store
+            .complete(db, key, token, output, now, expires_at)
+            .await
+        {
+            Err(error) if attempt < COMPLETE_ATTEMPTS => {
+                tracing::warn!(%error, attempt, "completing the claim failed; retrying");
+                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// How many times completing a two-phase claim is tried.
+const COMPLETE_ATTEMPTS: u32 = 4;
+
 /// Runs the handler, turning its error and its panic into [`Error`]s.
 async fn run<H: Handler>(handler: &H, cx: &Context<'_>, message: H::Message) -> Result<H::Output> {
     match AssertUnwindSafe(handler.handle(cx, message))
@@ -307,7 +337,8 @@ async fn run<H: Handler>(handler: &H, cx: &Context<'_>, message: H::Message) -> 
     }
 }
 
-fn panic_message(panic: &(dyn Any + Send)) -> String {
+/// The message a panic carries, for errors and logs.
+pub fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(text) = panic.downcast_ref::<&str>() {
         (*text).to_owned()
     } else if let Some(text) = panic.downcast_ref::<String>() {

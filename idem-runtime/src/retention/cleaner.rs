@@ -73,9 +73,19 @@ impl Inbox {
 impl Cleaner {
     /// Runs one cleanup now: deletes every record expired at the start of the run, batch by
     /// batch, unless another cleaner holds the lock.
+    ///
+    /// The run goes on in a task of its own even if this future is dropped, so that a lock it
+    /// took is always released.
     pub async fn run_once(&self) -> Result<CleanupReport> {
-        let (_tx, stop) = watch::channel(false);
-        self.run_locked(&stop).await
+        let cleaner = self.clone();
+        let run = tokio::spawn(async move {
+            let (_tx, stop) = watch::channel(false);
+            cleaner.run_locked(&stop).await
+        });
+        match run.await {
+            Ok(report) => report,
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
     }
 
     /// Spawns a tokio task that runs a cleanup at once and then every
