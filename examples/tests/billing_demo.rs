@@ -1,9 +1,16 @@
-//! The README's main job, run as a newcomer would: the billing demo against the real RabbitMQ
-//! and a fresh SQLite file, then PostgreSQL.
+//! The billing service as a process, against the real RabbitMQ: the README's main job on SQLite
+//! and PostgreSQL, then a crash (SIGKILL) in the middle of a burst and a restart.
 //!
-//! Run: `cargo test -p idem-examples` with RabbitMQ and PostgreSQL up (see README).
+//! One test function: every scenario uses the service's queue `billing.orders`, so they run one
+//! after the other. Run: `cargo test -p idem-examples` with RabbitMQ and PostgreSQL up.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem_examples::orders::{self, OrderPlaced};
+use idem_rabbitmq::Publisher;
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 
 fn run_demo(database_url: &str, orders: usize) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_billing"))
@@ -34,8 +41,110 @@ fn figure(summary: &str, label: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {label:?} in {summary}"))
 }
 
-#[test]
-fn demo_charges_each_valid_order_once_on_sqlite_and_postgres() {
+/// Starts the service and returns once it consumes.
+fn start_billing(database_url: &str) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_billing"))
+        .env("DATABASE_URL", database_url)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the billing binary starts");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("billing exited before consuming")
+            .unwrap();
+        if line.contains("billing is consuming") {
+            break;
+        }
+    }
+    // Keep reading, so that the service never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    child
+}
+
+async fn invoices(db: &DatabaseConnection, run: &str) -> (i64, i64) {
+    let sql = format!(
+        "SELECT COUNT(*), COUNT(DISTINCT order_id) FROM invoices WHERE order_id LIKE '{run}-%'"
+    );
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await
+        .unwrap()
+        .unwrap();
+    (
+        row.try_get_by_index(0).unwrap(),
+        row.try_get_by_index(1).unwrap(),
+    )
+}
+
+/// Kills the service with SIGKILL in the middle of a burst, restarts it, and checks that every
+/// order is charged exactly once: no loss, no double charge.
+async fn crash_and_restart(database_url: &str) {
+    let mut first = start_billing(database_url);
+    let db = Database::connect(database_url).await.unwrap();
+    let publisher = Publisher::connect(idem_examples::amqp_url()).await.unwrap();
+    let run = format!("crash{}", std::process::id());
+    let count = 400;
+    for i in 0..count {
+        let order = OrderPlaced {
+            order_id: format!("{run}-{i:05}"),
+            customer: "c".into(),
+            amount_cents: 100 + i,
+        };
+        // Every fifth order twice, as a producer retry.
+        for _ in 0..(1 + usize::from(i % 5 == 0)) {
+            orders::publish(&publisher, &order).await.unwrap();
+        }
+    }
+    publisher.close().await;
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while invoices(&db, &run).await.0 < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "no order charged before the crash"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let charged_at_crash = invoices(&db, &run).await.0;
+
+    let mut second = start_billing(database_url);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (rows, distinct) = invoices(&db, &run).await;
+        assert_eq!(rows, distinct, "an order was charged twice");
+        if rows == count {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {rows} of {count} orders charged after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        charged_at_crash < count,
+        "the crash came too late to test anything"
+    );
+
+    // SIGTERM: a graceful stop with a clean exit.
+    let status = Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(second.wait().unwrap().success());
+    assert_eq!(invoices(&db, &run).await, (count, count));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn billing_service_charges_each_order_once_through_demo_crash_and_restart() {
     let path = std::env::temp_dir().join(format!("idem-demo-{}.db", std::process::id()));
     let sqlite = format!("sqlite://{}?mode=rwc", path.display());
     let postgres = std::env::var("IDEM_TEST_POSTGRES_URL")
@@ -48,6 +157,7 @@ fn demo_charges_each_valid_order_once_on_sqlite_and_postgres() {
         assert!(figure(&summary, "duplicates skipped") >= 4, "{summary}");
         assert!(figure(&summary, "dead-lettered") >= 2, "{summary}");
     }
+    crash_and_restart(&sqlite).await;
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
