@@ -372,26 +372,25 @@ fn dead_letter_properties(original: &BasicProperties, headers: FieldTable) -> Ba
     let mut properties = BasicProperties::default()
         .with_delivery_mode(2)
         .with_headers(headers);
-    let text = |value: &Option<ShortString>| value.clone();
-    if let Some(value) = text(original.content_type()) {
+    if let Some(value) = original.content_type().clone() {
         properties = properties.with_content_type(value);
     }
-    if let Some(value) = text(original.content_encoding()) {
+    if let Some(value) = original.content_encoding().clone() {
         properties = properties.with_content_encoding(value);
     }
-    if let Some(value) = text(original.correlation_id()) {
+    if let Some(value) = original.correlation_id().clone() {
         properties = properties.with_correlation_id(value);
     }
-    if let Some(value) = text(original.reply_to()) {
+    if let Some(value) = original.reply_to().clone() {
         properties = properties.with_reply_to(value);
     }
-    if let Some(value) = text(original.message_id()) {
+    if let Some(value) = original.message_id().clone() {
         properties = properties.with_message_id(value);
     }
-    if let Some(value) = text(original.kind()) {
+    if let Some(value) = original.kind().clone() {
         properties = properties.with_type(value);
     }
-    if let Some(value) = text(original.app_id()) {
+    if let Some(value) = original.app_id().clone() {
         properties = properties.with_app_id(value);
     }
     if let Some(value) = *original.priority() {
