@@ -80,12 +80,9 @@ async fn bench(backend: Backend, args: &Args) -> (f64, f64, f64) {
             rates.push(idem, hand);
         }
     }
-    let expected = (args.messages - args.messages / 10) * (args.rounds + 1) * 2;
-    assert_eq!(
-        db.count(&tables.charges, "1=1").await as usize,
-        expected,
-        "one charge per distinct order"
-    );
+    tables
+        .assert_one_charge_per_order(&db, args.messages, (args.rounds + 1) * 2)
+        .await;
     rates.summary()
 }
 

@@ -64,6 +64,17 @@ impl Tables {
         .await;
         tables
     }
+
+    /// Checks that each distinct order of `rounds` runs of `messages` (10 % duplicates) on each
+    /// side was charged once.
+    pub async fn assert_one_charge_per_order(&self, db: &TestDb, messages: usize, runs: usize) {
+        let expected = (messages - messages / 10) * runs;
+        assert_eq!(
+            db.count(&self.charges, "1=1").await as usize,
+            expected,
+            "one charge per distinct order"
+        );
+    }
 }
 
 /// idem's side: the business insert, through the inbox's transaction.

@@ -13,6 +13,14 @@ pub mod recorder;
 
 pub use db::{Backend, TestDb, unique};
 
+/// The inbox key of `consumer` and `key`, both valid.
+pub fn inbox_key(consumer: &str, key: &str) -> idem_runtime::InboxKey {
+    idem_runtime::InboxKey {
+        consumer: idem_runtime::ConsumerName::new(consumer).expect("a valid consumer name"),
+        message_key: idem_runtime::MessageKey::new(key).expect("a valid key"),
+    }
+}
+
 /// Runs `cleanup` to completion on a runtime of its own, in a thread of its own: test fixtures
 /// clean up when dropped, possibly while the test's runtime is shutting down.
 pub fn clean_up<F>(cleanup: F)

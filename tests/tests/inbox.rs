@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    ConfigError, Error, Inbox, InboxKey, Metadata, Outcome, RedeliveryWindow, RetentionPolicy,
-    Settle, Status,
+    ConfigError, Error, Inbox, Metadata, Outcome, RedeliveryWindow, RetentionPolicy, Settle, Status,
 };
-use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
+use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
 
 on_each_backend!(
     fresh_then_duplicate_returns_the_stored_output,
@@ -55,13 +54,6 @@ async fn setup_with(
 
 fn meta() -> Metadata {
     Metadata::default()
-}
-
-fn inbox_key(consumer: &str, key: &str) -> InboxKey {
-    InboxKey {
-        consumer: idem_runtime::ConsumerName::new(consumer).unwrap(),
-        message_key: idem_runtime::MessageKey::new(key).unwrap(),
-    }
 }
 
 /// Processes until the inbox stops asking for a requeue, as a broker would redeliver.

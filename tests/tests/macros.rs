@@ -12,11 +12,10 @@ use idem_runtime::sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait,
 };
 use idem_runtime::{
-    ConsumerName, Context, Error, Handler, Inbox, InboxKey, MessageKey, Metadata, Mode, Outcome,
-    Settle, Status, idempotent,
+    Context, Error, Handler, Inbox, MessageKey, Metadata, Mode, Outcome, Settle, Status, idempotent,
 };
 use idem_tests::db::statement;
-use idem_tests::{Backend, TestDb, on_each_backend};
+use idem_tests::{Backend, TestDb, inbox_key, on_each_backend};
 use serde::{Deserialize, Serialize};
 
 on_each_backend!(
@@ -211,13 +210,6 @@ async fn setup(backend: Backend) -> (TestDb, Inbox, String) {
         .expect("inbox builds");
     let effects = db.effects_table().await;
     (db, inbox, effects)
-}
-
-fn inbox_key(consumer: &str, key: &str) -> InboxKey {
-    InboxKey {
-        consumer: ConsumerName::new(consumer).unwrap(),
-        message_key: MessageKey::new(key).unwrap(),
-    }
 }
 
 fn order(ledger: &str, id: &str, amount: i64) -> OrderPlaced {

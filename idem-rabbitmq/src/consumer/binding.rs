@@ -104,12 +104,12 @@ where
                     };
                 }
             };
-            let key = self
-                .handler
-                .key(&message, metadata)
-                .ok()
-                .map(|key| key.to_string());
-            let verdict = match inbox.process(&self.handler, message, metadata).await {
+            let message_key = self.handler.key(&message, metadata);
+            let key = message_key.as_ref().ok().map(|key| key.to_string());
+            let verdict = match inbox
+                .process_with_key(&self.handler, message_key, message, metadata)
+                .await
+            {
                 Ok(Outcome::Processed(_)) => Verdict::Ack { duplicate: false },
                 Ok(Outcome::Duplicate(_)) => Verdict::Ack { duplicate: true },
                 Err(error) => match error.settle() {

@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::clock::{duration_ms, from_epoch_ms, now_ms};
 use crate::error::{ConfigError, Error, Result};
 use crate::handler::{Context, Handler, Mode, Outcome};
-use crate::key::{ConsumerName, InboxKey};
+use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;
 use crate::retention::policy::check_covers;
@@ -92,10 +92,24 @@ impl Inbox {
         message: H::Message,
         metadata: &Metadata,
     ) -> Result<Outcome<H::Output>> {
+        let key = handler.key(&message, metadata);
+        self.process_with_key(handler, key, message, metadata).await
+    }
+
+    /// [`Inbox::process`] with the key [`Handler::key`] gave for this message, for a caller that
+    /// needs the key itself (a transport puts it in its logs and dead-letter headers) and should
+    /// not compute it twice.
+    pub async fn process_with_key<H: Handler>(
+        &self,
+        handler: &H,
+        key: Result<MessageKey, KeyError>,
+        message: H::Message,
+        metadata: &Metadata,
+    ) -> Result<Outcome<H::Output>> {
         let consumer = handler.consumer();
         let span = observe::span(consumer, metadata);
         let result = self
-            .process_in_span(handler, message, metadata)
+            .process_in_span(handler, key, message, metadata)
             .instrument(span.clone())
             .await;
         observe::record(&span, consumer, &result);
@@ -105,11 +119,12 @@ impl Inbox {
     async fn process_in_span<H: Handler>(
         &self,
         handler: &H,
+        key: Result<MessageKey, KeyError>,
         message: H::Message,
         metadata: &Metadata,
     ) -> Result<Outcome<H::Output>> {
         let consumer = ConsumerName::new(handler.consumer()).map_err(Error::InvalidConsumer)?;
-        let message_key = handler.key(&message, metadata).map_err(Error::InvalidKey)?;
+        let message_key = key.map_err(Error::InvalidKey)?;
         tracing::Span::current().record("key", message_key.as_str());
         let key = InboxKey {
             consumer,
