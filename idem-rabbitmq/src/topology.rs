@@ -12,7 +12,9 @@ pub enum QueueKind {
     /// A classic durable queue.
     Classic,
     /// A quorum queue (replicated; the broker counts deliveries and dead-letters a message past
-    /// `x-delivery-limit`, which also stops a message that crashes consumers from looping).
+    /// `x-delivery-limit`, which also stops a message that crashes consumers from looping). Its
+    /// dead-lettering is declared at-least-once, so the broker keeps a message until the
+    /// dead-letter queue has it; a full queue then refuses new publishes.
     Quorum,
 }
 
@@ -147,6 +149,14 @@ impl QueueTopology {
     /// [`existing`](QueueTopology::existing) topology, only checks that the dead-letter exchange
     /// exists.
     pub async fn declare(&self, channel: &Channel) -> Result<()> {
+        if self.dead_letter_exchange.is_empty() {
+            // The default exchange would route a dead-letter copy by its routing key, back to
+            // the work queue.
+            return Err(Error::Config(format!(
+                "queue {:?} has no dead-letter exchange; dead-lettered messages need one",
+                self.queue
+            )));
+        }
         if !self.declare {
             // Only checked: a dead-letter exchange that is not there would fail every
             // dead-lettering later, and close the channel that publishes the copies.
@@ -235,10 +245,14 @@ impl QueueTopology {
             AMQPValue::LongString(self.dead_letter_exchange.as_str().into()),
         );
         if self.kind == QueueKind::Quorum {
-            arguments.insert(
-                ShortString::from("x-queue-type"),
-                AMQPValue::LongString("quorum".into()),
-            );
+            let mut text = |name: &str, value: &str| {
+                arguments.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
+            };
+            text("x-queue-type", "quorum");
+            // Without these, the broker's own dead-lettering (past `x-delivery-limit`) drops a
+            // message that the dead-letter queue did not take.
+            text("x-dead-letter-strategy", "at-least-once");
+            text("x-overflow", "reject-publish");
             if let Some(limit) = self.delivery_limit {
                 arguments.insert(
                     ShortString::from("x-delivery-limit"),
@@ -283,6 +297,10 @@ mod tests {
         assert_eq!(
             args.get("x-delivery-limit"),
             Some(&AMQPValue::LongLongInt(7))
+        );
+        assert_eq!(
+            args.get("x-dead-letter-strategy"),
+            Some(&AMQPValue::LongString("at-least-once".into()))
         );
         assert!(
             !QueueTopology::classic("q")

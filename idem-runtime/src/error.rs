@@ -198,6 +198,14 @@ impl Error {
         self.settle() == Settle::Requeue
     }
 
+    /// Whether the inbox database could not be reached: no connection, a connection lost, no
+    /// pooled connection free in time, or the server shutting down. The message is not at fault,
+    /// so a transport should not count the delivery against the message's delivery limit; a
+    /// statement the database refused is not counted here.
+    pub fn is_store_unavailable(&self) -> bool {
+        matches!(self, Error::Database(error) if is_unreachable(error))
+    }
+
     /// A stable, machine-readable name for the error, used as the dead-letter reason code and
     /// as a metrics label.
     pub fn code(&self) -> &'static str {
@@ -219,6 +227,38 @@ impl Error {
             Error::Database(_) => "database-unavailable",
             Error::Config(_) => "configuration",
         }
+    }
+}
+
+/// Whether `error` says the database could not be reached, rather than that it refused a
+/// statement.
+pub(crate) fn is_unreachable(error: &DbErr) -> bool {
+    match error {
+        DbErr::Conn(_) | DbErr::ConnectionAcquire(_) => true,
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error))
+        | DbErr::Query(sea_orm::RuntimeErr::SqlxError(error)) => sqlx_unreachable(error),
+        _ => false,
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+fn sqlx_unreachable(error: &sea_orm::sqlx::Error) -> bool {
+    use sea_orm::sqlx::Error as Sqlx;
+    match error {
+        Sqlx::Io(_)
+        | Sqlx::Tls(_)
+        | Sqlx::Protocol(_)
+        | Sqlx::PoolTimedOut
+        | Sqlx::PoolClosed
+        | Sqlx::WorkerCrashed => true,
+        // SQLSTATE: connection exceptions (class 08, which includes MariaDB's server shutdown),
+        // PostgreSQL's shutdown, crash shutdown and cannot-connect-now, MariaDB's killed
+        // connection.
+        Sqlx::Database(error) => error.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "70100")
+        }),
+        _ => false,
     }
 }
 
@@ -268,6 +308,11 @@ mod tests {
             Error::Database(DbErr::Custom("down".into())).settle(),
             Settle::Requeue
         );
+        assert!(
+            Error::Database(DbErr::Conn(sea_orm::RuntimeErr::Internal("refused".into())))
+                .is_store_unavailable()
+        );
+        assert!(!Error::Database(DbErr::Custom("syntax".into())).is_store_unavailable());
         match (Error::FingerprintMismatch {
             key,
             stored: fp,

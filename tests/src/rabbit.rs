@@ -6,11 +6,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use idem_rabbitmq::lapin::options::{
-    BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ExchangeDeleteOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use idem_rabbitmq::lapin::types::FieldTable;
-use idem_rabbitmq::lapin::{Channel, Connection, ConnectionProperties};
+use idem_rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use idem_rabbitmq::{PublishOptions, Publisher, QueueTopology};
 
 use crate::db::unique;
@@ -136,6 +136,24 @@ impl TestBroker {
             .publish_bytes("", queue, body, options)
             .await
             .expect("publish")
+    }
+
+    /// Publishes JSON `body` to `queue` with no properties but its content type: no message id,
+    /// as a producer that does not set one sends it.
+    pub async fn send_without_id(&self, queue: &str, body: &[u8]) {
+        let properties = BasicProperties::default().with_content_type("application/json".into());
+        self.channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("publish");
     }
 
     /// How many messages are ready in `queue` (not counting unacknowledged ones).

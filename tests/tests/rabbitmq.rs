@@ -277,7 +277,10 @@ async fn bad_input_ends_in_the_dead_letter_queue_with_its_reason() {
     let handler = Recorder::new(&db, &effects, "billing").keyed_by_message_id();
     let consumer = start(&inbox, topology, handler).await;
 
-    // No message id: nothing to deduplicate on.
+    // No message id, or an empty one: nothing to deduplicate on.
+    broker
+        .send_without_id(&queue, br#"{"id":"o-0","body":"x"}"#)
+        .await;
     broker
         .send_bytes(
             &queue,
@@ -311,8 +314,8 @@ async fn bad_input_ends_in_the_dead_letter_queue_with_its_reason() {
         .await;
 
     broker
-        .eventually("four messages dead-lettered", WAIT, || async {
-            consumer.stats().dead_lettered == 4
+        .eventually("five messages dead-lettered", WAIT, || async {
+            consumer.stats().dead_lettered == 5
         })
         .await;
     let mut reasons: Vec<(String, Option<String>)> = broker
@@ -326,6 +329,7 @@ async fn bad_input_ends_in_the_dead_letter_queue_with_its_reason() {
         reasons,
         vec![
             ("fingerprint-mismatch".into(), Some("m-2".into())),
+            ("invalid-key".into(), None),
             ("invalid-key".into(), Some("".into())),
             ("undecodable".into(), Some("m-bad-json".into())),
             ("undecodable".into(), Some("m-xml".into())),
@@ -441,8 +445,10 @@ async fn database_unavailable_requeues_and_processes_once_it_is_back() {
     let inbox = Inbox::builder(proxied).table(table).build().await.unwrap();
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
+    // An outage does not count against the message: more requeues than `max_deliveries` must
+    // not dead-letter it.
     let consumer = builder(&inbox, &unique("idem-test"))
-        .max_deliveries(1000)
+        .max_deliveries(2)
         .bind(topology, Recorder::new(&db, &effects, "billing"))
         .start()
         .await
@@ -1071,5 +1077,54 @@ async fn a_dead_letter_copy_is_persistent_and_does_not_expire() {
     assert_eq!(letters[0].expiration, None);
     assert_eq!(letters[0].delivery_mode, Some(2));
     assert_eq!(letters[0].message_id.as_deref(), Some("m-ttl"));
+    consumer.shutdown().await;
+}
+
+/// Another handler that claims the name `billing`, which the `Recorder`s here use.
+#[idem_runtime::idempotent(key = msg.id.clone(), consumer = "billing", mode = two_phase)]
+async fn other_billing(msg: Msg) -> Result<(), std::convert::Infallible> {
+    let _ = msg;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_handlers_under_one_consumer_name_are_refused_one_handler_on_two_queues_is_not() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let (first, second) = (broker.classic_queue(), broker.classic_queue());
+    let recorder = Recorder::new(&db, &effects, "billing");
+
+    let refused = builder(&inbox, &unique("idem-test"))
+        .bind(first.clone(), recorder.clone())
+        .bind(second.clone(), other_billing_handler())
+        .start()
+        .await;
+    match refused {
+        Err(idem_rabbitmq::Error::Config(problem)) => {
+            assert!(problem.contains("\"billing\""), "{problem}")
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+
+    // One handler on two queues: a message that reaches it through both is processed once.
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .bind(first.clone(), recorder.clone())
+        .bind(second.clone(), recorder)
+        .start()
+        .await
+        .expect("one handler binds to two queues");
+    for topology in [&first, &second] {
+        broker
+            .send(topology.queue(), &Msg::new("o-1", "x"), with_id("m-1"))
+            .await;
+    }
+    broker
+        .eventually("both copies settled", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.duplicates == 2
+        })
+        .await;
+    assert_eq!(consumer.stats().duplicates, 1);
+    assert_eq!(db.count(&effects, "1=1").await, 1);
     consumer.shutdown().await;
 }

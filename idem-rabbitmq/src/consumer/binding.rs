@@ -1,5 +1,6 @@
 //! A handler bound to a queue, and the type-erased form the consumer drives.
 
+use std::any::TypeId;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -7,7 +8,7 @@ use idem_runtime::{Error, Handler, Inbox, Metadata, Outcome, Settle};
 use lapin::message::Delivery;
 use serde::de::DeserializeOwned;
 
-use super::settle::Verdict;
+use super::settle::{Retry, Verdict};
 use crate::codec::{Codec, Json};
 use crate::topology::QueueTopology;
 
@@ -54,6 +55,8 @@ pub(crate) type HandleFuture<'a> = Pin<Box<dyn Future<Output = Handled> + Send +
 pub(crate) trait Dispatch: Send + Sync + 'static {
     fn topology(&self) -> &QueueTopology;
     fn consumer(&self) -> &str;
+    /// The handler's type, to tell two handlers that claim one consumer name apart.
+    fn handler_type(&self) -> (TypeId, &'static str);
     fn check(&self, inbox: &Inbox) -> idem_runtime::Result<()>;
     fn handle<'a>(
         &'a self,
@@ -75,6 +78,10 @@ where
 
     fn consumer(&self) -> &str {
         self.handler.consumer()
+    }
+
+    fn handler_type(&self) -> (TypeId, &'static str) {
+        (TypeId::of::<H>(), std::any::type_name::<H>())
     }
 
     fn check(&self, inbox: &Inbox) -> idem_runtime::Result<()> {
@@ -117,11 +124,13 @@ where
                     Settle::Requeue => Verdict::Requeue {
                         code: error.code(),
                         detail: error.to_string(),
-                        wait: match &error {
-                            Error::InProgressElsewhere { remaining, .. } => Some(*remaining),
-                            _ => None,
+                        retry: match &error {
+                            Error::InProgressElsewhere { remaining, .. } => {
+                                Retry::Claimed(*remaining)
+                            }
+                            error if error.is_store_unavailable() => Retry::StoreUnavailable,
+                            _ => Retry::Failed,
                         },
-                        counted: !matches!(error, Error::InProgressElsewhere { .. }),
                     },
                     Settle::DeadLetter(reason) => Verdict::DeadLetter(reason),
                 },

@@ -4,6 +4,8 @@ mod binding;
 mod settle;
 mod worker;
 
+use std::any::TypeId;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +22,7 @@ use crate::url::AmqpUrl;
 pub use binding::Binding;
 use binding::Dispatch;
 pub use settle::{ConsumerStats, headers};
-use settle::{DeliveryCounts, RetryPolicy, Stats};
+use settle::{Retries, RetryPolicy, Stats};
 pub use worker::ShutdownReport;
 use worker::Worker;
 
@@ -253,7 +255,7 @@ impl ConsumerBuilder {
         let shutdown = Arc::new(shutdown);
         let settings = Arc::new(self.settings);
         let stats = Arc::new(Stats::default());
-        let counts = Arc::new(DeliveryCounts::default());
+        let retries = Arc::new(Retries::default());
         let in_flight = Arc::new(Semaphore::new(settings.max_in_flight));
         let mut consumer = Consumer {
             shutdown,
@@ -266,7 +268,7 @@ impl ConsumerBuilder {
                 inbox: self.inbox.clone(),
                 settings: Arc::clone(&settings),
                 stats: Arc::clone(&stats),
-                counts: Arc::clone(&counts),
+                retries: Arc::clone(&retries),
                 in_flight: Arc::clone(&in_flight),
                 shutdown: stop.clone(),
             };
@@ -282,6 +284,7 @@ impl ConsumerBuilder {
     }
 
     fn validate(&self) -> Result<()> {
+        self.check_consumer_names()?;
         let settings = &self.settings;
         let problem = if self.bindings.is_empty() {
             "no handler is bound to a queue"
@@ -295,5 +298,27 @@ impl ConsumerBuilder {
             return Ok(());
         };
         Err(Error::Config(problem.to_owned()))
+    }
+
+    /// Refuses two different handlers under one consumer name: they would share inbox records,
+    /// and one would skip the other's messages as duplicates. One handler bound to several
+    /// queues keeps its name, and processes a message that reaches it through both once.
+    fn check_consumer_names(&self) -> Result<()> {
+        let mut seen: HashMap<&str, (TypeId, &str)> = HashMap::new();
+        for binding in &self.bindings {
+            let (id, name) = binding.handler_type();
+            match seen.insert(binding.consumer(), (id, name)) {
+                Some((other_id, other)) if other_id != id => {
+                    return Err(Error::Config(format!(
+                        "handlers {other} and {name} both use the consumer name {:?}; give one \
+                         of them its own (`consumer = \"...\"`), or they skip each other's \
+                         messages as duplicates",
+                        binding.consumer()
+                    )));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }

@@ -2,14 +2,15 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_runtime::DeadLetterReason;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions};
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::metadata::broker_delivery_count;
 
@@ -43,14 +44,32 @@ pub(crate) enum Verdict {
         code: &'static str,
         /// The error in words.
         detail: String,
-        /// The least time worth waiting (another worker's claim runs this much longer).
-        wait: Option<Duration>,
-        /// Whether the delivery counts toward the delivery limit. Waiting for another worker's
-        /// claim does not: the lease and its takeovers bound that wait.
-        counted: bool,
+        /// Why, which decides the wait and whether the delivery counts as a failed attempt.
+        retry: Retry,
     },
     /// It cannot succeed: dead-letter with this reason.
     DeadLetter(DeadLetterReason),
+}
+
+/// Why a delivery is requeued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Processing failed: the delivery counts toward the delivery limit, and the back-off grows
+    /// with the message's deliveries.
+    Failed,
+    /// Another worker's claim on the message runs this much longer. Not counted: the lease and
+    /// its takeovers bound this wait.
+    Claimed(Duration),
+    /// The inbox database is unreachable. Not counted, since the message is not at fault; the
+    /// back-off grows with the outage, for every message of the consumer.
+    StoreUnavailable,
+}
+
+impl Retry {
+    /// Whether the delivery counts toward the message's delivery limit.
+    fn counted(self) -> bool {
+        self == Retry::Failed
+    }
 }
 
 /// How a delivery ended, for metrics and stats.
@@ -65,6 +84,14 @@ pub(crate) enum Settled {
 }
 
 impl Settled {
+    /// Whether the message left the queue.
+    fn is_final(self) -> bool {
+        matches!(
+            self,
+            Settled::Acked | Settled::Duplicate | Settled::DeadLettered
+        )
+    }
+
     pub(crate) fn label(self) -> &'static str {
         match self {
             Settled::Acked => "acked",
@@ -151,30 +178,53 @@ impl RetryPolicy {
     }
 }
 
-/// Deliveries of requeued messages seen by this process, for queues whose broker does not count
-/// them (classic queues). Bounded: a process that sees too many forgets them all.
+/// What a consumer remembers between deliveries to pace its retries: the failed deliveries of
+/// requeued messages, for queues whose broker does not count them (classic queues), and how long
+/// the inbox database has been unreachable.
 #[derive(Debug, Default)]
-pub(crate) struct DeliveryCounts(Mutex<HashMap<String, u32>>);
+pub(crate) struct Retries {
+    /// Failed deliveries per message. Bounded: a process that sees too many forgets them all.
+    failed: Mutex<HashMap<String, u32>>,
+    /// Deliveries requeued in a row because the database was unreachable; reset by any delivery
+    /// that reached it.
+    outage: AtomicU32,
+}
 
-impl DeliveryCounts {
+impl Retries {
     const MAX_TRACKED: usize = 100_000;
 
+    fn failed(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn get(&self, identity: &str) -> u32 {
-        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        counts.get(identity).copied().unwrap_or(0)
+        self.failed().get(identity).copied().unwrap_or(0)
     }
 
     fn set(&self, identity: &str, deliveries: u32) {
-        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if counts.len() >= Self::MAX_TRACKED {
-            counts.clear();
+        let mut failed = self.failed();
+        if failed.len() >= Self::MAX_TRACKED {
+            failed.clear();
         }
-        counts.insert(identity.to_owned(), deliveries);
+        failed.insert(identity.to_owned(), deliveries);
     }
 
     fn forget(&self, identity: &str) {
-        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        counts.remove(identity);
+        self.failed().remove(identity);
+    }
+
+    /// Notes one more delivery requeued for an unreachable database; returns how many in a row.
+    fn outage_continues(&self) -> u32 {
+        self.outage
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1)
+    }
+
+    /// Notes a delivery that reached the database.
+    pub(crate) fn store_reached(&self) {
+        if self.outage.load(Ordering::Relaxed) != 0 {
+            self.outage.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -187,21 +237,24 @@ pub(crate) struct Settler<'a> {
     /// A channel in confirm mode for dead-lettered copies.
     pub(crate) publisher: &'a Channel,
     pub(crate) retry: RetryPolicy,
-    pub(crate) counts: &'a DeliveryCounts,
+    pub(crate) retries: &'a Retries,
 }
 
 impl Settler<'_> {
-    /// Carries out `verdict` for `delivery`.
+    /// Carries out `verdict` for `delivery`. The in-flight `permit` is given back before any
+    /// back-off, so that waiting messages do not keep others from being processed.
     pub(crate) async fn settle(
         &self,
         delivery: &Delivery,
         verdict: Verdict,
         key: Option<&str>,
+        permit: OwnedSemaphorePermit,
     ) -> Settled {
         let identity = identity(self.queue, delivery);
         let deliveries = self.deliveries(delivery, &identity);
         let settled = match verdict {
             Verdict::Ack { duplicate } => {
+                self.retries.store_reached();
                 let settled = if duplicate {
                     Settled::Duplicate
                 } else {
@@ -212,39 +265,50 @@ impl Settler<'_> {
             Verdict::Requeue {
                 code,
                 detail,
-                counted: true,
-                ..
+                retry: Retry::Failed,
             } if deliveries >= self.retry.max_deliveries => {
                 let reason = DeadLetterReason::new(
                     "delivery-limit",
                     format!("gave up after {deliveries} deliveries; last error ({code}): {detail}"),
                 );
-                self.dead_letter(delivery, &reason, key, deliveries).await
+                self.dead_letter(delivery, &reason, key, deliveries, permit)
+                    .await
             }
-            Verdict::Requeue { wait, counted, .. } => {
-                if counted {
-                    self.counts.set(&identity, deliveries);
+            Verdict::Requeue { retry, .. } => {
+                drop(permit);
+                if retry.counted() {
+                    self.retries.set(&identity, deliveries);
                 }
-                let backoff = self.retry.backoff(deliveries);
-                let wait = wait.map_or(backoff, |wait| wait.clamp(backoff, self.retry.backoff_max));
-                tokio::time::sleep(wait).await;
-                return self.requeue(delivery).await;
+                tokio::time::sleep(self.backoff(retry, deliveries)).await;
+                return self.requeue(delivery, retry.counted()).await;
             }
             Verdict::DeadLetter(reason) => {
-                self.dead_letter(delivery, &reason, key, deliveries).await
+                self.dead_letter(delivery, &reason, key, deliveries, permit)
+                    .await
             }
         };
-        if settled != Settled::Lost {
-            self.counts.forget(&identity);
+        if settled.is_final() {
+            self.retries.forget(&identity);
         }
         settled
+    }
+
+    /// The wait before requeueing.
+    fn backoff(&self, retry: Retry, deliveries: u32) -> Duration {
+        match retry {
+            Retry::Failed => self.retry.backoff(deliveries),
+            Retry::Claimed(remaining) => {
+                remaining.clamp(self.retry.backoff(deliveries), self.retry.backoff_max)
+            }
+            Retry::StoreUnavailable => self.retry.backoff(self.retries.outage_continues()),
+        }
     }
 
     /// Which delivery of the message this is, counting from 1: the broker's count on quorum
     /// queues, this process's own on classic ones.
     fn deliveries(&self, delivery: &Delivery, identity: &str) -> u32 {
         let broker = broker_delivery_count(delivery.properties.headers().as_ref());
-        broker.max(self.counts.get(identity)) + 1
+        broker.max(self.retries.get(identity)) + 1
     }
 
     async fn ack(&self, delivery: &Delivery, settled: Settled) -> Settled {
@@ -254,26 +318,40 @@ impl Settler<'_> {
         }
     }
 
-    async fn requeue(&self, delivery: &Delivery) -> Settled {
-        let options = BasicNackOptions {
-            requeue: true,
-            ..BasicNackOptions::default()
+    /// Puts the message back on the queue: a failed attempt with `basic.reject`, which brokers
+    /// that tell the two apart (RabbitMQ 4.3 and later) count toward a quorum queue's delivery
+    /// limit, anything else with `basic.nack`, which they do not count.
+    async fn requeue(&self, delivery: &Delivery, failed: bool) -> Settled {
+        let sent = if failed {
+            delivery
+                .acker
+                .reject(BasicRejectOptions { requeue: true })
+                .await
+        } else {
+            let options = BasicNackOptions {
+                requeue: true,
+                ..BasicNackOptions::default()
+            };
+            delivery.acker.nack(options).await
         };
-        match delivery.acker.nack(options).await {
+        match sent {
             Ok(true) => Settled::Requeued,
-            Ok(false) | Err(_) => lost(delivery, "nack"),
+            Ok(false) | Err(_) => lost(delivery, "requeue"),
         }
     }
 
     /// Publishes a copy with the reason to the dead-letter exchange, waits for the broker's
     /// confirm, then acknowledges the original. If the copy cannot be stored, the original is
-    /// requeued instead: nothing is lost.
+    /// requeued instead, after the longest back-off: nothing is lost, and the error log says
+    /// why until the dead-letter exchange takes copies again. (Rejecting it for the broker to
+    /// dead-letter would drop it when the exchange routes nowhere.)
     async fn dead_letter(
         &self,
         delivery: &Delivery,
         reason: &DeadLetterReason,
         key: Option<&str>,
         deliveries: u32,
+        permit: OwnedSemaphorePermit,
     ) -> Settled {
         tracing::error!(
             queue = self.queue,
@@ -298,8 +376,9 @@ impl Settler<'_> {
                     %problem,
                     "cannot dead-letter; requeueing the message instead"
                 );
+                drop(permit);
                 tokio::time::sleep(self.retry.backoff_max).await;
-                self.requeue(delivery).await
+                self.requeue(delivery, false).await
             }
         }
     }

@@ -25,7 +25,7 @@ use tracing::field::Empty;
 
 use super::Settings;
 use super::binding::{Dispatch, Handled};
-use super::settle::{DeliveryCounts, Settler, Stats, Verdict};
+use super::settle::{Retries, Retry, Settler, Stats, Verdict};
 use crate::connect::connect;
 use crate::error::{Error, Result};
 use crate::metadata::metadata_of;
@@ -116,7 +116,7 @@ pub(crate) struct Worker {
     pub(crate) inbox: Inbox,
     pub(crate) settings: Arc<Settings>,
     pub(crate) stats: Arc<Stats>,
-    pub(crate) counts: Arc<DeliveryCounts>,
+    pub(crate) retries: Arc<Retries>,
     pub(crate) in_flight: Arc<Semaphore>,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
@@ -297,10 +297,10 @@ impl Worker {
             inbox: self.inbox.clone(),
             settings: Arc::clone(&self.settings),
             stats: Arc::clone(&self.stats),
-            counts: Arc::clone(&self.counts),
+            retries: Arc::clone(&self.retries),
             publisher: session.publisher.clone(),
             delivery,
-            _permit: permit,
+            permit,
         }
     }
 
@@ -391,21 +391,31 @@ struct Job {
     inbox: Inbox,
     settings: Arc<Settings>,
     stats: Arc<Stats>,
-    counts: Arc<DeliveryCounts>,
+    retries: Arc<Retries>,
     publisher: Channel,
     delivery: Delivery,
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
 }
 
 impl Job {
     async fn run(self) {
-        let topology = self.binding.topology();
-        let metadata = metadata_of(&self.delivery.properties, self.delivery.redelivered);
+        let Job {
+            binding,
+            inbox,
+            settings,
+            stats,
+            retries,
+            publisher,
+            delivery,
+            permit,
+        } = self;
+        let topology = binding.topology();
+        let metadata = metadata_of(&delivery.properties, delivery.redelivered);
         let span = tracing::info_span!(
             "idem.delivery",
             queue = topology.queue(),
-            delivery_tag = self.delivery.delivery_tag,
-            redelivered = self.delivery.redelivered,
+            delivery_tag = delivery.delivery_tag,
+            redelivered = delivery.redelivered,
             message_id = metadata.message_id.as_deref(),
             correlation_id = metadata.correlation_id.as_deref(),
             key = Empty,
@@ -415,35 +425,33 @@ impl Job {
             // A panic outside the handler (a key expression, a codec, an output's `Serialize`)
             // must still settle the delivery, or it would hold its place until the channel
             // closes.
-            let handled =
-                AssertUnwindSafe(self.binding.handle(&self.inbox, &self.delivery, &metadata))
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|panic| Handled {
-                        verdict: Verdict::Requeue {
-                            code: "panicked",
-                            detail: idem_runtime::panic_message(panic.as_ref()),
-                            wait: None,
-                            counted: true,
-                        },
-                        key: None,
-                    });
+            let handled = AssertUnwindSafe(binding.handle(&inbox, &delivery, &metadata))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Handled {
+                    verdict: Verdict::Requeue {
+                        code: "panicked",
+                        detail: idem_runtime::panic_message(panic.as_ref()),
+                        retry: Retry::Failed,
+                    },
+                    key: None,
+                });
             if let Some(key) = &handled.key {
                 tracing::Span::current().record("key", key.as_str());
             }
             let settler = Settler {
                 queue: topology.queue(),
-                consumer: self.binding.consumer(),
+                consumer: binding.consumer(),
                 dead_letter_exchange: topology.dead_letter_exchange(),
-                publisher: &self.publisher,
-                retry: self.settings.retry,
-                counts: &self.counts,
+                publisher: &publisher,
+                retry: settings.retry,
+                retries: &retries,
             };
             let settled = settler
-                .settle(&self.delivery, handled.verdict, handled.key.as_deref())
+                .settle(&delivery, handled.verdict, handled.key.as_deref(), permit)
                 .await;
             tracing::Span::current().record("settle", settled.label());
-            self.stats.count(settled);
+            stats.count(settled);
             metrics::counter!(
                 crate::DELIVERIES_TOTAL,
                 "queue" => topology.queue().to_owned(),

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use sea_orm::{DatabaseConnection, DbBackend, DbErr};
+use sea_orm::{DatabaseConnection, DbBackend};
 
 use super::{DEFAULT_MAX_ATTEMPTS, Inbox, Inner};
 use crate::error::{ConfigError, Error, Result};
@@ -113,7 +113,7 @@ impl InboxBuilder {
             .check_schema(&self.db)
             .await
             .map_err(|error| match error {
-                DbErr::Conn(_) | DbErr::ConnectionAcquire(_) => Error::Database(error),
+                error if crate::error::is_unreachable(&error) => Error::Database(error),
                 _ => ConfigError::SchemaMismatch {
                     table: store.table().to_string(),
                     detail: error.to_string(),
