@@ -22,6 +22,7 @@ on_each_backend!(
     handler_panic_before_commit_records_nothing,
     permanent_handler_error_is_dead_lettered,
     expired_record_is_processed_again,
+    thirty_two_concurrent_copies_of_an_expired_record_have_one_effect,
     two_phase_lease_takeover_fences_the_stale_worker,
     two_phase_releases_the_claim_when_the_handler_fails,
     two_phase_max_takeovers_needs_intervention,
@@ -301,6 +302,32 @@ async fn expired_record_is_processed_again(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(changed, Outcome::Processed("run:w".into()));
+}
+
+async fn thirty_two_concurrent_copies_of_an_expired_record_have_one_effect(backend: Backend) {
+    let retention = RetentionPolicy::default().with_consumer("short", Duration::from_secs(2));
+    let (db, inbox, effects) = setup_with(backend, |b| b.retention(retention)).await;
+    let handler = Arc::new(Recorder::new(&db, &effects, "short").slow(Duration::from_millis(20)));
+    inbox
+        .process(handler.as_ref(), Msg::new("k", "v"), &meta())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // Every copy finds the expired record; one takes it over, the others see its new run.
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (inbox, handler) = (inbox.clone(), Arc::clone(&handler));
+            tokio::spawn(async move {
+                process_until_settled(&inbox, &handler, Msg::new("k", "v")).await
+            })
+        })
+        .collect();
+    let mut processed = 0;
+    for task in tasks {
+        processed += usize::from(!task.await.unwrap().unwrap().is_duplicate());
+    }
+    assert_eq!(processed, 1);
+    assert_eq!(db.count(&effects, "1=1").await, 2);
 }
 
 async fn two_phase_lease_takeover_fences_the_stale_worker(backend: Backend) {

@@ -204,7 +204,10 @@ impl ConsumerBuilder {
 
     /// How many deliveries a message gets before a transient failure dead-letters it with reason
     /// `delivery-limit` (default 10). Counted by the broker on quorum queues
-    /// (`x-delivery-count`), by this process on classic ones.
+    /// (`x-delivery-count`), by this process on classic ones. A delivery requeued because
+    /// another worker holds the message's claim, or because the inbox database is unreachable,
+    /// is not a failed attempt: it goes back with `basic.nack`, which RabbitMQ 4.3 and later do
+    /// not count either, where failures go back with `basic.reject`.
     pub fn max_deliveries(mut self, max: u32) -> Self {
         self.settings.retry.max_deliveries = max;
         self
