@@ -156,7 +156,10 @@ pub enum Error {
     /// dead-letter queue at the transport's delivery limit).
     #[error("handler panicked: {0}")]
     HandlerPanicked(String),
-    /// The handler's output could not be stored as JSON. Dead-lettered: nothing was committed.
+    /// The handler's output could not be stored as JSON. Dead-lettered. In transactional mode
+    /// nothing was committed; in two-phase mode the side effect has happened, so the record is
+    /// completed without the output, and a later copy is acknowledged as a duplicate whose output
+    /// cannot be read ([`Error::StoredOutputUnreadable`]).
     #[error("cannot store the handler's output: {0}")]
     OutputNotStorable(#[source] serde_json::Error),
     /// A duplicate's stored output no longer reads as the handler's output type (the type changed

@@ -3,7 +3,9 @@
 //!
 //! Run: `cargo test -p idem-tests --test inbox` with PostgreSQL and MariaDB up (see README).
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::{
@@ -27,9 +29,11 @@ on_each_backend!(
     two_phase_releases_the_claim_when_the_handler_fails,
     two_phase_max_takeovers_needs_intervention,
     two_phase_duplicate_returns_the_stored_output,
+    two_phase_output_that_cannot_be_stored_still_completes_the_record,
     two_phase_claim_outlives_a_retention_shorter_than_its_lease,
     bad_input_gets_its_own_error,
     table_creation_is_idempotent_and_migration_creates_the_same_table,
+    migrations_of_two_inbox_tables_are_recorded_apart,
     retention_shorter_than_the_redelivery_window_is_refused,
     a_table_with_another_schema_is_refused_at_start_up,
 );
@@ -497,6 +501,49 @@ async fn two_phase_duplicate_returns_the_stored_output(backend: Backend) {
     assert_eq!(db.count(&effects, "1=1").await, 1);
 }
 
+/// A two-phase service whose output JSON cannot hold: map keys must be strings there.
+#[derive(Debug, Default)]
+struct UnstorableOutput {
+    calls: AtomicUsize,
+}
+
+impl UnstorableOutput {
+    #[idem_runtime::idempotent(key = msg.id.clone(), consumer = "unstorable", mode = two_phase)]
+    async fn call(&self, msg: Msg) -> Result<HashMap<(u8, u8), u8>, std::convert::Infallible> {
+        let _ = msg;
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(HashMap::from([((1, 2), 3)]))
+    }
+}
+
+async fn two_phase_output_that_cannot_be_stored_still_completes_the_record(backend: Backend) {
+    let (_db, inbox, _effects) = setup(backend).await;
+    let service = Arc::new(UnstorableOutput::default());
+    let handler = service.call_handler();
+    let first = inbox.process(&handler, Msg::new("k", "v"), &meta()).await;
+    assert!(
+        matches!(first, Err(Error::OutputNotStorable(_))),
+        "{first:?}"
+    );
+    assert!(matches!(
+        first.unwrap_err().settle(),
+        Settle::DeadLetter(reason) if reason.code == "output-not-storable"
+    ));
+    // The external call happened once; a redelivery or a resubmission must not repeat it.
+    let again = inbox.process(&handler, Msg::new("k", "v"), &meta()).await;
+    assert!(
+        matches!(&again, Err(e) if e.settle() == Settle::Ack),
+        "{again:?}"
+    );
+    assert_eq!(service.calls.load(Ordering::SeqCst), 1);
+    let record = inbox
+        .lookup(&inbox_key("unstorable", "k"))
+        .await
+        .unwrap()
+        .expect("a record");
+    assert_eq!(record.status, Status::Completed);
+}
+
 async fn bad_input_gets_its_own_error(backend: Backend) {
     let (db, inbox, effects) = setup(backend).await;
     let handler = Recorder::new(&db, &effects, "billing");
@@ -614,6 +661,56 @@ async fn table_creation_is_idempotent_and_migration_creates_the_same_table(backe
     let gone = inbox.process(&handler, Msg::new("c", "1"), &meta()).await;
     assert!(matches!(gone, Err(Error::Database(_))), "{gone:?}");
     assert_eq!(gone.unwrap_err().settle(), Settle::Requeue);
+}
+
+async fn migrations_of_two_inbox_tables_are_recorded_apart(backend: Backend) {
+    use idem_runtime::TableName;
+    use idem_runtime::migration::CreateInbox;
+    use sea_orm::DynIden;
+    use sea_orm_migration::sea_query::{Alias, IntoIden};
+    use sea_orm_migration::{MigrationTrait, MigratorTraitSelf};
+
+    /// A migrator with its own migrations table, so that tests do not share one.
+    struct Migrator {
+        table: String,
+        inboxes: Vec<TableName>,
+    }
+
+    impl MigratorTraitSelf for Migrator {
+        fn migrations(&self) -> Vec<Box<dyn MigrationTrait>> {
+            self.inboxes
+                .iter()
+                .map(|table| Box::new(CreateInbox::new(table.clone())) as Box<dyn MigrationTrait>)
+                .collect()
+        }
+
+        fn migration_table_name(&self) -> DynIden {
+            Alias::new(self.table.as_str()).into_iden()
+        }
+    }
+
+    let db = TestDb::connect(backend).await;
+    let inboxes = [db.table("orders"), db.table("billing")];
+    let migrator = Migrator {
+        table: db.table("migrations"),
+        inboxes: inboxes
+            .iter()
+            .map(|table| TableName::new(table.as_str()).unwrap())
+            .collect(),
+    };
+    migrator.up(&db.db, None).await.unwrap();
+    // Both ran: each table serves an inbox that does not create its own.
+    assert_eq!(db.count(&migrator.table, "1=1").await, 2);
+    for table in &inboxes {
+        Inbox::builder(db.db.clone())
+            .table(table.as_str())
+            .create_table(false)
+            .build()
+            .await
+            .unwrap_or_else(|error| panic!("{table}: {error}"));
+    }
+    migrator.down(&db.db, None).await.unwrap();
+    assert_eq!(db.count(&migrator.table, "1=1").await, 0);
 }
 
 async fn retention_shorter_than_the_redelivery_window_is_refused(backend: Backend) {

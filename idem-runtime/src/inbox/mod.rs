@@ -207,12 +207,8 @@ impl Inbox {
         };
         let cx = Context::new(&request.key.message_key, metadata, None)
             .with_attempt(attempt, previous_claim_at.map(from_epoch_ms));
-        let stored = run(handler, &cx, message).await.and_then(|output| {
-            let json = serde_json::to_string(&output).map_err(Error::OutputNotStorable)?;
-            Ok((output, json))
-        });
-        let (output, json) = match stored {
-            Ok(done) => done,
+        let output = match run(handler, &cx, message).await {
+            Ok(output) => output,
             Err(error) => {
                 // Never keep a key after a failed handler: the redelivery must be able to retry.
                 if let Err(release) = store.release(db, request.key, token).await {
@@ -221,18 +217,21 @@ impl Inbox {
                 return Err(error);
             }
         };
+        // The side effect has happened: an output that cannot be stored still completes the
+        // record, without it, so that no redelivery repeats the effect.
+        let json = serde_json::to_string(&output);
         let now = now_ms();
         let expires_at = now.saturating_add(duration_ms(request.retention));
-        let output_json = (json != "null").then_some(json.as_str());
-        if complete_with_retries(store, db, request.key, token, output_json, now, expires_at)
+        let output_json = json.as_deref().ok().filter(|json| *json != "null");
+        if !complete_with_retries(store, db, request.key, token, output_json, now, expires_at)
             .await?
         {
-            Ok(Outcome::Processed(output))
-        } else {
-            Err(Error::ClaimLost {
+            return Err(Error::ClaimLost {
                 key: request.key.clone(),
-            })
+            });
         }
+        json.map_err(Error::OutputNotStorable)?;
+        Ok(Outcome::Processed(output))
     }
 
     /// Begins a transaction that takes the write lock at once on SQLite, where a deferred
