@@ -96,12 +96,25 @@ fn output_and_error(spec: &Spec) -> (TokenStream, TokenStream) {
     (output, error)
 }
 
-fn consumer(spec: &Spec) -> TokenStream {
+/// The consumer name: the `consumer = "..."` literal, or a hidden constant holding
+/// `"<module path>::<function name>"`, which the compiler checks to be a valid consumer name
+/// (reported on the function's name).
+fn consumer(spec: &Spec) -> (TokenStream, TokenStream) {
     match &spec.consumer {
-        Some(name) => quote!(#name),
+        Some(name) => (TokenStream::new(), quote!(#name)),
         None => {
             let name = spec.ident.to_string();
-            quote!(::core::concat!(::core::env!("CARGO_PKG_NAME"), "::", #name))
+            let span = spec.ident.span();
+            let rt = rt_at(span);
+            let item = quote_spanned! {span=>
+                const __IDEM_CONSUMER: &str = #rt::concat!(#rt::module_path!(), "::", #name);
+                const _: () = #rt::assert!(
+                    __IDEM_CONSUMER.len() <= #rt::ConsumerName::MAX_LEN,
+                    "the default consumer name, `<module path>::<function name>`, is longer than \
+                     128 bytes: set `consumer = \"...\"`",
+                );
+            };
+            (item, quote!(__IDEM_CONSUMER))
         }
     }
 }
@@ -201,7 +214,7 @@ fn expand_free(spec: &Spec) -> TokenStream {
     let message_item = quote_spanned!(message_span=> type Message = #message;);
     let output_item = quote_spanned!(spec.output_span=> type Output = #output;);
     let error_item = quote_spanned!(spec.error_span=> type Error = #error;);
-    let consumer = consumer(spec);
+    let (consumer_item, consumer) = consumer(spec);
     let mode = mode(spec);
     let retention = retention(spec);
     let key = key_body(spec);
@@ -211,7 +224,7 @@ fn expand_free(spec: &Spec) -> TokenStream {
     let span = ident.span();
     let rt_span = rt_at(span);
     let future = quote_spanned! {span=>
-        impl #rt_span::Future<Output = #rt_span::Result<Self::Output, Self::Error>> + ::core::marker::Send
+        impl #rt_span::Future<Output = #rt_span::Result<Self::Output, Self::Error>> + #rt_span::Send
     };
     let call = quote_spanned!(span=> #ident(#(#args),*));
     let permanent = match &spec.permanent {
@@ -223,6 +236,8 @@ fn expand_free(spec: &Spec) -> TokenStream {
         #[doc = #doc]
         #[allow(dead_code)]
         #vis fn #handler() -> #ret_ty {
+            #consumer_item
+
             #[doc(hidden)]
             #[allow(non_camel_case_types)]
             struct __idem_handler;
@@ -288,7 +303,7 @@ fn expand_method(spec: &Spec) -> TokenStream {
     let ret_ty = return_type(spec);
     let message = &spec.message_ty;
     let (output, error) = output_and_error(spec);
-    let consumer = consumer(spec);
+    let (consumer_item, consumer) = consumer(spec);
     let mode = mode(spec);
     let retention = retention(spec);
     let key = key_body(spec);
@@ -309,9 +324,9 @@ fn expand_method(spec: &Spec) -> TokenStream {
     };
     let doc = handler_doc(&format!("Self::{ident}"));
     // A service that cannot be shared between threads is reported on the method's name.
-    let service_bounds = quote_spanned! {ident.span()=>
+    let service_bounds = quote_spanned! {span=>
         where
-            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+            Self: #rt_span::Send + #rt_span::Sync + 'static,
     };
     // Each unmet bound is reported on the type argument that lacks it.
     let construct = quote! {
@@ -323,6 +338,7 @@ fn expand_method(spec: &Spec) -> TokenStream {
         #vis fn #handler(self: &#rt::Arc<Self>) -> #ret_ty
         #service_bounds
         {
+            #consumer_item
             let __idem_spec = #rt::MethodSpec {
                 consumer: #consumer,
                 mode: #mode,

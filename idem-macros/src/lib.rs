@@ -25,7 +25,7 @@
 //!
 //! The generated `Handler` implementation:
 //!
-//! - `consumer()` is the `consumer = "..."` option, or `"<crate name>::<function name>"`;
+//! - `consumer()` is the `consumer = "..."` option, or `"<module path>::<function name>"`;
 //! - `key()` evaluates the `key = <expr>` expression with the message parameter bound to a
 //!   *reference* to the message and the `&Metadata` parameter (if any) bound to the transport's
 //!   metadata, and turns the value into a validated `MessageKey` through `KeySource`;
@@ -146,11 +146,17 @@ use proc_macro::TokenStream;
 /// ## `consumer = "<name>"`
 ///
 /// The consumer name, the first half of the inbox key: each consumer of a pub/sub channel
-/// tracks its own completions. Checked at compile time (non-empty, at most 128 bytes). The
-/// default is `"<crate name>::<function name>"` (`concat!(env!("CARGO_PKG_NAME"), "::",
-/// "charge")`): stable across builds and machines, but renaming the crate or the function
-/// changes it, and a renamed consumer forgets what it processed. **Set it explicitly for
-/// production handlers.**
+/// tracks its own completions. Checked at compile time (non-empty, at most 128 bytes), the
+/// default too. The default is `"<module path>::<function name>"` (`concat!(module_path!(),
+/// "::", "ship")`): `ship` in `mod orders` of the crate `shop` is `"shop::orders::ship"`, so
+/// handlers named alike in different modules keep apart. It is stable across builds and
+/// machines, but renaming the crate or the function, or moving it to another module, changes
+/// it, and a renamed consumer forgets what it processed. **Set it explicitly for production
+/// handlers.**
+///
+/// On a method the default names the module and the method, not the type: two types in one
+/// module with a handler method of the same name would share a consumer, so each must set
+/// `consumer = "..."`.
 ///
 /// ```
 /// # use idem_runtime::{Handler, idempotent};
@@ -163,7 +169,7 @@ use proc_macro::TokenStream;
 /// async fn ship(order: OrderPlaced) -> Result<(), E> { Ok(()) }
 ///
 /// assert_eq!(charge_handler().consumer(), "billing");
-/// assert_eq!(ship_handler().consumer(), concat!(env!("CARGO_PKG_NAME"), "::ship"));
+/// assert_eq!(ship_handler().consumer(), concat!(module_path!(), "::ship"));
 /// ```
 ///
 /// ## `mode = transactional | two_phase`
@@ -282,7 +288,8 @@ use proc_macro::TokenStream;
 /// On a method taking `&self`, the generated `<name>_handler` takes `self: &Arc<Self>` and
 /// holds a clone of the `Arc`. The service must be `Send + Sync + 'static`. Methods of generic
 /// `impl` blocks work; generic *functions* are refused (a handler has one message type).
-/// Associated functions without `self` are not supported: write a free function instead.
+/// Associated functions without `self` are not supported: write a free function instead. The
+/// default consumer name is `"<module path>::<method name>"`, without the type (see `consumer`).
 ///
 /// ```
 /// use std::sync::Arc;

@@ -11,16 +11,18 @@ use serde::de::DeserializeOwned;
 
 pub use std::boxed::Box;
 pub use std::future::Future;
+pub use std::marker::{Send, Sync};
 pub use std::option::Option::{self, None, Some};
 pub use std::result::Result::{self, Ok};
 pub use std::sync::Arc;
 pub use std::time::Duration;
+pub use std::{assert, concat, module_path};
 
 pub use sea_orm::DatabaseTransaction;
 
 pub use crate::fingerprint::{Fingerprint, FingerprintError};
 pub use crate::handler::{Context, Handler, Mode};
-pub use crate::key::{KeyError, KeySource, MessageKey};
+pub use crate::key::{ConsumerName, KeyError, KeySource, MessageKey};
 pub use crate::metadata::Metadata;
 
 /// A boxed, `Send` future: what a method handler's hidden `handle` function returns.

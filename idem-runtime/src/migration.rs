@@ -2,6 +2,7 @@
 //! migrator (feature `migration`).
 //!
 //! ```no_run
+//! use idem_runtime::TableName;
 //! use idem_runtime::migration::CreateInbox;
 //! use sea_orm_migration::{MigrationTrait, MigratorTrait};
 //!
@@ -9,7 +10,10 @@
 //!
 //! impl MigratorTrait for Migrator {
 //!     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-//!         vec![Box::new(CreateInbox::default())]
+//!         vec![
+//!             Box::new(CreateInbox::default()), // `idem_inbox`
+//!             Box::new(CreateInbox::new(TableName::new("billing_inbox").unwrap())),
+//!         ]
 //!     }
 //! }
 //! ```
@@ -21,21 +25,33 @@ use sea_orm_migration::prelude::*;
 use crate::store::table::{TableName, create_table_statements, drop_table_statement};
 
 /// Creates the inbox table and its expiry index (`up`) or drops them (`down`).
-#[derive(Debug, Clone, Default)]
+///
+/// Its name is `m20261129_000001_create_<table>`, so that migrations of several inbox tables are
+/// recorded apart; the default table's is `m20261129_000001_create_idem_inbox`.
+#[derive(Debug, Clone)]
 pub struct CreateInbox {
     table: TableName,
+    name: String,
 }
 
 impl CreateInbox {
     /// The migration for a table with a custom name.
     pub fn new(table: TableName) -> Self {
-        Self { table }
+        let name = format!("m20261129_000001_create_{table}");
+        Self { table, name }
+    }
+}
+
+impl Default for CreateInbox {
+    /// The migration for the default table, `idem_inbox`.
+    fn default() -> Self {
+        Self::new(TableName::default())
     }
 }
 
 impl MigrationName for CreateInbox {
     fn name(&self) -> &str {
-        "m20261129_000001_create_idem_inbox"
+        &self.name
     }
 }
 
@@ -59,5 +75,21 @@ impl MigrationTrait for CreateInbox {
         ))
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_name_follows_the_table() {
+        // Databases migrated before names followed the table keep theirs.
+        assert_eq!(
+            CreateInbox::default().name(),
+            "m20261129_000001_create_idem_inbox"
+        );
+        let billing = CreateInbox::new(TableName::new("billing_inbox").unwrap());
+        assert_eq!(billing.name(), "m20261129_000001_create_billing_inbox");
     }
 }

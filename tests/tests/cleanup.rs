@@ -1,5 +1,5 @@
 //! Retention cleanup on each backend: bounded batches that delete exactly the expired records
-//! while claims go on, one cleaner at a time, and a background task that stops cleanly.
+//! while claims go on, one cleaner at a time per table, and a background task that stops cleanly.
 //!
 //! Run: `cargo test -p idem-tests --test cleanup` with PostgreSQL and MariaDB up (see README).
 
@@ -132,6 +132,35 @@ async fn two_cleaners_at_once_one_works(backend: Backend) {
     seed(&db, &table, "expired", 10, now_ms() - 60_000).await;
     let later = second.cleaner().run_once().await.unwrap();
     assert_eq!((later.deleted, later.skipped), (10, false));
+}
+
+/// SQLite's in-process lock is per database file: a table named alike in another file is
+/// another table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_cleaners_of_two_files_with_one_table_name_both_work() {
+    let (first, second) = (
+        TestDb::connect(Backend::Sqlite).await,
+        TestDb::connect(Backend::Sqlite).await,
+    );
+    let table = first.table("inbox");
+    let policy = RetentionPolicy::default()
+        .with_batch_size(1_000)
+        .with_pause_between_batches(Duration::from_millis(5));
+    let one = inbox_with(&first, &table, policy.clone()).await;
+    let two = inbox_with(&second, &table, policy).await;
+    seed(&first, &table, "expired", 10_000, now_ms() - 60_000).await;
+    seed(&second, &table, "expired", 8_000, now_ms() - 60_000).await;
+    seed(&second, &table, "live", 10, now_ms() + 3_600_000).await;
+
+    // Each run takes several batches with pauses between them, so the two overlap.
+    let (one, two) = (one.cleaner(), two.cleaner());
+    let (a, b) = tokio::join!(one.run_once(), two.run_once());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((a.deleted, a.skipped), (10_000, false), "{a:?}");
+    assert_eq!((b.deleted, b.skipped), (8_000, false), "{b:?}");
+    assert_eq!(first.count(&table, "1=1").await, 0);
+    assert_eq!(second.count(&table, "consumer = 'expired'").await, 0);
+    assert_eq!(second.count(&table, "consumer = 'live'").await, 10);
 }
 
 async fn spawned_cleaner_runs_and_stops_cleanly(backend: Backend) {

@@ -37,7 +37,8 @@ impl CleanupReport {
 /// own short transaction, with a pause between batches so consumers are never held up for long.
 /// Only one cleaner works on a table at a time, across processes: a PostgreSQL advisory lock or a
 /// MySQL/MariaDB named lock (`GET_LOCK`), or, on SQLite, which one process owns, a lock in the
-/// process. A cleaner that finds the lock taken skips its run.
+/// process keyed by the database file and the table (an in-memory database by its inbox). A
+/// cleaner that finds the lock taken skips its run.
 ///
 /// On PostgreSQL and MySQL/MariaDB the lock is held by a transaction of its own while batches run
 /// on other connections: the pool needs at least two.
@@ -117,7 +118,12 @@ impl Cleaner {
         let store = &self.inner.store;
         let db = &self.inner.db;
         if store.backend() == DbBackend::Sqlite {
-            let Some(_guard) = ProcessLock::try_acquire(store.table().as_str()) else {
+            let database = match store.sqlite_file(db).await? {
+                Some(file) => file,
+                // In memory: a database of this inbox's own pool.
+                None => format!("in-memory inbox {:p}", Arc::as_ptr(&self.inner)),
+            };
+            let Some(_guard) = ProcessLock::try_acquire(database, store.table().to_string()) else {
                 return Ok(skipped());
             };
             return self.delete_batches(stop).await;
@@ -177,26 +183,69 @@ async fn pause(duration: Duration) {
     }
 }
 
-/// The SQLite cleaner lock: the tables being cleaned in this process.
-static SQLITE_CLEANING: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+/// The SQLite cleaner lock: the `(database file, table)` pairs being cleaned in this process.
+static SQLITE_CLEANING: Mutex<Option<HashSet<(String, String)>>> = Mutex::new(None);
 
-struct ProcessLock(String);
+struct ProcessLock((String, String));
 
 impl ProcessLock {
-    fn try_acquire(table: &str) -> Option<Self> {
-        let mut tables = SQLITE_CLEANING.lock().unwrap_or_else(|e| e.into_inner());
-        tables
+    fn try_acquire(database: String, table: String) -> Option<Self> {
+        let key = (database, table);
+        let mut cleaning = SQLITE_CLEANING.lock().unwrap_or_else(|e| e.into_inner());
+        cleaning
             .get_or_insert_with(HashSet::new)
-            .insert(table.to_owned())
-            .then(|| Self(table.to_owned()))
+            .insert(key.clone())
+            .then(|| Self(key))
     }
 }
 
 impl Drop for ProcessLock {
     fn drop(&mut self) {
-        let mut tables = SQLITE_CLEANING.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tables) = tables.as_mut() {
-            tables.remove(&self.0);
+        let mut cleaning = SQLITE_CLEANING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cleaning) = cleaning.as_mut() {
+            cleaning.remove(&self.0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::{ConnectionTrait, Database};
+
+    use super::*;
+    use crate::RetentionPolicy;
+
+    /// An inbox on a database of its own in memory, holding `count` expired records, cleaned in
+    /// batches of 50 with pauses between them.
+    async fn in_memory_inbox(count: usize) -> Inbox {
+        let db = Database::connect("sqlite::memory:").await.unwrap();
+        let inbox = Inbox::builder(db.clone())
+            .retention(RetentionPolicy::default().with_batch_size(50))
+            .build()
+            .await
+            .unwrap();
+        let rows: Vec<String> = (0..count)
+            .map(|i| format!("('c', 'k-{i}', 'completed', NULL, NULL, 1, 0, 1, 1, NULL, 1, 1)"))
+            .collect();
+        db.execute_unprepared(&format!(
+            "INSERT INTO idem_inbox (consumer, message_key, status, fingerprint, output, attempts, \
+             claim_token, created_at, claimed_at, lease_until, completed_at, expires_at) VALUES {}",
+            rows.join(", ")
+        ))
+        .await
+        .unwrap();
+        inbox
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_memory_databases_with_one_table_name_are_cleaned_at_once() {
+        let (one, two) = (in_memory_inbox(300).await, in_memory_inbox(200).await);
+        let inner = one.inner();
+        assert_eq!(inner.store.sqlite_file(&inner.db).await.unwrap(), None);
+        let (one, two) = (one.cleaner(), two.cleaner());
+        let (a, b) = tokio::join!(one.run_once(), two.run_once());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!((a.deleted, a.skipped), (300, false), "{a:?}");
+        assert_eq!((b.deleted, b.skipped), (200, false), "{b:?}");
     }
 }

@@ -314,6 +314,21 @@ impl Store {
         })
     }
 
+    /// The file of a SQLite connection's main database, as SQLite resolved it; `None` for an
+    /// in-memory or temporary database.
+    pub(crate) async fn sqlite_file(
+        &self,
+        conn: &impl ConnectionTrait,
+    ) -> Result<Option<String>, DbErr> {
+        let sql = "SELECT file FROM pragma_database_list WHERE name = 'main'";
+        let row = conn.query_one_raw(self.statement(sql, Vec::new())).await?;
+        let file = match row {
+            Some(row) => row.try_get_by_index::<Option<String>>(0)?,
+            None => None,
+        };
+        Ok(file.filter(|file| !file.is_empty()))
+    }
+
     /// Releases a MySQL/MariaDB cleaner lock (PostgreSQL's goes with its transaction).
     pub(crate) async fn unlock_cleaner(&self, conn: &impl ConnectionTrait) -> Result<(), DbErr> {
         if let Some((sql, values)) = self.sql.cleaner_unlock(&self.table) {

@@ -57,7 +57,7 @@ fn main() {
     let meta = Metadata::default();
     let handler = formatted_handler();
     assert_eq!(handler.key(&line, &meta).unwrap().as_str(), "o-1#2");
-    assert_eq!(handler.consumer(), concat!(env!("CARGO_PKG_NAME"), "::formatted"));
+    assert_eq!(handler.consumer(), concat!(module_path!(), "::formatted"));
     assert!(handler.is_permanent(&LineError::OutOfStock));
     assert!(!handler.is_permanent(&LineError::Db(DbErr::Custom("down".into()))));
     assert_eq!(destructured_handler().key(&line, &meta).unwrap().as_str(), "O-1");
