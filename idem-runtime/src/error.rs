@@ -245,6 +245,24 @@ pub(crate) fn is_unreachable(error: &DbErr) -> bool {
     }
 }
 
+/// Whether `error` is a deadlock or a serialization failure: the database rolled the
+/// transaction back, and trying it again can succeed.
+pub(crate) fn is_deadlock(error: &DbErr) -> bool {
+    match error {
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error))
+        | DbErr::Query(sea_orm::RuntimeErr::SqlxError(error)) => match error.as_ref() {
+            // SQLSTATE 40001 (serialization failure; MySQL's deadlock 1213) and 40P01
+            // (PostgreSQL's deadlock).
+            sea_orm::sqlx::Error::Database(error) => error
+                .code()
+                .is_some_and(|code| matches!(&*code, "40001" | "40P01")),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 fn sqlx_unreachable(error: &sea_orm::sqlx::Error) -> bool {
     use sea_orm::sqlx::Error as Sqlx;

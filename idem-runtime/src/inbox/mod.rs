@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use crate::clock::{duration_ms, from_epoch_ms, now_ms};
-use crate::error::{ConfigError, Error, Result};
+use crate::error::{ConfigError, Error, Result, is_deadlock};
 use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
@@ -162,17 +162,30 @@ impl Inbox {
         metadata: &Metadata,
     ) -> Result<Outcome<H::Output>> {
         let store = &self.inner.store;
-        let tx = self.begin().await?;
-        let (attempt, previous_claim_at) = match claim::claim(store, &tx, request).await? {
-            Claimed::Completed(output) => {
-                tx.commit().await?;
-                return decode_stored(request.key, output).map(Outcome::Duplicate);
+        let mut deadlocks = 0;
+        let (tx, attempt, previous_claim_at) = loop {
+            let tx = self.begin().await?;
+            match claim::claim(store, &tx, request).await {
+                Ok(Claimed::Completed(output)) => {
+                    tx.commit().await?;
+                    return decode_stored(request.key, output).map(Outcome::Duplicate);
+                }
+                Ok(Claimed::Acquired {
+                    attempt,
+                    previous_claim_at,
+                    ..
+                }) => break (tx, attempt, previous_claim_at),
+                // Copies racing to take over one expired record can deadlock on MySQL/MariaDB;
+                // the victim's transaction is rolled back, and a new one finds the winner's
+                // record. Nothing has run yet, so the claim is simply tried again.
+                Err(Error::Database(error))
+                    if is_deadlock(&error) && deadlocks < MAX_CLAIM_DEADLOCKS =>
+                {
+                    deadlocks += 1;
+                    drop(tx);
+                }
+                Err(error) => return Err(error),
             }
-            Claimed::Acquired {
-                attempt,
-                previous_claim_at,
-                ..
-            } => (attempt, previous_claim_at),
         };
         let cx = Context::new(&request.key.message_key, metadata, Some(&tx))
             .with_attempt(attempt, previous_claim_at.map(from_epoch_ms));
@@ -370,6 +383,10 @@ fn decode_stored<T: DeserializeOwned>(key: &InboxKey, output: Option<String>) ->
         }
     })
 }
+
+/// How many times a transactional claim that lost a deadlock is tried again before the error
+/// goes to the transport.
+const MAX_CLAIM_DEADLOCKS: u32 = 5;
 
 /// The default number of claims before a key needs intervention.
 pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 5;
