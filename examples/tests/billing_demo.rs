@@ -9,7 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idem_examples::orders::{self, OrderPlaced};
-use idem_rabbitmq::Publisher;
+use idem_rabbitmq::lapin::options::{BasicAckOptions, BasicGetOptions};
+use idem_rabbitmq::{Publisher, headers};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 
 fn run_demo(database_url: &str, orders: usize) -> String {
@@ -26,6 +27,54 @@ fn run_demo(database_url: &str, orders: usize) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     stdout
+}
+
+/// The run's id, from the summary's first line: `billing demo <run>: ...`.
+fn run_id(summary: &str) -> String {
+    summary
+        .strip_prefix("billing demo ")
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("no run id in {summary}"))
+        .to_owned()
+}
+
+/// Empties the example's dead-letter queue; returns the `(message id, x-idem-reason)` of what
+/// it held, sorted.
+async fn drain_dead_letters() -> Vec<(String, String)> {
+    let connection = idem_rabbitmq::connect(&idem_examples::amqp_url().into(), "billing test")
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let queue = format!("{}.dlq", idem_examples::billing::QUEUE);
+    let mut letters = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.as_str().into(), BasicGetOptions::default())
+        .await
+        .unwrap()
+    {
+        let properties = &message.delivery.properties;
+        let reason = properties
+            .headers()
+            .as_ref()
+            .and_then(|headers| headers.inner().get(headers::REASON).cloned())
+            .and_then(|value| value.as_long_string().map(|text| text.to_string()))
+            .unwrap_or_default();
+        let id = properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.to_string())
+            .unwrap_or_default();
+        letters.push((id, reason));
+        message
+            .delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .unwrap();
+    }
+    let _ = connection.close(200, "done".into()).await;
+    letters.sort();
+    letters
 }
 
 fn figure(summary: &str, label: &str) -> u64 {
@@ -152,6 +201,9 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
     let sqlite = format!("sqlite://{}?mode=rwc", path.display());
     let postgres = std::env::var("IDEM_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    // The example's dead-letter queue is emptied first, so that it holds this test's letters.
+    drain_dead_letters().await;
+    let mut runs = Vec::new();
     for url in [sqlite.as_str(), postgres.as_str()] {
         let summary = run_demo(url, 40);
         // 40 orders, one invalid; every tenth published twice; one id reused. Messages an
@@ -159,6 +211,21 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
         assert_eq!(figure(&summary, "invoices written"), 39, "{summary}");
         assert!(figure(&summary, "duplicates skipped") >= 4, "{summary}");
         assert!(figure(&summary, "dead-lettered") >= 2, "{summary}");
+        runs.push(run_id(&summary));
+    }
+    // Each run's invalid order and reused order id are in the dead-letter queue, with reasons.
+    let letters = drain_dead_letters().await;
+    for run in &runs {
+        let mine: Vec<_> = letters
+            .iter()
+            .filter(|(id, _)| id.starts_with(&format!("{run}-")))
+            .cloned()
+            .collect();
+        let expected = vec![
+            (format!("{run}-00000"), "fingerprint-mismatch".to_owned()),
+            (format!("{run}-00007"), "handler-permanent-error".to_owned()),
+        ];
+        assert_eq!(mine, expected, "dead letters of run {run}");
     }
     crash_and_restart(&sqlite).await;
     for suffix in ["", "-wal", "-shm"] {
