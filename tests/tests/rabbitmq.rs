@@ -1128,3 +1128,49 @@ async fn two_handlers_under_one_consumer_name_are_refused_one_handler_on_two_que
     assert_eq!(db.count(&effects, "1=1").await, 1);
     consumer.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_waiting_out_its_back_off_leaves_room_for_others() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing");
+    handler.fail_next(1);
+    let backoff = Duration::from_secs(10);
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .max_in_flight(1)
+        .retry_backoff(backoff, backoff)
+        .bind(topology, handler.clone())
+        .start()
+        .await
+        .unwrap();
+    broker
+        .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
+        .await;
+    broker
+        .eventually("o-1 failed once", WAIT, || async {
+            handler.attempts().len() == 1
+        })
+        .await;
+    // o-1 now waits 10 s before it is requeued; the one handler slot is free meanwhile.
+    broker
+        .send(&queue, &Msg::new("o-2", "x"), PublishOptions::default())
+        .await;
+    broker
+        .eventually(
+            "o-2 processed during o-1's back-off",
+            backoff / 2,
+            || async { consumer.stats().acked == 1 },
+        )
+        .await;
+    assert_eq!(db.count(&effects, "message_key = 'o-2'").await, 1);
+    assert_eq!(consumer.stats().requeued, 0, "o-1 is still waiting");
+    broker
+        .eventually("o-1 processed after its back-off", WAIT, || async {
+            consumer.stats().acked == 2
+        })
+        .await;
+    assert_eq!(db.count(&effects, "1=1").await, 2);
+    consumer.shutdown().await;
+}
