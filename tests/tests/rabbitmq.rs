@@ -1174,3 +1174,36 @@ async fn a_message_waiting_out_its_back_off_leaves_room_for_others() {
     assert_eq!(db.count(&effects, "1=1").await, 2);
     consumer.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_requeues_a_message_in_back_off_at_once() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = postgres().await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing");
+    handler.fail_next(1);
+    let backoff = Duration::from_secs(60);
+    let consumer = builder(&inbox, &unique("idem-test"))
+        .retry_backoff(backoff, backoff)
+        .shutdown_timeout(Duration::from_secs(5))
+        .bind(topology, handler.clone())
+        .start()
+        .await
+        .unwrap();
+    broker
+        .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
+        .await;
+    broker
+        .eventually("o-1 failed once", WAIT, || async {
+            handler.attempts().len() == 1
+        })
+        .await;
+    let stats = consumer.stats();
+    // The message would wait a minute; the shutdown requeues it within its 5 s deadline.
+    let report = consumer.shutdown().await;
+    assert_eq!(report.abandoned, 0, "{report:?}");
+    assert_eq!(stats.requeued, 0);
+    assert_eq!(broker.depth(&queue).await, 1, "back on the queue");
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+}

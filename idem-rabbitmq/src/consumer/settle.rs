@@ -10,7 +10,7 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use crate::metadata::broker_delivery_count;
 
@@ -238,6 +238,8 @@ pub(crate) struct Settler<'a> {
     pub(crate) publisher: &'a Channel,
     pub(crate) retry: RetryPolicy,
     pub(crate) retries: &'a Retries,
+    /// Becomes true when the consumer shuts down.
+    pub(crate) shutdown: &'a watch::Receiver<bool>,
 }
 
 impl Settler<'_> {
@@ -279,7 +281,7 @@ impl Settler<'_> {
                 if retry.counted() {
                     self.retries.set(&identity, deliveries);
                 }
-                tokio::time::sleep(self.backoff(retry, deliveries)).await;
+                self.wait(self.backoff(retry, deliveries)).await;
                 return self.requeue(delivery, retry.counted()).await;
             }
             Verdict::DeadLetter(reason) => {
@@ -291,6 +293,16 @@ impl Settler<'_> {
             self.retries.forget(&identity);
         }
         settled
+    }
+
+    /// Waits out a back-off, or less if the consumer is shutting down: a message that waits to
+    /// be requeued goes back at once rather than hold up the shutdown.
+    async fn wait(&self, backoff: Duration) {
+        let mut shutdown = self.shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
     }
 
     /// The wait before requeueing.
@@ -377,7 +389,7 @@ impl Settler<'_> {
                     "cannot dead-letter; requeueing the message instead"
                 );
                 drop(permit);
-                tokio::time::sleep(self.retry.backoff_max).await;
+                self.wait(self.retry.backoff_max).await;
                 self.requeue(delivery, false).await
             }
         }

@@ -299,6 +299,7 @@ impl Worker {
             stats: Arc::clone(&self.stats),
             retries: Arc::clone(&self.retries),
             publisher: session.publisher.clone(),
+            shutdown: self.shutdown.clone(),
             delivery,
             permit,
         }
@@ -393,6 +394,7 @@ struct Job {
     stats: Arc<Stats>,
     retries: Arc<Retries>,
     publisher: Channel,
+    shutdown: watch::Receiver<bool>,
     delivery: Delivery,
     permit: OwnedSemaphorePermit,
 }
@@ -406,6 +408,7 @@ impl Job {
             stats,
             retries,
             publisher,
+            shutdown,
             delivery,
             permit,
         } = self;
@@ -446,6 +449,7 @@ impl Job {
                 publisher: &publisher,
                 retry: settings.retry,
                 retries: &retries,
+                shutdown: &shutdown,
             };
             let settled = settler
                 .settle(&delivery, handled.verdict, handled.key.as_deref(), permit)
