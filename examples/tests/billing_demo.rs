@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idem_examples::orders::{self, OrderPlaced};
-use idem_rabbitmq::lapin::options::{BasicAckOptions, BasicGetOptions};
+use idem_rabbitmq::lapin::options::{BasicAckOptions, BasicGetOptions, QueuePurgeOptions};
 use idem_rabbitmq::{Publisher, headers};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 
@@ -36,6 +36,23 @@ fn run_id(summary: &str) -> String {
         .and_then(|rest| rest.split(':').next())
         .unwrap_or_else(|| panic!("no run id in {summary}"))
         .to_owned()
+}
+
+/// Declares the example's queues and empties them, so that they hold only this test's messages.
+async fn empty_the_queues() {
+    let connection = idem_rabbitmq::connect(&idem_examples::amqp_url().into(), "billing test")
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let topology = idem_examples::billing::topology();
+    topology.declare(&channel).await.unwrap();
+    for queue in [topology.queue(), topology.dead_letter_queue()] {
+        channel
+            .queue_purge(queue.into(), QueuePurgeOptions::default())
+            .await
+            .unwrap();
+    }
+    let _ = connection.close(200, "done".into()).await;
 }
 
 /// Empties the example's dead-letter queue; returns the `(message id, x-idem-reason)` of what
@@ -201,8 +218,7 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
     let sqlite = format!("sqlite://{}?mode=rwc", path.display());
     let postgres = std::env::var("IDEM_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    // The example's dead-letter queue is emptied first, so that it holds this test's letters.
-    drain_dead_letters().await;
+    empty_the_queues().await;
     let mut runs = Vec::new();
     for url in [sqlite.as_str(), postgres.as_str()] {
         let summary = run_demo(url, 40);

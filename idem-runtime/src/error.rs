@@ -158,8 +158,9 @@ pub enum Error {
     HandlerPanicked(String),
     /// The handler's output could not be stored as JSON. Dead-lettered. In transactional mode
     /// nothing was committed; in two-phase mode the side effect has happened, so the record is
-    /// completed without the output, and a later copy is acknowledged as a duplicate whose output
-    /// cannot be read ([`Error::StoredOutputUnreadable`]).
+    /// completed without the output, and a later copy is acknowledged as a duplicate: with
+    /// [`Error::StoredOutputUnreadable`], or, for an output type that reads JSON `null` (an
+    /// `Option`, `()`), with that value.
     #[error("cannot store the handler's output: {0}")]
     OutputNotStorable(#[source] serde_json::Error),
     /// A duplicate's stored output no longer reads as the handler's output type (the type changed
@@ -273,12 +274,22 @@ fn sqlx_unreachable(error: &sea_orm::sqlx::Error) -> bool {
         | Sqlx::PoolTimedOut
         | Sqlx::PoolClosed
         | Sqlx::WorkerCrashed => true,
-        // SQLSTATE: connection exceptions (class 08, which includes MariaDB's server shutdown),
-        // PostgreSQL's shutdown, crash shutdown and cannot-connect-now, MariaDB's killed
-        // connection.
-        Sqlx::Database(error) => error.code().is_some_and(|code| {
-            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "70100")
-        }),
+        Sqlx::Database(error) => {
+            // MySQL/MariaDB share SQLSTATEs between connection and statement errors (08S01 is
+            // also a packet too large, 70100 also a killed query): their error numbers tell.
+            #[cfg(feature = "mysql")]
+            if let Some(error) =
+                error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()
+            {
+                // Server shutdown, connection killed.
+                return matches!(error.number(), 1053 | 1927);
+            }
+            // PostgreSQL: connection exceptions (class 08), shutdown, crash shutdown,
+            // cannot connect now.
+            error.code().is_some_and(|code| {
+                code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")
+            })
+        }
         _ => false,
     }
 }

@@ -44,7 +44,8 @@ pub(crate) struct Settings {
 /// | what the inbox says | settle |
 /// |---|---|
 /// | processed, or a duplicate with the same content | ack |
-/// | handler's transient error, database unavailable, in progress elsewhere | nack + requeue after a back-off, up to [`max_deliveries`](ConsumerBuilder::max_deliveries); then dead-letter (`delivery-limit`) |
+/// | handler's transient error | reject + requeue after a back-off, up to [`max_deliveries`](ConsumerBuilder::max_deliveries); then dead-letter (`delivery-limit`) |
+/// | database unreachable, in progress elsewhere | nack + requeue after a back-off, not counted toward `max_deliveries` (an unreachable database is counted once other messages reach it meanwhile) |
 /// | undecodable payload, missing or invalid key, reused key with other content, needs intervention, handler's permanent error | dead-letter with a reason |
 ///
 /// Dead-lettering publishes a copy to the queue's dead-letter exchange with the headers in

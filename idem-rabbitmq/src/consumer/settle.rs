@@ -178,39 +178,61 @@ impl RetryPolicy {
     }
 }
 
-/// What a consumer remembers between deliveries to pace its retries: the failed deliveries of
-/// requeued messages, for queues whose broker does not count them (classic queues), and how long
-/// the inbox database has been unreachable.
+/// What a consumer remembers between deliveries to pace its retries: per requeued message, its
+/// failed deliveries (for queues whose broker does not count them, classic queues) and when it
+/// last found the database unreachable; and how long the database has been unreachable.
 #[derive(Debug, Default)]
 pub(crate) struct Retries {
-    /// Failed deliveries per message. Bounded: a process that sees too many forgets them all.
-    failed: Mutex<HashMap<String, u32>>,
+    /// Per message. Bounded: a process that sees too many forgets them all.
+    messages: Mutex<HashMap<String, MessageRetries>>,
     /// Deliveries requeued in a row because the database was unreachable; reset by any delivery
     /// that reached it.
     outage: AtomicU32,
+    /// Deliveries that reached the database, ever: the clock that tells an outage from an error
+    /// only one message meets.
+    reached: AtomicU64,
+}
+
+/// What is remembered of one requeued message.
+#[derive(Debug, Default, Clone, Copy)]
+struct MessageRetries {
+    /// Failed deliveries.
+    failed: u32,
+    /// The `reached` clock when the message last found the database unreachable.
+    unreachable_at: Option<u64>,
 }
 
 impl Retries {
     const MAX_TRACKED: usize = 100_000;
 
-    fn failed(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
-        self.failed.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn get(&self, identity: &str) -> u32 {
-        self.failed().get(identity).copied().unwrap_or(0)
-    }
-
-    fn set(&self, identity: &str, deliveries: u32) {
-        let mut failed = self.failed();
-        if failed.len() >= Self::MAX_TRACKED {
-            failed.clear();
+    fn update<T>(&self, identity: &str, change: impl FnOnce(&mut MessageRetries) -> T) -> T {
+        let mut messages = self.messages.lock().unwrap_or_else(|e| e.into_inner());
+        if messages.len() >= Self::MAX_TRACKED && !messages.contains_key(identity) {
+            messages.clear();
         }
-        failed.insert(identity.to_owned(), deliveries);
+        change(messages.entry(identity.to_owned()).or_default())
+    }
+
+    fn failed(&self, identity: &str) -> u32 {
+        let messages = self.messages.lock().unwrap_or_else(|e| e.into_inner());
+        messages.get(identity).map_or(0, |message| message.failed)
+    }
+
+    fn set_failed(&self, identity: &str, deliveries: u32) {
+        self.update(identity, |message| message.failed = deliveries);
     }
 
     fn forget(&self, identity: &str) {
-        self.failed().remove(identity);
+        let mut messages = self.messages.lock().unwrap_or_else(|e| e.into_inner());
+        messages.remove(identity);
+    }
+
+    /// Notes that the message found the database unreachable; returns whether other deliveries
+    /// reached it since the message last did so, which makes the error the message's own.
+    fn unreachable_only_for(&self, identity: &str) -> bool {
+        let now = self.reached.load(Ordering::Relaxed);
+        let before = self.update(identity, |message| message.unreachable_at.replace(now));
+        before.is_some_and(|before| before != now)
     }
 
     /// Notes one more delivery requeued for an unreachable database; returns how many in a row.
@@ -221,7 +243,8 @@ impl Retries {
     }
 
     /// Notes a delivery that reached the database.
-    pub(crate) fn store_reached(&self) {
+    fn store_reached(&self) {
+        self.reached.fetch_add(1, Ordering::Relaxed);
         if self.outage.load(Ordering::Relaxed) != 0 {
             self.outage.store(0, Ordering::Relaxed);
         }
@@ -254,9 +277,9 @@ impl Settler<'_> {
     ) -> Settled {
         let identity = identity(self.queue, delivery);
         let deliveries = self.deliveries(delivery, &identity);
+        let verdict = self.classify_unreachable(verdict, &identity);
         let settled = match verdict {
             Verdict::Ack { duplicate } => {
-                self.retries.store_reached();
                 let settled = if duplicate {
                     Settled::Duplicate
                 } else {
@@ -279,7 +302,7 @@ impl Settler<'_> {
             Verdict::Requeue { retry, .. } => {
                 drop(permit);
                 if retry.counted() {
-                    self.retries.set(&identity, deliveries);
+                    self.retries.set_failed(&identity, deliveries);
                 }
                 self.wait(self.backoff(retry, deliveries)).await;
                 return self.requeue(delivery, retry.counted()).await;
@@ -305,6 +328,32 @@ impl Settler<'_> {
         }
     }
 
+    /// Notes whether the delivery reached the database, and makes an unreachable database a
+    /// failed attempt when other deliveries reached it meanwhile: then the error is the
+    /// message's own (a statement the server kills, say), which must not be requeued unbounded.
+    fn classify_unreachable(&self, verdict: Verdict, identity: &str) -> Verdict {
+        match verdict {
+            Verdict::Requeue {
+                code,
+                detail,
+                retry: Retry::StoreUnavailable,
+            } if self.retries.unreachable_only_for(identity) => Verdict::Requeue {
+                code,
+                detail,
+                retry: Retry::Failed,
+            },
+            Verdict::Ack { .. }
+            | Verdict::Requeue {
+                retry: Retry::Claimed(_),
+                ..
+            } => {
+                self.retries.store_reached();
+                verdict
+            }
+            _ => verdict,
+        }
+    }
+
     /// The wait before requeueing.
     fn backoff(&self, retry: Retry, deliveries: u32) -> Duration {
         match retry {
@@ -320,7 +369,7 @@ impl Settler<'_> {
     /// queues, this process's own on classic ones.
     fn deliveries(&self, delivery: &Delivery, identity: &str) -> u32 {
         let broker = broker_delivery_count(delivery.properties.headers().as_ref());
-        broker.max(self.retries.get(identity)) + 1
+        broker.max(self.retries.failed(identity)) + 1
     }
 
     async fn ack(&self, delivery: &Delivery, settled: Settled) -> Settled {
@@ -540,6 +589,20 @@ mod tests {
         assert_eq!(policy.backoff(4), Duration::from_millis(800));
         assert_eq!(policy.backoff(5), Duration::from_secs(1));
         assert_eq!(policy.backoff(60), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn an_unreachable_database_counts_once_other_deliveries_reach_it() {
+        let retries = Retries::default();
+        // An outage: nothing reaches the database between the message's attempts.
+        assert!(!retries.unreachable_only_for("m"));
+        assert!(!retries.unreachable_only_for("m"));
+        // Another delivery reaches it: the message's next "unreachable" is its own error.
+        retries.store_reached();
+        assert!(retries.unreachable_only_for("m"));
+        assert!(!retries.unreachable_only_for("other"));
+        retries.forget("m");
+        assert!(!retries.unreachable_only_for("m"));
     }
 
     #[test]
