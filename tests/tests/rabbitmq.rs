@@ -443,39 +443,55 @@ async fn database_unavailable_requeues_and_processes_once_it_is_back() {
         .sqlx_logging(false);
     let proxied = Database::connect(options).await.unwrap();
     let inbox = Inbox::builder(proxied).table(table).build().await.unwrap();
-    let topology = broker.classic_queue();
-    let queue = topology.queue().to_owned();
-    // An outage does not count against the message: more requeues than `max_deliveries` must
-    // not dead-letter it.
-    let consumer = builder(&inbox, &unique("idem-test"))
-        .max_deliveries(2)
-        .bind(topology, Recorder::new(&db, &effects, "billing"))
-        .start()
-        .await
-        .unwrap();
+    // An outage does not count against the message: more requeues than `max_deliveries`, or
+    // than a quorum queue's delivery limit, must not dead-letter it.
+    for (quorum, key) in [(false, "o-7"), (true, "o-8")] {
+        let topology = if quorum {
+            broker.quorum_queue().delivery_limit(2)
+        } else {
+            broker.classic_queue()
+        };
+        let (queue, dlq) = (
+            topology.queue().to_owned(),
+            topology.dead_letter_queue().to_owned(),
+        );
+        let consumer = builder(&inbox, &unique("idem-test"))
+            .max_deliveries(2)
+            .bind(topology, Recorder::new(&db, &effects, "billing"))
+            .start()
+            .await
+            .unwrap();
 
-    proxy.cut().await;
-    broker
-        .send(&queue, &Msg::new("o-7", "x"), PublishOptions::default())
-        .await;
-    broker
-        .eventually("requeued while the database is down", WAIT, || async {
-            consumer.stats().requeued >= 3
-        })
-        .await;
-    assert_eq!(consumer.stats().acked, 0, "nothing acked while down");
-    assert_eq!(consumer.stats().dead_lettered, 0);
-    assert_eq!(db.count(&effects, "1=1").await, 0);
+        proxy.cut().await;
+        broker
+            .send(&queue, &Msg::new(key, "x"), PublishOptions::default())
+            .await;
+        broker
+            .eventually("requeued while the database is down", WAIT, || async {
+                consumer.stats().requeued >= 4
+            })
+            .await;
+        let stats = consumer.stats();
+        assert_eq!(
+            (stats.acked, stats.dead_lettered),
+            (0, 0),
+            "quorum: {quorum}"
+        );
+        assert_eq!(broker.depth(&dlq).await, 0, "quorum: {quorum}");
+        assert_eq!(db.count(&effects, "1=1").await, i64::from(quorum));
 
-    proxy.restore();
-    broker
-        .eventually("processed once the database is back", WAIT, || async {
-            consumer.stats().acked == 1
-        })
-        .await;
-    assert_eq!(db.count(&effects, "1=1").await, 1);
-    assert_eq!(broker.depth(&queue).await, 0);
-    consumer.shutdown().await;
+        proxy.restore();
+        broker
+            .eventually("processed once the database is back", WAIT, || async {
+                consumer.stats().acked == 1
+            })
+            .await;
+        let filter = format!("message_key = '{key}'");
+        assert_eq!(db.count(&effects, &filter).await, 1);
+        assert_eq!(broker.depth(&queue).await, 0);
+        assert_eq!(broker.depth(&dlq).await, 0);
+        consumer.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,6 +1,7 @@
 //! The consumer: handlers bound to queues, every delivery settled as the inbox decides.
 
 mod binding;
+mod copy;
 mod settle;
 mod worker;
 
@@ -45,7 +46,7 @@ pub(crate) struct Settings {
 /// |---|---|
 /// | processed, or a duplicate with the same content | ack |
 /// | handler's transient error | reject + requeue after a back-off, up to [`max_deliveries`](ConsumerBuilder::max_deliveries); then dead-letter (`delivery-limit`) |
-/// | database unreachable, in progress elsewhere | nack + requeue after a back-off, not counted toward `max_deliveries` (an unreachable database is counted once other messages reach it meanwhile) |
+/// | database unreachable, in progress elsewhere | requeue after a back-off (nack; on a quorum queue, a fresh copy and an ack), not counted toward `max_deliveries` (an unreachable database is counted once other messages reach it meanwhile) |
 /// | undecodable payload, missing or invalid key, reused key with other content, needs intervention, handler's permanent error | dead-letter with a reason |
 ///
 /// Dead-lettering publishes a copy to the queue's dead-letter exchange with the headers in
@@ -207,8 +208,9 @@ impl ConsumerBuilder {
     /// `delivery-limit` (default 10). Counted by the broker on quorum queues
     /// (`x-delivery-count`), by this process on classic ones. A delivery requeued because
     /// another worker holds the message's claim, or because the inbox database is unreachable,
-    /// is not a failed attempt: it goes back with `basic.nack`, which RabbitMQ 4.3 and later do
-    /// not count either, where failures go back with `basic.reject`.
+    /// is not a failed attempt: it goes back with `basic.nack` on a classic queue, and as a fresh
+    /// copy on a quorum queue, so that the broker's count does not rise either; failures go back
+    /// with `basic.reject`.
     pub fn max_deliveries(mut self, max: u32) -> Self {
         self.settings.retry.max_deliveries = max;
         self

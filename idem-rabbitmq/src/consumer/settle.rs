@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_runtime::DeadLetterReason;
+use lapin::Channel;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::types::{AMQPValue, ShortString};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
+use super::copy;
 use crate::metadata::broker_delivery_count;
 
 /// The headers a dead-lettered message carries, besides its own.
@@ -261,6 +262,8 @@ pub(crate) struct Settler<'a> {
     pub(crate) publisher: &'a Channel,
     pub(crate) retry: RetryPolicy,
     pub(crate) retries: &'a Retries,
+    /// Whether the queue is a quorum queue, whose broker counts deliveries.
+    pub(crate) quorum: bool,
     /// Becomes true when the consumer shuts down.
     pub(crate) shutdown: &'a watch::Receiver<bool>,
 }
@@ -379,10 +382,29 @@ impl Settler<'_> {
         }
     }
 
-    /// Puts the message back on the queue: a failed attempt with `basic.reject`, which brokers
-    /// that tell the two apart (RabbitMQ 4.3 and later) count toward a quorum queue's delivery
-    /// limit, anything else with `basic.nack`, which they do not count.
+    /// Puts the message back on the queue: a failed attempt with `basic.reject`, which counts
+    /// toward a quorum queue's delivery limit, anything else uncounted: with `basic.nack` on a
+    /// classic queue, and on a quorum queue as a fresh copy at the queue's tail, the original
+    /// acked, since brokers before RabbitMQ 4.3 count `basic.nack` too. (Should the ack not
+    /// reach the broker, both copies are delivered, and the inbox recognises the second.)
     async fn requeue(&self, delivery: &Delivery, failed: bool) -> Settled {
+        if !failed && self.quorum {
+            let headers = copy::headers_of(delivery);
+            let properties = copy::properties_of(&delivery.properties, headers, true);
+            match copy::publish(self.publisher, delivery, "", self.queue, properties).await {
+                Ok(()) => {
+                    return match self.ack(delivery, Settled::Requeued).await {
+                        Settled::Lost => Settled::Lost,
+                        _ => Settled::Requeued,
+                    };
+                }
+                Err(problem) => tracing::warn!(
+                    queue = self.queue,
+                    %problem,
+                    "cannot requeue a fresh copy; requeueing the message itself"
+                ),
+            }
+        }
         let sent = if failed {
             delivery
                 .acker
@@ -421,10 +443,32 @@ impl Settler<'_> {
             key,
             "dead-lettering message"
         );
-        let copy = self.publish_copy(delivery, reason, key, deliveries);
-        let published = tokio::time::timeout(DEAD_LETTER_CONFIRM_TIMEOUT, copy)
-            .await
-            .unwrap_or_else(|_| Err("no confirm from the broker in time".to_owned()));
+        let mut table = copy::headers_of(delivery);
+        let mut text = |name: &str, value: &str| {
+            table.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
+        };
+        text(headers::REASON, reason.code);
+        text(headers::DETAIL, &truncate(&reason.detail, 2000));
+        text(headers::CONSUMER, self.consumer);
+        text(headers::QUEUE, self.queue);
+        if let Some(key) = key {
+            text(headers::KEY, key);
+        }
+        // The broker's count is not copied; a copy resubmitted from the dead-letter queue starts
+        // afresh, and this one is kept here.
+        table.insert(
+            ShortString::from(headers::DELIVERIES),
+            AMQPValue::LongLongInt(i64::from(deliveries)),
+        );
+        let properties = copy::properties_of(&delivery.properties, table, false);
+        let published = copy::publish(
+            self.publisher,
+            delivery,
+            self.dead_letter_exchange,
+            delivery.routing_key.as_str(),
+            properties,
+        )
+        .await;
         match published {
             Ok(()) => match self.ack(delivery, Settled::DeadLettered).await {
                 Settled::Lost => Settled::Lost,
@@ -443,103 +487,6 @@ impl Settler<'_> {
             }
         }
     }
-
-    async fn publish_copy(
-        &self,
-        delivery: &Delivery,
-        reason: &DeadLetterReason,
-        key: Option<&str>,
-        deliveries: u32,
-    ) -> Result<(), String> {
-        let mut table = delivery.properties.headers().clone().unwrap_or_default();
-        // The broker's count belongs to the original; a copy resubmitted from the dead-letter
-        // queue starts afresh (the count is kept in `x-idem-deliveries`).
-        let mut inner = table.inner().clone();
-        inner.remove("x-delivery-count");
-        table = FieldTable::from(inner);
-        let mut text = |name: &str, value: &str| {
-            table.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
-        };
-        text(headers::REASON, reason.code);
-        text(headers::DETAIL, &truncate(&reason.detail, 2000));
-        text(headers::CONSUMER, self.consumer);
-        text(headers::QUEUE, self.queue);
-        if let Some(key) = key {
-            text(headers::KEY, key);
-        }
-        table.insert(
-            ShortString::from(headers::DELIVERIES),
-            AMQPValue::LongLongInt(i64::from(deliveries)),
-        );
-        let properties = dead_letter_properties(&delivery.properties, table);
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
-        };
-        let confirm = self
-            .publisher
-            .basic_publish(
-                self.dead_letter_exchange.into(),
-                delivery.routing_key.clone(),
-                options,
-                &delivery.data,
-                properties,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        match confirm.await.map_err(|e| e.to_string())? {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(format!(
-                "the dead-letter exchange routes the message nowhere ({})",
-                returned.reply_text
-            )),
-            Confirmation::Nack(_) => Err("the broker refused the copy".to_owned()),
-            Confirmation::NotRequested => {
-                Err("the publisher channel is not in confirm mode".to_owned())
-            }
-        }
-    }
-}
-
-/// How long a dead-letter copy may wait for the broker's confirm before the original is requeued
-/// instead.
-const DEAD_LETTER_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The properties of a dead-letter copy: the original's, persistent, without its `expiration`
-/// (a copy that expired out of the dead-letter queue would be lost, the original being acked)
-/// and without its `user_id` (which the broker checks against this connection's user).
-fn dead_letter_properties(original: &BasicProperties, headers: FieldTable) -> BasicProperties {
-    let mut properties = BasicProperties::default()
-        .with_delivery_mode(2)
-        .with_headers(headers);
-    if let Some(value) = original.content_type().clone() {
-        properties = properties.with_content_type(value);
-    }
-    if let Some(value) = original.content_encoding().clone() {
-        properties = properties.with_content_encoding(value);
-    }
-    if let Some(value) = original.correlation_id().clone() {
-        properties = properties.with_correlation_id(value);
-    }
-    if let Some(value) = original.reply_to().clone() {
-        properties = properties.with_reply_to(value);
-    }
-    if let Some(value) = original.message_id().clone() {
-        properties = properties.with_message_id(value);
-    }
-    if let Some(value) = original.kind().clone() {
-        properties = properties.with_type(value);
-    }
-    if let Some(value) = original.app_id().clone() {
-        properties = properties.with_app_id(value);
-    }
-    if let Some(value) = *original.priority() {
-        properties = properties.with_priority(value);
-    }
-    if let Some(value) = *original.timestamp() {
-        properties = properties.with_timestamp(value);
-    }
-    properties
 }
 
 fn lost(delivery: &Delivery, what: &str) -> Settled {

@@ -29,6 +29,7 @@ use super::settle::{Retries, Retry, Settler, Stats, Verdict};
 use crate::connect::connect;
 use crate::error::{Error, Result};
 use crate::metadata::metadata_of;
+use crate::topology::QueueKind;
 
 /// What a worker did at shutdown.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -449,6 +450,7 @@ impl Job {
                 publisher: &publisher,
                 retry: settings.retry,
                 retries: &retries,
+                quorum: topology.kind() == QueueKind::Quorum,
                 shutdown: &shutdown,
             };
             let settled = settler
