@@ -56,7 +56,9 @@ pub(crate) struct Settings {
 ///
 /// Each binding has its own connection (lapin's automatic recovery on; a session that does not
 /// recover within [`recovery_timeout`](ConsumerBuilder::recovery_timeout) is replaced by a new
-/// connection), a prefetch window and manual acknowledgments; [`max_in_flight`](ConsumerBuilder::max_in_flight)
+/// connection), a prefetch window and manual acknowledgments, and a second connection that
+/// publishes its copies (dead-letter copies, requeued copies on quorum queues), so that a broker
+/// resource alarm, which blocks connections that publish, does not hold up its acknowledgments; [`max_in_flight`](ConsumerBuilder::max_in_flight)
 /// bounds the handlers running at once across bindings. Deliveries whose channel died before
 /// they were settled are redelivered by the broker, and the inbox recognises them.
 ///

@@ -48,10 +48,13 @@ impl ShutdownReport {
     }
 }
 
-/// An open connection with its consuming and publishing channels.
+/// An open connection with its consuming channel, and a second connection for the copies the
+/// consumer publishes: a broker short of memory or disk blocks connections that publish, and the
+/// consuming one must go on acknowledging.
 struct Session {
     connection: Connection,
     channel: Channel,
+    publishing: Connection,
     publisher: Channel,
     consumer: lapin::Consumer,
     events: Pin<Box<dyn Stream<Item = Event> + Send + Sync>>,
@@ -84,12 +87,11 @@ impl Health {
 
     /// Looks at the session; returns whether it has been down longer than the recovery timeout.
     fn expired(&mut self, session: &Session, queue: &str) -> bool {
-        let status = (
-            session.connection.status(),
-            session.channel.status(),
-            session.publisher.status(),
-        );
-        if status.0.connected() && status.1.connected() && status.2.connected() {
+        let connected = session.connection.status().connected()
+            && session.channel.status().connected()
+            && session.publishing.status().connected()
+            && session.publisher.status().connected();
+        if connected {
             self.lost_since = None;
             return false;
         }
@@ -127,10 +129,46 @@ impl Worker {
         self.binding.topology().queue()
     }
 
-    /// Connects, declares the topology, sets the prefetch and starts consuming.
+    /// Connects, declares the topology, sets the prefetch and starts consuming. Connections
+    /// opened before a failure are closed.
     async fn open_session(&self) -> Result<Session> {
         let name = format!("{} {}", self.settings.connection_name, self.queue());
         let connection = connect(&self.settings.url, &name).await?;
+        let publishing = match connect(&self.settings.url, &format!("{name} copies")).await {
+            Ok(publishing) => publishing,
+            Err(error) => {
+                let _ = connection.close(200, "start failed".into()).await;
+                return Err(error);
+            }
+        };
+        let opened = self.open_channels(&connection, &publishing).await;
+        let (channel, publisher, consumer) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                let _ = connection.close(200, "start failed".into()).await;
+                let _ = publishing.close(200, "start failed".into()).await;
+                return Err(error);
+            }
+        };
+        let events = Box::pin(connection.events_listener());
+        tracing::info!(queue = self.queue(), "consuming");
+        Ok(Session {
+            connection,
+            channel,
+            publishing,
+            publisher,
+            consumer,
+            events,
+        })
+    }
+
+    /// Opens the consuming channel (topology, prefetch, consumer) and the publishing one
+    /// (confirms).
+    async fn open_channels(
+        &self,
+        connection: &Connection,
+        publishing: &Connection,
+    ) -> Result<(Channel, Channel, lapin::Consumer)> {
         let channel = connection
             .create_channel()
             .await
@@ -140,7 +178,7 @@ impl Worker {
             .basic_qos(self.settings.prefetch, BasicQosOptions::default())
             .await
             .map_err(Error::amqp("basic.qos"))?;
-        let publisher = connection
+        let publisher = publishing
             .create_channel()
             .await
             .map_err(Error::amqp("channel.open"))?;
@@ -157,15 +195,7 @@ impl Worker {
             )
             .await
             .map_err(Error::amqp(format!("basic.consume {}", self.queue())))?;
-        let events = Box::pin(connection.events_listener());
-        tracing::info!(queue = self.queue(), "consuming");
-        Ok(Session {
-            connection,
-            channel,
-            publisher,
-            consumer,
-            events,
-        })
+        Ok((channel, publisher, consumer))
     }
 
     /// Opens the first session, so that a wrong URL or topology fails `start`.
@@ -362,19 +392,23 @@ impl Worker {
 /// closed as soon as its recovery completes, so that its recreated consumer cannot hold
 /// deliveries that nobody reads.
 fn retire(session: Session) {
-    tokio::spawn(async move {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            let status = session.connection.status();
-            if status.closed() || status.errored() || Instant::now() > deadline {
-                return;
+    for connection in [session.connection, session.publishing] {
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            loop {
+                let status = connection.status();
+                if status.closed() || status.errored() || Instant::now() > deadline {
+                    return;
+                }
+                if status.connected() {
+                    let closing = connection.close(200, "replaced".into());
+                    let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            if status.connected() {
-                return close(&session).await;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    });
+        });
+    }
 }
 
 /// Closes a session, best effort and bounded: a broken connection is not waited for.
@@ -383,6 +417,7 @@ async fn close(session: &Session) {
         let _ = session.channel.close(200, "shutdown".into()).await;
         let _ = session.publisher.close(200, "shutdown".into()).await;
         let _ = session.connection.close(200, "shutdown".into()).await;
+        let _ = session.publishing.close(200, "shutdown".into()).await;
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
 }
