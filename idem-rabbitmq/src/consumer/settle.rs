@@ -258,7 +258,8 @@ pub(crate) struct Settler<'a> {
     pub(crate) queue: &'a str,
     pub(crate) consumer: &'a str,
     pub(crate) dead_letter_exchange: &'a str,
-    /// A channel in confirm mode for dead-lettered copies.
+    /// A channel in confirm mode, on a connection of its own, for copies: dead-lettered ones,
+    /// and requeued ones on quorum queues.
     pub(crate) publisher: &'a Channel,
     pub(crate) retry: RetryPolicy,
     pub(crate) retries: &'a Retries,
