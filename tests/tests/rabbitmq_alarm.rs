@@ -4,7 +4,7 @@
 //!
 //! It raises a memory alarm on the whole broker (`rabbitmqctl set_vm_memory_high_watermark`),
 //! which blocks every publisher: it is the only test in this binary, and cargo runs test binaries
-//! one at a time. Run: `cargo test -p idem-tests --test rabbitmq_alarm`.
+//! one at a time (nextest runs it alone: `.config/nextest.toml`). Run: `cargo test -p idem-tests --test rabbitmq_alarm`.
 
 use std::time::Duration;
 

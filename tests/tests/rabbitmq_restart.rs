@@ -3,7 +3,7 @@
 //!
 //! It stops and starts the RabbitMQ application (`rabbitmqctl stop_app` / `start_app`), which
 //! cuts every connection: it is the only test in this binary, and cargo runs test binaries one at
-//! a time. Run: `cargo test -p idem-tests --test rabbitmq_restart`.
+//! a time (nextest runs it alone: `.config/nextest.toml`). Run: `cargo test -p idem-tests --test rabbitmq_restart`.
 
 use std::time::Duration;
 
