@@ -1,10 +1,11 @@
 //! A broker resource alarm while a message is dead-lettered: the broker blocks connections that
-//! publish, so the consumer publishes its copies on a connection of their own, and the acks of
-//! the messages it processes meanwhile still reach the broker.
+//! publish, so the consumer publishes its copies on a connection of their own, and the acks of the
+//! messages it processes meanwhile still reach the broker.
 //!
-//! It raises a memory alarm on the whole broker (`rabbitmqctl set_vm_memory_high_watermark`),
-//! which blocks every publisher: it is the only test in this binary, and cargo runs test binaries
-//! one at a time (nextest runs it alone: `.config/nextest.toml`). Run: `cargo test -p idem-tests --test rabbitmq_alarm`.
+//! It raises a memory alarm on the whole broker (`rabbitmqctl set_vm_memory_high_watermark`), which
+//! blocks every publisher: it is the only test in this binary, and cargo runs test binaries one at
+//! a time (nextest runs it alone: `.config/nextest.toml`). Run: `cargo test -p idem-tests --test
+//! rabbitmq_alarm`.
 
 use std::time::Duration;
 

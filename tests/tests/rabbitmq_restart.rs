@@ -1,9 +1,10 @@
-//! A broker restart while a message is in flight: the consumer comes back by itself, the
-//! message whose ack was lost is redelivered and recognised, and new messages are processed.
+//! A broker restart while a message is in flight: the consumer comes back by itself, the message
+//! whose ack was lost is redelivered and recognised, and new messages are processed.
 //!
-//! It stops and starts the RabbitMQ application (`rabbitmqctl stop_app` / `start_app`), which
-//! cuts every connection: it is the only test in this binary, and cargo runs test binaries one at
-//! a time (nextest runs it alone: `.config/nextest.toml`). Run: `cargo test -p idem-tests --test rabbitmq_restart`.
+//! It stops and starts the RabbitMQ application (`rabbitmqctl stop_app` / `start_app`), which cuts
+//! every connection: it is the only test in this binary, and cargo runs test binaries one at a time
+//! (nextest runs it alone: `.config/nextest.toml`). Run: `cargo test -p idem-tests --test
+//! rabbitmq_restart`.
 
 use std::time::Duration;
 
