@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idem_examples::orders::{self, OrderPlaced};
-use idem_rabbitmq::lapin::options::{BasicAckOptions, BasicGetOptions, QueuePurgeOptions};
-use idem_rabbitmq::{Publisher, headers};
+use idem_rabbitmq::Publisher;
+use idem_tests::TestBroker;
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 
 fn run_demo(database_url: &str, orders: usize) -> String {
@@ -39,57 +39,29 @@ fn run_id(summary: &str) -> String {
 }
 
 /// Declares the example's queues and empties them, so that they hold only this test's messages.
-async fn empty_the_queues() {
-    let connection = idem_rabbitmq::connect(&idem_examples::amqp_url().into(), "billing test")
-        .await
-        .unwrap();
-    let channel = connection.create_channel().await.unwrap();
+async fn empty_the_queues(broker: &TestBroker) {
     let topology = idem_examples::billing::topology();
-    topology.declare(&channel).await.unwrap();
+    broker.declare(&topology).await;
     for queue in [topology.queue(), topology.dead_letter_queue()] {
-        channel
-            .queue_purge(queue.into(), QueuePurgeOptions::default())
-            .await
-            .unwrap();
+        broker.purge(queue).await;
     }
-    let _ = connection.close(200, "done".into()).await;
 }
 
 /// Empties the example's dead-letter queue; returns the `(message id, x-idem-reason)` of what
 /// it held, sorted.
-async fn drain_dead_letters() -> Vec<(String, String)> {
-    let connection = idem_rabbitmq::connect(&idem_examples::amqp_url().into(), "billing test")
+async fn drain_dead_letters(broker: &TestBroker) -> Vec<(String, String)> {
+    let queue = idem_examples::billing::topology()
+        .dead_letter_queue()
+        .to_owned();
+    let mut letters: Vec<_> = broker
+        .drain(&queue)
         .await
-        .unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    let queue = format!("{}.dlq", idem_examples::billing::QUEUE);
-    let mut letters = Vec::new();
-    while let Some(message) = channel
-        .basic_get(queue.as_str().into(), BasicGetOptions::default())
-        .await
-        .unwrap()
-    {
-        let properties = &message.delivery.properties;
-        let reason = properties
-            .headers()
-            .as_ref()
-            .and_then(|headers| headers.inner().get(headers::REASON).cloned())
-            .and_then(|value| value.as_long_string().map(|text| text.to_string()))
-            .unwrap_or_default();
-        let id = properties
-            .message_id()
-            .as_ref()
-            .map(|id| id.to_string())
-            .unwrap_or_default();
-        letters.push((id, reason));
-        message
-            .delivery
-            .acker
-            .ack(BasicAckOptions::default())
-            .await
-            .unwrap();
-    }
-    let _ = connection.close(200, "done".into()).await;
+        .into_iter()
+        .map(|letter| {
+            let reason = letter.reason().to_owned();
+            (letter.message_id.unwrap_or_default(), reason)
+        })
+        .collect();
     letters.sort();
     letters
 }
@@ -218,7 +190,8 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
     let sqlite = format!("sqlite://{}?mode=rwc", path.display());
     let postgres = std::env::var("IDEM_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    empty_the_queues().await;
+    let broker = TestBroker::connect().await;
+    empty_the_queues(&broker).await;
     let mut runs = Vec::new();
     for url in [sqlite.as_str(), postgres.as_str()] {
         let summary = run_demo(url, 40);
@@ -230,7 +203,7 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
         runs.push(run_id(&summary));
     }
     // Each run's invalid order and reused order id are in the dead-letter queue, with reasons.
-    let letters = drain_dead_letters().await;
+    let letters = drain_dead_letters(&broker).await;
     for run in &runs {
         let mine: Vec<_> = letters
             .iter()

@@ -13,6 +13,27 @@ pub mod recorder;
 
 pub use db::{Backend, TestDb, unique};
 
+/// A database of `backend` with an inbox on a fresh table, and a fresh effects table for
+/// [`Recorder`]s: where most tests start.
+pub async fn inbox_and_effects(backend: Backend) -> (TestDb, idem_runtime::Inbox, String) {
+    inbox_and_effects_with(backend, |inbox| inbox).await
+}
+
+/// Like [`inbox_and_effects`], the inbox configured by `configure` (retention, ...).
+pub async fn inbox_and_effects_with(
+    backend: Backend,
+    configure: impl FnOnce(idem_runtime::InboxBuilder) -> idem_runtime::InboxBuilder,
+) -> (TestDb, idem_runtime::Inbox, String) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("inbox");
+    let inbox = configure(idem_runtime::Inbox::builder(db.db.clone()).table(table))
+        .build()
+        .await
+        .expect("inbox builds");
+    let effects = db.effects_table().await;
+    (db, inbox, effects)
+}
+
 /// The inbox key of `consumer` and `key`, both valid.
 pub fn inbox_key(consumer: &str, key: &str) -> idem_runtime::InboxKey {
     idem_runtime::InboxKey {

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use idem_rabbitmq::lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, ExchangeDeleteOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
 };
 use idem_rabbitmq::lapin::types::FieldTable;
 use idem_rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use idem_rabbitmq::{PublishOptions, Publisher, QueueTopology};
+use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, Publisher, QueueTopology};
+use idem_runtime::Inbox;
 
 use crate::db::unique;
 
@@ -19,6 +20,28 @@ use crate::db::unique;
 pub fn amqp_url() -> String {
     std::env::var("IDEM_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// A consumer of `inbox` for a test: its connections named `name` (which
+/// [`close_connections`] finds), short retry back-offs and a 10 s shutdown deadline.
+pub fn consumer_builder(inbox: &Inbox, name: &str) -> ConsumerBuilder {
+    Consumer::builder(amqp_url(), inbox.clone())
+        .connection_name(name)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .shutdown_timeout(Duration::from_secs(10))
+}
+
+/// Runs `rabbitmqctl -q <args>` on the local broker; returns what it printed. Fails the test if
+/// it fails.
+pub async fn rabbitmqctl(args: &[&str]) -> String {
+    let output = tokio::process::Command::new("rabbitmqctl")
+        .arg("-q")
+        .args(args)
+        .output()
+        .await
+        .expect("rabbitmqctl runs");
+    assert!(output.status.success(), "rabbitmqctl {args:?} failed");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 /// A dead-lettered message as read back from the dead-letter queue.
@@ -156,6 +179,19 @@ impl TestBroker {
             .expect("publish");
     }
 
+    /// Declares `topology` (not recorded for deletion: see [`TestBroker::track`]).
+    pub async fn declare(&self, topology: &QueueTopology) {
+        topology.declare(&self.channel).await.expect("declare");
+    }
+
+    /// Removes every ready message from `queue`.
+    pub async fn purge(&self, queue: &str) {
+        self.channel
+            .queue_purge(queue.into(), QueuePurgeOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("purge {queue}: {e}"));
+    }
+
     /// How many messages are ready in `queue` (not counting unacknowledged ones).
     pub async fn depth(&self, queue: &str) -> u32 {
         let options = QueueDeclareOptions {
@@ -246,27 +282,14 @@ impl Drop for TestBroker {
 /// (`rabbitmqctl close_connection`), as a broker restart or a network cut would. Returns how
 /// many were closed.
 pub async fn close_connections(name: &str) -> usize {
-    let listing = tokio::process::Command::new("rabbitmqctl")
-        .args(["-q", "list_connections", "pid", "client_properties"])
-        .output()
-        .await
-        .expect("rabbitmqctl runs");
-    let listing = String::from_utf8_lossy(&listing.stdout);
-    let pids: Vec<String> = listing
+    let listing = rabbitmqctl(&["list_connections", "pid", "client_properties"]).await;
+    let pids: Vec<&str> = listing
         .lines()
         .filter(|line| line.contains(name))
-        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .filter_map(|line| line.split_whitespace().next())
         .collect();
     for pid in &pids {
-        let status = tokio::process::Command::new("rabbitmqctl")
-            .args(["-q", "close_connection", pid, "closed by test"])
-            .status()
-            .await
-            .expect("rabbitmqctl runs");
-        assert!(
-            status.success(),
-            "rabbitmqctl close_connection {pid} failed"
-        );
+        rabbitmqctl(&["close_connection", pid, "closed by test"]).await;
     }
     pids.len()
 }

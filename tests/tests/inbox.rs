@@ -12,6 +12,7 @@ use idem_runtime::{
     ConfigError, Error, Inbox, Metadata, Outcome, RedeliveryWindow, RetentionPolicy, Settle, Status,
 };
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
+use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
 
 on_each_backend!(
     fresh_then_duplicate_returns_the_stored_output,
@@ -37,25 +38,6 @@ on_each_backend!(
     retention_shorter_than_the_redelivery_window_is_refused,
     a_table_with_another_schema_is_refused_at_start_up,
 );
-
-/// An inbox on a fresh table, with a fresh effects table.
-async fn setup(backend: Backend) -> (TestDb, Inbox, String) {
-    setup_with(backend, |b| b).await
-}
-
-async fn setup_with(
-    backend: Backend,
-    configure: impl FnOnce(idem_runtime::InboxBuilder) -> idem_runtime::InboxBuilder,
-) -> (TestDb, Inbox, String) {
-    let db = TestDb::connect(backend).await;
-    let table = db.table("inbox");
-    let inbox = configure(Inbox::builder(db.db.clone()).table(table))
-        .build()
-        .await
-        .expect("inbox builds");
-    let effects = db.effects_table().await;
-    (db, inbox, effects)
-}
 
 fn meta() -> Metadata {
     Metadata::default()

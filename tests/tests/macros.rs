@@ -12,9 +12,10 @@ use idem_runtime::sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait,
 };
 use idem_runtime::{
-    Context, Error, Handler, Inbox, MessageKey, Metadata, Mode, Outcome, Settle, Status, idempotent,
+    Context, Error, Handler, MessageKey, Metadata, Mode, Outcome, Settle, Status, idempotent,
 };
 use idem_tests::db::statement;
+use idem_tests::inbox_and_effects as setup;
 use idem_tests::{Backend, TestDb, inbox_key, on_each_backend};
 use serde::{Deserialize, Serialize};
 
@@ -226,18 +227,6 @@ mod courier {
 
 // ---------------------------------------------------------------------------------------------
 // Tests.
-
-async fn setup(backend: Backend) -> (TestDb, Inbox, String) {
-    let db = TestDb::connect(backend).await;
-    let table = db.table("inbox");
-    let inbox = Inbox::builder(db.db.clone())
-        .table(table)
-        .build()
-        .await
-        .expect("inbox builds");
-    let effects = db.effects_table().await;
-    (db, inbox, effects)
-}
 
 fn order(ledger: &str, id: &str, amount: i64) -> OrderPlaced {
     OrderPlaced {

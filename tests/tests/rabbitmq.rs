@@ -11,35 +11,17 @@ use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, QueueTopology, headers};
 use idem_runtime::{Handler, Inbox};
 use idem_tests::proxy::Proxy;
-use idem_tests::rabbit::{amqp_url, close_connections};
-use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, unique};
+use idem_tests::rabbit::{amqp_url, close_connections, consumer_builder};
+use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, inbox_and_effects, unique};
 use sea_orm::{ConnectOptions, Database};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn postgres() -> (TestDb, Inbox, String) {
-    let db = TestDb::connect(Backend::Postgres).await;
-    let inbox = Inbox::builder(db.db.clone())
-        .table(db.table("inbox"))
-        .build()
-        .await
-        .unwrap();
-    let effects = db.effects_table().await;
-    (db, inbox, effects)
-}
-
-fn builder(inbox: &Inbox, name: &str) -> ConsumerBuilder {
-    Consumer::builder(amqp_url(), inbox.clone())
-        .connection_name(name)
-        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
-        .shutdown_timeout(Duration::from_secs(10))
-}
 
 async fn start<H>(inbox: &Inbox, topology: QueueTopology, handler: H) -> Consumer
 where
     H: Handler<Message = Msg> + 'static,
 {
-    builder(inbox, &unique("idem-test"))
+    consumer_builder(inbox, &unique("idem-test"))
         .bind(topology, handler)
         .start()
         .await
@@ -53,7 +35,7 @@ fn with_id(id: &str) -> PublishOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn producer_retry_publishing_twice_has_one_effect() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
     let handler = Recorder::new(&db, &effects, "billing").keyed_by_message_id();
@@ -80,7 +62,7 @@ async fn producer_retry_publishing_twice_has_one_effect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nacked_and_redelivered_message_has_one_effect() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
     let handler = Recorder::new(&db, &effects, "billing");
@@ -115,7 +97,7 @@ async fn crash_after_commit_before_ack_with_a_replaced_connection() {
 
 async fn crash_after_commit_before_ack(recovery_timeout: Duration) {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
     let name = unique("idem-crash");
@@ -128,7 +110,7 @@ async fn crash_after_commit_before_ack(recovery_timeout: Duration) {
             assert!(close_connections(&cut).await >= 1, "no connection to close");
         }
     });
-    let consumer = builder(&inbox, &name)
+    let consumer = consumer_builder(&inbox, &name)
         .recovery_timeout(recovery_timeout)
         .reconnect_delay(Duration::from_millis(100))
         .bind(topology, handler.clone())
@@ -173,7 +155,7 @@ async fn crash_after_commit_before_ack(recovery_timeout: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_consumer_connections_with_a_burst_of_duplicates_have_one_effect_per_key() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.quorum_queue();
     let queue = topology.queue().to_owned();
     let handler = Recorder::new(&db, &effects, "billing").keyed_by_message_id();
@@ -216,7 +198,7 @@ async fn two_consumer_connections_with_a_burst_of_duplicates_have_one_effect_per
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fanout_to_two_consumers_each_processes_once() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let exchange = unique("idem_fanout");
     broker.track_exchange(&exchange);
     let billing_queue = broker.track(QueueTopology::classic(unique("idem_billing")).bind(
@@ -268,7 +250,7 @@ async fn fanout_to_two_consumers_each_processes_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_ends_in_the_dead_letter_queue_with_its_reason() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let (queue, dlq) = (
         topology.queue().to_owned(),
@@ -344,7 +326,7 @@ async fn bad_input_ends_in_the_dead_letter_queue_with_its_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dead_lettered_copy_carries_consumer_key_and_detail() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let (queue, dlq) = (
         topology.queue().to_owned(),
@@ -386,7 +368,7 @@ async fn dead_lettered_copy_carries_consumer_key_and_detail() {
 async fn message_failing_every_time_ends_in_the_dead_letter_queue() {
     for quorum in [false, true] {
         let broker = TestBroker::connect().await;
-        let (db, inbox, effects) = postgres().await;
+        let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
         let topology = if quorum {
             broker.quorum_queue().delivery_limit(10)
         } else {
@@ -398,7 +380,7 @@ async fn message_failing_every_time_ends_in_the_dead_letter_queue() {
         );
         let handler = Recorder::new(&db, &effects, "billing");
         handler.fail_next(u32::MAX);
-        let consumer = builder(&inbox, &unique("idem-test"))
+        let consumer = consumer_builder(&inbox, &unique("idem-test"))
             .max_deliveries(4)
             .bind(topology, handler.clone())
             .start()
@@ -455,7 +437,7 @@ async fn database_unavailable_requeues_and_processes_once_it_is_back() {
             topology.queue().to_owned(),
             topology.dead_letter_queue().to_owned(),
         );
-        let consumer = builder(&inbox, &unique("idem-test"))
+        let consumer = consumer_builder(&inbox, &unique("idem-test"))
             .max_deliveries(2)
             .bind(topology, Recorder::new(&db, &effects, "billing"))
             .start()
@@ -497,11 +479,11 @@ async fn database_unavailable_requeues_and_processes_once_it_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shutdown_with_messages_in_flight_settles_all_and_loses_none() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
     let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_millis(150));
-    let consumer = builder(&inbox, &unique("idem-test"))
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
         .prefetch(10)
         .max_in_flight(5)
         .bind(topology.clone(), handler.clone())
@@ -547,11 +529,11 @@ async fn shutdown_with_messages_in_flight_settles_all_and_loses_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shutdown_deadline_abandons_handlers_whose_messages_are_redelivered() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
     let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_secs(5));
-    let consumer = builder(&inbox, &unique("idem-test"))
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
         .shutdown_timeout(Duration::from_millis(200))
         .bind(topology.clone(), handler.clone())
         .start()
@@ -594,14 +576,14 @@ async fn shutdown_deadline_abandons_handlers_whose_messages_are_redelivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_progress_elsewhere_is_requeued_until_the_other_worker_completes() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
     let handler = Recorder::new(&db, &effects, "mailer")
         .two_phase(Duration::from_secs(30))
         .slow(Duration::from_millis(500))
         .keyed_by_message_id();
-    let consumer = builder(&inbox, &unique("idem-test"))
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
         .max_in_flight(4)
         .bind(topology, handler)
         .start()
@@ -764,7 +746,7 @@ async fn wrong_credentials_fail_start_without_showing_the_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn existing_topology_and_a_second_binding_in_one_consumer() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     // The application's own topology: a queue whose dead-letter exchange is named its way.
     let own = broker.track(
         QueueTopology::classic(unique("idem_own"))
@@ -777,7 +759,7 @@ async fn existing_topology_and_a_second_binding_in_one_consumer() {
     let idem_queue = declared_by_idem.queue().to_owned();
 
     // idem does not declare an existing topology: a queue that is not there fails the start.
-    let missing = builder(&inbox, &unique("idem-test"))
+    let missing = consumer_builder(&inbox, &unique("idem-test"))
         .bind(
             QueueTopology::existing(unique("idem_absent"), "amq.fanout"),
             Recorder::new(&db, &effects, "a"),
@@ -788,7 +770,7 @@ async fn existing_topology_and_a_second_binding_in_one_consumer() {
     assert!(missing.to_string().contains("basic.consume"), "{missing}");
 
     // Nor one whose dead-letter exchange is not there: the copies would have nowhere to go.
-    let no_dlx = builder(&inbox, &unique("idem-test"))
+    let no_dlx = consumer_builder(&inbox, &unique("idem-test"))
         .bind(
             QueueTopology::existing(&own_queue, unique("idem_no_such_dlx")),
             Recorder::new(&db, &effects, "a"),
@@ -801,7 +783,7 @@ async fn existing_topology_and_a_second_binding_in_one_consumer() {
         "{no_dlx}"
     );
 
-    let consumer = builder(&inbox, &unique("idem-test"))
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
         .bind(
             QueueTopology::existing(&own_queue, own.dead_letter_exchange()),
             Recorder::new(&db, &effects, "own"),
@@ -872,7 +854,7 @@ impl idem_rabbitmq::Codec for PipeText {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_swapped_codec_decodes_payloads() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let (queue, dlq) = (
         topology.queue().to_owned(),
@@ -880,7 +862,7 @@ async fn a_swapped_codec_decodes_payloads() {
     );
     let binding = idem_rabbitmq::Binding::new(topology, Recorder::new(&db, &effects, "text"))
         .with_codec(PipeText);
-    let consumer = builder(&inbox, &unique("idem-test"))
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
         .bind_with(binding)
         .start()
         .await
@@ -990,10 +972,10 @@ async fn a_refused_publish_is_retried_with_the_same_message_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_binding_does_not_starve_a_busy_one() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let (idle, busy) = (broker.classic_queue(), broker.classic_queue());
     let busy_queue = busy.queue().to_owned();
-    let consumer = builder(&inbox, &unique("idem-test"))
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
         .max_in_flight(1)
         .bind(idle, Recorder::new(&db, &effects, "idle"))
         .bind(busy, Recorder::new(&db, &effects, "busy"))
@@ -1036,7 +1018,7 @@ impl idem_rabbitmq::Codec for PanickyJson {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_panic_outside_the_handler_still_settles_the_delivery() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let (queue, dlq) = (
         topology.queue().to_owned(),
@@ -1044,7 +1026,7 @@ async fn a_panic_outside_the_handler_still_settles_the_delivery() {
     );
     let binding = idem_rabbitmq::Binding::new(topology, Recorder::new(&db, &effects, "c"))
         .with_codec(PanickyJson);
-    let consumer = builder(&inbox, &unique("idem-test"))
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
         .max_deliveries(2)
         .bind_with(binding)
         .start()
@@ -1074,7 +1056,7 @@ async fn a_panic_outside_the_handler_still_settles_the_delivery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_letter_copy_is_persistent_and_does_not_expire() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let (queue, dlq) = (
         topology.queue().to_owned(),
@@ -1106,11 +1088,11 @@ async fn other_billing(msg: Msg) -> Result<(), std::convert::Infallible> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_handlers_under_one_consumer_name_are_refused_one_handler_on_two_queues_is_not() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let (first, second) = (broker.classic_queue(), broker.classic_queue());
     let recorder = Recorder::new(&db, &effects, "billing");
 
-    let refused = builder(&inbox, &unique("idem-test"))
+    let refused = consumer_builder(&inbox, &unique("idem-test"))
         .bind(first.clone(), recorder.clone())
         .bind(second.clone(), other_billing_handler())
         .start()
@@ -1123,7 +1105,7 @@ async fn two_handlers_under_one_consumer_name_are_refused_one_handler_on_two_que
     }
 
     // One handler on two queues: a message that reaches it through both is processed once.
-    let consumer = builder(&inbox, &unique("idem-test"))
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
         .bind(first.clone(), recorder.clone())
         .bind(second.clone(), recorder)
         .start()
@@ -1145,18 +1127,21 @@ async fn two_handlers_under_one_consumer_name_are_refused_one_handler_on_two_que
     consumer.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_message_waiting_out_its_back_off_leaves_room_for_others() {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
+/// A consumer on a fresh classic queue whose first message, `o-1`, failed once and now waits
+/// out a back-off of `backoff` before it is requeued. Returns the database, its effects table,
+/// the queue and the consumer.
+async fn o1_in_back_off(
+    broker: &TestBroker,
+    backoff: Duration,
+    configure: impl FnOnce(ConsumerBuilder) -> ConsumerBuilder,
+) -> (TestDb, String, String, Consumer) {
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
     let handler = Recorder::new(&db, &effects, "billing");
     handler.fail_next(1);
-    let backoff = Duration::from_secs(10);
-    let consumer = builder(&inbox, &unique("idem-test"))
-        .max_in_flight(1)
-        .retry_backoff(backoff, backoff)
+    let builder = consumer_builder(&inbox, &unique("idem-test")).retry_backoff(backoff, backoff);
+    let consumer = configure(builder)
         .bind(topology, handler.clone())
         .start()
         .await
@@ -1169,6 +1154,15 @@ async fn a_message_waiting_out_its_back_off_leaves_room_for_others() {
             handler.attempts().len() == 1
         })
         .await;
+    (db, effects, queue, consumer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_waiting_out_its_back_off_leaves_room_for_others() {
+    let broker = TestBroker::connect().await;
+    let backoff = Duration::from_secs(10);
+    let (db, effects, queue, consumer) =
+        o1_in_back_off(&broker, backoff, |builder| builder.max_in_flight(1)).await;
     // o-1 now waits 10 s before it is requeued; the one handler slot is free meanwhile.
     broker
         .send(&queue, &Msg::new("o-2", "x"), PublishOptions::default())
@@ -1194,27 +1188,10 @@ async fn a_message_waiting_out_its_back_off_leaves_room_for_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shutdown_requeues_a_message_in_back_off_at_once() {
     let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = postgres().await;
-    let topology = broker.classic_queue();
-    let queue = topology.queue().to_owned();
-    let handler = Recorder::new(&db, &effects, "billing");
-    handler.fail_next(1);
-    let backoff = Duration::from_secs(60);
-    let consumer = builder(&inbox, &unique("idem-test"))
-        .retry_backoff(backoff, backoff)
-        .shutdown_timeout(Duration::from_secs(5))
-        .bind(topology, handler.clone())
-        .start()
-        .await
-        .unwrap();
-    broker
-        .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
-        .await;
-    broker
-        .eventually("o-1 failed once", WAIT, || async {
-            handler.attempts().len() == 1
-        })
-        .await;
+    let (db, effects, queue, consumer) = o1_in_back_off(&broker, Duration::from_secs(60), |b| {
+        b.shutdown_timeout(Duration::from_secs(5))
+    })
+    .await;
     // The message would wait a minute; the shutdown requeues it within its 5 s deadline, rather
     // than abandon it there.
     let report = consumer.shutdown().await;

@@ -9,20 +9,9 @@
 
 use std::time::Duration;
 
-use idem_rabbitmq::{Consumer, PublishOptions};
-use idem_runtime::Inbox;
-use idem_tests::rabbit::amqp_url;
-use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, unique};
-
-fn rabbitmqctl(args: &[&str]) -> String {
-    let output = std::process::Command::new("rabbitmqctl")
-        .arg("-q")
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs");
-    assert!(output.status.success(), "rabbitmqctl {args:?} failed");
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
+use idem_rabbitmq::PublishOptions;
+use idem_tests::rabbit::{consumer_builder, rabbitmqctl};
+use idem_tests::{Backend, Msg, Recorder, TestBroker, clean_up, inbox_and_effects, unique};
 
 /// A memory alarm, cleared when dropped (the watermark restored), even if the test fails.
 struct MemoryAlarm {
@@ -30,42 +19,34 @@ struct MemoryAlarm {
 }
 
 impl MemoryAlarm {
-    fn raise() -> Self {
-        let watermark = rabbitmqctl(&["eval", "vm_memory_monitor:get_vm_memory_high_watermark()."]);
-        rabbitmqctl(&["set_vm_memory_high_watermark", "0.0000001"]);
+    async fn raise() -> Self {
+        let watermark =
+            rabbitmqctl(&["eval", "vm_memory_monitor:get_vm_memory_high_watermark()."]).await;
+        rabbitmqctl(&["set_vm_memory_high_watermark", "0.0000001"]).await;
         MemoryAlarm { watermark }
     }
 }
 
 impl Drop for MemoryAlarm {
     fn drop(&mut self) {
-        rabbitmqctl(&["set_vm_memory_high_watermark", &self.watermark]);
+        let watermark = std::mem::take(&mut self.watermark);
+        clean_up(async move {
+            rabbitmqctl(&["set_vm_memory_high_watermark", &watermark]).await;
+        });
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acks_reach_the_broker_while_a_dead_letter_copy_is_blocked_by_an_alarm() {
     let broker = TestBroker::connect().await;
-    let db = TestDb::connect(Backend::Postgres).await;
-    let inbox = Inbox::builder(db.db.clone())
-        .table(db.table("inbox"))
-        .build()
-        .await
-        .unwrap();
-    let effects = db.effects_table().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let (queue, dlq) = (
         topology.queue().to_owned(),
         topology.dead_letter_queue().to_owned(),
     );
-    // Declares the queues; publishing is done before the alarm, which blocks publishers.
-    let consumer = Consumer::builder(amqp_url(), inbox.clone())
-        .connection_name(unique("idem-alarm"))
-        .bind(topology.clone(), Recorder::new(&db, &effects, "billing"))
-        .start()
-        .await
-        .unwrap();
-    consumer.shutdown().await;
+    // Publishing is done before the alarm, which blocks publishers.
+    broker.declare(&topology).await;
     // Undecodable: dead-lettered at once. Valid, but its handler takes a while: it is acked
     // after the dead-letter copy was published.
     broker
@@ -79,10 +60,9 @@ async fn acks_reach_the_broker_while_a_dead_letter_copy_is_blocked_by_an_alarm()
         .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
         .await;
 
-    let alarm = MemoryAlarm::raise();
+    let alarm = MemoryAlarm::raise().await;
     let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_millis(500));
-    let consumer = Consumer::builder(amqp_url(), inbox.clone())
-        .connection_name(unique("idem-alarm"))
+    let consumer = consumer_builder(&inbox, &unique("idem-alarm"))
         .bind(topology, handler)
         .start()
         .await

@@ -8,40 +8,22 @@
 
 use std::time::Duration;
 
-use idem_rabbitmq::{Consumer, PublishOptions};
-use idem_runtime::Inbox;
-use idem_tests::rabbit::amqp_url;
-use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, unique};
-
-async fn rabbitmqctl(command: &str) {
-    let status = tokio::process::Command::new("rabbitmqctl")
-        .args(["-q", command])
-        .status()
-        .await
-        .expect("rabbitmqctl runs");
-    assert!(status.success(), "rabbitmqctl {command} failed");
-}
+use idem_rabbitmq::PublishOptions;
+use idem_tests::rabbit::{consumer_builder, rabbitmqctl};
+use idem_tests::{Backend, Msg, Recorder, TestBroker, inbox_and_effects, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
     let broker = TestBroker::connect().await;
-    let db = TestDb::connect(Backend::Postgres).await;
-    let inbox = Inbox::builder(db.db.clone())
-        .table(db.table("inbox"))
-        .build()
-        .await
-        .unwrap();
-    let effects = db.effects_table().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
     let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_secs(2));
-    let consumer = Consumer::builder(amqp_url(), inbox.clone())
-        .connection_name(unique("idem-restart"))
+    let consumer = consumer_builder(&inbox, &unique("idem-restart"))
         // Shorter than the outage: the consumer replaces the connection itself rather than wait
         // for lapin's recovery, which can wait forever after a broker restart.
         .recovery_timeout(Duration::from_secs(1))
         .reconnect_delay(Duration::from_millis(500))
-        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
         .bind(topology, handler.clone())
         .start()
         .await
@@ -58,9 +40,9 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
         .await;
 
     // The broker goes away while the handler runs: its transaction commits, its ack is lost.
-    rabbitmqctl("stop_app").await;
+    rabbitmqctl(&["stop_app"]).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    rabbitmqctl("start_app").await;
+    rabbitmqctl(&["start_app"]).await;
 
     // The test's own connections died too.
     let after = TestBroker::connect().await;

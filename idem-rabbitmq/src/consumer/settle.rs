@@ -223,9 +223,13 @@ impl Retries {
         self.update(identity, |message| message.failed = deliveries);
     }
 
-    fn forget(&self, identity: &str) {
+    /// Forgets a message that left the queue. Cheap when nothing is remembered, as for almost
+    /// every acknowledged delivery.
+    fn forget(&self, queue: &str, delivery: &Delivery) {
         let mut messages = self.messages.lock().unwrap_or_else(|e| e.into_inner());
-        messages.remove(identity);
+        if !messages.is_empty() {
+            messages.remove(&identity(queue, delivery));
+        }
     }
 
     /// Notes that the message found the database unreachable; returns whether other deliveries
@@ -279,11 +283,9 @@ impl Settler<'_> {
         key: Option<&str>,
         permit: OwnedSemaphorePermit,
     ) -> Settled {
-        let identity = identity(self.queue, delivery);
-        let deliveries = self.deliveries(delivery, &identity);
-        let verdict = self.classify_unreachable(verdict, &identity);
         let settled = match verdict {
             Verdict::Ack { duplicate } => {
+                self.retries.store_reached();
                 let settled = if duplicate {
                     Settled::Duplicate
                 } else {
@@ -294,32 +296,61 @@ impl Settler<'_> {
             Verdict::Requeue {
                 code,
                 detail,
-                retry: Retry::Failed,
-            } if deliveries >= self.retry.max_deliveries => {
-                let reason = DeadLetterReason::new(
-                    "delivery-limit",
-                    format!("gave up after {deliveries} deliveries; last error ({code}): {detail}"),
-                );
-                self.dead_letter(delivery, &reason, key, deliveries, permit)
-                    .await
-            }
-            Verdict::Requeue { retry, .. } => {
-                drop(permit);
-                if retry.counted() {
-                    self.retries.set_failed(&identity, deliveries);
-                }
-                self.wait(self.backoff(retry, deliveries)).await;
-                return self.requeue(delivery, retry.counted()).await;
-            }
+                retry,
+            } => self.retry(delivery, code, detail, retry, key, permit).await,
             Verdict::DeadLetter(reason) => {
+                let deliveries = self.deliveries(delivery, &identity(self.queue, delivery));
                 self.dead_letter(delivery, &reason, key, deliveries, permit)
                     .await
             }
         };
         if settled.is_final() {
-            self.retries.forget(&identity);
+            self.retries.forget(self.queue, delivery);
         }
         settled
+    }
+
+    /// Requeues the delivery after its back-off, or dead-letters it (`delivery-limit`) if it was
+    /// the message's last failed attempt.
+    async fn retry(
+        &self,
+        delivery: &Delivery,
+        code: &'static str,
+        detail: String,
+        retry: Retry,
+        key: Option<&str>,
+        permit: OwnedSemaphorePermit,
+    ) -> Settled {
+        let identity = identity(self.queue, delivery);
+        let deliveries = self.deliveries(delivery, &identity);
+        let retry = match retry {
+            // Other deliveries reached the database since this message last found it
+            // unreachable: the error is the message's own (a statement the server kills, say),
+            // which must not be requeued unbounded.
+            Retry::StoreUnavailable if self.retries.unreachable_only_for(&identity) => {
+                Retry::Failed
+            }
+            Retry::Claimed(_) => {
+                self.retries.store_reached();
+                retry
+            }
+            _ => retry,
+        };
+        if retry.counted() && deliveries >= self.retry.max_deliveries {
+            let reason = DeadLetterReason::new(
+                "delivery-limit",
+                format!("gave up after {deliveries} deliveries; last error ({code}): {detail}"),
+            );
+            return self
+                .dead_letter(delivery, &reason, key, deliveries, permit)
+                .await;
+        }
+        drop(permit);
+        if retry.counted() {
+            self.retries.set_failed(&identity, deliveries);
+        }
+        self.wait(self.backoff(retry, deliveries)).await;
+        self.requeue(delivery, retry.counted()).await
     }
 
     /// Waits out a back-off, or less if the consumer is shutting down: a message that waits to
@@ -329,32 +360,6 @@ impl Settler<'_> {
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = shutdown.wait_for(|stop| *stop) => {}
-        }
-    }
-
-    /// Notes whether the delivery reached the database, and makes an unreachable database a
-    /// failed attempt when other deliveries reached it meanwhile: then the error is the
-    /// message's own (a statement the server kills, say), which must not be requeued unbounded.
-    fn classify_unreachable(&self, verdict: Verdict, identity: &str) -> Verdict {
-        match verdict {
-            Verdict::Requeue {
-                code,
-                detail,
-                retry: Retry::StoreUnavailable,
-            } if self.retries.unreachable_only_for(identity) => Verdict::Requeue {
-                code,
-                detail,
-                retry: Retry::Failed,
-            },
-            Verdict::Ack { .. }
-            | Verdict::Requeue {
-                retry: Retry::Claimed(_),
-                ..
-            } => {
-                self.retries.store_reached();
-                verdict
-            }
-            _ => verdict,
         }
     }
 
@@ -549,7 +554,8 @@ mod tests {
         retries.store_reached();
         assert!(retries.unreachable_only_for("m"));
         assert!(!retries.unreachable_only_for("other"));
-        retries.forget("m");
+        // Forgotten, as when the message left the queue: it starts afresh.
+        retries.messages.lock().unwrap().remove("m");
         assert!(!retries.unreachable_only_for("m"));
     }
 
