@@ -1,21 +1,10 @@
-//! Wall-clock time as stored in the inbox: milliseconds since the Unix epoch.
+//! Time as stored in the inbox: milliseconds since the Unix epoch, by the database's clock.
 //!
-//! Leases and expiries are compared against the clock of the process that reads them, so the
-//! hosts sharing an inbox need synchronized clocks (NTP), to well within a lease.
+//! Leases and expiries are written and compared by the database's clock, inside the statements
+//! (see `store::dialect`): every process sharing an inbox reads them the same way, whatever its
+//! host's clock says. This module only converts.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-/// Now, in milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> i64 {
-    to_epoch_ms(SystemTime::now())
-}
-
-/// A time as milliseconds since the Unix epoch (0 before it).
-pub(crate) fn to_epoch_ms(time: SystemTime) -> i64 {
-    time.duration_since(UNIX_EPOCH)
-        .map(duration_ms)
-        .unwrap_or(0)
-}
 
 /// A duration in whole milliseconds, saturating.
 pub(crate) fn duration_ms(duration: Duration) -> i64 {

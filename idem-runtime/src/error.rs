@@ -7,6 +7,7 @@ use sea_orm::DbErr;
 
 use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::key::{InboxKey, KeyError};
+use crate::store::dialect::Failure;
 
 /// A boxed error from a handler.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -90,6 +91,18 @@ pub enum ConfigError {
     UnsupportedBackend(String),
 }
 
+impl From<DbErr> for Error {
+    /// Classifies a database error by what the driver says of it: unreachable, contention, or a
+    /// refused statement.
+    fn from(error: DbErr) -> Self {
+        match crate::store::dialect::classify(&error) {
+            Failure::Unreachable => Error::StoreUnavailable(error),
+            Failure::Deadlock | Failure::LockTimeout => Error::Contention(error),
+            Failure::Aborted | Failure::Refused => Error::Database(error),
+        }
+    }
+}
+
 /// Everything that can go wrong while processing a message; [`Error::settle`] tells a transport
 /// what to do with the delivery.
 #[derive(Debug, thiserror::Error)]
@@ -156,13 +169,14 @@ pub enum Error {
     /// dead-letter queue at the transport's delivery limit).
     #[error("handler panicked: {0}")]
     HandlerPanicked(String),
-    /// The handler's output could not be stored as JSON. Dead-lettered. In transactional mode
-    /// nothing was committed; in two-phase mode the side effect has happened, so the record is
-    /// completed without the output, and a later copy is acknowledged as a duplicate: with
+    /// The handler's output could not be stored: it does not serialize as JSON, or the database
+    /// refused it (too large, say). Dead-lettered. In transactional mode nothing was committed;
+    /// in two-phase mode the side effect has happened, so the record is completed without the
+    /// output, and a later copy is acknowledged as a duplicate: with
     /// [`Error::StoredOutputUnreadable`], or, for an output type that reads JSON `null` (an
     /// `Option`, `()`), with that value.
     #[error("cannot store the handler's output: {0}")]
-    OutputNotStorable(#[source] serde_json::Error),
+    OutputNotStorable(#[source] BoxError),
     /// A duplicate's stored output no longer reads as the handler's output type (the type changed
     /// since it was stored). Acknowledged: the message's effect is committed.
     #[error("the stored output of {key} cannot be read: {source}")]
@@ -173,9 +187,43 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
-    /// The inbox database failed or is unreachable. Requeued.
+    /// The inbox database could not be reached: no connection, a connection lost, no pooled
+    /// connection free in time, the server shutting down. Requeued without counting against the
+    /// message's delivery limit: the message is not at fault.
+    #[error("inbox database unreachable: {0}")]
+    StoreUnavailable(#[source] DbErr),
+    /// The database gave up on a statement because of other transactions: a deadlock, a lock
+    /// wait timeout, a serialization failure, a busy SQLite file. Requeued without counting:
+    /// trying again later can succeed.
+    #[error("inbox database contention: {0}")]
+    Contention(#[source] DbErr),
+    /// The database refused a statement (a constraint, a trigger, a privilege, a statement it
+    /// cannot run). Requeued, counting against the delivery limit.
     #[error("inbox database error: {0}")]
-    Database(#[from] DbErr),
+    Database(#[source] DbErr),
+    /// The handler's transaction was aborted before it could commit: a statement failed and the
+    /// handler carried on (PostgreSQL then rolls everything back at `COMMIT`), or the database
+    /// rolled it back (a MySQL/MariaDB deadlock the handler swallowed). Nothing was recorded.
+    /// Requeued, counting against the delivery limit.
+    #[error(
+        "the transaction of {key} was aborted by a failed statement, so nothing was committed: \
+         run statements that are expected to fail inside a savepoint (`tx.begin()`), and \
+         return the error of any other failed statement"
+    )]
+    TransactionAborted {
+        /// The inbox key.
+        key: InboxKey,
+    },
+    /// The stored record of a key cannot be read: an unknown status, a fingerprint of the wrong
+    /// length. Dead-lettered with an alert; someone changed the table by hand or another program
+    /// writes to it. Retrying would fail the same way.
+    #[error("the inbox record of {key} is corrupt: {detail}")]
+    CorruptRecord {
+        /// The inbox key.
+        key: InboxKey,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// The inbox is misconfigured.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -188,7 +236,10 @@ impl Error {
             Error::InProgressElsewhere { .. }
             | Error::ClaimLost { .. }
             | Error::HandlerPanicked(_)
-            | Error::Database(_) => Settle::Requeue,
+            | Error::StoreUnavailable(_)
+            | Error::Contention(_)
+            | Error::Database(_)
+            | Error::TransactionAborted { .. } => Settle::Requeue,
             Error::Handler {
                 permanent: false, ..
             } => Settle::Requeue,
@@ -207,7 +258,17 @@ impl Error {
     /// so a transport should not count the delivery against the message's delivery limit; a
     /// statement the database refused is not counted here.
     pub fn is_store_unavailable(&self) -> bool {
-        matches!(self, Error::Database(error) if is_unreachable(error))
+        matches!(self, Error::StoreUnavailable(_))
+    }
+
+    /// Whether a requeue of the delivery counts against the message's delivery limit. It does
+    /// not when the message is not at fault: the database unreachable or contended, or another
+    /// worker holding the key. Meaningless for errors that do not settle as a requeue.
+    pub fn counts_as_attempt(&self) -> bool {
+        !matches!(
+            self,
+            Error::StoreUnavailable(_) | Error::Contention(_) | Error::InProgressElsewhere { .. }
+        )
     }
 
     /// A stable, machine-readable name for the error, used as the dead-letter reason code and
@@ -228,69 +289,13 @@ impl Error {
             Error::HandlerPanicked(_) => "handler-panicked",
             Error::OutputNotStorable(_) => "output-not-storable",
             Error::StoredOutputUnreadable { .. } => "stored-output-unreadable",
-            Error::Database(_) => "database-unavailable",
+            Error::StoreUnavailable(_) => "database-unavailable",
+            Error::Contention(_) => "database-contention",
+            Error::Database(_) => "database-error",
+            Error::TransactionAborted { .. } => "transaction-aborted",
+            Error::CorruptRecord { .. } => "corrupt-record",
             Error::Config(_) => "configuration",
         }
-    }
-}
-
-/// Whether `error` says the database could not be reached, rather than that it refused a
-/// statement.
-pub(crate) fn is_unreachable(error: &DbErr) -> bool {
-    match error {
-        DbErr::Conn(_) | DbErr::ConnectionAcquire(_) => true,
-        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-        DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error))
-        | DbErr::Query(sea_orm::RuntimeErr::SqlxError(error)) => sqlx_unreachable(error),
-        _ => false,
-    }
-}
-
-/// Whether `error` is a deadlock or a serialization failure: the database rolled the
-/// transaction back, and trying it again can succeed.
-pub(crate) fn is_deadlock(error: &DbErr) -> bool {
-    match error {
-        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-        DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error))
-        | DbErr::Query(sea_orm::RuntimeErr::SqlxError(error)) => match error.as_ref() {
-            // SQLSTATE 40001 (serialization failure; MySQL's deadlock 1213) and 40P01
-            // (PostgreSQL's deadlock).
-            sea_orm::sqlx::Error::Database(error) => error
-                .code()
-                .is_some_and(|code| matches!(&*code, "40001" | "40P01")),
-            _ => false,
-        },
-        _ => false,
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-fn sqlx_unreachable(error: &sea_orm::sqlx::Error) -> bool {
-    use sea_orm::sqlx::Error as Sqlx;
-    match error {
-        Sqlx::Io(_)
-        | Sqlx::Tls(_)
-        | Sqlx::Protocol(_)
-        | Sqlx::PoolTimedOut
-        | Sqlx::PoolClosed
-        | Sqlx::WorkerCrashed => true,
-        Sqlx::Database(error) => {
-            // MySQL/MariaDB share SQLSTATEs between connection and statement errors (08S01 is
-            // also a packet too large, 70100 also a killed query): their error numbers tell.
-            #[cfg(feature = "mysql")]
-            if let Some(error) =
-                error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()
-            {
-                // Server shutdown, connection killed.
-                return matches!(error.number(), 1053 | 1927);
-            }
-            // PostgreSQL: connection exceptions (class 08), shutdown, crash shutdown,
-            // cannot connect now.
-            error.code().is_some_and(|code| {
-                code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")
-            })
-        }
-        _ => false,
     }
 }
 
@@ -336,15 +341,18 @@ mod tests {
             .settle(),
             Settle::Requeue
         );
-        assert_eq!(
-            Error::Database(DbErr::Custom("down".into())).settle(),
-            Settle::Requeue
-        );
-        assert!(
-            Error::Database(DbErr::Conn(sea_orm::RuntimeErr::Internal("refused".into())))
-                .is_store_unavailable()
-        );
-        assert!(!Error::Database(DbErr::Custom("syntax".into())).is_store_unavailable());
+        let refused = Error::from(DbErr::Custom("syntax".into()));
+        assert_eq!(refused.settle(), Settle::Requeue);
+        assert!(!refused.is_store_unavailable() && refused.counts_as_attempt());
+        let down = Error::from(DbErr::Conn(sea_orm::RuntimeErr::Internal("refused".into())));
+        assert!(down.is_store_unavailable() && !down.counts_as_attempt());
+        assert_eq!(down.code(), "database-unavailable");
+        assert!(dead(&Error::CorruptRecord {
+            key: key.clone(),
+            detail: "status".into()
+        }));
+        let aborted = Error::TransactionAborted { key: key.clone() };
+        assert!(aborted.settle() == Settle::Requeue && aborted.counts_as_attempt());
         match (Error::FingerprintMismatch {
             key,
             stored: fp,

@@ -1,13 +1,16 @@
 //! Configuring an inbox.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use sea_orm::{DatabaseConnection, DbBackend};
+use sea_orm::{DatabaseConnection, DbBackend, DbErr};
 
 use super::{DEFAULT_MAX_ATTEMPTS, Inbox, Inner};
 use crate::error::{ConfigError, Error, Result};
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
+use crate::store::dialect::Dialect;
 use crate::store::table::TableName;
 
 /// Configures an [`Inbox`]; [`InboxBuilder::build`] validates everything and creates the table.
@@ -34,6 +37,7 @@ pub struct InboxBuilder {
     window: Option<RedeliveryWindow>,
     max_attempts: u32,
     create_table: bool,
+    claim_wait: Duration,
 }
 
 impl InboxBuilder {
@@ -45,6 +49,9 @@ impl InboxBuilder {
             window: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             create_table: true,
+            // Long enough to ride out a short transaction holding the key, short enough that a
+            // copy of a message whose handler runs long gives its connection back soon.
+            claim_wait: Duration::from_secs(5),
         }
     }
 
@@ -74,6 +81,18 @@ impl InboxBuilder {
         self
     }
 
+    /// How long a transactional claim waits for another transaction that holds the same key
+    /// (default 5 s): a copy of a message whose handler is still running. Past it, the copy is
+    /// reported as [`Error::InProgressElsewhere`] (requeued without counting, its connection
+    /// given back) instead of waiting for the database's own lock timeout. PostgreSQL bounds it
+    /// with `lock_timeout` and MariaDB with `innodb_lock_wait_timeout`, in whole seconds; on
+    /// SQLite, which locks the whole file, the connection's busy timeout bounds every wait
+    /// (sqlx's default is 5 s); on MySQL, the server's `innodb_lock_wait_timeout`.
+    pub fn claim_wait(mut self, wait: Duration) -> Self {
+        self.claim_wait = wait;
+        self
+    }
+
     /// Whether [`InboxBuilder::build`] creates the table if it is missing (default `true`).
     /// Turn it off when the application's migrations create it (feature `migration`).
     pub fn create_table(mut self, create: bool) -> Self {
@@ -92,34 +111,28 @@ impl InboxBuilder {
         if self.max_attempts == 0 {
             return Err(ConfigError::Zero("max attempts").into());
         }
-        let backend = self.db.get_database_backend();
-        if !matches!(
-            backend,
-            DbBackend::Sqlite | DbBackend::Postgres | DbBackend::MySql
-        ) {
-            return Err(ConfigError::UnsupportedBackend(format!("{backend:?}")).into());
+        if self.claim_wait.is_zero() {
+            return Err(ConfigError::Zero("claim wait").into());
         }
-        let store = Store::new(backend, table);
-        if backend == DbBackend::Sqlite {
+        let dialect = dialect_of(&self.db).await?;
+        let mut store = Store::new(dialect, table, self.claim_wait);
+        if dialect.backend() == DbBackend::Sqlite {
             enable_wal(&self.db).await;
         }
         if self.create_table {
-            store
-                .create_table(&self.db)
-                .await
-                .map_err(Error::Database)?;
+            starting(|| store.create_table(&self.db)).await?;
         }
-        store
-            .check_schema(&self.db)
+        starting(|| store.check_schema(&self.db))
             .await
             .map_err(|error| match error {
-                error if crate::error::is_unreachable(&error) => Error::Database(error),
-                _ => ConfigError::SchemaMismatch {
+                Error::Database(error) => ConfigError::SchemaMismatch {
                     table: store.table().to_string(),
                     detail: error.to_string(),
                 }
                 .into(),
+                error => error,
             })?;
+        store.read_lock_timeout(&self.db).await?;
         Ok(Inbox {
             inner: Arc::new(Inner {
                 db: self.db,
@@ -127,8 +140,55 @@ impl InboxBuilder {
                 retention: self.retention,
                 window: self.window,
                 max_attempts: self.max_attempts,
+                claim_wait: self.claim_wait,
             }),
         })
+    }
+}
+
+/// Runs a start-up step, trying again when it meets other replicas starting at the same time
+/// (a deadlock, a lock wait): replicas starting together all start.
+async fn starting<F, Fut>(step: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), DbErr>>,
+{
+    let mut tries = 1;
+    loop {
+        match step().await.map_err(Error::from) {
+            Err(Error::Contention(error)) if tries < STARTUP_TRIES => {
+                tracing::debug!(%error, tries, "inbox start-up met another replica; trying again");
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(tries))).await;
+                tries += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// How many times a start-up step is tried.
+const STARTUP_TRIES: u32 = 10;
+
+/// The dialect of `db`'s backend, telling MariaDB from MySQL.
+async fn dialect_of(db: &DatabaseConnection) -> Result<Dialect> {
+    use sea_orm::ConnectionTrait;
+    let backend = db.get_database_backend();
+    let dialect = Dialect::new(backend);
+    match backend {
+        DbBackend::Sqlite | DbBackend::Postgres => Ok(dialect),
+        DbBackend::MySql => {
+            let sql = sea_orm::Statement::from_string(backend, "SELECT VERSION()");
+            let version: String = match db.query_one_raw(sql).await? {
+                Some(row) => row.try_get_by_index(0)?,
+                None => String::new(),
+            };
+            Ok(if version.contains("MariaDB") {
+                dialect
+            } else {
+                dialect.mysql_proper()
+            })
+        }
+        other => Err(ConfigError::UnsupportedBackend(format!("{other:?}")).into()),
     }
 }
 

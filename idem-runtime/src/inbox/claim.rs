@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DbErr};
 
-use crate::clock::{duration_ms, now_ms};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::InboxKey;
+use crate::store::dialect::{Failure, classify};
 use crate::store::{ClaimValues, Row, Status, Store};
 
 /// How many times a claim is retried when the record changes under it (deleted by the cleaner,
@@ -27,6 +27,8 @@ pub(crate) struct ClaimRequest<'a> {
     pub(crate) lease: Option<Duration>,
     pub(crate) retention: Duration,
     pub(crate) max_attempts: u32,
+    /// How long the claim waits for another transaction holding the key.
+    pub(crate) claim_wait: Duration,
 }
 
 /// The result of a claim.
@@ -54,86 +56,39 @@ fn new_token() -> i64 {
 }
 
 /// Claims `request.key` on `conn`: a fresh insert, a takeover, or the report of what holds it.
+///
+/// Every claim is recorded in progress; in transactional mode no other worker sees it before the
+/// handler's transaction completes it. Leases and expiries are read against the database's clock.
 pub(crate) async fn claim(
     store: &Store,
     conn: &impl ConnectionTrait,
     request: ClaimRequest<'_>,
 ) -> Result<Claimed> {
     for _ in 0..RACES {
-        let now = now_ms();
         let token = new_token();
-        let lease_until = request
-            .lease
-            .map(|lease| now.saturating_add(duration_ms(lease)));
-        let values = |attempts: i64, created_at: i64| ClaimValues {
-            status: if request.lease.is_some() {
-                Status::InProgress
-            } else {
-                Status::Completed
-            },
+        let values = |attempts: i64, created_at: Option<i64>| ClaimValues {
             fingerprint: request.fingerprint.map(Fingerprint::as_bytes),
             attempts,
             claim_token: token,
             created_at,
-            claimed_at: now,
-            lease_until,
-            completed_at: request.lease.is_none().then_some(now),
-            // An in-progress record is kept for the retention after its lease, however short the
-            // retention: a live claim never counts as expired.
-            expires_at: lease_until
-                .unwrap_or(now)
-                .saturating_add(duration_ms(request.retention)),
+            lease: request.lease,
+            retention: request.retention,
         };
         if store
-            .insert_claim(conn, request.key, &values(1, now))
-            .await?
+            .insert_claim(conn, request.key, &values(1, None))
+            .await
+            .map_err(|error| lock_wait_ran_out(request, error))?
         {
             return Ok(acquired(token, 1, None));
         }
-        let Some(row) = store.find(conn, request.key).await? else {
-            continue; // deleted by the cleaner since the insert saw it
-        };
-        if row.expires_at <= now {
-            // Past its retention: the record behaves as absent.
-            if store
-                .take_over(conn, request.key, row.claim_token, &values(1, now))
-                .await?
-            {
-                return Ok(acquired(token, 1, None));
+        let claimed = take_over_or_report(store, conn, request, token, values).await?;
+        if let Some(claimed) = claimed {
+            if matches!(claimed, Claimed::Acquired { .. }) && request.lease.is_none() {
+                // The handler's statements run next in this transaction: they wait for locks
+                // as long as the application configured, not as long as a claim does.
+                store.end_claim_wait(conn).await?;
             }
-            continue;
-        }
-        check_fingerprint(request, &row)?;
-        match row.status {
-            Status::Completed => return Ok(Claimed::Completed(row.output)),
-            Status::InProgress => {
-                let lease_until = row.lease_until.unwrap_or(0);
-                if lease_until > now {
-                    return Err(Error::InProgressElsewhere {
-                        key: request.key.clone(),
-                        remaining: Duration::from_millis((lease_until - now) as u64),
-                    });
-                }
-                let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
-                if attempts >= request.max_attempts {
-                    return Err(Error::NeedsIntervention {
-                        key: request.key.clone(),
-                        attempts,
-                    });
-                }
-                let next = attempts + 1;
-                if store
-                    .take_over(
-                        conn,
-                        request.key,
-                        row.claim_token,
-                        &values(i64::from(next), row.created_at),
-                    )
-                    .await?
-                {
-                    return Ok(acquired(token, next, Some(row.claimed_at)));
-                }
-            }
+            return Ok(claimed);
         }
     }
     // Three races in a row: someone else is busy with this key.
@@ -141,6 +96,75 @@ pub(crate) async fn claim(
         key: request.key.clone(),
         remaining: Duration::ZERO,
     })
+}
+
+/// After an insert that found a record: takes it over when it expired or its lease ran out,
+/// or reports what holds it. `None` when the record changed meanwhile (try again).
+async fn take_over_or_report<'a>(
+    store: &Store,
+    conn: &impl ConnectionTrait,
+    request: ClaimRequest<'a>,
+    token: i64,
+    values: impl Fn(i64, Option<i64>) -> ClaimValues<'a>,
+) -> Result<Option<Claimed>> {
+    let lock_wait = |error| lock_wait_ran_out(request, error);
+    let Some(row) = store.find(conn, request.key).await.map_err(lock_wait)? else {
+        return Ok(None); // deleted by the cleaner since the insert saw it
+    };
+    let status = Status::parse(&row.status).ok_or_else(|| Error::CorruptRecord {
+        key: request.key.clone(),
+        detail: format!("unknown status {:?}", row.status),
+    })?;
+    if row.expires_at <= row.now {
+        // Past its retention: the record behaves as absent.
+        let taken = store
+            .take_over(conn, request.key, row.claim_token, &values(1, None))
+            .await
+            .map_err(lock_wait)?;
+        return Ok(taken.then(|| acquired(token, 1, None)));
+    }
+    check_fingerprint(request, &row)?;
+    if status == Status::Completed {
+        return Ok(Some(Claimed::Completed(row.output)));
+    }
+    let lease_until = row.lease_until.unwrap_or(0);
+    if lease_until > row.now {
+        return Err(Error::InProgressElsewhere {
+            key: request.key.clone(),
+            remaining: Duration::from_millis((lease_until - row.now) as u64),
+        });
+    }
+    let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
+    if attempts >= request.max_attempts {
+        return Err(Error::NeedsIntervention {
+            key: request.key.clone(),
+            attempts,
+        });
+    }
+    let next = attempts + 1;
+    let taken = store
+        .take_over(
+            conn,
+            request.key,
+            row.claim_token,
+            &values(i64::from(next), Some(row.created_at)),
+        )
+        .await
+        .map_err(lock_wait)?;
+    Ok(taken.then(|| acquired(token, next, Some(row.claimed_at))))
+}
+
+/// A claim whose wait for another transaction's lock ran out: the key is being processed
+/// elsewhere (a long transactional handler holds it), which is reported as such, not as a
+/// database failure.
+fn lock_wait_ran_out(request: ClaimRequest<'_>, error: DbErr) -> Error {
+    match classify(&error) {
+        Failure::LockTimeout => Error::InProgressElsewhere {
+            key: request.key.clone(),
+            remaining: request.claim_wait,
+        },
+        _ => error.into(),
+    }
 }
 
 fn acquired(token: i64, attempt: u32, previous_claim_at: Option<i64>) -> Claimed {
@@ -158,8 +182,10 @@ fn check_fingerprint(request: ClaimRequest<'_>, row: &Row) -> Result<()> {
     if stored == received.as_bytes() {
         return Ok(());
     }
-    let stored = Fingerprint::from_bytes(stored)
-        .ok_or_else(|| DbErr::Custom("corrupt fingerprint in the inbox".to_owned()))?;
+    let stored = Fingerprint::from_bytes(stored).ok_or_else(|| Error::CorruptRecord {
+        key: request.key.clone(),
+        detail: format!("a fingerprint of {} bytes, not 32", stored.len()),
+    })?;
     Err(Error::FingerprintMismatch {
         key: request.key.clone(),
         stored,

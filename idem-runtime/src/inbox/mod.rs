@@ -10,15 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use sea_orm::{
-    DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqliteTransactionMode,
-    TransactionOptions, TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use crate::clock::{duration_ms, from_epoch_ms, now_ms};
-use crate::error::{ConfigError, Error, Result, is_deadlock};
+use crate::clock::from_epoch_ms;
+use crate::error::{ConfigError, Error, Result};
 use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
@@ -26,6 +23,7 @@ use crate::observe;
 use crate::retention::policy::check_covers;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
+use crate::store::dialect::{Failure, classify};
 use crate::store::table::TableName;
 
 pub use builder::InboxBuilder;
@@ -73,6 +71,7 @@ pub(crate) struct Inner {
     pub(crate) retention: RetentionPolicy,
     window: Option<RedeliveryWindow>,
     max_attempts: u32,
+    claim_wait: Duration,
 }
 
 impl Inbox {
@@ -144,6 +143,7 @@ impl Inbox {
             },
             retention,
             max_attempts: self.inner.max_attempts,
+            claim_wait: self.inner.claim_wait,
         };
         if request.lease.is_some() {
             self.two_phase(handler, request, message, metadata).await
@@ -163,23 +163,23 @@ impl Inbox {
     ) -> Result<Outcome<H::Output>> {
         let store = &self.inner.store;
         let mut deadlocks = 0;
-        let (tx, attempt, previous_claim_at) = loop {
-            let tx = self.begin().await?;
+        let (tx, token, attempt, previous_claim_at) = loop {
+            let tx = store.dialect().begin(&self.inner.db).await?;
             match claim::claim(store, &tx, request).await {
                 Ok(Claimed::Completed(output)) => {
                     tx.commit().await?;
                     return decode_stored(request.key, output).map(Outcome::Duplicate);
                 }
                 Ok(Claimed::Acquired {
+                    token,
                     attempt,
                     previous_claim_at,
-                    ..
-                }) => break (tx, attempt, previous_claim_at),
+                }) => break (tx, token, attempt, previous_claim_at),
                 // Copies racing to take over one expired record can deadlock on MySQL/MariaDB;
                 // the victim's transaction is rolled back, and a new one finds the winner's
                 // record. Nothing has run yet, so the claim is simply tried again.
-                Err(Error::Database(error))
-                    if is_deadlock(&error) && deadlocks < MAX_CLAIM_DEADLOCKS =>
+                Err(Error::Contention(error))
+                    if classify(&error) == Failure::Deadlock && deadlocks < MAX_CLAIM_DEADLOCKS =>
                 {
                     deadlocks += 1;
                     drop(tx);
@@ -189,10 +189,32 @@ impl Inbox {
         };
         let cx = Context::new(&request.key.message_key, metadata, Some(&tx))
             .with_attempt(attempt, previous_claim_at.map(from_epoch_ms));
-        let output = run(handler, &cx, message).await?;
-        let json = serde_json::to_string(&output).map_err(Error::OutputNotStorable)?;
-        if json != "null" {
-            store.set_output(&tx, request.key, &json).await?;
+        let output = match run(handler, &cx, message).await {
+            Ok(output) => output,
+            Err(error) => return Err(outage_or(error, &tx).await),
+        };
+        let json = serde_json::to_string(&output)
+            .map_err(|error| Error::OutputNotStorable(Box::new(error)))?;
+        let stored = (json != "null").then_some(json.as_str());
+        // The completion is the transaction's last statement, whatever the output: it must find
+        // this claim in progress, which a transaction the database aborted or rolled back no
+        // longer has. Only then does the commit mean the effects and the record are stored.
+        let key = request.key;
+        match store
+            .complete(&tx, key, token, stored, request.retention)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => return Err(Error::TransactionAborted { key: key.clone() }),
+            Err(error) => {
+                return Err(match classify(&error) {
+                    Failure::Aborted => Error::TransactionAborted { key: key.clone() },
+                    Failure::Refused if stored.is_some() => {
+                        Error::OutputNotStorable(Box::new(error))
+                    }
+                    _ => error.into(),
+                });
+            }
         }
         tx.commit().await?;
         Ok(Outcome::Processed(output))
@@ -230,35 +252,28 @@ impl Inbox {
                 return Err(error);
             }
         };
-        // The side effect has happened: an output that cannot be stored still completes the
-        // record, without it, so that no redelivery repeats the effect.
+        // The side effect has happened: an output that cannot be stored (it does not serialize,
+        // or the database refuses it) still completes the record, without it, so that no
+        // redelivery repeats the effect.
         let json = serde_json::to_string(&output);
-        let now = now_ms();
-        let expires_at = now.saturating_add(duration_ms(request.retention));
-        let output_json = json.as_deref().ok().filter(|json| *json != "null");
-        if !complete_with_retries(store, db, request.key, token, output_json, now, expires_at)
-            .await?
-        {
-            return Err(Error::ClaimLost {
+        let stored = json.as_deref().ok().filter(|json| *json != "null");
+        let complete = |output| complete_with_retries(store, db, request, token, output);
+        let completed = match complete(stored).await {
+            Ok(completed) => completed.then_some(None),
+            Err(error) if stored.is_some() && classify(&error) == Failure::Refused => {
+                complete(None).await?.then_some(Some(error))
+            }
+            Err(error) => return Err(error.into()),
+        };
+        match completed {
+            None => Err(Error::ClaimLost {
                 key: request.key.clone(),
-            });
-        }
-        json.map_err(Error::OutputNotStorable)?;
-        Ok(Outcome::Processed(output))
-    }
-
-    /// Begins a transaction that takes the write lock at once on SQLite, where a deferred
-    /// transaction that reads and then writes fails under concurrency whatever the busy timeout.
-    async fn begin(&self) -> Result<DatabaseTransaction, DbErr> {
-        let db = &self.inner.db;
-        if self.inner.store.backend() == DbBackend::Sqlite {
-            db.begin_with_options(TransactionOptions {
-                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-                ..TransactionOptions::default()
-            })
-            .await
-        } else {
-            db.begin().await
+            }),
+            Some(Some(refused)) => Err(Error::OutputNotStorable(Box::new(refused))),
+            Some(None) => {
+                json.map_err(|error| Error::OutputNotStorable(Box::new(error)))?;
+                Ok(Outcome::Processed(output))
+            }
         }
     }
 
@@ -283,8 +298,16 @@ impl Inbox {
 
     /// Reads the record of `key`, if any (for operators and tests).
     pub async fn lookup(&self, key: &InboxKey) -> Result<Option<InboxRecord>> {
-        let row = self.inner.store.find(&self.inner.db, key).await?;
-        Ok(row.map(InboxRecord::from_row))
+        let Some(row) = self.inner.store.find(&self.inner.db, key).await? else {
+            return Ok(None);
+        };
+        let status = row.status.clone();
+        InboxRecord::from_row(row)
+            .map(Some)
+            .ok_or_else(|| Error::CorruptRecord {
+                key: key.clone(),
+                detail: format!("unknown status {status:?}"),
+            })
     }
 
     /// Deletes the record of `key` whatever its state, so the next delivery of the message is
@@ -319,24 +342,23 @@ impl Inbox {
     }
 }
 
-/// Completes a two-phase claim, retrying a failed database call a few times: a claim left in
-/// progress would make a redelivery wait out the lease and repeat the side effect.
+/// Completes a two-phase claim, retrying a failure that may pass (the database unreachable or
+/// contended) a few times: a claim left in progress would make a redelivery wait out the lease
+/// and repeat the side effect. A refused statement is not retried.
 async fn complete_with_retries(
     store: &Store,
     db: &DatabaseConnection,
-    key: &InboxKey,
+    request: ClaimRequest<'_>,
     token: i64,
     output: Option<&str>,
-    now: i64,
-    expires_at: i64,
 ) -> Result<bool, DbErr> {
     let mut attempt = 1;
     loop {
         match store
-            .complete(db, key, token, output, now, expires_at)
+            .complete(db, request.key, token, output, request.retention)
             .await
         {
-            Err(error) if attempt < COMPLETE_ATTEMPTS => {
+            Err(error) if attempt < COMPLETE_ATTEMPTS && classify(&error) != Failure::Refused => {
                 tracing::warn!(%error, attempt, "completing the claim failed; retrying");
                 tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                 attempt += 1;
@@ -348,6 +370,31 @@ async fn complete_with_retries(
 
 /// How many times completing a two-phase claim is tried.
 const COMPLETE_ATTEMPTS: u32 = 4;
+
+/// A transactional handler's failure, or the database outage behind it: when the handler's
+/// statements failed because the database went away, the message is not at fault. Told by a
+/// database error in the handler error's source chain, or by the transaction itself no longer
+/// reaching the database.
+async fn outage_or(error: Error, tx: &DatabaseTransaction) -> Error {
+    let Error::Handler { source, .. } = &error else {
+        return error;
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+    while let Some(current) = cause {
+        if let Some(db_error) = current.downcast_ref::<DbErr>()
+            && classify(db_error) == Failure::Unreachable
+        {
+            return Error::StoreUnavailable(DbErr::Conn(sea_orm::RuntimeErr::Internal(format!(
+                "the handler's transaction lost the database: {db_error}"
+            ))));
+        }
+        cause = current.source();
+    }
+    match tx.execute_unprepared("SELECT 1").await {
+        Err(probe) if classify(&probe) == Failure::Unreachable => Error::StoreUnavailable(probe),
+        _ => error,
+    }
+}
 
 /// Runs the handler, turning its error and its panic into [`Error`]s.
 async fn run<H: Handler>(handler: &H, cx: &Context<'_>, message: H::Message) -> Result<H::Output> {

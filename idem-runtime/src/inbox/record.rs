@@ -31,9 +31,10 @@ pub struct InboxRecord {
 }
 
 impl InboxRecord {
-    pub(super) fn from_row(row: Row) -> Self {
-        Self {
-            status: row.status,
+    /// The record a row holds; `None` when its status is not one idem writes.
+    pub(super) fn from_row(row: Row) -> Option<Self> {
+        Some(Self {
+            status: Status::parse(&row.status)?,
             fingerprint: row.fingerprint.as_deref().and_then(Fingerprint::from_bytes),
             output: row.output,
             attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
@@ -42,6 +43,6 @@ impl InboxRecord {
             lease_until: row.lease_until.map(from_epoch_ms),
             completed_at: row.completed_at.map(from_epoch_ms),
             expires_at: from_epoch_ms(row.expires_at),
-        }
+        })
     }
 }

@@ -8,7 +8,6 @@ use sea_orm::{DbBackend, TransactionTrait};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::clock::now_ms;
 use crate::error::Result;
 use crate::inbox::{Inbox, Inner};
 use crate::observe::CLEANUP_DELETED_TOTAL;
@@ -143,7 +142,8 @@ impl Cleaner {
     async fn delete_batches(&self, stop: &watch::Receiver<bool>) -> Result<CleanupReport> {
         let policy = &self.inner.retention;
         let store = &self.inner.store;
-        let now = now_ms();
+        // Records are expired by the database's clock, as claims read them.
+        let now = store.now(&self.inner.db).await?;
         let mut report = CleanupReport::default();
         loop {
             let deleted = store

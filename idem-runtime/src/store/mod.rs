@@ -1,14 +1,19 @@
 //! SQL access to the inbox table: statements prepared once per inbox, run on any connection or
 //! transaction.
 
+pub(crate) mod dialect;
 mod statements;
 pub(crate) mod table;
+
+use std::time::Duration;
 
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, TransactionTrait, Value,
 };
 
+use crate::clock::duration_ms;
 use crate::key::{ConsumerName, InboxKey, MessageKey};
+use dialect::Dialect;
 use statements::Statements;
 use table::TableName;
 
@@ -29,19 +34,21 @@ impl Status {
         }
     }
 
-    fn parse(text: &str) -> Result<Self, DbErr> {
+    /// The status a column holds; `None` for text no version of idem writes.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         match text {
-            "in_progress" => Ok(Status::InProgress),
-            "completed" => Ok(Status::Completed),
-            other => Err(DbErr::Custom(format!("unknown inbox status {other:?}"))),
+            "in_progress" => Some(Status::InProgress),
+            "completed" => Some(Status::Completed),
+            _ => None,
         }
     }
 }
 
-/// An inbox row as read back.
+/// An inbox row as read back, with the database's clock at the time of reading.
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
-    pub(crate) status: Status,
+    /// The status column as stored; [`Status::parse`] reads it.
+    pub(crate) status: String,
     pub(crate) fingerprint: Option<Vec<u8>>,
     pub(crate) output: Option<String>,
     pub(crate) attempts: i64,
@@ -51,28 +58,63 @@ pub(crate) struct Row {
     pub(crate) lease_until: Option<i64>,
     pub(crate) completed_at: Option<i64>,
     pub(crate) expires_at: i64,
+    /// The database's clock when the row was read.
+    pub(crate) now: i64,
 }
 
-/// The values a claim writes, by insert or by takeover.
+/// The values a claim writes, by insert or by takeover. Times are the database's: a claim gives
+/// durations from its clock.
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimValues<'a> {
-    pub(crate) status: Status,
     pub(crate) fingerprint: Option<&'a [u8; 32]>,
     pub(crate) attempts: i64,
     pub(crate) claim_token: i64,
-    pub(crate) created_at: i64,
-    pub(crate) claimed_at: i64,
-    pub(crate) lease_until: Option<i64>,
-    pub(crate) completed_at: Option<i64>,
-    pub(crate) expires_at: i64,
+    /// When the key was first claimed; `None` for now.
+    pub(crate) created_at: Option<i64>,
+    /// How long the claim is held before another worker may take it over; `None` for a claim
+    /// inside the handler's transaction, which no other worker sees before it completes.
+    pub(crate) lease: Option<Duration>,
+    /// How long the record is kept after its lease.
+    pub(crate) retention: Duration,
+}
+
+impl ClaimValues<'_> {
+    /// Every claim is recorded in progress; the handler's completion marks it completed, in
+    /// the same transaction (transactional mode) or after the handler (two-phase mode).
+    fn values(&self) -> [Value; 5] {
+        [
+            text(Status::InProgress.as_str()),
+            Value::from(self.fingerprint.map(|bytes| bytes.to_vec())),
+            Value::from(self.attempts),
+            Value::from(self.claim_token),
+            Value::from(self.created_at),
+        ]
+    }
+
+    /// The lease and the expiry, in milliseconds from the database's now. A record in progress
+    /// is kept for the retention after its lease, however short the retention: a live claim
+    /// never counts as expired.
+    fn times(&self) -> [Value; 2] {
+        let lease = self.lease.map(duration_ms);
+        [
+            Value::from(lease),
+            Value::from(
+                lease
+                    .unwrap_or(0)
+                    .saturating_add(duration_ms(self.retention)),
+            ),
+        ]
+    }
 }
 
 /// The inbox table on one backend.
 #[derive(Debug)]
 pub(crate) struct Store {
-    backend: DbBackend,
+    dialect: Dialect,
     table: TableName,
     sql: Statements,
+    /// PostgreSQL's `lock_timeout` as configured, restored after each claim.
+    lock_timeout: String,
 }
 
 fn text(value: &str) -> Value {
@@ -84,17 +126,34 @@ fn opt_text(value: Option<&str>) -> Value {
 }
 
 impl Store {
-    pub(crate) fn new(backend: DbBackend, table: TableName) -> Self {
-        let sql = Statements::new(backend, &table);
+    pub(crate) fn new(dialect: Dialect, table: TableName, claim_wait: Duration) -> Self {
+        let sql = Statements::new(dialect, &table, claim_wait);
         Self {
-            backend,
+            dialect,
             table,
             sql,
+            lock_timeout: "0".to_owned(),
         }
     }
 
+    /// Reads the `lock_timeout` PostgreSQL sessions have, which claims restore after bounding
+    /// their own wait.
+    pub(crate) async fn read_lock_timeout(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
+        if self.backend() == DbBackend::Postgres {
+            let sql = "SELECT current_setting('lock_timeout')";
+            if let Some(row) = db.query_one_raw(self.statement(sql, Vec::new())).await? {
+                self.lock_timeout = row.try_get_by_index(0)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
     pub(crate) fn backend(&self) -> DbBackend {
-        self.backend
+        self.dialect.backend()
     }
 
     pub(crate) fn table(&self) -> &TableName {
@@ -102,55 +161,71 @@ impl Store {
     }
 
     fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
-        Statement::from_sql_and_values(self.backend, sql, values)
+        Statement::from_sql_and_values(self.backend(), sql, values)
     }
 
     fn key_values(key: &InboxKey) -> [Value; 2] {
         [text(key.consumer.as_str()), text(key.message_key.as_str())]
     }
 
-    /// Creates the table and its index if they do not exist.
-    pub(crate) async fn create_table(&self, conn: &impl ConnectionTrait) -> Result<(), DbErr> {
-        for sql in table::create_table_statements(self.backend, &self.table) {
-            conn.execute_unprepared(&sql).await?;
+    /// Creates the table and its index if they do not exist. On PostgreSQL, whose
+    /// `CREATE ... IF NOT EXISTS` races between sessions, creators take turns under a lock.
+    pub(crate) async fn create_table(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
+        let tx = db.begin().await?;
+        if let Some((sql, values)) = self.dialect.schema_lock(self.table.as_str()) {
+            tx.query_one_raw(self.statement(&sql, values)).await?;
         }
-        Ok(())
+        for sql in table::create_table_statements(self.backend(), &self.table) {
+            tx.execute_unprepared(&sql).await?;
+        }
+        tx.commit().await
     }
 
-    /// Checks that the table has the schema this version writes and reads: inserts a record with
-    /// the widest values a claim can have and reads it back, in a transaction that is rolled
-    /// back. A table created by another version fails here, at start-up, instead of failing
-    /// every message.
+    /// Checks that the table has the schema this version writes and reads: claims a record with
+    /// the widest values a claim can have, completes it and reads it back, in a transaction that
+    /// is rolled back. A table created by another version fails here, at start-up, instead of
+    /// failing every message. The probe's key is this call's own, so replicas starting together
+    /// do not wait for each other's probes.
     pub(crate) async fn check_schema(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
         let tx = db.begin().await?;
+        let unique = uuid::Uuid::new_v4().simple().to_string();
         let key = InboxKey {
             consumer: ConsumerName::new("c".repeat(ConsumerName::MAX_LEN)).expect("valid"),
-            message_key: MessageKey::new("k".repeat(MessageKey::MAX_LEN)).expect("valid"),
+            message_key: MessageKey::new(format!(
+                "{}{unique}",
+                "k".repeat(MessageKey::MAX_LEN - unique.len())
+            ))
+            .expect("valid"),
         };
         let fingerprint = [0xab; 32];
-        let claim = ClaimValues {
-            status: Status::InProgress,
-            fingerprint: Some(&fingerprint),
-            attempts: i64::from(u32::MAX),
-            claim_token: i64::MIN,
-            created_at: i64::MAX,
-            claimed_at: i64::MAX,
-            lease_until: Some(i64::MAX),
-            completed_at: Some(i64::MAX),
-            expires_at: i64::MAX,
-        };
         let [consumer, message_key] = Self::key_values(&key);
-        let mut values = vec![consumer, message_key];
-        values.extend(claim_values(&claim));
+        let values = vec![
+            consumer,
+            message_key,
+            text(Status::InProgress.as_str()),
+            Value::from(fingerprint.to_vec()),
+            Value::from(i64::from(u32::MAX)),
+            Value::from(i64::MIN),
+            Value::from(i64::MAX),
+            Value::from(i64::MAX),
+            Value::from(i64::MAX),
+            Value::from(i64::MAX),
+            Value::from(i64::MAX),
+            Value::from(None::<String>),
+        ];
         tx.execute_raw(self.statement(&self.sql.insert_probe, values))
             .await?;
-        self.set_output(&tx, &key, "{}").await?;
+        let completed = self
+            .complete(&tx, &key, i64::MIN, Some("{}"), Duration::ZERO)
+            .await?;
         let row = self.find(&tx, &key).await?;
         tx.rollback().await?;
         match row {
             Some(row)
-                if row.fingerprint.as_deref() == Some(&fingerprint[..])
+                if completed
+                    && row.fingerprint.as_deref() == Some(&fingerprint[..])
                     && row.claim_token == i64::MIN
+                    && row.status == Status::Completed.as_str()
                     && row.output.as_deref() == Some("{}") =>
             {
                 Ok(())
@@ -162,23 +237,41 @@ impl Store {
     }
 
     /// Inserts a claim unless a record exists; `true` when this call inserted it. The
-    /// database's primary key decides between concurrent claims.
+    /// database's primary key decides between concurrent claims; a concurrent claim that has not
+    /// committed is waited for at most the inbox's claim wait.
     pub(crate) async fn insert_claim(
         &self,
         conn: &impl ConnectionTrait,
         key: &InboxKey,
         claim: &ClaimValues<'_>,
     ) -> Result<bool, DbErr> {
-        let [consumer, message_key] = Self::key_values(key);
-        let mut values = vec![consumer, message_key];
-        values.extend(claim_values(claim));
+        let mut values = Self::key_values(key).to_vec();
+        values.extend(claim.values().into_iter().take(4));
+        values.extend(claim.times());
+        if self.backend() == DbBackend::Postgres {
+            values.push(text(&self.lock_timeout));
+            let row = conn
+                .query_one_raw(self.statement(&self.sql.insert_claim, values))
+                .await?;
+            return Ok(row.is_some());
+        }
         let result = conn
             .execute_raw(self.statement(&self.sql.insert_claim, values))
             .await?;
         Ok(result.rows_affected() == 1)
     }
 
-    /// Reads a record.
+    /// Restores PostgreSQL's `lock_timeout` in a transaction whose claim did not insert (it stays
+    /// bounded for a takeover until then).
+    pub(crate) async fn end_claim_wait(&self, conn: &impl ConnectionTrait) -> Result<(), DbErr> {
+        if let Some(sql) = &self.sql.restore_lock_timeout {
+            conn.query_one_raw(self.statement(sql, vec![text(&self.lock_timeout)]))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Reads a record, with the database's clock.
     pub(crate) async fn find(
         &self,
         conn: &impl ConnectionTrait,
@@ -189,7 +282,7 @@ impl Store {
             .await?;
         let Some(row) = row else { return Ok(None) };
         Ok(Some(Row {
-            status: Status::parse(&row.try_get_by_index::<String>(0)?)?,
+            status: row.try_get_by_index(0)?,
             fingerprint: row.try_get_by_index(1)?,
             output: row.try_get_by_index(2)?,
             attempts: row.try_get_by_index(3)?,
@@ -199,6 +292,7 @@ impl Store {
             lease_until: row.try_get_by_index(7)?,
             completed_at: row.try_get_by_index(8)?,
             expires_at: row.try_get_by_index(9)?,
+            now: row.try_get_by_index(10)?,
         }))
     }
 
@@ -211,7 +305,8 @@ impl Store {
         previous_token: i64,
         claim: &ClaimValues<'_>,
     ) -> Result<bool, DbErr> {
-        let mut values = claim_values(claim);
+        let mut values = claim.values().to_vec();
+        values.extend(claim.times());
         values.extend(Self::key_values(key));
         values.push(Value::from(previous_token));
         let result = conn
@@ -220,40 +315,45 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
-    /// Stores the output of a transactional handler, inside its transaction.
-    pub(crate) async fn set_output(
-        &self,
-        conn: &impl ConnectionTrait,
-        key: &InboxKey,
-        output: &str,
-    ) -> Result<(), DbErr> {
-        let mut values = vec![text(output)];
-        values.extend(Self::key_values(key));
-        conn.execute_raw(self.statement(&self.sql.set_output, values))
-            .await?;
-        Ok(())
-    }
-
-    /// Completes a two-phase claim, only if `token` still holds it; `false` when the claim was
-    /// taken over (fencing).
+    /// Completes a claim with its output, only if `token` still holds it in progress; `false`
+    /// when it does not (taken over, or gone with an aborted transaction). The record is kept
+    /// for `retention` from now.
     pub(crate) async fn complete(
         &self,
         conn: &impl ConnectionTrait,
         key: &InboxKey,
         token: i64,
         output: Option<&str>,
-        completed_at: i64,
-        expires_at: i64,
+        retention: Duration,
     ) -> Result<bool, DbErr> {
-        let mut values = vec![
-            opt_text(output),
-            Value::from(completed_at),
-            Value::from(expires_at),
-        ];
+        let mut values = vec![opt_text(output), Value::from(duration_ms(retention))];
         values.extend(Self::key_values(key));
         values.push(Value::from(token));
         let result = conn
             .execute_raw(self.statement(&self.sql.complete, values))
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Extends a claim's lease to `lease` from now, only if `token` still holds it in progress;
+    /// `false` when it does not.
+    pub(crate) async fn renew(
+        &self,
+        conn: &impl ConnectionTrait,
+        key: &InboxKey,
+        token: i64,
+        lease: Duration,
+        retention: Duration,
+    ) -> Result<bool, DbErr> {
+        let lease = duration_ms(lease);
+        let mut values = vec![
+            Value::from(lease),
+            Value::from(lease.saturating_add(duration_ms(retention))),
+        ];
+        values.extend(Self::key_values(key));
+        values.push(Value::from(token));
+        let result = conn
+            .execute_raw(self.statement(&self.sql.renew, values))
             .await?;
         Ok(result.rows_affected() == 1)
     }
@@ -285,14 +385,23 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
-    /// Deletes at most `limit` records that expired before `now`; returns how many.
+    /// The database's clock, in milliseconds since the Unix epoch.
+    pub(crate) async fn now(&self, conn: &impl ConnectionTrait) -> Result<i64, DbErr> {
+        let row = conn
+            .query_one_raw(self.statement(&self.sql.now, Vec::new()))
+            .await?
+            .ok_or_else(|| DbErr::Custom("the database did not tell its time".to_owned()))?;
+        row.try_get_by_index(0)
+    }
+
+    /// Deletes at most `limit` records that expired before `before`; returns how many.
     pub(crate) async fn delete_expired(
         &self,
         conn: &impl ConnectionTrait,
-        now: i64,
+        before: i64,
         limit: u32,
     ) -> Result<u64, DbErr> {
-        let values = vec![Value::from(now), Value::from(i64::from(limit))];
+        let values = vec![Value::from(before), Value::from(i64::from(limit))];
         let result = conn
             .execute_raw(self.statement(&self.sql.delete_expired, values))
             .await?;
@@ -305,10 +414,10 @@ impl Store {
         &self,
         conn: &impl ConnectionTrait,
     ) -> Result<bool, DbErr> {
-        let (sql, values) = self.sql.cleaner_lock(&self.table);
-        let row = conn.query_one_raw(self.statement(sql, values)).await?;
+        let (sql, values) = self.dialect.try_lock("cleaner", self.table.as_str());
+        let row = conn.query_one_raw(self.statement(&sql, values)).await?;
         let Some(row) = row else { return Ok(false) };
-        Ok(match self.backend {
+        Ok(match self.backend() {
             DbBackend::Postgres => row.try_get_by_index::<bool>(0)?,
             _ => row.try_get_by_index::<Option<i64>>(0)? == Some(1),
         })
@@ -331,23 +440,9 @@ impl Store {
 
     /// Releases a MySQL/MariaDB cleaner lock (PostgreSQL's goes with its transaction).
     pub(crate) async fn unlock_cleaner(&self, conn: &impl ConnectionTrait) -> Result<(), DbErr> {
-        if let Some((sql, values)) = self.sql.cleaner_unlock(&self.table) {
-            conn.query_one_raw(self.statement(sql, values)).await?;
+        if let Some((sql, values)) = self.dialect.unlock("cleaner", self.table.as_str()) {
+            conn.query_one_raw(self.statement(&sql, values)).await?;
         }
         Ok(())
     }
-}
-
-fn claim_values(claim: &ClaimValues<'_>) -> Vec<Value> {
-    vec![
-        text(claim.status.as_str()),
-        Value::from(claim.fingerprint.map(|bytes| bytes.to_vec())),
-        Value::from(claim.attempts),
-        Value::from(claim.claim_token),
-        Value::from(claim.created_at),
-        Value::from(claim.claimed_at),
-        Value::from(claim.lease_until),
-        Value::from(claim.completed_at),
-        Value::from(claim.expires_at),
-    ]
 }

@@ -1,84 +1,116 @@
-//! The SQL text of every inbox statement, built once per inbox for its backend and table.
+//! The SQL text of every inbox statement, built once per inbox for its dialect and table.
+//!
+//! Every time a statement compares or writes is the database's clock ([`Dialect::now_ms`]):
+//! leases and expiries mean the same to every process, whatever their hosts' clocks say.
+//! Durations are bound as milliseconds and added to it.
 
-use sea_orm::{DbBackend, Value};
-use sha2::{Digest, Sha256};
+use std::time::Duration;
 
+use sea_orm::DbBackend;
+
+use super::dialect::Dialect;
 use super::table::TableName;
-
-/// The columns a claim writes, in the order [`super::claim_values`] binds them.
-const CLAIM_COLUMNS: [&str; 9] = [
-    "status",
-    "fingerprint",
-    "attempts",
-    "claim_token",
-    "created_at",
-    "claimed_at",
-    "lease_until",
-    "completed_at",
-    "expires_at",
-];
 
 const KEY: &str = "consumer = ? AND message_key = ?";
 
+/// The columns a record is read with, in the order `Store::find` reads them; the database's
+/// clock comes last.
+const READ_COLUMNS: &str = "status, fingerprint, output, attempts, claim_token, created_at, \
+                            claimed_at, lease_until, completed_at, expires_at";
+
 #[derive(Debug)]
 pub(super) struct Statements {
-    backend: DbBackend,
+    /// Binds consumer, message key, status, fingerprint, attempts, claim token, lease (ms or
+    /// NULL), expiry (ms from now); on PostgreSQL also the `lock_timeout` to restore, and it
+    /// returns a row when it inserted.
     pub(super) insert_claim: String,
+    /// Binds consumer, message key and every column.
     pub(super) insert_probe: String,
+    /// Binds the key; reads [`READ_COLUMNS`] and the database's clock.
     pub(super) select: String,
+    /// Binds status, fingerprint, attempts, claim token, created at (or NULL for now), lease (ms
+    /// or NULL), expiry (ms from now), the key and the previous claim token.
     pub(super) take_over: String,
-    pub(super) set_output: String,
+    /// Binds output, expiry (ms from now), the key and the claim token.
     pub(super) complete: String,
+    /// Binds lease (ms), expiry (ms from now), the key and the claim token.
+    pub(super) renew: String,
+    /// Binds the key and the claim token.
     pub(super) release: String,
+    /// Binds the key.
     pub(super) delete: String,
+    /// Binds the time before which records expired and the batch size.
     pub(super) delete_expired: String,
+    /// Reads the database's clock.
+    pub(super) now: String,
+    /// Restores PostgreSQL's `lock_timeout` after a claim that did not insert; binds its value.
+    pub(super) restore_lock_timeout: Option<String>,
 }
 
 impl Statements {
-    pub(super) fn new(backend: DbBackend, table: &TableName) -> Self {
-        let t = table.quoted(backend);
-        let insert_columns = format!("consumer, message_key, {}", CLAIM_COLUMNS.join(", "));
-        let insert_values = vec!["?"; CLAIM_COLUMNS.len() + 2].join(", ");
-        let insert_claim = match backend {
+    pub(super) fn new(dialect: Dialect, table: &TableName, claim_wait: Duration) -> Self {
+        let t = dialect.quote(table.as_str());
+        let now = dialect.now_ms();
+        let bounded = |sql: String| dialect.with_lock_wait(&sql, claim_wait);
+        let columns = "consumer, message_key, status, fingerprint, attempts, claim_token, \
+                       created_at, claimed_at, lease_until, completed_at, expires_at";
+        let claim_values = format!("?, ?, ?, ?, ?, ?, {now}, {now}, {now} + ?, NULL, {now} + ?");
+        let insert_claim = match dialect.backend() {
             // `INSERT IGNORE` reports 0 rows for a duplicate whatever the client flags; the
             // `ON DUPLICATE KEY UPDATE` no-op counts as a found row under CLIENT_FOUND_ROWS.
-            DbBackend::MySql => {
-                format!("INSERT IGNORE INTO {t} ({insert_columns}) VALUES ({insert_values})")
-            }
+            DbBackend::MySql => bounded(format!(
+                "INSERT IGNORE INTO {t} ({columns}) VALUES ({claim_values})"
+            )),
+            // PostgreSQL has no per-statement lock wait: the claim sets `lock_timeout` for its
+            // transaction before it may wait for a concurrent insert of the key, and restores it
+            // once it has inserted, so the handler's own statements are not bounded by it. A
+            // claim that did not insert keeps it for the takeover that may follow, and restores
+            // it with `restore_lock_timeout`.
+            DbBackend::Postgres => format!(
+                "INSERT INTO {t} ({columns}) SELECT {claim_values} \
+                 FROM (SELECT set_config('lock_timeout', '{}', true)) AS bounded WHERE true \
+                 ON CONFLICT (consumer, message_key) DO NOTHING \
+                 RETURNING set_config('lock_timeout', ?, true)",
+                claim_wait.as_millis().max(1)
+            ),
             _ => format!(
-                "INSERT INTO {t} ({insert_columns}) VALUES ({insert_values}) \
+                "INSERT INTO {t} ({columns}) VALUES ({claim_values}) \
                  ON CONFLICT (consumer, message_key) DO NOTHING"
             ),
         };
         // A plain insert: MySQL's `INSERT IGNORE` would turn a value that does not fit the
         // column into a warning and store it truncated.
-        let insert_probe = format!("INSERT INTO {t} ({insert_columns}) VALUES ({insert_values})");
+        let insert_probe = format!(
+            "INSERT INTO {t} ({columns}, output) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        );
         // A locking read on MySQL/MariaDB sees the latest committed row even inside a
         // REPEATABLE READ transaction; PostgreSQL and SQLite read it anyway.
-        let lock = if backend == DbBackend::MySql {
+        let lock = if dialect.backend() == DbBackend::MySql {
             " LOCK IN SHARE MODE"
         } else {
             ""
         };
-        let select = format!(
-            "SELECT status, fingerprint, output, attempts, claim_token, created_at, claimed_at, \
-             lease_until, completed_at, expires_at FROM {t} WHERE {KEY}{lock}"
-        );
-        let assignments = CLAIM_COLUMNS
-            .iter()
-            .map(|column| format!("{column} = ?"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let take_over =
-            format!("UPDATE {t} SET {assignments}, output = NULL WHERE {KEY} AND claim_token = ?");
-        let set_output = format!("UPDATE {t} SET output = ? WHERE {KEY}");
+        let select = bounded(format!(
+            "SELECT {READ_COLUMNS}, {now} FROM {t} WHERE {KEY}{lock}"
+        ));
+        let take_over = bounded(format!(
+            "UPDATE {t} SET status = ?, fingerprint = ?, attempts = ?, claim_token = ?, \
+             created_at = COALESCE(?, {now}), claimed_at = {now}, lease_until = {now} + ?, \
+             completed_at = NULL, expires_at = {now} + ?, output = NULL \
+             WHERE {KEY} AND claim_token = ?"
+        ));
         let complete = format!(
-            "UPDATE {t} SET status = 'completed', output = ?, completed_at = ?, expires_at = ?, \
-             lease_until = NULL WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
+            "UPDATE {t} SET status = 'completed', output = ?, completed_at = {now}, \
+             expires_at = {now} + ?, lease_until = NULL \
+             WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
+        );
+        let renew = format!(
+            "UPDATE {t} SET lease_until = {now} + ?, expires_at = {now} + ? \
+             WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
         );
         let release = format!("DELETE FROM {t} WHERE {KEY} AND claim_token = ?");
         let delete = format!("DELETE FROM {t} WHERE {KEY}");
-        let delete_expired = match backend {
+        let delete_expired = match dialect.backend() {
             DbBackend::MySql => {
                 format!("DELETE FROM {t} WHERE expires_at < ? ORDER BY expires_at LIMIT ?")
             }
@@ -91,110 +123,58 @@ impl Statements {
                 "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE expires_at < ? LIMIT ?)"
             ),
         };
-        let mut statements = Self {
-            backend,
-            insert_claim,
-            insert_probe,
-            select,
-            take_over,
-            set_output,
-            complete,
-            release,
-            delete,
-            delete_expired,
-        };
-        if backend == DbBackend::Postgres {
-            statements.number_placeholders();
-        }
-        statements
-    }
-
-    /// PostgreSQL numbers its placeholders: `?` becomes `$1`, `$2`, ...
-    fn number_placeholders(&mut self) {
-        for sql in [
-            &mut self.insert_claim,
-            &mut self.insert_probe,
-            &mut self.select,
-            &mut self.take_over,
-            &mut self.set_output,
-            &mut self.complete,
-            &mut self.release,
-            &mut self.delete,
-            &mut self.delete_expired,
-        ] {
-            *sql = numbered(sql);
+        let restore_lock_timeout = (dialect.backend() == DbBackend::Postgres)
+            .then(|| "SELECT set_config('lock_timeout', ?, true)".to_owned());
+        let sql = |text: String| dialect.placeholders(&text);
+        Self {
+            insert_claim: sql(insert_claim),
+            insert_probe: sql(insert_probe),
+            select: sql(select),
+            take_over: sql(take_over),
+            complete: sql(complete),
+            renew: sql(renew),
+            release: sql(release),
+            delete: sql(delete),
+            delete_expired: sql(delete_expired),
+            now: format!("SELECT {now}"),
+            restore_lock_timeout: restore_lock_timeout.map(sql),
         }
     }
-
-    /// The statement that tries to take the cross-process cleaner lock without waiting, and the
-    /// values it binds.
-    pub(super) fn cleaner_lock(&self, table: &TableName) -> (&'static str, Vec<Value>) {
-        match self.backend {
-            DbBackend::Postgres => (
-                "SELECT pg_try_advisory_xact_lock($1)",
-                vec![Value::from(advisory_key(table))],
-            ),
-            DbBackend::MySql => (
-                "SELECT GET_LOCK(CONCAT('idem-cleaner:', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40)), 0)",
-                vec![Value::from(table.as_str().to_owned())],
-            ),
-            // One process owns a SQLite file; the cleaner serializes in-process instead.
-            _ => ("SELECT 1", Vec::new()),
-        }
-    }
-
-    /// The statement that releases the MySQL/MariaDB cleaner lock.
-    pub(super) fn cleaner_unlock(&self, table: &TableName) -> Option<(&'static str, Vec<Value>)> {
-        (self.backend == DbBackend::MySql).then(|| {
-            (
-                "SELECT RELEASE_LOCK(CONCAT('idem-cleaner:', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40)))",
-                vec![Value::from(table.as_str().to_owned())],
-            )
-        })
-    }
-}
-
-fn numbered(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 16);
-    let mut n = 0;
-    for c in sql.chars() {
-        if c == '?' {
-            n += 1;
-            out.push('$');
-            out.push_str(&n.to_string());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// The PostgreSQL advisory lock key of a table's cleaner: stable across processes and versions.
-fn advisory_key(table: &TableName) -> i64 {
-    let digest = Sha256::digest(format!("idem-cleaner:{}", table.as_str()));
-    let mut bytes = [0u8; 8];
-    bytes.copy_from_slice(&digest[..8]);
-    i64::from_be_bytes(bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn postgres_placeholders_are_numbered() {
-        let s = Statements::new(DbBackend::Postgres, &TableName::default());
-        assert!(s.release.ends_with("claim_token = $3"), "{}", s.release);
-        assert!(!s.insert_claim.contains('?'));
-        assert!(s.insert_claim.contains("$11"));
+    fn statements(backend: DbBackend) -> Statements {
+        Statements::new(
+            Dialect::new(backend),
+            &TableName::default(),
+            Duration::from_secs(5),
+        )
     }
 
     #[test]
-    fn mysql_claims_with_insert_ignore() {
-        let s = Statements::new(DbBackend::MySql, &TableName::default());
+    fn postgres_placeholders_are_numbered() {
+        let s = statements(DbBackend::Postgres);
+        assert!(s.release.ends_with("claim_token = $3"), "{}", s.release);
+        assert!(!s.insert_claim.contains('?'));
+        assert!(s.insert_claim.contains("$9"), "{}", s.insert_claim);
         assert!(
             s.insert_claim
-                .starts_with("INSERT IGNORE INTO `idem_inbox`")
+                .contains("set_config('lock_timeout', '5000', true)")
+        );
+    }
+
+    #[test]
+    fn mariadb_claims_with_insert_ignore_and_a_bounded_wait() {
+        let s = statements(DbBackend::MySql);
+        assert!(
+            s.insert_claim.starts_with(
+                "SET STATEMENT innodb_lock_wait_timeout = 5 FOR INSERT IGNORE INTO `idem_inbox`"
+            ),
+            "{}",
+            s.insert_claim
         );
         assert!(s.select.ends_with("LOCK IN SHARE MODE"));
     }

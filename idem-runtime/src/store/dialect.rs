@@ -1,0 +1,283 @@
+//! What differs between the backends, in one place: quoting, placeholders, the database's clock,
+//! bounded lock waits, the cleaner's lock, how a transaction begins, and what a driver error
+//! means.
+
+use std::time::Duration;
+
+use sea_orm::{
+    DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqliteTransactionMode,
+    TransactionOptions, TransactionTrait, Value,
+};
+
+/// What a database error means for the message being processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The database could not be reached: no connection, a connection lost, no pooled
+    /// connection free in time, the server shutting down.
+    Unreachable,
+    /// A deadlock or a serialization failure: the database rolled the transaction back, and
+    /// trying it again can succeed.
+    Deadlock,
+    /// A lock was not granted in time (a lock wait timeout, a busy SQLite file).
+    LockTimeout,
+    /// The transaction had already failed: PostgreSQL ignores every statement after a failed one.
+    Aborted,
+    /// The database refused the statement itself.
+    Refused,
+}
+
+/// Classifies `error` by the driver's error kind, SQLSTATE or error number, never by its text.
+pub(crate) fn classify(error: &DbErr) -> Failure {
+    match error {
+        DbErr::Conn(_) | DbErr::ConnectionAcquire(_) => Failure::Unreachable,
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error))
+        | DbErr::Query(sea_orm::RuntimeErr::SqlxError(error)) => classify_sqlx(error),
+        _ => Failure::Refused,
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
+    use sea_orm::sqlx::Error as Sqlx;
+    match error {
+        Sqlx::Io(_)
+        | Sqlx::Tls(_)
+        | Sqlx::Protocol(_)
+        | Sqlx::PoolTimedOut
+        | Sqlx::PoolClosed
+        | Sqlx::WorkerCrashed => Failure::Unreachable,
+        Sqlx::Database(error) => {
+            // MySQL/MariaDB share SQLSTATEs between connection and statement errors (08S01 is
+            // also a packet too large, 70100 also a killed query): their error numbers tell.
+            #[cfg(feature = "mysql")]
+            if let Some(error) =
+                error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()
+            {
+                return match error.number() {
+                    // Server shutdown, connection killed.
+                    1053 | 1927 => Failure::Unreachable,
+                    1213 => Failure::Deadlock,
+                    1205 => Failure::LockTimeout,
+                    _ => Failure::Refused,
+                };
+            }
+            #[cfg(feature = "sqlite")]
+            if let Some(error) = error.try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>() {
+                // The primary result code: SQLITE_BUSY (5) and SQLITE_LOCKED (6), whatever the
+                // extended code.
+                use sea_orm::sqlx::error::DatabaseError;
+                let primary = error
+                    .code()
+                    .and_then(|code| code.parse::<i32>().ok())
+                    .map(|code| code & 0xff);
+                return match primary {
+                    Some(5 | 6) => Failure::LockTimeout,
+                    _ => Failure::Refused,
+                };
+            }
+            let Some(code) = error.code() else {
+                return Failure::Refused;
+            };
+            match &*code {
+                // Serialization failure, deadlock.
+                "40001" | "40P01" => Failure::Deadlock,
+                // lock_not_available: `lock_timeout` ran out.
+                "55P03" => Failure::LockTimeout,
+                // in_failed_sql_transaction.
+                "25P02" => Failure::Aborted,
+                // Connection exceptions (class 08), shutdown, crash shutdown, cannot connect now.
+                code if code.starts_with("08") => Failure::Unreachable,
+                "57P01" | "57P02" | "57P03" => Failure::Unreachable,
+                _ => Failure::Refused,
+            }
+        }
+        _ => Failure::Refused,
+    }
+}
+
+/// The SQL of one backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dialect {
+    backend: DbBackend,
+    /// MariaDB rather than MySQL: it has `SET STATEMENT ... FOR`.
+    mariadb: bool,
+}
+
+impl Dialect {
+    pub(crate) fn new(backend: DbBackend) -> Self {
+        Self {
+            backend,
+            mariadb: backend == DbBackend::MySql,
+        }
+    }
+
+    /// The dialect of a MySQL server that is not MariaDB: no per-statement lock wait, so claims
+    /// wait for the server's `innodb_lock_wait_timeout`.
+    pub(crate) fn mysql_proper(mut self) -> Self {
+        self.mariadb = false;
+        self
+    }
+
+    pub(crate) fn backend(self) -> DbBackend {
+        self.backend
+    }
+
+    /// `name` quoted as an identifier. Callers pass validated names only.
+    pub(crate) fn quote(self, name: &str) -> String {
+        match self.backend {
+            DbBackend::MySql => format!("`{name}`"),
+            _ => format!("\"{name}\""),
+        }
+    }
+
+    /// The database's clock in milliseconds since the Unix epoch, as an SQL expression: one clock
+    /// for every process sharing the inbox, whatever their hosts' clocks say. It is the
+    /// statement's time, the same wherever it appears in one statement.
+    pub(crate) fn now_ms(self) -> &'static str {
+        match self.backend {
+            DbBackend::Postgres => {
+                "FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT"
+            }
+            // sqlx sets the session's time zone to UTC, so the conversion is exact.
+            DbBackend::MySql => "CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)",
+            _ => "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+        }
+    }
+
+    /// `sql`, written with `?` placeholders, in the backend's placeholder syntax (PostgreSQL
+    /// numbers them: `$1`, `$2`, ...). Statements are built from the crate's own text, which has
+    /// no `?` inside literals.
+    pub(crate) fn placeholders(self, sql: &str) -> String {
+        if self.backend != DbBackend::Postgres {
+            return sql.to_owned();
+        }
+        let mut out = String::with_capacity(sql.len() + 16);
+        let mut n = 0;
+        for c in sql.chars() {
+            if c == '?' {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// `statement` (a single statement that may wait for row locks) made to wait at most `wait`
+    /// for them, on MariaDB. PostgreSQL's bound is set by the claim's insert for the rest of the
+    /// claim (see `Statements`); SQLite's is the connection's busy timeout.
+    pub(crate) fn with_lock_wait(self, statement: &str, wait: Duration) -> String {
+        match self.backend {
+            // MariaDB's per-statement variable; whole seconds, at least one.
+            DbBackend::MySql if self.mariadb => format!(
+                "SET STATEMENT innodb_lock_wait_timeout = {} FOR {statement}",
+                wait.as_secs_f64().ceil().max(1.0) as u64
+            ),
+            _ => statement.to_owned(),
+        }
+    }
+
+    /// Begins a transaction. SQLite's takes the write lock at once: a deferred transaction that
+    /// reads and then writes fails under concurrency whatever the busy timeout.
+    pub(crate) async fn begin(self, db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+        if self.backend == DbBackend::Sqlite {
+            db.begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..TransactionOptions::default()
+            })
+            .await
+        } else {
+            db.begin().await
+        }
+    }
+
+    /// The statement that tries, without waiting, to take the cross-process lock named `name`
+    /// for `table`, and the values it binds; it returns one row whose first column says whether
+    /// the lock was taken. PostgreSQL's is held until the transaction ends; MySQL/MariaDB's until
+    /// [`Dialect::unlock`]. Names are qualified by the schema (the database on MySQL/MariaDB), so
+    /// same-named tables in two schemas do not share a lock.
+    pub(crate) fn try_lock(self, name: &str, table: &str) -> (String, Vec<Value>) {
+        let name = format!("idem-{name}:{table}");
+        match self.backend {
+            DbBackend::Postgres => (
+                "SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.' || $1, 0))"
+                    .to_owned(),
+                vec![Value::from(name)],
+            ),
+            DbBackend::MySql => (
+                format!("SELECT GET_LOCK({}, 0)", mysql_lock_name()),
+                vec![Value::from(name)],
+            ),
+            // One process owns a SQLite file; it serializes in-process instead.
+            _ => ("SELECT 1".to_owned(), Vec::new()),
+        }
+    }
+
+    /// The statement that releases a MySQL/MariaDB lock taken by [`Dialect::try_lock`].
+    pub(crate) fn unlock(self, name: &str, table: &str) -> Option<(String, Vec<Value>)> {
+        (self.backend == DbBackend::MySql).then(|| {
+            (
+                format!("SELECT RELEASE_LOCK({})", mysql_lock_name()),
+                vec![Value::from(format!("idem-{name}:{table}"))],
+            )
+        })
+    }
+
+    /// The statement that waits for the lock serializing schema changes of `table` across
+    /// processes, held until the transaction ends (PostgreSQL, whose `CREATE ... IF NOT EXISTS`
+    /// races); `None` where the database serializes them itself.
+    pub(crate) fn schema_lock(self, table: &str) -> Option<(String, Vec<Value>)> {
+        (self.backend == DbBackend::Postgres).then(|| {
+            (
+                "SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '.' || $1, 0))"
+                    .to_owned(),
+                vec![Value::from(format!("idem-schema:{table}"))],
+            )
+        })
+    }
+}
+
+/// A MySQL/MariaDB lock name for the bound name: at most 64 characters, qualified by the
+/// database.
+fn mysql_lock_name() -> &'static str {
+    "CONCAT('idem:', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_numbers_placeholders() {
+        let pg = Dialect::new(DbBackend::Postgres);
+        assert_eq!(pg.placeholders("a = ? AND b = ?"), "a = $1 AND b = $2");
+        let my = Dialect::new(DbBackend::MySql);
+        assert_eq!(my.placeholders("a = ?"), "a = ?");
+    }
+
+    #[test]
+    fn mariadb_bounds_lock_waits_per_statement() {
+        let my = Dialect::new(DbBackend::MySql);
+        assert_eq!(
+            my.with_lock_wait("UPDATE t SET a = 1", Duration::from_millis(1500)),
+            "SET STATEMENT innodb_lock_wait_timeout = 2 FOR UPDATE t SET a = 1"
+        );
+        let pg = Dialect::new(DbBackend::Postgres);
+        assert_eq!(
+            pg.with_lock_wait("UPDATE t", Duration::from_secs(1)),
+            "UPDATE t"
+        );
+    }
+
+    #[test]
+    fn errors_without_a_driver_are_refusals_or_unreachable() {
+        assert_eq!(classify(&DbErr::Custom("x".into())), Failure::Refused);
+        assert_eq!(
+            classify(&DbErr::Conn(sea_orm::RuntimeErr::Internal("x".into()))),
+            Failure::Unreachable
+        );
+    }
+}
