@@ -157,7 +157,8 @@ fn key_body(spec: &Spec) -> TokenStream {
     }
 }
 
-/// The body of the fingerprint function, with `__idem_message: &M`.
+/// The body of the fingerprint function, with `__idem_message: &M` and `__idem_fp_meta:
+/// &Metadata`.
 fn fingerprint_body(spec: &Spec) -> TokenStream {
     let rt = rt();
     match &spec.fingerprint {
@@ -165,7 +166,7 @@ fn fingerprint_body(spec: &Spec) -> TokenStream {
             // A message that is not `Serialize` is reported on its type.
             let span = spec.message_ty.span();
             let rt = rt_at(span);
-            quote_spanned!(span=> #rt::fingerprint_of(__idem_message))
+            quote_spanned!(span=> #rt::content_fingerprint(__idem_message, __idem_fp_meta))
         }
         Fingerprint::Off => quote!(#rt::Ok(#rt::None)),
         Fingerprint::Expr(expr) => {
@@ -260,9 +261,11 @@ fn expand_free(spec: &Spec) -> TokenStream {
                     #key
                 }
 
+                #[allow(unused_variables)]
                 fn fingerprint(
                     &self,
                     __idem_message: &Self::Message,
+                    __idem_fp_meta: &#rt::Metadata,
                 ) -> #rt::Result<#rt::Option<#rt::Fingerprint>, #rt::FingerprintError> {
                     #fingerprint
                 }
@@ -361,9 +364,10 @@ fn expand_method(spec: &Spec) -> TokenStream {
         }
 
         #[doc(hidden)]
-        #[allow(dead_code)]
+        #[allow(dead_code, unused_variables)]
         fn #fingerprint_fn(
             __idem_message: &#message,
+            __idem_fp_meta: &#rt::Metadata,
         ) -> #rt::Result<#rt::Option<#rt::Fingerprint>, #rt::FingerprintError> {
             #fingerprint
         }

@@ -29,8 +29,9 @@
 //! - `key()` evaluates the `key = <expr>` expression with the message parameter bound to a
 //!   *reference* to the message and the `&Metadata` parameter (if any) bound to the transport's
 //!   metadata, and turns the value into a validated `MessageKey` through `KeySource`;
-//! - `fingerprint()` hashes the message (or the `fingerprint = <expr>` value) with
-//!   `Fingerprint::of`, or returns `None` for `fingerprint = none`;
+//! - `fingerprint()` hashes the message as received (`Metadata::content_fingerprint`), or the
+//!   `fingerprint = <expr>` value with `Fingerprint::of`, or returns `None` for
+//!   `fingerprint = none`;
 //! - `mode()` is `Mode::Transactional` when the function takes `&DatabaseTransaction` and
 //!   `Mode::TwoPhase` (with the `lease`) otherwise; `retention()` and `is_permanent()` follow
 //!   the `retention` and `permanent` options;
@@ -234,7 +235,7 @@ use proc_macro::TokenStream;
 /// check off.
 ///
 /// ```
-/// # use idem_runtime::{Fingerprint, Handler, idempotent};
+/// # use idem_runtime::{Fingerprint, Handler, Metadata, idempotent};
 /// # #[derive(Debug, thiserror::Error)] #[error("e")] struct E;
 /// #[derive(serde::Serialize)]
 /// struct OrderPlaced { id: String, amount: i64, sent_at: String }
@@ -248,8 +249,9 @@ use proc_macro::TokenStream;
 /// async fn pong(ping: Ping) -> Result<(), E> { Ok(()) }
 ///
 /// let order = OrderPlaced { id: "o-1".into(), amount: 5, sent_at: "10:00".into() };
-/// assert_eq!(charge_handler().fingerprint(&order)?, Some(Fingerprint::of(&("o-1", 5))?));
-/// assert_eq!(pong_handler().fingerprint(&Ping { id: "p".into() })?, None);
+/// let meta = Metadata::default();
+/// assert_eq!(charge_handler().fingerprint(&order, &meta)?, Some(Fingerprint::of(&("o-1", 5))?));
+/// assert_eq!(pong_handler().fingerprint(&Ping { id: "p".into() }, &meta)?, None);
 /// # Ok::<(), idem_runtime::FingerprintError>(())
 /// ```
 ///

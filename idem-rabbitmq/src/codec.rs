@@ -1,5 +1,6 @@
 //! Payload decoding: JSON by default, swappable per binding.
 
+use idem_runtime::Fingerprint;
 use serde::de::DeserializeOwned;
 
 /// Why a payload could not be decoded. The delivery is dead-lettered with this text.
@@ -22,6 +23,14 @@ pub trait Codec: Send + Sync + 'static {
         content_type: Option<&str>,
         payload: &[u8],
     ) -> Result<M, DecodeError>;
+
+    /// The fingerprint of a payload this codec decoded, by the content it carries: two payloads
+    /// that decode to the same message under every version of its type should fingerprint
+    /// alike. By default the bytes themselves.
+    fn fingerprint(&self, content_type: Option<&str>, payload: &[u8]) -> Option<Fingerprint> {
+        let _ = content_type;
+        Some(Fingerprint::of_bytes(payload))
+    }
 }
 
 /// JSON, the default codec. Accepts no content type, `application/json`, `text/json` and any
@@ -53,6 +62,13 @@ impl Codec for Json {
             return Err(DecodeError::UnsupportedContentType(content_type.to_owned()));
         }
         serde_json::from_slice(payload).map_err(|e| DecodeError::Malformed(e.to_string()))
+    }
+
+    /// The canonical form of the JSON document ([`Fingerprint::of_json`]): field order, `null`
+    /// members and escapes do not count, so messages from an older producer fingerprint as
+    /// before when the message type gains a defaulted or optional field.
+    fn fingerprint(&self, _: Option<&str>, payload: &[u8]) -> Option<Fingerprint> {
+        Fingerprint::of_json(payload).ok()
     }
 }
 

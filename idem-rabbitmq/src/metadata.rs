@@ -33,6 +33,8 @@ pub fn metadata_of(properties: &BasicProperties, redelivered: bool) -> Metadata 
         redelivered,
         headers,
         cloud_event,
+        // The codec fingerprints the payload, once it has decoded it.
+        payload_fingerprint: None,
     }
 }
 

@@ -63,12 +63,22 @@ pub fn key_of<K: KeySource + ?Sized>(source: &K) -> Result<MessageKey, KeyError>
     source.to_message_key()
 }
 
-/// The fingerprint of a `fingerprint = <expr>` expression, or of the message by default.
+/// The fingerprint of a `fingerprint = <expr>` expression.
 #[inline]
 pub fn fingerprint_of<T: Serialize + ?Sized>(
     value: &T,
 ) -> Result<Option<Fingerprint>, FingerprintError> {
     Fingerprint::of(value).map(Some)
+}
+
+/// The fingerprint of the whole message, by default: the payload as received when the transport
+/// gave it.
+#[inline]
+pub fn content_fingerprint<T: Serialize + ?Sized>(
+    message: &T,
+    metadata: &Metadata,
+) -> Result<Option<Fingerprint>, FingerprintError> {
+    metadata.content_fingerprint(message).map(Some)
 }
 
 /// The transaction of a transactional handler's context.
@@ -99,7 +109,7 @@ pub struct MethodSpec<S, M, O, E> {
     /// Derives the message key.
     pub key: fn(&M, &Metadata) -> Result<MessageKey, KeyError>,
     /// Fingerprints the message.
-    pub fingerprint: fn(&M) -> Result<Option<Fingerprint>, FingerprintError>,
+    pub fingerprint: fn(&M, &Metadata) -> Result<Option<Fingerprint>, FingerprintError>,
     /// Whether an error is permanent.
     pub permanent: fn(&E) -> bool,
     /// Runs the method on a clone of the service's `Arc` (the future then borrows only the
@@ -182,8 +192,12 @@ where
         (self.spec.key)(message, metadata)
     }
 
-    fn fingerprint(&self, message: &M) -> Result<Option<Fingerprint>, FingerprintError> {
-        (self.spec.fingerprint)(message)
+    fn fingerprint(
+        &self,
+        message: &M,
+        metadata: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        (self.spec.fingerprint)(message, metadata)
     }
 
     fn mode(&self) -> Mode {

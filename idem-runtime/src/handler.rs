@@ -157,8 +157,15 @@ pub trait Handler: Send + Sync {
     fn key(&self, message: &Self::Message, metadata: &Metadata) -> Result<MessageKey, KeyError>;
 
     /// What counts as "the same content" for this message; `Ok(None)` turns the check off.
-    fn fingerprint(&self, message: &Self::Message)
-    -> Result<Option<Fingerprint>, FingerprintError>;
+    ///
+    /// A handler that checks the whole message returns [`Metadata::content_fingerprint`]: the
+    /// payload as received when a transport gave it, so that compatible changes to the message
+    /// type do not turn redeliveries into mismatches (see [`Fingerprint`]).
+    fn fingerprint(
+        &self,
+        message: &Self::Message,
+        metadata: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError>;
 
     /// How effects are committed.
     fn mode(&self) -> Mode {
@@ -205,8 +212,9 @@ macro_rules! forward_handler {
             fn fingerprint(
                 &self,
                 message: &Self::Message,
+                metadata: &Metadata,
             ) -> Result<Option<Fingerprint>, FingerprintError> {
-                (**self).fingerprint(message)
+                (**self).fingerprint(message, metadata)
             }
             fn mode(&self) -> Mode {
                 (**self).mode()

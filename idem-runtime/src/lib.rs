@@ -49,8 +49,9 @@
 //!     fn key(&self, order: &OrderPlaced, _: &Metadata) -> Result<MessageKey, KeyError> {
 //!         MessageKey::new(order.id.as_str())
 //!     }
-//!     fn fingerprint(&self, order: &OrderPlaced) -> Result<Option<Fingerprint>, FingerprintError> {
-//!         Fingerprint::of(order).map(Some)
+//!     fn fingerprint(&self, order: &OrderPlaced, meta: &Metadata)
+//!         -> Result<Option<Fingerprint>, FingerprintError> {
+//!         meta.content_fingerprint(order).map(Some)
 //!     }
 //!     async fn handle(&self, cx: &Context<'_>, order: OrderPlaced) -> Result<i64, sea_orm::DbErr> {
 //!         let tx = cx.transaction().expect("transactional handler");

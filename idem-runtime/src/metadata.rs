@@ -2,6 +2,9 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
+
+use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::key::{KeyError, MessageKey};
 
 /// What the transport knows about a delivery: message id, correlation id, headers and CloudEvents
@@ -23,6 +26,9 @@ pub struct Metadata {
     pub headers: BTreeMap<String, String>,
     /// The CloudEvents attributes, when the message is a CloudEvent.
     pub cloud_event: Option<CloudEvent>,
+    /// The fingerprint of the payload as received, in its codec's canonical form
+    /// ([`Fingerprint::of_json`] for JSON), set by the transport.
+    pub payload_fingerprint: Option<Fingerprint>,
 }
 
 /// The CloudEvents context attributes idem uses.
@@ -37,6 +43,20 @@ pub struct CloudEvent {
 }
 
 impl Metadata {
+    /// The fingerprint of the message's whole content: the payload as received when the
+    /// transport gave it, otherwise `message`'s serialization ([`Fingerprint::of`]). What
+    /// handlers return from [`Handler::fingerprint`](crate::Handler::fingerprint) unless they
+    /// say otherwise.
+    pub fn content_fingerprint<T: Serialize + ?Sized>(
+        &self,
+        message: &T,
+    ) -> Result<Fingerprint, FingerprintError> {
+        match self.payload_fingerprint {
+            Some(fingerprint) => Ok(fingerprint),
+            None => Fingerprint::of(message),
+        }
+    }
+
     /// The producer-assigned message id, when the delivery has one.
     pub fn message_id(&self) -> Option<&str> {
         self.message_id.as_deref()

@@ -101,8 +101,12 @@ impl Handler for Charge {
             MessageKey::new(order.id.as_str())
         }
     }
-    fn fingerprint(&self, order: &Order) -> Result<Option<Fingerprint>, FingerprintError> {
-        Fingerprint::of(order).map(Some)
+    fn fingerprint(
+        &self,
+        order: &Order,
+        meta: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        meta.content_fingerprint(order).map(Some)
     }
     async fn handle(&self, cx: &Context<'_>, order: Order) -> Result<(), DbErr> {
         insert_charge(cx.transaction().expect("transactional"), &self.table, order).await

@@ -83,6 +83,28 @@ impl TestDb {
         }
     }
 
+    /// Connects to `backend` at `url` (a proxy in front of the server, another schema); tables
+    /// it makes are dropped through the same URL.
+    pub async fn connect_url(backend: Backend, url: String, max_connections: u32) -> Self {
+        let db = connect(&url, max_connections)
+            .await
+            .unwrap_or_else(|error| panic!("{backend:?} is not reachable at {url}: {error}"));
+        Self {
+            backend,
+            db,
+            url,
+            sqlite_path: None,
+            tables: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Another pool on the same database, as another process would have.
+    pub async fn another_pool(&self, max_connections: u32) -> DatabaseConnection {
+        connect(&self.url, max_connections)
+            .await
+            .unwrap_or_else(|error| panic!("{} is not reachable: {error}", self.url))
+    }
+
     /// A fresh table name, dropped when this `TestDb` is.
     pub fn table(&self, prefix: &str) -> String {
         let name = unique(prefix);

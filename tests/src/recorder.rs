@@ -185,9 +185,13 @@ impl Handler for Recorder {
         }
     }
 
-    fn fingerprint(&self, message: &Msg) -> Result<Option<Fingerprint>, FingerprintError> {
+    fn fingerprint(
+        &self,
+        message: &Msg,
+        meta: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
         if self.fingerprint {
-            Fingerprint::of(message).map(Some)
+            meta.content_fingerprint(message).map(Some)
         } else {
             Ok(None)
         }

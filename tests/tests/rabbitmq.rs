@@ -664,8 +664,9 @@ impl Handler for CloudEventRecorder {
     fn fingerprint(
         &self,
         message: &Msg,
+        metadata: &idem_runtime::Metadata,
     ) -> Result<Option<idem_runtime::Fingerprint>, idem_runtime::FingerprintError> {
-        self.inner.fingerprint(message)
+        self.inner.fingerprint(message, metadata)
     }
     async fn handle(
         &self,

@@ -3,6 +3,7 @@
 use std::any::TypeId;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use idem_runtime::{Error, Handler, Inbox, Metadata, Outcome, Settle};
 use lapin::message::Delivery;
@@ -62,7 +63,7 @@ pub(crate) trait Dispatch: Send + Sync + 'static {
         &'a self,
         inbox: &'a Inbox,
         delivery: &'a Delivery,
-        metadata: &'a Metadata,
+        metadata: Metadata,
     ) -> HandleFuture<'a>;
 }
 
@@ -92,7 +93,7 @@ where
         &'a self,
         inbox: &'a Inbox,
         delivery: &'a Delivery,
-        metadata: &'a Metadata,
+        metadata: Metadata,
     ) -> HandleFuture<'a> {
         Box::pin(async move {
             let content_type = delivery.properties.content_type().as_ref();
@@ -111,6 +112,11 @@ where
                     };
                 }
             };
+            let mut metadata = metadata;
+            metadata.payload_fingerprint = self
+                .codec
+                .fingerprint(content_type.map(|ct| ct.as_str()), &delivery.data);
+            let metadata = &metadata;
             let message_key = self.handler.key(&message, metadata);
             let key = message_key.as_ref().ok().map(|key| key.to_string());
             let verdict = match inbox
@@ -129,6 +135,8 @@ where
                                 Retry::Claimed(*remaining)
                             }
                             error if error.is_store_unavailable() => Retry::StoreUnavailable,
+                            // Contention: other transactions held the database up.
+                            error if !error.counts_as_attempt() => Retry::Claimed(Duration::ZERO),
                             _ => Retry::Failed,
                         },
                     },

@@ -464,7 +464,7 @@ impl Job {
             // A panic outside the handler (a key expression, a codec, an output's `Serialize`)
             // must still settle the delivery, or it would hold its place until the channel
             // closes.
-            let handled = AssertUnwindSafe(binding.handle(&inbox, &delivery, &metadata))
+            let handled = AssertUnwindSafe(binding.handle(&inbox, &delivery, metadata))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| Handled {

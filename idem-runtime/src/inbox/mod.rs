@@ -46,7 +46,7 @@ use claim::{ClaimRequest, Claimed};
 /// #     type Message = String; type Output = usize; type Error = std::io::Error;
 /// #     fn consumer(&self) -> &str { "greeter" }
 /// #     fn key(&self, m: &String, _: &Metadata) -> Result<MessageKey, KeyError> { MessageKey::new(m.as_str()) }
-/// #     fn fingerprint(&self, m: &String) -> Result<Option<Fingerprint>, FingerprintError> { Fingerprint::of(m).map(Some) }
+/// #     fn fingerprint(&self, m: &String, meta: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> { meta.content_fingerprint(m).map(Some) }
 /// #     async fn handle(&self, _: &Context<'_>, m: String) -> Result<usize, std::io::Error> { Ok(m.len()) }
 /// # }
 /// let db = sea_orm::Database::connect("sqlite::memory:").await?;
@@ -129,7 +129,7 @@ impl Inbox {
             consumer,
             message_key,
         };
-        let fingerprint = handler.fingerprint(&message)?;
+        let fingerprint = handler.fingerprint(&message, metadata)?;
         let retention = self
             .inner
             .retention

@@ -32,13 +32,13 @@ fn main() {
     let handler = charge_handler();
     let order = OrderPlaced { id: "o-1".into(), amount: 5, sent_at: "10:00".into() };
     let resent = OrderPlaced { sent_at: "10:05".into(), ..order.clone() };
-    assert_eq!(handler.fingerprint(&order).unwrap(), handler.fingerprint(&resent).unwrap());
+    assert_eq!(handler.fingerprint(&order, &idem_runtime::Metadata::default()).unwrap(), handler.fingerprint(&resent, &idem_runtime::Metadata::default()).unwrap());
     assert_eq!(
-        handler.fingerprint(&order).unwrap(),
+        handler.fingerprint(&order, &idem_runtime::Metadata::default()).unwrap(),
         Some(Fingerprint::of(&("o-1", 5)).unwrap())
     );
     let handler = ping_handler();
     let ping = Ping { id: "p".into() };
-    assert_eq!(handler.fingerprint(&ping).unwrap(), None);
+    assert_eq!(handler.fingerprint(&ping, &idem_runtime::Metadata::default()).unwrap(), None);
     assert_eq!(handler.key(&ping, &Metadata::default()).unwrap().as_str(), "p");
 }

@@ -1,0 +1,503 @@
+//! The inbox at its edges, on each backend: transactions a handler broke, outputs the database
+//! refuses, messages whose type evolved, replicas starting together, handlers that hold a key
+//! for long, corrupt records, outages inside the handler, and same-named tables in two schemas.
+//!
+//! Run: `cargo test -p idem-tests --test edges` with PostgreSQL and MariaDB up (see README).
+
+use std::time::{Duration, Instant};
+
+use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
+use idem_runtime::{
+    Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
+    Outcome, RetentionPolicy, Settle, Status, idempotent,
+};
+use idem_tests::proxy::Proxy;
+use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
+use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
+use serde::{Deserialize, Serialize};
+
+on_each_backend!(
+    a_handler_that_swallows_a_failed_statement_is_never_reported_processed,
+    a_transaction_the_handler_rolled_back_is_not_reported_processed,
+    two_phase_output_the_database_refuses_completes_the_record_without_it,
+    redeliveries_of_an_older_message_version_are_duplicates,
+    replicas_starting_together_all_start,
+    a_copy_waits_a_bounded_time_for_a_long_handler_then_is_requeued_uncounted,
+    corrupt_records_and_refused_statements_have_their_own_errors,
+);
+
+fn meta() -> Metadata {
+    Metadata::default()
+}
+
+/// A transactional handler with a `()` output that writes its effect, then runs `then` and
+/// carries on whatever it gave: a statement expected to fail, or a `ROLLBACK` standing for a
+/// deadlock the database rolled back and the handler swallowed.
+#[derive(Debug)]
+struct CarriesOn {
+    effects: String,
+    then: &'static str,
+}
+
+impl Handler for CarriesOn {
+    type Message = Msg;
+    type Output = ();
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        "carries-on"
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(
+        &self,
+        msg: &Msg,
+        meta: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        meta.content_fingerprint(msg).map(Some)
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<(), DbErr> {
+        let tx = cx.transaction().expect("transactional");
+        let insert = format!(
+            "INSERT INTO {} (consumer, message_key, body) VALUES ('carries-on', '{}', 'x')",
+            self.effects, msg.id
+        );
+        tx.execute_unprepared(&insert).await?;
+        let _ignored = tx.execute_unprepared(self.then).await;
+        Ok(())
+    }
+}
+
+async fn a_handler_that_swallows_a_failed_statement_is_never_reported_processed(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = CarriesOn {
+        effects: effects.clone(),
+        then: "INSERT INTO idem_no_such_table VALUES (1)",
+    };
+    let result = inbox.process(&handler, Msg::new("o-1", "a"), &meta()).await;
+    let key = inbox_key("carries-on", "o-1");
+    if backend == Backend::Postgres {
+        // PostgreSQL aborted the transaction at the failed statement: nothing can commit.
+        let error = result.unwrap_err();
+        assert!(
+            matches!(error, Error::TransactionAborted { .. }),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("savepoint"), "{error}");
+        assert_eq!(error.settle(), Settle::Requeue);
+        assert!(error.counts_as_attempt());
+        assert_eq!(inbox.lookup(&key).await.unwrap(), None);
+        assert_eq!(db.count(&effects, "1=1").await, 0);
+    } else {
+        // Elsewhere a failed statement leaves the transaction usable.
+        assert_eq!(result.unwrap(), Outcome::Processed(()));
+        assert_eq!(
+            inbox.lookup(&key).await.unwrap().unwrap().status,
+            Status::Completed
+        );
+        assert_eq!(db.count(&effects, "1=1").await, 1);
+    }
+}
+
+async fn a_transaction_the_handler_rolled_back_is_not_reported_processed(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = CarriesOn {
+        effects: effects.clone(),
+        then: "ROLLBACK",
+    };
+    let error = inbox
+        .process(&handler, Msg::new("o-1", "a"), &meta())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::TransactionAborted { .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), "transaction-aborted");
+    // The claim went with the rolled-back transaction: a redelivery runs the handler again.
+    assert_eq!(
+        inbox.lookup(&inbox_key("carries-on", "o-1")).await.unwrap(),
+        None
+    );
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+}
+
+async fn two_phase_output_the_database_refuses_completes_the_record_without_it(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let table = inbox.table().as_str().to_owned();
+    // The database refuses outputs of 100 characters or more, as a packet limit would.
+    match backend {
+        Backend::Sqlite => {
+            db.exec(&format!(
+                "CREATE TRIGGER {table}_small BEFORE UPDATE ON {table} \
+                 WHEN length(NEW.output) >= 100 BEGIN SELECT RAISE(ABORT, 'output too large'); END"
+            ))
+            .await
+        }
+        _ => {
+            db.exec(&format!(
+                "ALTER TABLE {table} ADD CONSTRAINT {table}_small \
+                 CHECK (output IS NULL OR LENGTH(output) < 100)"
+            ))
+            .await
+        }
+    }
+    let lease = Duration::from_millis(300);
+    let handler = Recorder::new(&db, &effects, "mailer").two_phase(lease);
+    let msg = Msg::new("mail-1", "x".repeat(200));
+
+    let first = inbox
+        .process(&handler, msg.clone(), &meta())
+        .await
+        .unwrap_err();
+    assert!(matches!(first, Error::OutputNotStorable(_)), "{first:?}");
+    match first.settle() {
+        Settle::DeadLetter(reason) => assert_eq!(reason.code, "output-not-storable"),
+        other => panic!("{other:?}"),
+    }
+    let record = inbox
+        .lookup(&inbox_key("mailer", "mail-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.output, None);
+
+    // Past the lease, a redelivery does not repeat the side effect: it is acknowledged.
+    tokio::time::sleep(lease * 2).await;
+    let again = inbox.process(&handler, msg, &meta()).await.unwrap_err();
+    assert_eq!(again.settle(), Settle::Ack, "{again:?}");
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct OrderV1 {
+    id: String,
+    amount: i64,
+}
+
+/// The next version of [`OrderV1`]: two fields a serde user adds compatibly.
+#[derive(Debug, Serialize, Deserialize)]
+struct OrderV2 {
+    id: String,
+    amount: i64,
+    #[serde(default)]
+    priority: u8,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+#[idempotent(key = order.id, consumer = "orders.evolving")]
+async fn charge_v1(tx: &DatabaseTransaction, order: OrderV1) -> Result<i64, DbErr> {
+    let _ = tx;
+    Ok(order.amount)
+}
+
+#[idempotent(key = order.id, consumer = "orders.evolving")]
+async fn charge_v2(tx: &DatabaseTransaction, order: OrderV2) -> Result<i64, DbErr> {
+    let _ = tx;
+    Ok(order.amount * 100 + i64::from(order.priority))
+}
+
+/// What a transport gives the inbox for `payload`: the payload's fingerprint.
+fn received(payload: &[u8]) -> Metadata {
+    Metadata {
+        payload_fingerprint: Some(Fingerprint::of_json(payload).unwrap()),
+        ..Metadata::default()
+    }
+}
+
+async fn redeliveries_of_an_older_message_version_are_duplicates(backend: Backend) {
+    let (_db, inbox, _effects) = setup(backend).await;
+    let payload = br#"{"id":"o-1","amount":5}"#;
+    let v1: OrderV1 = serde_json::from_slice(payload).unwrap();
+    let first = inbox
+        .process(&charge_v1_handler(), v1, &received(payload))
+        .await
+        .unwrap();
+    assert_eq!(first, Outcome::Processed(5));
+
+    // Deployed: version 2 of the type reads the same message with its defaults.
+    let v2: OrderV2 = serde_json::from_slice(payload).unwrap();
+    let again = inbox
+        .process(&charge_v2_handler(), v2, &received(payload))
+        .await
+        .unwrap();
+    assert_eq!(again, Outcome::Duplicate(5));
+
+    // A newer producer that sends the new field as null still sends the same message...
+    let explicit = br#"{"note":null,"amount":5,"id":"o-1"}"#;
+    let v2: OrderV2 = serde_json::from_slice(explicit).unwrap();
+    let same = inbox
+        .process(&charge_v2_handler(), v2, &received(explicit))
+        .await
+        .unwrap();
+    assert_eq!(same, Outcome::Duplicate(5));
+
+    // ...but a value in it, or a changed amount, is other content.
+    for changed in [
+        &br#"{"id":"o-1","amount":5,"priority":3}"#[..],
+        br#"{"id":"o-1","amount":6}"#,
+    ] {
+        let v2: OrderV2 = serde_json::from_slice(changed).unwrap();
+        let error = inbox
+            .process(&charge_v2_handler(), v2, &received(changed))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::FingerprintMismatch { .. }),
+            "{error:?}"
+        );
+    }
+}
+
+async fn replicas_starting_together_all_start(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("inbox");
+    for create_table in [true, false] {
+        let mut starts = Vec::new();
+        for _ in 0..8 {
+            let pool = db.another_pool(2).await;
+            let table = table.clone();
+            starts.push(tokio::spawn(async move {
+                Inbox::builder(pool)
+                    .table(table)
+                    .create_table(create_table)
+                    .build()
+                    .await
+                    .map(|_| ())
+            }));
+        }
+        for start in starts {
+            start.await.unwrap().unwrap_or_else(|error| {
+                panic!("a replica failed to start (create_table({create_table})): {error:?}")
+            });
+        }
+    }
+}
+
+async fn a_copy_waits_a_bounded_time_for_a_long_handler_then_is_requeued_uncounted(
+    backend: Backend,
+) {
+    let claim_wait = Duration::from_secs(1);
+    let (db, inbox, effects) = setup_with(backend, |builder| builder.claim_wait(claim_wait)).await;
+    // Longer than the claim wait, and than SQLite's busy timeout (5 s), which bounds the wait on
+    // that backend.
+    let handler_time = if backend == Backend::Sqlite {
+        Duration::from_secs(7)
+    } else {
+        Duration::from_secs(4)
+    };
+    let slow = Recorder::new(&db, &effects, "billing").slow(handler_time);
+    let msg = Msg::new("o-1", "charge");
+    let first = {
+        let (inbox, slow, msg) = (inbox.clone(), slow.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&slow, msg, &Metadata::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = Instant::now();
+    let copy = inbox.process(&slow, msg.clone(), &meta()).await;
+    let waited = started.elapsed();
+    let error = copy.expect_err("the copy must not wait for the handler");
+    assert_eq!(error.settle(), Settle::Requeue, "{error:?}");
+    assert!(!error.counts_as_attempt(), "{error:?} counted");
+    if backend != Backend::Sqlite {
+        assert!(
+            matches!(error, Error::InProgressElsewhere { .. }),
+            "{error:?}"
+        );
+    }
+    assert!(
+        waited < handler_time - Duration::from_millis(1200),
+        "the copy waited {waited:?}"
+    );
+
+    assert_eq!(
+        first.await.unwrap().unwrap(),
+        Outcome::Processed("run:charge".into())
+    );
+    let later = inbox.process(&slow, msg, &meta()).await.unwrap();
+    assert!(later.is_duplicate());
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+async fn corrupt_records_and_refused_statements_have_their_own_errors(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let table = inbox.table().as_str().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing");
+    inbox
+        .process(&handler, Msg::new("o-1", "a"), &meta())
+        .await
+        .unwrap();
+
+    // Someone changed the record by hand: dead-lettered as corrupt, never requeued in a loop.
+    db.exec(&format!(
+        "UPDATE {table} SET status = 'bogus' WHERE message_key = 'o-1'"
+    ))
+    .await;
+    let corrupt = inbox
+        .process(&handler, Msg::new("o-1", "a"), &meta())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(corrupt, Error::CorruptRecord { .. }),
+        "{corrupt:?}"
+    );
+    match corrupt.settle() {
+        Settle::DeadLetter(reason) => assert_eq!(reason.code, "corrupt-record"),
+        other => panic!("{other:?}"),
+    }
+
+    // A stored fingerprint of the wrong length, met by other content under the key (MySQL's
+    // `BINARY(32)` pads whatever it is given to 32 bytes).
+    if backend != Backend::MySql {
+        db.exec_with(
+            &format!(
+                "UPDATE {table} SET status = 'completed', fingerprint = ? WHERE message_key = 'o-1'"
+            ),
+            vec![vec![1u8, 2, 3].into()],
+        )
+        .await;
+        let corrupt = inbox
+            .process(&handler, Msg::new("o-1", "b"), &meta())
+            .await
+            .unwrap_err();
+        assert_eq!(corrupt.code(), "corrupt-record", "{corrupt:?}");
+    }
+
+    // The database refuses the claim itself: its own code, a counted requeue.
+    match backend {
+        Backend::Sqlite => {
+            db.exec(&format!(
+                "CREATE TRIGGER {table}_refuse BEFORE INSERT ON {table} \
+                 WHEN NEW.message_key = 'refused' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            ))
+            .await
+        }
+        _ => {
+            db.exec(&format!(
+                "ALTER TABLE {table} ADD CONSTRAINT {table}_refuse CHECK (message_key <> 'refused')"
+            ))
+            .await
+        }
+    }
+    let refused = inbox
+        .process(&handler, Msg::new("refused", "a"), &meta())
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, Error::Database(_)), "{refused:?}");
+    assert_eq!(refused.code(), "database-error");
+    assert_eq!(refused.settle(), Settle::Requeue);
+    assert!(refused.counts_as_attempt() && !refused.is_store_unavailable());
+}
+
+/// A database reached through a proxy that a test cuts.
+async fn behind_proxy(backend: Backend) -> (TestDb, Proxy) {
+    let (target, url) = match backend {
+        Backend::Postgres => (
+            "127.0.0.1:5432",
+            "postgres://postgres@127.0.0.1:{port}/test",
+        ),
+        Backend::MySql => ("127.0.0.1:3306", "mysql://root@127.0.0.1:{port}/test"),
+        Backend::Sqlite => unreachable!("SQLite has no server to lose"),
+    };
+    let proxy = Proxy::start(target).await;
+    let url = url.replace("{port}", &proxy.port().to_string());
+    (TestDb::connect_url(backend, url, 4).await, proxy)
+}
+
+async fn an_outage_inside_the_handler_is_an_outage(backend: Backend) {
+    let (db, proxy) = behind_proxy(backend).await;
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_millis(600));
+    let msg = Msg::new("o-1", "a");
+    let run = {
+        let (inbox, handler, msg) = (inbox.clone(), handler.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&handler, msg, &Metadata::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.cut().await;
+    let error = run.await.unwrap().unwrap_err();
+    assert!(error.is_store_unavailable(), "{error:?}");
+    assert!(!error.counts_as_attempt());
+    assert_eq!(error.code(), "database-unavailable");
+
+    proxy.restore();
+    let mut result = inbox.process(&handler, msg.clone(), &meta()).await;
+    for _ in 0..20 {
+        if result.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        result = inbox.process(&handler, msg.clone(), &meta()).await;
+    }
+    assert_eq!(result.unwrap(), Outcome::Processed("run:a".into()));
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+mod outage {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::an_outage_inside_the_handler_is_an_outage(super::Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::an_outage_inside_the_handler_is_an_outage(super::Backend::MySql).await
+    }
+}
+
+/// Two inboxes with one table name in two PostgreSQL schemas clean at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_cleaners_of_same_named_tables_in_two_schemas_do_not_share_a_lock() {
+    let admin = TestDb::connect(Backend::Postgres).await;
+    let table = unique("inbox");
+    let schemas = [unique("schema_a"), unique("schema_b")];
+    let mut cleaners = Vec::new();
+    let mut pools = Vec::new();
+    for schema in &schemas {
+        admin.exec(&format!("CREATE SCHEMA {schema}")).await;
+        let url = format!(
+            "{}?options=-c%20search_path%3D{schema}",
+            Backend::Postgres.url("")
+        );
+        let db = TestDb::connect_url(Backend::Postgres, url, 4).await;
+        let inbox = Inbox::builder(db.db.clone())
+            .table(table.clone())
+            .retention(
+                RetentionPolicy::default()
+                    .with_batch_size(10)
+                    .with_pause_between_batches(Duration::from_millis(50)),
+            )
+            .build()
+            .await
+            .unwrap();
+        db.exec(&format!(
+            "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, \
+             created_at, claimed_at, completed_at, expires_at) \
+             SELECT 'c', 'k-' || n, 'completed', 1, 0, 1, 1, 1, 1 FROM generate_series(1, 100) n"
+        ))
+        .await;
+        cleaners.push(inbox.cleaner());
+        pools.push(db);
+    }
+    let first = {
+        let cleaner = cleaners[0].clone();
+        tokio::spawn(async move { cleaner.run_once().await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = cleaners[1].run_once().await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    for schema in &schemas {
+        admin.exec(&format!("DROP SCHEMA {schema} CASCADE")).await;
+    }
+    assert!(!first.skipped && !second.skipped, "{first:?} {second:?}");
+    assert_eq!((first.deleted, second.deleted), (100, 100));
+}
