@@ -25,8 +25,12 @@ pub enum Mode {
     /// Fencing stops a double *completion*, not a double external call: pass
     /// [`Context::message_key`] downstream as that service's idempotency key, and on a takeover
     /// ([`Context::attempt`] > 1) look the key up there before calling again.
+    ///
+    /// The lease is measured by the database's clock, the one clock every replica shares: a host
+    /// whose clock is off does not shorten or lengthen anyone's lease.
     TwoPhase {
-        /// How long a claim is held before another worker may take it over.
+        /// How long a claim is held before another worker may take it over, by the database's
+        /// clock.
         lease: Duration,
     },
 }

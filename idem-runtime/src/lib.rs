@@ -32,6 +32,7 @@
 //! ```
 //! use idem_runtime::{Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError,
 //!                    MessageKey, Metadata, Outcome};
+//! use sea_orm::sea_query::Query;
 //! use sea_orm::{ConnectionTrait, Statement};
 //! use serde::{Deserialize, Serialize};
 //!
@@ -55,10 +56,13 @@
 //!     }
 //!     async fn handle(&self, cx: &Context<'_>, order: OrderPlaced) -> Result<i64, sea_orm::DbErr> {
 //!         let tx = cx.transaction().expect("transactional handler");
-//!         let sql = "INSERT INTO charges (order_id, amount) VALUES (?, ?)";
-//!         tx.execute_raw(Statement::from_sql_and_values(
-//!             tx.get_database_backend(), sql, [order.id.into(), order.amount.into()],
-//!         )).await?;
+//!         // sea-query writes the statement for whichever backend `tx` is on.
+//!         let insert = Query::insert()
+//!             .into_table("charges")
+//!             .columns(["order_id", "amount"])
+//!             .values_panic([order.id.into(), order.amount.into()])
+//!             .to_owned();
+//!         tx.execute(&insert).await?;
 //!         Ok(order.amount)
 //!     }
 //! }
@@ -81,6 +85,44 @@
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
 //! ```
 //!
+//! # What a transactional handler may do
+//!
+//! - Write its effects through the transaction it is given, and nothing else: they commit with
+//!   the inbox record or not at all. Writes on another connection are not undone when the
+//!   message is requeued (with SQLite's single-connection pool they would even wait forever).
+//! - Run a statement that is expected to fail inside a savepoint (`tx.begin()`), and roll the
+//!   savepoint back on failure. Carrying on after a failed statement in the transaction itself
+//!   is refused with [`Error::TransactionAborted`] on PostgreSQL, which aborts the whole
+//!   transaction at the first failure.
+//! - Return the error of any other failed statement: the inbox records nothing, and tells an
+//!   unreachable database ([`Error::StoreUnavailable`]) from the handler's own failure.
+//! - Not commit or roll back the transaction itself: the inbox completes it.
+//!
+//! # Guarantees
+//!
+//! Each line names the test that proves it (in `tests/tests/` and `examples/tests/`), against
+//! SQLite, PostgreSQL and MariaDB unless it says otherwise.
+//!
+//! | fault | what holds | test |
+//! |---|---|---|
+//! | 32 copies of a message at once | one effect, one `Processed`, the rest `Duplicate` | `inbox::thirty_two_concurrent_copies_have_one_effect` |
+//! | the handler fails or panics before the commit | nothing recorded, no effect; the redelivery runs it | `inbox::handler_error_before_commit_records_nothing`, `inbox::handler_panic_before_commit_records_nothing` |
+//! | the handler carries on after a failed statement, or its transaction was rolled back under it | never reported `Processed`: `TransactionAborted`, requeued | `edges::a_handler_that_swallows_a_failed_statement_is_never_reported_processed`, `edges::a_transaction_the_handler_rolled_back_is_not_reported_processed` |
+//! | a crash after the commit, before the acknowledgment | the redelivery is a duplicate (RabbitMQ, PostgreSQL) | `rabbitmq::crash_after_commit_before_ack_is_redelivered_and_recognised`, `billing_demo::billing_service_charges_each_order_once_through_demo_crash_and_restart` |
+//! | the database goes away during the handler | an outage (`StoreUnavailable`), not counted against the delivery limit; processed once it is back (PostgreSQL, MariaDB) | `edges::outage::postgres`, `edges::outage::mysql` |
+//! | the database is unreachable | requeued uncounted, processed once when it is back (RabbitMQ, PostgreSQL) | `rabbitmq::database_unavailable_requeues_and_processes_once_it_is_back` |
+//! | a copy arrives while a long transactional handler holds the key | it waits at most the claim wait, then is requeued uncounted | `edges::a_copy_waits_a_bounded_time_for_a_long_handler_then_is_requeued_uncounted` |
+//! | a two-phase lease runs out while its handler runs | one takeover; the stale worker cannot complete | `inbox::two_phase_lease_takeover_fences_the_stale_worker` |
+//! | takeovers keep failing | `NeedsIntervention` after the maximum, dead-lettered | `inbox::two_phase_max_takeovers_needs_intervention` |
+//! | a two-phase handler fails | the claim is released, the redelivery retries | `inbox::two_phase_releases_the_claim_when_the_handler_fails` |
+//! | a two-phase output cannot be stored (serialization, the database refuses it) | the record completes without it; no redelivery repeats the effect | `inbox::two_phase_output_that_cannot_be_stored_still_completes_the_record`, `edges::two_phase_output_the_database_refuses_completes_the_record_without_it` |
+//! | a record past its retention | behaves as absent, taken over once by 32 concurrent copies | `inbox::expired_record_is_processed_again`, `inbox::thirty_two_concurrent_copies_of_an_expired_record_have_one_effect` |
+//! | the message type gains a defaulted or optional field | redeliveries of older messages stay duplicates; other content is a mismatch | `edges::redeliveries_of_an_older_message_version_are_duplicates` |
+//! | the same key with other content | `FingerprintMismatch`, dead-lettered, never processed | `inbox::reused_key_with_other_content_is_refused` |
+//! | a record changed by hand | `CorruptRecord`, dead-lettered, never a requeue loop | `edges::corrupt_records_and_refused_statements_have_their_own_errors` |
+//! | eight replicas start at once | all start | `edges::replicas_starting_together_all_start` |
+//! | cleaners of same-named tables in two schemas (PostgreSQL) | each cleans its own | `edges::postgres_cleaners_of_same_named_tables_in_two_schemas_do_not_share_a_lock` |
+//!
 //! # Features
 //!
 //! | feature | default | what it enables |
@@ -99,6 +141,9 @@
 //! `CLIENT_FOUND_ROWS`. SQLite transactions begin `IMMEDIATE`. In transactional mode the handler
 //! holds a pooled connection for its transaction; with sea-orm's default single-connection SQLite
 //! pool, write through the transaction only.
+//!
+//! Leases and expiries are written and compared by the database's clock, in the statements
+//! themselves: the processes sharing an inbox agree on them whatever their hosts' clocks say.
 
 mod clock;
 mod error;
