@@ -24,6 +24,7 @@ on_each_backend!(
     replicas_starting_together_all_start,
     a_copy_waits_a_bounded_time_for_a_long_handler_then_is_requeued_uncounted,
     corrupt_records_and_refused_statements_have_their_own_errors,
+    leases_and_retention_set_at_run_time_override_the_handlers,
 );
 
 fn meta() -> Metadata {
@@ -500,4 +501,46 @@ async fn postgres_cleaners_of_same_named_tables_in_two_schemas_do_not_share_a_lo
     }
     assert!(!first.skipped && !second.skipped, "{first:?} {second:?}");
     assert_eq!((first.deleted, second.deleted), (100, 100));
+}
+
+async fn leases_and_retention_set_at_run_time_override_the_handlers(backend: Backend) {
+    let hour = Duration::from_secs(3600);
+    let (db, inbox, effects) = setup_with(backend, |builder| {
+        builder
+            .lease("mailer", Duration::from_millis(300))
+            .retention(RetentionPolicy::default().with_consumer("mailer", 2 * hour))
+    })
+    .await;
+    // The handler says an hour for both; the configuration says otherwise.
+    let mut stale = Recorder::new(&db, &effects, "mailer")
+        .two_phase(hour)
+        .slow(Duration::from_millis(900));
+    stale.retention = Some(hour);
+    let fresh = stale.clone().slow(Duration::ZERO).tagged("fresh");
+    let msg = Msg::new("mail-1", "hello");
+    let stale_run = {
+        let (inbox, stale, msg) = (inbox.clone(), stale.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&stale, msg, &Metadata::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Past the configured lease, not the handler's hour: taken over.
+    let taken = inbox.process(&fresh, msg, &meta()).await.unwrap();
+    assert_eq!(taken, Outcome::Processed("fresh:hello".into()));
+    assert!(matches!(
+        stale_run.await.unwrap(),
+        Err(Error::ClaimLost { .. })
+    ));
+    let record = inbox
+        .lookup(&inbox_key("mailer", "mail-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    let kept = record
+        .expires_at
+        .duration_since(record.completed_at.unwrap())
+        .unwrap();
+    assert!(
+        kept > hour + Duration::from_secs(3000) && kept <= 2 * hour + Duration::from_secs(1),
+        "kept for {kept:?}"
+    );
 }

@@ -1,5 +1,6 @@
 //! Configuring an inbox.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +39,7 @@ pub struct InboxBuilder {
     max_attempts: u32,
     create_table: bool,
     claim_wait: Duration,
+    leases: HashMap<String, Duration>,
 }
 
 impl InboxBuilder {
@@ -52,6 +54,7 @@ impl InboxBuilder {
             // Long enough to ride out a short transaction holding the key, short enough that a
             // copy of a message whose handler runs long gives its connection back soon.
             claim_wait: Duration::from_secs(5),
+            leases: HashMap::new(),
         }
     }
 
@@ -93,6 +96,16 @@ impl InboxBuilder {
         self
     }
 
+    /// The lease of `consumer`'s two-phase claims, whatever its handler says: a value from the
+    /// application's configuration or environment. A handler's lease (the macro's `lease = ...`)
+    /// applies where none is set here, and [`Mode::DEFAULT_LEASE`](crate::Mode::DEFAULT_LEASE)
+    /// where the handler gives none. Retention is overridden the same way, with
+    /// [`RetentionPolicy::with_consumer`].
+    pub fn lease(mut self, consumer: impl Into<String>, lease: Duration) -> Self {
+        self.leases.insert(consumer.into(), lease);
+        self
+    }
+
     /// Whether [`InboxBuilder::build`] creates the table if it is missing (default `true`).
     /// Turn it off when the application's migrations create it (feature `migration`).
     pub fn create_table(mut self, create: bool) -> Self {
@@ -110,6 +123,9 @@ impl InboxBuilder {
         }
         if self.max_attempts == 0 {
             return Err(ConfigError::Zero("max attempts").into());
+        }
+        if self.leases.values().any(Duration::is_zero) {
+            return Err(ConfigError::Zero("lease").into());
         }
         if self.claim_wait.is_zero() {
             return Err(ConfigError::Zero("claim wait").into());
@@ -141,6 +157,7 @@ impl InboxBuilder {
                 window: self.window,
                 max_attempts: self.max_attempts,
                 claim_wait: self.claim_wait,
+                leases: self.leases,
             }),
         })
     }

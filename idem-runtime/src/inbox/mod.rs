@@ -5,6 +5,7 @@ mod claim;
 mod record;
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,6 +73,8 @@ pub(crate) struct Inner {
     window: Option<RedeliveryWindow>,
     max_attempts: u32,
     claim_wait: Duration,
+    /// Two-phase leases set at run time, by consumer.
+    leases: HashMap<String, Duration>,
 }
 
 impl Inbox {
@@ -139,7 +142,13 @@ impl Inbox {
             fingerprint: fingerprint.as_ref(),
             lease: match handler.mode() {
                 Mode::Transactional => None,
-                Mode::TwoPhase { lease } => Some(lease),
+                Mode::TwoPhase { lease } => Some(
+                    self.inner
+                        .leases
+                        .get(key.consumer.as_str())
+                        .copied()
+                        .unwrap_or(lease),
+                ),
             },
             retention,
             max_attempts: self.inner.max_attempts,
