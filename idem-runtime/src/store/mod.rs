@@ -335,29 +335,6 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
-    /// Extends a claim's lease to `lease` from now, only if `token` still holds it in progress;
-    /// `false` when it does not.
-    pub(crate) async fn renew(
-        &self,
-        conn: &impl ConnectionTrait,
-        key: &InboxKey,
-        token: i64,
-        lease: Duration,
-        retention: Duration,
-    ) -> Result<bool, DbErr> {
-        let lease = duration_ms(lease);
-        let mut values = vec![
-            Value::from(lease),
-            Value::from(lease.saturating_add(duration_ms(retention))),
-        ];
-        values.extend(Self::key_values(key));
-        values.push(Value::from(token));
-        let result = conn
-            .execute_raw(self.statement(&self.sql.renew, values))
-            .await?;
-        Ok(result.rows_affected() == 1)
-    }
-
     /// Deletes a claim held by `token`, so a redelivery can retry.
     pub(crate) async fn release(
         &self,

@@ -33,8 +33,6 @@ pub(super) struct Statements {
     pub(super) take_over: String,
     /// Binds output, expiry (ms from now), the key and the claim token.
     pub(super) complete: String,
-    /// Binds lease (ms), expiry (ms from now), the key and the claim token.
-    pub(super) renew: String,
     /// Binds the key and the claim token.
     pub(super) release: String,
     /// Binds the key.
@@ -104,10 +102,6 @@ impl Statements {
              expires_at = {now} + ?, lease_until = NULL \
              WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
         );
-        let renew = format!(
-            "UPDATE {t} SET lease_until = {now} + ?, expires_at = {now} + ? \
-             WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
-        );
         let release = format!("DELETE FROM {t} WHERE {KEY} AND claim_token = ?");
         let delete = format!("DELETE FROM {t} WHERE {KEY}");
         let delete_expired = match dialect.backend() {
@@ -132,7 +126,6 @@ impl Statements {
             select: sql(select),
             take_over: sql(take_over),
             complete: sql(complete),
-            renew: sql(renew),
             release: sql(release),
             delete: sql(delete),
             delete_expired: sql(delete_expired),
