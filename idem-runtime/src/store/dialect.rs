@@ -11,6 +11,11 @@ use sea_orm::{
 
 /// What a database error means for the message being processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// Without a driver compiled in, only the driver-independent kinds can occur.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) enum Failure {
     /// The database could not be reached: no connection, a connection lost, no pooled
     /// connection free in time, the server shutting down.
