@@ -67,7 +67,7 @@ pub use error::{Error, Result};
 pub use metadata::metadata_of;
 pub use publisher::{PublishOptions, Publisher};
 pub use topology::{ExchangeBinding, QueueKind, QueueTopology};
-pub use url::AmqpUrl;
+pub use url::{AmqpUrl, redact_url};
 
 /// lapin, re-exported so applications name the same types.
 pub use lapin;

@@ -725,22 +725,47 @@ async fn publisher_ids_and_unroutable_messages() {
     );
 }
 
+/// Passwords with each reserved character, raw (the URL then cannot be read) and percent-encoded
+/// (a wrong password for the broker): neither the consumer's error nor the publisher's shows any
+/// part of them. (Raw passwords that the URL reads as a port, such as `4242/secret`, send lapin
+/// to another host: the unit tests of `redact_url` cover them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wrong_credentials_fail_start_without_showing_the_password() {
     let db = TestDb::connect(Backend::Sqlite).await;
     let inbox = Inbox::builder(db.db.clone()).build().await.unwrap();
     let effects = db.effects_table().await;
-    let error = Consumer::builder("amqp://guest:hunter2-secret@127.0.0.1:5672/%2f", inbox)
-        .bind(
-            QueueTopology::classic(unique("idem_q")),
-            Recorder::new(&db, &effects, "c"),
-        )
-        .start()
-        .await
-        .unwrap_err();
-    let shown = format!("{error} {error:?}");
-    assert!(!shown.contains("hunter2-secret"), "{shown}");
-    assert!(shown.contains("guest:***@127.0.0.1"), "{shown}");
+    let passwords = [
+        "hunter2-secret",
+        "hunter2/secret",
+        "hunter2#secret",
+        "hunter2?secret",
+        "hunter2@secret",
+        "hunter2%secret",
+        "hunter2%2Fsecret%23%3F%40%25",
+    ];
+    for password in passwords {
+        let url = format!("amqp://guest:{password}@127.0.0.1:5672/%2f");
+        let error = Consumer::builder(url.as_str(), inbox.clone())
+            .bind(
+                QueueTopology::classic(unique("idem_q")),
+                Recorder::new(&db, &effects, "c"),
+            )
+            .start()
+            .await
+            .unwrap_err();
+        let published = idem_rabbitmq::Publisher::connect(url.as_str())
+            .await
+            .unwrap_err();
+        for shown in [
+            format!("{error} {error:?}"),
+            format!("{published} {published:?}"),
+        ] {
+            for part in ["hunter2", "secret"] {
+                assert!(!shown.contains(part), "{password}: {shown}");
+            }
+            assert!(shown.contains("***@127.0.0.1"), "{password}: {shown}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
