@@ -406,6 +406,68 @@ async fn message_failing_every_time_ends_in_the_dead_letter_queue() {
     }
 }
 
+/// A message re-published with the `x-delivery-count` a quorum queue once gave it (resubmitted
+/// from a dead-letter queue, say) is at its first delivery on a classic queue, which counts
+/// nothing: one transient failure requeues it, it is not dead-lettered at the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_delivery_count_on_a_classic_queue_is_not_trusted() {
+    use idem_rabbitmq::lapin::BasicProperties;
+    use idem_rabbitmq::lapin::options::BasicPublishOptions;
+    use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let topology = broker.classic_queue();
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    let handler = Recorder::new(&db, &effects, "billing");
+    handler.fail_next(1);
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
+        .max_deliveries(3)
+        .bind(topology, handler.clone())
+        .start()
+        .await
+        .unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(50));
+    let properties = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_message_id("m-stale".into())
+        .with_headers(headers);
+    let body = serde_json::to_vec(&Msg::new("o-stale", "x")).unwrap();
+    broker_channel()
+        .await
+        .basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            &body,
+            properties,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    broker
+        .eventually("processed after one requeue", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.dead_lettered == 1
+        })
+        .await;
+    let stats = consumer.stats();
+    assert_eq!(
+        (stats.acked, stats.requeued, stats.dead_lettered),
+        (1, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(handler.attempts().len(), 2);
+    assert_eq!(broker.depth(&dlq).await, 0);
+    assert_eq!(db.count(&effects, "message_key = 'o-stale'").await, 1);
+    consumer.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn database_unavailable_requeues_and_processes_once_it_is_back() {
     let broker = TestBroker::connect().await;

@@ -208,7 +208,8 @@ impl ConsumerBuilder {
 
     /// How many deliveries a message gets before a transient failure dead-letters it with reason
     /// `delivery-limit` (default 10). Counted by the broker on quorum queues
-    /// (`x-delivery-count`), by this process on classic ones. A delivery requeued because
+    /// (`x-delivery-count`), by this process on classic ones, where an `x-delivery-count`
+    /// header is a stale copy and is ignored. A delivery requeued because
     /// another worker holds the message's claim, or because the inbox database is unreachable,
     /// is not a failed attempt: it goes back with `basic.nack` on a classic queue, and as a fresh
     /// copy on a quorum queue, so that the broker's count does not rise either; failures go back

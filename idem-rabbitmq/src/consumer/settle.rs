@@ -375,9 +375,15 @@ impl Settler<'_> {
     }
 
     /// Which delivery of the message this is, counting from 1: the broker's count on quorum
-    /// queues, this process's own on classic ones.
+    /// queues, this process's own on classic ones. A classic queue sets no `x-delivery-count`:
+    /// one there was copied from elsewhere (a message resubmitted from a quorum queue's
+    /// dead-letter queue) and says nothing of this queue's deliveries.
     fn deliveries(&self, delivery: &Delivery, identity: &str) -> u32 {
-        let broker = broker_delivery_count(delivery.properties.headers().as_ref());
+        let broker = if self.quorum {
+            broker_delivery_count(delivery.properties.headers().as_ref())
+        } else {
+            0
+        };
         broker.max(self.retries.failed(identity)) + 1
     }
 
