@@ -46,8 +46,9 @@
 //! # Metrics
 //!
 //! `idem_rabbitmq_deliveries_total{queue, settle}` counts settled deliveries (`acked`,
-//! `duplicate`, `requeued`, `dead-lettered`, `settle-lost`), besides the inbox's own
-//! `idem_messages_total`.
+//! `duplicate`, `requeued`, `dead-lettered`, `dead-letter-failed`, `settle-lost`), besides the
+//! inbox's own `idem_messages_total`. A rising `dead-letter-failed` means the dead-letter
+//! exchange routes copies to no queue: messages stay on their queue until it is fixed.
 
 mod codec;
 mod connect;

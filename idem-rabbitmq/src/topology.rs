@@ -51,6 +51,7 @@ pub struct QueueTopology {
     queue: String,
     kind: QueueKind,
     dead_letter_exchange: String,
+    dead_letter_routing_key: Option<String>,
     dead_letter_queue: String,
     delivery_limit: Option<u32>,
     bindings: Vec<ExchangeBinding>,
@@ -79,6 +80,7 @@ impl QueueTopology {
     fn new(queue: String, kind: QueueKind) -> Self {
         Self {
             dead_letter_exchange: format!("{queue}.dlx"),
+            dead_letter_routing_key: None,
             dead_letter_queue: format!("{queue}.dlq"),
             queue,
             kind,
@@ -92,6 +94,16 @@ impl QueueTopology {
     pub fn dead_letter(mut self, exchange: impl Into<String>, queue: impl Into<String>) -> Self {
         self.dead_letter_exchange = exchange.into();
         self.dead_letter_queue = queue.into();
+        self
+    }
+
+    /// The routing key of dead-lettered messages (`x-dead-letter-routing-key`), both those the
+    /// broker dead-letters and the copies the consumer publishes; without it, each message's own
+    /// routing key. For an [`existing`](QueueTopology::existing) queue, give the key of its
+    /// `x-dead-letter-routing-key` argument, which the broker does not tell its clients: a
+    /// direct dead-letter exchange routes copies by it.
+    pub fn dead_letter_routing_key(mut self, routing_key: impl Into<String>) -> Self {
+        self.dead_letter_routing_key = Some(routing_key.into());
         self
     }
 
@@ -133,6 +145,11 @@ impl QueueTopology {
     /// The dead-letter exchange's name.
     pub fn dead_letter_exchange(&self) -> &str {
         &self.dead_letter_exchange
+    }
+
+    /// The routing key of dead-lettered messages, if not their own.
+    pub fn dead_letter_key(&self) -> Option<&str> {
+        self.dead_letter_routing_key.as_deref()
     }
 
     /// The dead-letter queue's name.
@@ -244,6 +261,12 @@ impl QueueTopology {
             ShortString::from("x-dead-letter-exchange"),
             AMQPValue::LongString(self.dead_letter_exchange.as_str().into()),
         );
+        if let Some(routing_key) = &self.dead_letter_routing_key {
+            arguments.insert(
+                ShortString::from("x-dead-letter-routing-key"),
+                AMQPValue::LongString(routing_key.as_str().into()),
+            );
+        }
         if self.kind == QueueKind::Quorum {
             let mut text = |name: &str, value: &str| {
                 arguments.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
@@ -307,6 +330,25 @@ mod tests {
                 .arguments()
                 .inner()
                 .contains_key("x-queue-type")
+        );
+    }
+
+    #[test]
+    fn a_dead_letter_routing_key_is_declared() {
+        let topology = QueueTopology::classic("q").dead_letter_routing_key("dead");
+        assert_eq!(topology.dead_letter_key(), Some("dead"));
+        assert_eq!(
+            topology
+                .arguments()
+                .inner()
+                .get("x-dead-letter-routing-key"),
+            Some(&AMQPValue::LongString("dead".into()))
+        );
+        assert!(
+            !QueueTopology::classic("q")
+                .arguments()
+                .inner()
+                .contains_key("x-dead-letter-routing-key")
         );
     }
 }

@@ -6,11 +6,14 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use idem_rabbitmq::lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ExchangeDeleteOptions,
-    QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    QueuePurgeOptions,
 };
-use idem_rabbitmq::lapin::types::FieldTable;
-use idem_rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+use idem_rabbitmq::lapin::{
+    BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
+};
 use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, Publisher, QueueTopology};
 use idem_runtime::Inbox;
 
@@ -182,6 +185,71 @@ impl TestBroker {
     /// Declares `topology` (not recorded for deletion: see [`TestBroker::track`]).
     pub async fn declare(&self, topology: &QueueTopology) {
         topology.declare(&self.channel).await.expect("declare");
+    }
+
+    /// Declares, as an operator would, a durable `queue` with text `arguments`
+    /// (`x-dead-letter-exchange`, `x-queue-type`...), deleted afterwards.
+    pub async fn declare_queue(&self, queue: &str, arguments: &[(&str, &str)]) {
+        self.declare_queue_with(queue, arguments, None).await;
+    }
+
+    /// Like [`TestBroker::declare_queue`], a quorum queue with `x-delivery-limit`.
+    pub async fn declare_quorum_queue(&self, queue: &str, arguments: &[(&str, &str)], limit: i64) {
+        let mut with_type = arguments.to_vec();
+        with_type.push(("x-queue-type", "quorum"));
+        self.declare_queue_with(queue, &with_type, Some(limit))
+            .await;
+    }
+
+    async fn declare_queue_with(
+        &self,
+        queue: &str,
+        arguments: &[(&str, &str)],
+        limit: Option<i64>,
+    ) {
+        let mut table = FieldTable::default();
+        for (name, value) in arguments {
+            table.insert((*name).into(), AMQPValue::LongString((*value).into()));
+        }
+        if let Some(limit) = limit {
+            table.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
+        }
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        self.queues.lock().unwrap().push(queue.to_owned());
+        self.channel
+            .queue_declare(queue.into(), options, table)
+            .await
+            .unwrap_or_else(|e| panic!("declare {queue}: {e}"));
+    }
+
+    /// Declares a durable `exchange` of `kind`, deleted afterwards.
+    pub async fn declare_exchange(&self, exchange: &str, kind: ExchangeKind) {
+        let options = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        self.track_exchange(exchange);
+        self.channel
+            .exchange_declare(exchange.into(), kind, options, FieldTable::default())
+            .await
+            .unwrap_or_else(|e| panic!("declare {exchange}: {e}"));
+    }
+
+    /// Binds `queue` to `exchange` with `routing_key`.
+    pub async fn bind(&self, queue: &str, exchange: &str, routing_key: &str) {
+        self.channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                routing_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("bind {queue} to {exchange}: {e}"));
     }
 
     /// Removes every ready message from `queue`.

@@ -906,6 +906,107 @@ async fn existing_topology_and_a_second_binding_in_one_consumer() {
     consumer.shutdown().await;
 }
 
+/// An operator's layout: a direct dead-letter exchange, its queue bound with the key `dead`, and
+/// a work queue that dead-letters with that key. Returns the work queue, the exchange and the
+/// dead-letter queue, which is bound only if `bound`.
+async fn ops_dead_letter_layout(broker: &TestBroker, bound: bool) -> (String, String, String) {
+    let (queue, dlx, dlq) = (
+        unique("idem_ops"),
+        unique("idem_ops_dlx"),
+        unique("idem_ops_dlq"),
+    );
+    broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
+    broker.declare_queue(&dlq, &[]).await;
+    if bound {
+        broker.bind(&dlq, &dlx, "dead").await;
+    }
+    let arguments = [
+        ("x-dead-letter-exchange", dlx.as_str()),
+        ("x-dead-letter-routing-key", "dead"),
+    ];
+    broker.declare_queue(&queue, &arguments).await;
+    (queue, dlx, dlq)
+}
+
+/// The consumer's dead-letter copy is routed as the broker routes dead letters: by the queue's
+/// `x-dead-letter-routing-key`, which a direct dead-letter exchange needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letter_copies_honour_the_queues_dead_letter_routing_key() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let (queue, dlx, dlq) = ops_dead_letter_layout(&broker, true).await;
+    let topology = QueueTopology::existing(&queue, &dlx).dead_letter_routing_key("dead");
+    let consumer = start(&inbox, topology, Recorder::new(&db, &effects, "c")).await;
+    broker
+        .send_bytes(&queue, b"{not json", with_id("m-bad"))
+        .await;
+    broker
+        .eventually("dead-lettered", WAIT, || async {
+            consumer.stats().dead_lettered == 1
+        })
+        .await;
+    let letters = broker.drain(&dlq).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].reason(), "undecodable");
+    assert_eq!(letters[0].message_id.as_deref(), Some("m-bad"));
+    assert_eq!(consumer.stats().dead_letter_failed, 0);
+    assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
+/// A dead-letter exchange that routes the copy to no queue: the message is neither lost nor
+/// requeued in a loop. It gets three quick tries, then one per pause; once the operator binds a
+/// dead-letter queue, the next try lands there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unroutable_dead_letter_copy_is_retried_at_a_bounded_pace_and_never_lost() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let (queue, dlx, dlq) = ops_dead_letter_layout(&broker, false).await;
+    let topology = QueueTopology::existing(&queue, &dlx).dead_letter_routing_key("dead");
+    let pause = Duration::from_secs(4);
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
+        .dead_letter_retry(3, pause)
+        .bind(topology, Recorder::new(&db, &effects, "c"))
+        .start()
+        .await
+        .unwrap();
+    broker
+        .send_bytes(&queue, b"{not json", with_id("m-bad"))
+        .await;
+    // A try is counted once its message is back on the queue: the first two after the usual
+    // back-off, the third after the pause.
+    broker
+        .eventually("two quick tries", WAIT, || async {
+            consumer.stats().dead_letter_failed >= 2
+        })
+        .await;
+    // Well inside the pause: no fourth try, nothing dead-lettered, nothing else requeued.
+    tokio::time::sleep(pause / 2).await;
+    let stats = consumer.stats();
+    assert_eq!(
+        (
+            stats.dead_letter_failed,
+            stats.dead_lettered,
+            stats.requeued
+        ),
+        (2, 0, 0),
+        "{stats:?}"
+    );
+    // The operator binds the dead-letter queue: the next try, after the pause, lands there.
+    broker.bind(&dlq, &dlx, "dead").await;
+    broker
+        .eventually("dead-lettered after the pause", WAIT, || async {
+            consumer.stats().dead_lettered == 1
+        })
+        .await;
+    let letters = broker.drain(&dlq).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].reason(), "undecodable");
+    assert_eq!(consumer.stats().dead_letter_failed, 3);
+    assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
 async fn broker_channel() -> idem_rabbitmq::lapin::Channel {
     let connection = idem_rabbitmq::connect(&amqp_url().into(), "idem-test setup")
         .await

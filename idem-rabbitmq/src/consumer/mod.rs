@@ -50,9 +50,13 @@ pub(crate) struct Settings {
 /// | undecodable payload, missing or invalid key, reused key with other content, needs intervention, handler's permanent error | dead-letter with a reason |
 ///
 /// Dead-lettering publishes a copy to the queue's dead-letter exchange with the headers in
-/// [`headers`] (`x-idem-reason`, `x-idem-detail`, `x-idem-consumer`, `x-idem-key`, ...), waits for
-/// the broker's confirm, then acknowledges the original; a copy the broker does not take leaves the
-/// original requeued. Nothing is acknowledged before its effect is committed.
+/// [`headers`] (`x-idem-reason`, `x-idem-detail`, `x-idem-consumer`, `x-idem-key`, ...) and the
+/// routing key the broker would use (the queue's
+/// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key), else the message's own),
+/// waits for the broker's confirm, then acknowledges the original; a copy the broker does not
+/// take leaves the original requeued, paced by
+/// [`dead_letter_retry`](ConsumerBuilder::dead_letter_retry) and counted as
+/// `dead-letter-failed`. Nothing is acknowledged before its effect is committed.
 ///
 /// Each binding has its own connection (lapin's automatic recovery on; a session that does not
 /// recover within [`recovery_timeout`](ConsumerBuilder::recovery_timeout) is replaced by a new
@@ -110,6 +114,12 @@ impl Consumer {
                     max_deliveries: 10,
                     backoff_base: Duration::from_millis(200),
                     backoff_max: Duration::from_secs(10),
+                    // A dead-letter exchange that takes no copies is a configuration error an
+                    // operator must fix: a few quick retries ride out a passing refusal (a full
+                    // dead-letter queue), then one delivery a minute keeps the log loud without a
+                    // loop.
+                    dead_letter_attempts: 3,
+                    dead_letter_pause: Duration::from_secs(60),
                 },
             },
         }
@@ -227,6 +237,17 @@ impl ConsumerBuilder {
         self
     }
 
+    /// How a message whose dead-letter copy the broker does not take (the dead-letter exchange
+    /// routes its routing key to no queue, the dead-letter queue is full...) is retried. Each
+    /// time it goes back to the queue, never lost, counted as `dead-letter-failed` and logged as
+    /// an error; it gets `attempts` quick tries (the usual back-off between them), then one per
+    /// `pause` (defaults 3 and 60 s). A pause of zero is refused: it would loop.
+    pub fn dead_letter_retry(mut self, attempts: u32, pause: Duration) -> Self {
+        self.settings.retry.dead_letter_attempts = attempts;
+        self.settings.retry.dead_letter_pause = pause;
+        self
+    }
+
     /// How long in-flight handlers get to finish at shutdown (default 30 s).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.settings.shutdown_timeout = timeout;
@@ -303,6 +324,8 @@ impl ConsumerBuilder {
             "max_in_flight must be at least 1"
         } else if settings.retry.max_deliveries == 0 {
             "max_deliveries must be at least 1"
+        } else if settings.retry.dead_letter_pause.is_zero() {
+            "the dead-letter retry pause must be positive"
         } else {
             return Ok(());
         };

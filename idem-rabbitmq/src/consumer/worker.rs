@@ -482,6 +482,7 @@ impl Job {
                 queue: topology.queue(),
                 consumer: binding.consumer(),
                 dead_letter_exchange: topology.dead_letter_exchange(),
+                dead_letter_routing_key: topology.dead_letter_key(),
                 publisher: &publisher,
                 retry: settings.retry,
                 retries: &retries,
