@@ -11,7 +11,7 @@ use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, QueueTopology, headers};
 use idem_runtime::{Handler, Inbox};
 use idem_tests::proxy::Proxy;
-use idem_tests::rabbit::{amqp_url, close_connections, consumer_builder};
+use idem_tests::rabbit::{amqp_url, close_connections, consumer_builder, rabbitmqctl};
 use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, inbox_and_effects, unique};
 use sea_orm::{ConnectOptions, Database};
 
@@ -468,12 +468,8 @@ async fn a_stale_delivery_count_on_a_classic_queue_is_not_trusted() {
     consumer.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn database_unavailable_requeues_and_processes_once_it_is_back() {
-    let broker = TestBroker::connect().await;
-    let db = TestDb::connect(Backend::Postgres).await;
-    let table = db.table("inbox");
-    let effects = db.effects_table().await;
+/// An inbox on a fresh table of `db` (PostgreSQL) reached through a proxy that can cut it off.
+async fn inbox_behind_a_proxy(db: &TestDb) -> (Proxy, Inbox) {
     let target = std::env::var("IDEM_TEST_POSTGRES_ADDR").unwrap_or("127.0.0.1:5432".into());
     let proxy = Proxy::start(&target).await;
     let mut options = ConnectOptions::new(format!(
@@ -486,7 +482,20 @@ async fn database_unavailable_requeues_and_processes_once_it_is_back() {
         .acquire_timeout(Duration::from_secs(2))
         .sqlx_logging(false);
     let proxied = Database::connect(options).await.unwrap();
-    let inbox = Inbox::builder(proxied).table(table).build().await.unwrap();
+    let inbox = Inbox::builder(proxied)
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .unwrap();
+    (proxy, inbox)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_unavailable_requeues_and_processes_once_it_is_back() {
+    let broker = TestBroker::connect().await;
+    let db = TestDb::connect(Backend::Postgres).await;
+    let effects = db.effects_table().await;
+    let (proxy, inbox) = inbox_behind_a_proxy(&db).await;
     // An outage does not count against the message: more requeues than `max_deliveries`, or
     // than a quorum queue's delivery limit, must not dead-letter it.
     for (quorum, key) in [(false, "o-7"), (true, "o-8")] {
@@ -1005,6 +1014,146 @@ async fn an_unroutable_dead_letter_copy_is_retried_at_a_bounded_pace_and_never_l
     assert_eq!(consumer.stats().dead_letter_failed, 3);
     assert_eq!(broker.depth(&queue).await, 0);
     consumer.shutdown().await;
+}
+
+/// An operator's quorum queue with a delivery limit of 3 and a fanout dead-letter exchange
+/// bound to a dead-letter queue; returns the queue, the exchange and the dead-letter queue.
+async fn ops_quorum_queue(broker: &TestBroker) -> (String, String, String) {
+    let (queue, dlx, dlq) = (
+        unique("idem_ops_qq"),
+        unique("idem_ops_qq_dlx"),
+        unique("idem_ops_qq_dlq"),
+    );
+    broker.declare_exchange(&dlx, ExchangeKind::Fanout).await;
+    broker.declare_queue(&dlq, &[]).await;
+    broker.bind(&dlq, &dlx, "").await;
+    broker
+        .declare_quorum_queue(&queue, &[("x-dead-letter-exchange", dlx.as_str())], 3)
+        .await;
+    (queue, dlx, dlq)
+}
+
+/// An operator's quorum queue (delivery limit 3) consumed as `existing`, its type not stated:
+/// the consumer learns it from the broker, so that requeues that must not count (a claim held
+/// elsewhere for longer than three requeues, then a database outage) go back as fresh copies,
+/// which RabbitMQ before 4.3 does not count. Nothing is dead-lettered; each message has one
+/// effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_existing_quorum_queue_requeues_uncounted_past_its_delivery_limit() {
+    let broker = TestBroker::connect().await;
+    let db = TestDb::connect(Backend::Postgres).await;
+    let effects = db.effects_table().await;
+    let (proxy, inbox) = inbox_behind_a_proxy(&db).await;
+    let (queue, dlx, dlq) = ops_quorum_queue(&broker).await;
+    let handler = Recorder::new(&db, &effects, "mailer")
+        .two_phase(Duration::from_secs(30))
+        .slow(Duration::from_millis(1500))
+        .keyed_by_message_id();
+    let consumer = start(&inbox, QueueTopology::existing(&queue, &dlx), handler).await;
+
+    // Two copies of m-1: one holds the claim for 1.5 s, the other is requeued meanwhile, every
+    // 200 ms at most.
+    for _ in 0..2 {
+        broker
+            .send(&queue, &Msg::new("mail-1", "hi"), with_id("m-1"))
+            .await;
+    }
+    broker
+        .eventually("m-1 processed once, its copy a duplicate", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.dead_lettered == 1 && stats.duplicates == 1
+        })
+        .await;
+    let claimed = consumer.stats().requeued;
+    assert!(
+        claimed > 3,
+        "only {claimed} requeues while the claim was held"
+    );
+
+    // The database goes away while m-2 arrives: more requeues than the limit again.
+    proxy.cut().await;
+    broker
+        .send(&queue, &Msg::new("mail-2", "hi"), with_id("m-2"))
+        .await;
+    broker
+        .eventually("m-2 requeued while the database is down", WAIT, || async {
+            consumer.stats().requeued >= claimed + 4
+        })
+        .await;
+    proxy.restore();
+    broker
+        .eventually("m-2 processed once the database is back", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.dead_lettered == 2
+        })
+        .await;
+    let stats = consumer.stats();
+    assert_eq!((stats.acked, stats.dead_lettered), (2, 0), "{stats:?}");
+    assert_eq!(broker.depth(&dlq).await, 0, "the broker dead-lettered");
+    assert_eq!(broker.depth(&queue).await, 0);
+    assert_eq!(db.count(&effects, "message_key = 'm-1'").await, 1);
+    assert_eq!(db.count(&effects, "message_key = 'm-2'").await, 1);
+    consumer.shutdown().await;
+}
+
+/// A stated queue type that the broker contradicts refuses the start, either way, and leaves no
+/// connection behind; a stated type that matches, or none, starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_existing_queue_of_another_type_than_stated_refuses_to_start() {
+    use idem_rabbitmq::QueueKind;
+
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let (quorum, quorum_dlx, _) = ops_quorum_queue(&broker).await;
+    let (classic, classic_dlx, _) = ops_dead_letter_layout(&broker, true).await;
+    let cases = [
+        (
+            &quorum,
+            &quorum_dlx,
+            QueueKind::Classic,
+            "is a quorum queue",
+        ),
+        (
+            &classic,
+            &classic_dlx,
+            QueueKind::Quorum,
+            "is a classic queue",
+        ),
+    ];
+    for (queue, dlx, stated, expected) in cases {
+        let name = unique("idem-kind");
+        let refused = consumer_builder(&inbox, &name)
+            .bind(
+                QueueTopology::existing(queue, dlx).queue_kind(stated),
+                Recorder::new(&db, &effects, "c"),
+            )
+            .start()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, idem_rabbitmq::Error::Config(problem) if problem.contains(expected)),
+            "{refused}"
+        );
+        broker
+            .eventually("no connection left", WAIT, || async {
+                !rabbitmqctl(&["list_connections", "client_properties"])
+                    .await
+                    .contains(&name)
+            })
+            .await;
+    }
+    for (queue, dlx, kind) in [
+        (&quorum, &quorum_dlx, Some(QueueKind::Quorum)),
+        (&classic, &classic_dlx, Some(QueueKind::Classic)),
+        (&quorum, &quorum_dlx, None),
+    ] {
+        let mut topology = QueueTopology::existing(queue, dlx);
+        if let Some(kind) = kind {
+            topology = topology.queue_kind(kind);
+        }
+        let consumer = start(&inbox, topology, Recorder::new(&db, &effects, "c")).await;
+        consumer.shutdown().await;
+    }
 }
 
 async fn broker_channel() -> idem_rabbitmq::lapin::Channel {

@@ -58,6 +58,8 @@ struct Session {
     publisher: Channel,
     consumer: lapin::Consumer,
     events: Pin<Box<dyn Stream<Item = Event> + Send + Sync>>,
+    /// The queue's type, as declared or as the broker told.
+    kind: QueueKind,
 }
 
 /// Watches a session that lapin may be recovering, so that a recovery that never completes is
@@ -141,8 +143,8 @@ impl Worker {
                 return Err(error);
             }
         };
-        let opened = self.open_channels(&connection, &publishing).await;
-        let (channel, publisher, consumer) = match opened {
+        let opened = self.open_channels(&connection, &publishing, &name).await;
+        let (channel, publisher, consumer, kind) = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 let _ = connection.close(200, "start failed".into()).await;
@@ -159,21 +161,25 @@ impl Worker {
             publisher,
             consumer,
             events,
+            kind,
         })
     }
 
-    /// Opens the consuming channel (topology, prefetch, consumer) and the publishing one
-    /// (confirms).
+    /// Opens the consuming channel (topology, queue type, prefetch, consumer) and the publishing
+    /// one (confirms).
     async fn open_channels(
         &self,
         connection: &Connection,
         publishing: &Connection,
-    ) -> Result<(Channel, Channel, lapin::Consumer)> {
+        name: &str,
+    ) -> Result<(Channel, Channel, lapin::Consumer, QueueKind)> {
         let channel = connection
             .create_channel()
             .await
             .map_err(Error::amqp("channel.open"))?;
-        self.binding.topology().declare(&channel).await?;
+        let topology = self.binding.topology();
+        topology.declare(&channel).await?;
+        let kind = topology.resolve_kind(&self.settings.url, name).await?;
         channel
             .basic_qos(self.settings.prefetch, BasicQosOptions::default())
             .await
@@ -195,7 +201,7 @@ impl Worker {
             )
             .await
             .map_err(Error::amqp(format!("basic.consume {}", self.queue())))?;
-        Ok((channel, publisher, consumer))
+        Ok((channel, publisher, consumer, kind))
     }
 
     /// Opens the first session, so that a wrong URL or topology fails `start`.
@@ -330,6 +336,7 @@ impl Worker {
             stats: Arc::clone(&self.stats),
             retries: Arc::clone(&self.retries),
             publisher: session.publisher.clone(),
+            quorum: session.kind == QueueKind::Quorum,
             shutdown: self.shutdown.clone(),
             delivery,
             permit,
@@ -430,6 +437,7 @@ struct Job {
     stats: Arc<Stats>,
     retries: Arc<Retries>,
     publisher: Channel,
+    quorum: bool,
     shutdown: watch::Receiver<bool>,
     delivery: Delivery,
     permit: OwnedSemaphorePermit,
@@ -444,6 +452,7 @@ impl Job {
             stats,
             retries,
             publisher,
+            quorum,
             shutdown,
             delivery,
             permit,
@@ -486,7 +495,7 @@ impl Job {
                 publisher: &publisher,
                 retry: settings.retry,
                 retries: &retries,
-                quorum: topology.kind() == QueueKind::Quorum,
+                quorum,
                 shutdown: &shutdown,
             };
             let settled = settler
