@@ -28,7 +28,12 @@ pub fn amqp_url() -> String {
 /// A consumer of `inbox` for a test: its connections named `name` (which
 /// [`close_connections`] finds), short retry back-offs and a 10 s shutdown deadline.
 pub fn consumer_builder(inbox: &Inbox, name: &str) -> ConsumerBuilder {
-    Consumer::builder(amqp_url(), inbox.clone())
+    consumer_builder_at(&amqp_url(), inbox, name)
+}
+
+/// Like [`consumer_builder`], for the broker at `url` (a proxy in front of it, say).
+pub fn consumer_builder_at(url: &str, inbox: &Inbox, name: &str) -> ConsumerBuilder {
+    Consumer::builder(url, inbox.clone())
         .connection_name(name)
         .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
         .shutdown_timeout(Duration::from_secs(10))
@@ -344,6 +349,24 @@ impl Drop for TestBroker {
             let _ = connection.close(200, "done".into()).await;
         });
     }
+}
+
+/// How many connections the broker has whose client-provided name contains `name`.
+pub async fn connections_named(name: &str) -> usize {
+    rabbitmqctl(&["list_connections", "client_properties"])
+        .await
+        .lines()
+        .filter(|line| line.contains(name))
+        .count()
+}
+
+/// How many consumers the broker has on `queue`.
+pub async fn consumers_on(queue: &str) -> usize {
+    rabbitmqctl(&["list_consumers", "queue_name"])
+        .await
+        .lines()
+        .filter(|line| line.trim() == queue)
+        .count()
 }
 
 /// Closes, from the broker side, every connection whose client-provided name contains `name`

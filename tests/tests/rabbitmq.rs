@@ -11,7 +11,10 @@ use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, QueueTopology, headers};
 use idem_runtime::{Handler, Inbox};
 use idem_tests::proxy::Proxy;
-use idem_tests::rabbit::{amqp_url, close_connections, consumer_builder, rabbitmqctl};
+use idem_tests::rabbit::{
+    amqp_url, close_connections, connections_named, consumer_builder, consumer_builder_at,
+    consumers_on, rabbitmqctl,
+};
 use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, inbox_and_effects, unique};
 use sea_orm::{ConnectOptions, Database};
 
@@ -1154,6 +1157,97 @@ async fn an_existing_queue_of_another_type_than_stated_refuses_to_start() {
         let consumer = start(&inbox, topology, Recorder::new(&db, &effects, "c")).await;
         consumer.shutdown().await;
     }
+}
+
+/// Fails the test if, any time within `window`, the broker has more than `connections`
+/// connections named `name` or more than `consumers` consumers on `queue`.
+async fn never_more_than(
+    name: &str,
+    queue: &str,
+    connections: usize,
+    consumers: usize,
+    window: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + window;
+    while tokio::time::Instant::now() < deadline {
+        let seen = (connections_named(name).await, consumers_on(queue).await);
+        assert!(
+            seen.0 <= connections && seen.1 <= consumers,
+            "{} connections and {} consumers of ours on the broker",
+            seen.0,
+            seen.1
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The consumer reaches the broker through a proxy, which is cut for longer than the recovery
+/// and retire timeouts (1 s each, while lapin would keep reconnecting for minutes). The session
+/// is replaced, and the replaced connections never come back to hold deliveries nobody reads:
+/// after the outage the broker has the consumer's two connections and one consumer, which takes
+/// every message. Then the proxy is cut again and the consumer shut down during the outage: once
+/// the broker is reachable again, nothing of the consumer's appears on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_broker_outage_leaves_no_zombie_connection_or_consumer() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let target = std::env::var("IDEM_TEST_AMQP_ADDR").unwrap_or("127.0.0.1:5672".into());
+    let proxy = Proxy::start(&target).await;
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let name = unique("idem-outage");
+    let consumer = consumer_builder_at(&url, &inbox, &name)
+        .recovery_timeout(Duration::from_secs(1))
+        .retire_timeout(Duration::from_secs(1))
+        .reconnect_delay(Duration::from_millis(200))
+        .prefetch(5)
+        .bind(topology, Recorder::new(&db, &effects, "billing"))
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(connections_named(&name).await, 2);
+    assert_eq!(consumers_on(&queue).await, 1);
+
+    proxy.cut().await;
+    broker
+        .eventually("the broker dropped the connections", WAIT, || async {
+            connections_named(&name).await == 0
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    proxy.restore();
+    broker
+        .eventually("a new session", WAIT, || async {
+            consumer.stats().reconnections >= 1 && consumers_on(&queue).await == 1
+        })
+        .await;
+    // lapin retries a lost connection 1, 3, 7 and 15 s after the loss.
+    never_more_than(&name, &queue, 2, 1, Duration::from_secs(10)).await;
+    assert_eq!(connections_named(&name).await, 2);
+    for key in 0..15 {
+        broker
+            .send(
+                &queue,
+                &Msg::new(format!("o-{key}"), "x"),
+                PublishOptions::default(),
+            )
+            .await;
+    }
+    broker
+        .eventually("every message processed", WAIT, || async {
+            consumer.stats().acked == 15
+        })
+        .await;
+
+    // Shut down during an outage: the connections lapin is recovering are not ours to leave.
+    proxy.cut().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consumer.shutdown().await;
+    proxy.restore();
+    never_more_than(&name, &queue, 0, 0, Duration::from_secs(10)).await;
+    assert_eq!(broker.depth(&queue).await, 0);
+    assert_eq!(db.count(&effects, "1=1").await, 15);
 }
 
 async fn broker_channel() -> idem_rabbitmq::lapin::Channel {

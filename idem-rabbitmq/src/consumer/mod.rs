@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
+use crate::connect::Retirees;
 use crate::error::{Error, Result};
 use crate::topology::QueueTopology;
 use crate::url::AmqpUrl;
@@ -36,6 +37,7 @@ pub(crate) struct Settings {
     max_in_flight: usize,
     shutdown_timeout: Duration,
     recovery_timeout: Duration,
+    retire_timeout: Duration,
     reconnect_delay: Duration,
     retry: RetryPolicy,
 }
@@ -60,7 +62,8 @@ pub(crate) struct Settings {
 ///
 /// Each binding has its own connection (lapin's automatic recovery on; a session that does not
 /// recover within [`recovery_timeout`](ConsumerBuilder::recovery_timeout) is replaced by a new
-/// connection), a prefetch window and manual acknowledgments, and a second connection that
+/// connection, and the replaced one is refused any reconnection, see
+/// [`retire_timeout`](ConsumerBuilder::retire_timeout)), a prefetch window and manual acknowledgments, and a second connection that
 /// publishes its copies (dead-letter copies, requeued copies on quorum queues), so that a broker
 /// resource alarm, which blocks connections that publish, does not hold up its acknowledgments; [`max_in_flight`](ConsumerBuilder::max_in_flight)
 /// bounds the handlers running at once across bindings. Deliveries whose channel died before
@@ -109,6 +112,9 @@ impl Consumer {
                 max_in_flight: 16,
                 shutdown_timeout: Duration::from_secs(30),
                 recovery_timeout: Duration::from_secs(30),
+                // A replaced connection can only come back through a reconnection already under
+                // way when it was replaced: a handshake, seconds at most.
+                retire_timeout: Duration::from_secs(60),
                 reconnect_delay: Duration::from_secs(1),
                 retry: RetryPolicy {
                     max_deliveries: 10,
@@ -137,7 +143,8 @@ impl Consumer {
 
     /// Stops taking deliveries, lets in-flight handlers finish (until the
     /// [`shutdown_timeout`](ConsumerBuilder::shutdown_timeout)), settles them and closes the
-    /// connections. Deliveries prefetched but not started go back to the queue.
+    /// connections, for good: neither they nor connections replaced earlier come back, even if
+    /// lapin was recovering them. Deliveries prefetched but not started go back to the queue.
     pub async fn shutdown(self) -> ShutdownReport {
         self.shutdown.send_replace(true);
         self.join().await
@@ -261,6 +268,18 @@ impl ConsumerBuilder {
         self
     }
 
+    /// How long a connection that was replaced (not recovered within the
+    /// [`recovery_timeout`](ConsumerBuilder::recovery_timeout)) is watched (default 60 s).
+    ///
+    /// From the moment it is replaced, lapin's automatic recovery of it is refused for good: it
+    /// cannot come back and consume deliveries that nobody reads, however long the outage. A
+    /// reconnection already under way then that still completes within this time is closed at
+    /// once. lapin's own recovery is bounded by the recovery timeout plus this one.
+    pub fn retire_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.retire_timeout = timeout;
+        self
+    }
+
     /// The first delay between reconnection attempts; it doubles up to 30 s (default 1 s).
     pub fn reconnect_delay(mut self, delay: Duration) -> Self {
         self.settings.reconnect_delay = delay;
@@ -287,6 +306,7 @@ impl ConsumerBuilder {
         let stats = Arc::new(Stats::default());
         let retries = Arc::new(Retries::default());
         let in_flight = Arc::new(Semaphore::new(settings.max_in_flight));
+        let retirees = Arc::new(Retirees::new(settings.retire_timeout));
         let mut consumer = Consumer {
             shutdown,
             workers: Vec::new(),
@@ -300,6 +320,7 @@ impl ConsumerBuilder {
                 stats: Arc::clone(&stats),
                 retries: Arc::clone(&retries),
                 in_flight: Arc::clone(&in_flight),
+                retirees: Arc::clone(&retirees),
                 shutdown: stop.clone(),
             };
             match worker.start().await {
