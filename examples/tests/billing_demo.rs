@@ -81,6 +81,12 @@ fn figure(summary: &str, label: &str) -> u64 {
 
 /// Starts the service and returns once it consumes.
 fn start_billing(database_url: &str) -> Child {
+    start_billing_logging(database_url).0
+}
+
+/// Starts the service and returns once it consumes, with the line it logged then (which names
+/// its database).
+fn start_billing_logging(database_url: &str) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_billing"))
         .env("DATABASE_URL", database_url)
         .env("RUST_LOG", "info")
@@ -90,18 +96,51 @@ fn start_billing(database_url: &str) -> Child {
         .expect("the billing binary starts");
     let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
-    loop {
+    let consuming = loop {
         let line = lines
             .next()
             .expect("billing exited before consuming")
             .unwrap();
         if line.contains("billing is consuming") {
-            break;
+            break line;
         }
-    }
+    };
     // Keep reading, so that the service never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
-    child
+    (child, consuming)
+}
+
+/// Stops the service with SIGTERM, gracefully: it must exit cleanly.
+fn terminate(mut child: Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(child.wait().unwrap().success());
+}
+
+/// `url` with the user's password set to `password` (percent-encoded as given).
+fn with_password(url: &str, password: &str) -> String {
+    let (scheme, rest) = url.split_at(url.find("://").expect("a URL") + 3);
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (user, host) = match rest[..authority_end].rfind('@') {
+        Some(at) => (rest[..at].split(':').next().unwrap(), &rest[at + 1..]),
+        None => ("postgres", rest),
+    };
+    format!("{scheme}{user}:{password}@{host}")
+}
+
+/// The service logs the database it uses, never the password: here one with every reserved
+/// character, percent-encoded (PostgreSQL trusts local connections, so any password connects).
+fn database_is_logged_without_its_password(postgres: &str) {
+    let secret = "s3cr%2F%23%3F%40%25et";
+    let (child, logged) = start_billing_logging(&with_password(postgres, secret));
+    terminate(child);
+    for part in ["s3cr", "et@", "%2F", "/#?@%"] {
+        assert!(!logged.contains(part), "{logged}");
+    }
+    assert!(logged.contains(":***@"), "{logged}");
 }
 
 async fn invoices(db: &DatabaseConnection, run: &str) -> (i64, i64) {
@@ -155,7 +194,7 @@ async fn crash_and_restart(database_url: &str) {
     let charged_at_crash = invoices(&db, &run).await.0;
     eprintln!("charged at the crash: {charged_at_crash} of {count}");
 
-    let mut second = start_billing(database_url);
+    let second = start_billing(database_url);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let (rows, distinct) = invoices(&db, &run).await;
@@ -175,12 +214,7 @@ async fn crash_and_restart(database_url: &str) {
     );
 
     // SIGTERM: a graceful stop with a clean exit.
-    let status = Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    assert!(second.wait().unwrap().success());
+    terminate(second);
     assert_eq!(invoices(&db, &run).await, (count, count));
 }
 
@@ -192,6 +226,7 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let broker = TestBroker::connect().await;
     empty_the_queues(&broker).await;
+    database_is_logged_without_its_password(&postgres);
     let mut runs = Vec::new();
     for url in [sqlite.as_str(), postgres.as_str()] {
         let summary = run_demo(url, 40);

@@ -1,6 +1,14 @@
 //! Connecting to RabbitMQ.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lapin::tcp::{AMQPUriTcpExt, TLSConfig};
+use lapin::uri::AMQPUri;
 use lapin::{Connection, ConnectionProperties};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::url::AmqpUrl;
@@ -17,4 +25,164 @@ pub async fn connect(url: &AmqpUrl, connection_name: &str) -> Result<Connection>
             url: url.redacted(),
             source,
         })
+}
+
+/// A connection of the consumer's: lapin's automatic recovery on but bounded in time, and a
+/// gate that refuses it any further reconnection once the consumer has given up on it.
+///
+/// lapin cannot be told to stop recovering a connection (`close` needs it connected), and left
+/// alone it keeps reconnecting for minutes; a connection that came back would recreate its
+/// consumer and take deliveries nobody reads. Every reconnection goes through the TCP connect
+/// given to lapin here, which fails once the gate is closed.
+pub(crate) struct Link {
+    pub(crate) connection: Connection,
+    gate: Arc<Gate>,
+}
+
+/// What the TCP connect given to lapin shares with the consumer.
+#[derive(Debug, Default)]
+struct Gate {
+    /// No more connections: every attempt fails.
+    retired: AtomicBool,
+    /// The last attempt gave lapin a TCP stream, on which a handshake may still complete. Set
+    /// before the attempt's last look at `retired`, so that a watcher that finds it unset after
+    /// retiring knows no stream can get through any more.
+    stream_out: AtomicBool,
+}
+
+/// Retires the gate of a connection whose opening was abandoned (its future dropped).
+struct OpenGuard(Option<Arc<Gate>>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        if let Some(gate) = self.0.take() {
+            gate.retired.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Link {
+    /// Connects like [`connect`], lapin's recovery given up after `recovery_bound` of waiting
+    /// between attempts.
+    pub(crate) async fn open(url: &AmqpUrl, name: &str, recovery_bound: Duration) -> Result<Self> {
+        let failed = |source: lapin::Error| Error::Connect {
+            url: url.redacted(),
+            source,
+        };
+        let uri: AMQPUri = url
+            .expose()
+            .parse()
+            .map_err(|problem: String| failed(std::io::Error::other(problem).into()))?;
+        let runtime = lapin::runtime::default_runtime().map_err(failed)?;
+        let properties = ConnectionProperties::default()
+            .enable_auto_recover()
+            .configure_backoff(|backoff| backoff.with_total_delay(Some(recovery_bound)))
+            .with_connection_name(name.into());
+        let gate = Arc::new(Gate::default());
+        let mut guard = OpenGuard(Some(Arc::clone(&gate)));
+        let shared = Arc::clone(&gate);
+        let connect = async move |uri: AMQPUri, runtime| {
+            let refused = || -> lapin::Error {
+                std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "connection retired by the consumer",
+                )
+                .into()
+            };
+            shared.stream_out.store(false, Ordering::SeqCst);
+            if shared.retired.load(Ordering::SeqCst) {
+                return Err(refused());
+            }
+            let stream =
+                AMQPUriTcpExt::connect_with_config_async(&uri, TLSConfig::default(), &runtime)
+                    .await?;
+            shared.stream_out.store(true, Ordering::SeqCst);
+            if shared.retired.load(Ordering::SeqCst) {
+                shared.stream_out.store(false, Ordering::SeqCst);
+                return Err(refused());
+            }
+            Ok(stream)
+        };
+        let connection = Connection::connector(uri, runtime, connect, properties).await;
+        let link = match connection {
+            Ok(connection) => Self { connection, gate },
+            // A connection that failed to open is recovered by nobody: the guard retires it.
+            Err(source) => return Err(failed(source)),
+        };
+        guard.0 = None;
+        Ok(link)
+    }
+
+    /// Closes the connection, best effort and bounded, and refuses lapin any reconnection of it.
+    pub(crate) async fn close(&self, reason: &str) {
+        self.gate.retired.store(true, Ordering::SeqCst);
+        if self.connection.status().connected() {
+            let closing = self.connection.close(200, reason.into());
+            let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
+        }
+    }
+
+    /// Whether lapin may still bring the connection back: it is connected, or a stream it got
+    /// before the gate closed may still complete a handshake.
+    fn may_come_back(&self) -> bool {
+        let status = self.connection.status();
+        if status.closed() || status.errored() {
+            return false;
+        }
+        status.connected() || self.gate.stream_out.load(Ordering::SeqCst)
+    }
+}
+
+/// Connections the consumer gave up on, each watched until it cannot come back: its gate closed
+/// (no reconnection can start any more), closed if it is connected or becomes connected (it may
+/// have been reconnecting when retired), and forgotten once no stream of it can get through, or
+/// at its deadline.
+pub(crate) struct Retirees {
+    watchers: std::sync::Mutex<JoinSet<()>>,
+    timeout: Duration,
+}
+
+impl Retirees {
+    pub(crate) fn new(timeout: Duration) -> Self {
+        Self {
+            watchers: std::sync::Mutex::new(JoinSet::new()),
+            timeout,
+        }
+    }
+
+    /// Retires `link` and watches it in the background.
+    pub(crate) fn retire(&self, link: Link) {
+        link.gate.retired.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + self.timeout;
+        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        while watchers.try_join_next().is_some() {}
+        watchers.spawn(watch(link, deadline));
+    }
+
+    /// Waits, at most `grace`, until no retired connection can come back. Any still watched then
+    /// go on being watched in the background until their deadline.
+    pub(crate) async fn settle(&self, grace: Duration) {
+        let mut watchers =
+            std::mem::take(&mut *self.watchers.lock().unwrap_or_else(|e| e.into_inner()));
+        let all = async { while watchers.join_next().await.is_some() {} };
+        if tokio::time::timeout(grace, all).await.is_err() {
+            tracing::debug!(
+                still_watched = watchers.len(),
+                "replaced connections still watched after shutdown"
+            );
+            watchers.detach_all();
+        }
+    }
+}
+
+/// Closes `link`'s connection as soon as it is connected, until it cannot come back or
+/// `deadline`.
+async fn watch(link: Link, deadline: Instant) {
+    while link.may_come_back() && Instant::now() <= deadline {
+        if link.connection.status().connected() {
+            link.close("replaced").await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -46,8 +46,9 @@
 //! # Metrics
 //!
 //! `idem_rabbitmq_deliveries_total{queue, settle}` counts settled deliveries (`acked`,
-//! `duplicate`, `requeued`, `dead-lettered`, `settle-lost`), besides the inbox's own
-//! `idem_messages_total`.
+//! `duplicate`, `requeued`, `dead-lettered`, `dead-letter-failed`, `settle-lost`), besides the
+//! inbox's own `idem_messages_total`. A rising `dead-letter-failed` means the dead-letter
+//! exchange routes copies to no queue: messages stay on their queue until it is fixed.
 
 mod codec;
 mod connect;
@@ -67,7 +68,7 @@ pub use error::{Error, Result};
 pub use metadata::metadata_of;
 pub use publisher::{PublishOptions, Publisher};
 pub use topology::{ExchangeBinding, QueueKind, QueueTopology};
-pub use url::AmqpUrl;
+pub use url::{AmqpUrl, redact_url};
 
 /// lapin, re-exported so applications name the same types.
 pub use lapin;

@@ -69,7 +69,8 @@ fn header_text(value: &AMQPValue) -> Option<String> {
 }
 
 /// How many times the broker delivered this message before: the quorum queues' `x-delivery-count`
-/// header, 0 when absent (first delivery, or a classic queue).
+/// header, 0 when absent (first delivery). Only a quorum queue's delivery carries a count of its
+/// own; elsewhere the header is a stale copy.
 pub(crate) fn broker_delivery_count(headers: Option<&FieldTable>) -> u32 {
     let value = headers.and_then(|table| table.inner().get("x-delivery-count"));
     let count = match value {

@@ -1,10 +1,15 @@
 //! Declaring a work queue with its dead-letter exchange and queue, idempotently.
 
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{Channel, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
 use crate::error::{Error, Result};
+use crate::url::AmqpUrl;
 
 /// The type of the work queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +42,11 @@ pub struct ExchangeBinding {
 /// otherwise. An application that manages its own topology skips `declare` and names its queue
 /// and dead-letter exchange with [`QueueTopology::existing`].
 ///
+/// The queue's type decides how the consumer requeues without counting a delivery (a classic
+/// queue takes a `basic.nack`, which a quorum queue before RabbitMQ 4.3 counts toward its
+/// delivery limit). For an existing queue the consumer asks the broker at start, or checks the
+/// type stated with [`QueueTopology::queue_kind`] and refuses to start if the broker disagrees.
+///
 /// ```
 /// use idem_rabbitmq::QueueTopology;
 /// use lapin::ExchangeKind;
@@ -49,8 +59,10 @@ pub struct ExchangeBinding {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueTopology {
     queue: String,
-    kind: QueueKind,
+    /// `None`: an existing queue whose type the broker tells.
+    kind: Option<QueueKind>,
     dead_letter_exchange: String,
+    dead_letter_routing_key: Option<String>,
     dead_letter_queue: String,
     delivery_limit: Option<u32>,
     bindings: Vec<ExchangeBinding>,
@@ -68,20 +80,43 @@ impl QueueTopology {
         Self::new(queue.into(), QueueKind::Quorum)
     }
 
-    /// A queue and dead-letter exchange that already exist and that idem must not declare.
+    /// A queue and dead-letter exchange that already exist and that idem must not declare. The
+    /// consumer learns the queue's type from the broker (or checks the one stated with
+    /// [`queue_kind`](QueueTopology::queue_kind)); the broker does not tell its
+    /// `x-dead-letter-routing-key`: give it with
+    /// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key).
+    ///
+    /// ```
+    /// use idem_rabbitmq::{QueueKind, QueueTopology};
+    ///
+    /// let topology = QueueTopology::existing("billing.orders", "dead-letters")
+    ///     .queue_kind(QueueKind::Quorum)
+    ///     .dead_letter_routing_key("billing");
+    /// assert_eq!(topology.kind(), Some(QueueKind::Quorum));
+    /// ```
     pub fn existing(queue: impl Into<String>, dead_letter_exchange: impl Into<String>) -> Self {
         let mut topology = Self::new(queue.into(), QueueKind::Classic);
+        topology.kind = None;
         topology.dead_letter_exchange = dead_letter_exchange.into();
         topology.declare = false;
         topology
     }
 
+    /// States the queue's type. For an [`existing`](QueueTopology::existing) queue, the
+    /// consumer checks it against the broker at start and refuses to start if they differ;
+    /// without it, the consumer takes the broker's word.
+    pub fn queue_kind(mut self, kind: QueueKind) -> Self {
+        self.kind = Some(kind);
+        self
+    }
+
     fn new(queue: String, kind: QueueKind) -> Self {
         Self {
             dead_letter_exchange: format!("{queue}.dlx"),
+            dead_letter_routing_key: None,
             dead_letter_queue: format!("{queue}.dlq"),
             queue,
-            kind,
+            kind: Some(kind),
             delivery_limit: None,
             bindings: Vec::new(),
             declare: true,
@@ -92,6 +127,16 @@ impl QueueTopology {
     pub fn dead_letter(mut self, exchange: impl Into<String>, queue: impl Into<String>) -> Self {
         self.dead_letter_exchange = exchange.into();
         self.dead_letter_queue = queue.into();
+        self
+    }
+
+    /// The routing key of dead-lettered messages (`x-dead-letter-routing-key`), both those the
+    /// broker dead-letters and the copies the consumer publishes; without it, each message's own
+    /// routing key. For an [`existing`](QueueTopology::existing) queue, give the key of its
+    /// `x-dead-letter-routing-key` argument, which the broker does not tell its clients: a
+    /// direct dead-letter exchange routes copies by it.
+    pub fn dead_letter_routing_key(mut self, routing_key: impl Into<String>) -> Self {
+        self.dead_letter_routing_key = Some(routing_key.into());
         self
     }
 
@@ -125,14 +170,20 @@ impl QueueTopology {
         &self.queue
     }
 
-    /// The queue type.
-    pub fn kind(&self) -> QueueKind {
+    /// The queue type: `None` for an [`existing`](QueueTopology::existing) queue whose type
+    /// was not stated, which the consumer learns from the broker.
+    pub fn kind(&self) -> Option<QueueKind> {
         self.kind
     }
 
     /// The dead-letter exchange's name.
     pub fn dead_letter_exchange(&self) -> &str {
         &self.dead_letter_exchange
+    }
+
+    /// The routing key of dead-lettered messages, if not their own.
+    pub fn dead_letter_key(&self) -> Option<&str> {
+        self.dead_letter_routing_key.as_deref()
     }
 
     /// The dead-letter queue's name.
@@ -244,7 +295,13 @@ impl QueueTopology {
             ShortString::from("x-dead-letter-exchange"),
             AMQPValue::LongString(self.dead_letter_exchange.as_str().into()),
         );
-        if self.kind == QueueKind::Quorum {
+        if let Some(routing_key) = &self.dead_letter_routing_key {
+            arguments.insert(
+                ShortString::from("x-dead-letter-routing-key"),
+                AMQPValue::LongString(routing_key.as_str().into()),
+            );
+        }
+        if self.kind == Some(QueueKind::Quorum) {
             let mut text = |name: &str, value: &str| {
                 arguments.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
             };
@@ -261,6 +318,107 @@ impl QueueTopology {
             }
         }
         arguments
+    }
+}
+
+impl QueueTopology {
+    /// The queue's type: the declared one; for an existing queue, the broker's, which must be
+    /// the stated one if any.
+    ///
+    /// AMQP does not tell a queue's arguments (a passive `queue.declare` ignores them, and a
+    /// redeclaration fails on the first argument it does not repeat), so the type is told by
+    /// what only a quorum queue refuses: a consumer on a channel with a global prefetch
+    /// (`NOT_IMPLEMENTED`, which closes the connection; hence a connection of its own, closed
+    /// at once). On a classic queue that consumer exists for an instant, at the lowest
+    /// priority; a message it may receive goes back to the queue when its connection closes.
+    pub(crate) async fn resolve_kind(&self, url: &AmqpUrl, name: &str) -> Result<QueueKind> {
+        if self.declare {
+            return Ok(self.kind.unwrap_or(QueueKind::Classic));
+        }
+        let broker = self.broker_kind(url, name).await?;
+        match self.kind {
+            Some(stated) if stated != broker => Err(Error::Config(format!(
+                "queue {:?} is a {} queue on the broker, but its topology says {}",
+                self.queue,
+                kind_name(broker),
+                kind_name(stated)
+            ))),
+            Some(_) => Ok(broker),
+            None => {
+                tracing::info!(queue = %self.queue, kind = kind_name(broker), "queue type from the broker");
+                Ok(broker)
+            }
+        }
+    }
+
+    async fn broker_kind(&self, url: &AmqpUrl, name: &str) -> Result<QueueKind> {
+        let properties = ConnectionProperties::default()
+            .with_connection_name(format!("{name} type check").into());
+        let connection = Connection::connect(url.expose(), properties)
+            .await
+            .map_err(|source| Error::Connect {
+                url: url.redacted(),
+                source,
+            })?;
+        let kind = self.probe(&connection).await;
+        if connection.status().connected() {
+            let _ = connection.close(200, "queue type checked".into()).await;
+        }
+        kind
+    }
+
+    async fn probe(&self, connection: &Connection) -> Result<QueueKind> {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(Error::amqp("channel.open"))?;
+        channel
+            .basic_qos(1, BasicQosOptions { global: true })
+            .await
+            .map_err(Error::amqp("basic.qos"))?;
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            ShortString::from("x-priority"),
+            AMQPValue::LongInt(i32::MIN),
+        );
+        let consumed = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                "idem-queue-type-check".into(),
+                BasicConsumeOptions::default(),
+                arguments,
+            )
+            .await;
+        match consumed {
+            Ok(consumer) => {
+                let _ = channel
+                    .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                    .await;
+                Ok(QueueKind::Classic)
+            }
+            Err(error) if refuses_global_prefetch(&error) => Ok(QueueKind::Quorum),
+            Err(source) => Err(Error::Amqp {
+                operation: format!("basic.consume {} (checking the queue's type)", self.queue),
+                source,
+            }),
+        }
+    }
+}
+
+/// Whether the broker refused a consumer because its queue does not support a global prefetch,
+/// as quorum (and stream) queues do.
+fn refuses_global_prefetch(error: &lapin::Error) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.kind(), AMQPErrorKind::Hard(AMQPHardError::NOTIMPLEMENTED))
+    )
+}
+
+fn kind_name(kind: QueueKind) -> &'static str {
+    match kind {
+        QueueKind::Classic => "classic",
+        QueueKind::Quorum => "quorum",
     }
 }
 
@@ -307,6 +465,25 @@ mod tests {
                 .arguments()
                 .inner()
                 .contains_key("x-queue-type")
+        );
+    }
+
+    #[test]
+    fn a_dead_letter_routing_key_is_declared() {
+        let topology = QueueTopology::classic("q").dead_letter_routing_key("dead");
+        assert_eq!(topology.dead_letter_key(), Some("dead"));
+        assert_eq!(
+            topology
+                .arguments()
+                .inner()
+                .get("x-dead-letter-routing-key"),
+            Some(&AMQPValue::LongString("dead".into()))
+        );
+        assert!(
+            !QueueTopology::classic("q")
+                .arguments()
+                .inner()
+                .contains_key("x-dead-letter-routing-key")
         );
     }
 }

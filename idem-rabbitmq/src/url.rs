@@ -1,9 +1,12 @@
-//! AMQP URLs that never show their password.
+//! URLs that never show their password.
 
 use std::fmt;
 
 /// An AMQP URL (`amqp://user:password@host:port/vhost`, or `amqps://` with the `tls` feature)
 /// whose `Display` and `Debug` forms hide the password, so it can be logged and put in errors.
+///
+/// A password with a reserved character (`/ # ? @ %`) must be percent-encoded in the URL
+/// (`s3cr%2Fet`); one that is not is still hidden, see [`redact_url`].
 #[derive(Clone, PartialEq, Eq)]
 pub struct AmqpUrl(String);
 
@@ -18,24 +21,78 @@ impl AmqpUrl {
         &self.0
     }
 
-    /// The URL with the password replaced by `***`.
+    /// The URL with the password replaced by `***`; see [`redact_url`].
     pub fn redacted(&self) -> String {
-        let Some(scheme_end) = self.0.find("://") else {
-            return self.0.clone();
-        };
-        let rest = &self.0[scheme_end + 3..];
-        let authority_end = rest.find('/').unwrap_or(rest.len());
-        let Some(at) = rest[..authority_end].rfind('@') else {
-            return self.0.clone();
-        };
-        let userinfo = &rest[..at];
-        let user = userinfo.split(':').next().unwrap_or_default();
-        let hidden = if userinfo.contains(':') {
-            format!("{user}:***")
-        } else {
-            user.to_owned()
-        };
-        format!("{}{hidden}{}", &self.0[..scheme_end + 3], &rest[at..])
+        redact_url(&self.0)
+    }
+}
+
+/// Any URL (AMQP, PostgreSQL, MySQL, SQLite...) with its password, and the value of any query
+/// parameter whose name contains `password`, replaced by `***`, for logs and errors.
+///
+/// The URL is read the way the `url` crate (which lapin and sqlx use) reads it. A text it cannot
+/// read, or reads with a fragment or with an `@` outside the user information (what an
+/// unencoded `#`, `?` or `/` in a password gives), is shown as its scheme and what follows its
+/// last `@`, so that no part of a password shows.
+///
+/// ```
+/// use idem_rabbitmq::redact_url;
+///
+/// assert_eq!(redact_url("amqp://guest:s3cr%2Fet@rabbit/%2f"), "amqp://guest:***@rabbit/%2f");
+/// assert_eq!(redact_url("postgres://app:s3cr/et@db:5432/orders"), "postgres://***@db:5432/orders");
+/// assert_eq!(redact_url("sqlite://billing.db?mode=rwc"), "sqlite://billing.db?mode=rwc");
+/// ```
+pub fn redact_url(text: &str) -> String {
+    match ::url::Url::parse(text) {
+        Ok(url) if !ambiguous(text, &url) => redact_parsed(url),
+        _ => redact_unreadable(text),
+    }
+}
+
+/// Whether `url`, parsed from `text`, may have split a password: a fragment (no broker or
+/// database URL has one), or an `@` in `text` although no user information was found.
+fn ambiguous(text: &str, url: &::url::Url) -> bool {
+    let has_userinfo = !url.username().is_empty() || url.password().is_some();
+    url.fragment().is_some() || (!has_userinfo && text.contains('@'))
+}
+
+fn redact_parsed(mut url: ::url::Url) -> String {
+    if url.password().is_some() {
+        // Cannot fail: a URL with a password has a host.
+        let _ = url.set_password(Some("***"));
+    }
+    let secret_query = url
+        .query_pairs()
+        .any(|(name, _)| name.to_ascii_lowercase().contains("password"));
+    if secret_query {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if name.to_ascii_lowercase().contains("password") {
+                    "***".to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
+}
+
+/// The scheme, `***`, and what follows the last `@`; without an `@`, the text up to its query.
+fn redact_unreadable(text: &str) -> String {
+    let (scheme, rest) = match text.find("://") {
+        Some(end) => text.split_at(end + 3),
+        None => ("", text),
+    };
+    match rest.rfind('@') {
+        Some(at) => format!("{scheme}***{}", &rest[at..]),
+        None => match rest.find('?') {
+            Some(query) => format!("{scheme}{}?***", &rest[..query]),
+            None => text.to_owned(),
+        },
     }
 }
 
@@ -80,5 +137,73 @@ mod tests {
             AmqpUrl::new("amqps://u:p@a@h/v").to_string(),
             "amqps://u:***@h/v"
         );
+        assert_eq!(
+            AmqpUrl::new("amqp://guest@rabbit/%2f").to_string(),
+            "amqp://guest@rabbit/%2f"
+        );
+    }
+
+    /// Every reserved character in a password, raw (as people paste them) and percent-encoded
+    /// (as they should be), in AMQP and database URLs: no fragment of the password shows.
+    #[test]
+    fn passwords_with_reserved_characters_are_hidden() {
+        let urls = [
+            ("amqp://guest:s3cr/et@rabbit:5672/%2f", "s3cr", "et"),
+            ("amqp://guest:s3cr#et@rabbit:5672/%2f", "s3cr", "et"),
+            ("amqp://guest:1234#et@rabbit:5672/%2f", "1234", "et"),
+            ("amqp://guest:1234?et@rabbit:5672/%2f", "1234", "et"),
+            ("amqp://guest:1234/et@rabbit:5672/%2f", "1234", "et"),
+            ("amqp://guest:s3cr?et@rabbit:5672/%2f", "s3cr", "et"),
+            ("amqp://guest:s3cr@et@rabbit:5672/%2f", "s3cr", "et"),
+            ("amqp://guest:s3cr%et@rabbit:5672/%2f", "s3cr", "et"),
+            ("amqp://guest:s3cr%2Fet@rabbit:5672/%2f", "s3cr", "2Fet"),
+            ("amqp://guest:s3%23cr%3F%40et%25@rabbit/%2f", "s3", "cr"),
+            ("postgres://app:s3cr/et@db:5432/orders", "s3cr", "et"),
+            ("postgres://app:s3cr#et@db:5432/orders", "s3cr", "et"),
+            ("postgres://app:s3%2Fcr%23et@db:5432/orders", "s3", "cr"),
+            ("mysql://root:s3cr@et@db:3306/test", "s3cr", "et@"),
+            (
+                "postgres://db/orders?user=app&password=s3cr%2Fet",
+                "s3cr",
+                "2Fet",
+            ),
+            (
+                "postgres://db/orders?user=app&password=s3cr/et",
+                "s3cr",
+                "et",
+            ),
+        ];
+        for (url, start, end) in urls {
+            let shown = redact_url(url);
+            assert!(
+                !shown.contains(start) && !shown.contains(&format!(":{end}")),
+                "{url} shown as {shown}"
+            );
+            assert!(shown.contains("***"), "{url} shown as {shown}");
+        }
+        assert_eq!(
+            redact_url("amqp://guest:s3cr/et@rabbit:5672/%2f"),
+            "amqp://***@rabbit:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("amqp://guest:s3cr%2Fet@rabbit:5672/%2f"),
+            "amqp://guest:***@rabbit:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("postgres://db/orders?user=app&password=s3cr%2Fet"),
+            "postgres://db/orders?user=app&password=***"
+        );
+    }
+
+    #[test]
+    fn urls_without_a_password_are_shown_whole() {
+        for url in [
+            "sqlite://billing.db?mode=rwc",
+            "sqlite::memory:",
+            "postgres://postgres@127.0.0.1:5432/test",
+            "amqp://127.0.0.1:5672/%2f?heartbeat=10",
+        ] {
+            assert_eq!(redact_url(url), url);
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! A TCP proxy in front of a database that a test can cut and restore: a real outage of the
-//! database as the application sees it, without touching the server other tests use.
+//! A TCP proxy in front of a database or the broker that a test can cut and restore: a real
+//! outage as the application sees it, without touching the server other tests use.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

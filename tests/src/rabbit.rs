@@ -6,11 +6,14 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use idem_rabbitmq::lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ExchangeDeleteOptions,
-    QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    QueuePurgeOptions,
 };
-use idem_rabbitmq::lapin::types::FieldTable;
-use idem_rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+use idem_rabbitmq::lapin::{
+    BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
+};
 use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, Publisher, QueueTopology};
 use idem_runtime::Inbox;
 
@@ -25,7 +28,12 @@ pub fn amqp_url() -> String {
 /// A consumer of `inbox` for a test: its connections named `name` (which
 /// [`close_connections`] finds), short retry back-offs and a 10 s shutdown deadline.
 pub fn consumer_builder(inbox: &Inbox, name: &str) -> ConsumerBuilder {
-    Consumer::builder(amqp_url(), inbox.clone())
+    consumer_builder_at(&amqp_url(), inbox, name)
+}
+
+/// Like [`consumer_builder`], for the broker at `url` (a proxy in front of it, say).
+pub fn consumer_builder_at(url: &str, inbox: &Inbox, name: &str) -> ConsumerBuilder {
+    Consumer::builder(url, inbox.clone())
         .connection_name(name)
         .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
         .shutdown_timeout(Duration::from_secs(10))
@@ -184,6 +192,71 @@ impl TestBroker {
         topology.declare(&self.channel).await.expect("declare");
     }
 
+    /// Declares, as an operator would, a durable `queue` with text `arguments`
+    /// (`x-dead-letter-exchange`, `x-queue-type`...), deleted afterwards.
+    pub async fn declare_queue(&self, queue: &str, arguments: &[(&str, &str)]) {
+        self.declare_queue_with(queue, arguments, None).await;
+    }
+
+    /// Like [`TestBroker::declare_queue`], a quorum queue with `x-delivery-limit`.
+    pub async fn declare_quorum_queue(&self, queue: &str, arguments: &[(&str, &str)], limit: i64) {
+        let mut with_type = arguments.to_vec();
+        with_type.push(("x-queue-type", "quorum"));
+        self.declare_queue_with(queue, &with_type, Some(limit))
+            .await;
+    }
+
+    async fn declare_queue_with(
+        &self,
+        queue: &str,
+        arguments: &[(&str, &str)],
+        limit: Option<i64>,
+    ) {
+        let mut table = FieldTable::default();
+        for (name, value) in arguments {
+            table.insert((*name).into(), AMQPValue::LongString((*value).into()));
+        }
+        if let Some(limit) = limit {
+            table.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
+        }
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        self.queues.lock().unwrap().push(queue.to_owned());
+        self.channel
+            .queue_declare(queue.into(), options, table)
+            .await
+            .unwrap_or_else(|e| panic!("declare {queue}: {e}"));
+    }
+
+    /// Declares a durable `exchange` of `kind`, deleted afterwards.
+    pub async fn declare_exchange(&self, exchange: &str, kind: ExchangeKind) {
+        let options = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        self.track_exchange(exchange);
+        self.channel
+            .exchange_declare(exchange.into(), kind, options, FieldTable::default())
+            .await
+            .unwrap_or_else(|e| panic!("declare {exchange}: {e}"));
+    }
+
+    /// Binds `queue` to `exchange` with `routing_key`.
+    pub async fn bind(&self, queue: &str, exchange: &str, routing_key: &str) {
+        self.channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                routing_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("bind {queue} to {exchange}: {e}"));
+    }
+
     /// Removes every ready message from `queue`.
     pub async fn purge(&self, queue: &str) {
         self.channel
@@ -276,6 +349,24 @@ impl Drop for TestBroker {
             let _ = connection.close(200, "done".into()).await;
         });
     }
+}
+
+/// How many connections the broker has whose client-provided name contains `name`.
+pub async fn connections_named(name: &str) -> usize {
+    rabbitmqctl(&["list_connections", "client_properties"])
+        .await
+        .lines()
+        .filter(|line| line.contains(name))
+        .count()
+}
+
+/// How many consumers the broker has on `queue`.
+pub async fn consumers_on(queue: &str) -> usize {
+    rabbitmqctl(&["list_consumers", "queue_name"])
+        .await
+        .lines()
+        .filter(|line| line.trim() == queue)
+        .count()
 }
 
 /// Closes, from the broker side, every connection whose client-provided name contains `name`

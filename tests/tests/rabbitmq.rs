@@ -11,7 +11,10 @@ use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, QueueTopology, headers};
 use idem_runtime::{Handler, Inbox};
 use idem_tests::proxy::Proxy;
-use idem_tests::rabbit::{amqp_url, close_connections, consumer_builder};
+use idem_tests::rabbit::{
+    amqp_url, close_connections, connections_named, consumer_builder, consumer_builder_at,
+    consumers_on, rabbitmqctl,
+};
 use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, inbox_and_effects, unique};
 use sea_orm::{ConnectOptions, Database};
 
@@ -406,12 +409,70 @@ async fn message_failing_every_time_ends_in_the_dead_letter_queue() {
     }
 }
 
+/// A message re-published with the `x-delivery-count` a quorum queue once gave it (resubmitted
+/// from a dead-letter queue, say) is at its first delivery on a classic queue, which counts
+/// nothing: one transient failure requeues it, it is not dead-lettered at the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn database_unavailable_requeues_and_processes_once_it_is_back() {
+async fn a_stale_delivery_count_on_a_classic_queue_is_not_trusted() {
+    use idem_rabbitmq::lapin::BasicProperties;
+    use idem_rabbitmq::lapin::options::BasicPublishOptions;
+    use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+
     let broker = TestBroker::connect().await;
-    let db = TestDb::connect(Backend::Postgres).await;
-    let table = db.table("inbox");
-    let effects = db.effects_table().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let topology = broker.classic_queue();
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    let handler = Recorder::new(&db, &effects, "billing");
+    handler.fail_next(1);
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
+        .max_deliveries(3)
+        .bind(topology, handler.clone())
+        .start()
+        .await
+        .unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(50));
+    let properties = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_message_id("m-stale".into())
+        .with_headers(headers);
+    let body = serde_json::to_vec(&Msg::new("o-stale", "x")).unwrap();
+    broker_channel()
+        .await
+        .basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            &body,
+            properties,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    broker
+        .eventually("processed after one requeue", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.dead_lettered == 1
+        })
+        .await;
+    let stats = consumer.stats();
+    assert_eq!(
+        (stats.acked, stats.requeued, stats.dead_lettered),
+        (1, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(handler.attempts().len(), 2);
+    assert_eq!(broker.depth(&dlq).await, 0);
+    assert_eq!(db.count(&effects, "message_key = 'o-stale'").await, 1);
+    consumer.shutdown().await;
+}
+
+/// An inbox on a fresh table of `db` (PostgreSQL) reached through a proxy that can cut it off.
+async fn inbox_behind_a_proxy(db: &TestDb) -> (Proxy, Inbox) {
     let target = std::env::var("IDEM_TEST_POSTGRES_ADDR").unwrap_or("127.0.0.1:5432".into());
     let proxy = Proxy::start(&target).await;
     let mut options = ConnectOptions::new(format!(
@@ -424,7 +485,20 @@ async fn database_unavailable_requeues_and_processes_once_it_is_back() {
         .acquire_timeout(Duration::from_secs(2))
         .sqlx_logging(false);
     let proxied = Database::connect(options).await.unwrap();
-    let inbox = Inbox::builder(proxied).table(table).build().await.unwrap();
+    let inbox = Inbox::builder(proxied)
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .unwrap();
+    (proxy, inbox)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_unavailable_requeues_and_processes_once_it_is_back() {
+    let broker = TestBroker::connect().await;
+    let db = TestDb::connect(Backend::Postgres).await;
+    let effects = db.effects_table().await;
+    let (proxy, inbox) = inbox_behind_a_proxy(&db).await;
     // An outage does not count against the message: more requeues than `max_deliveries`, or
     // than a quorum queue's delivery limit, must not dead-letter it.
     for (quorum, key) in [(false, "o-7"), (true, "o-8")] {
@@ -726,22 +800,47 @@ async fn publisher_ids_and_unroutable_messages() {
     );
 }
 
+/// Passwords with each reserved character, raw (the URL then cannot be read) and percent-encoded
+/// (a wrong password for the broker): neither the consumer's error nor the publisher's shows any
+/// part of them. (Raw passwords that the URL reads as a port, such as `4242/secret`, send lapin
+/// to another host: the unit tests of `redact_url` cover them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wrong_credentials_fail_start_without_showing_the_password() {
     let db = TestDb::connect(Backend::Sqlite).await;
     let inbox = Inbox::builder(db.db.clone()).build().await.unwrap();
     let effects = db.effects_table().await;
-    let error = Consumer::builder("amqp://guest:hunter2-secret@127.0.0.1:5672/%2f", inbox)
-        .bind(
-            QueueTopology::classic(unique("idem_q")),
-            Recorder::new(&db, &effects, "c"),
-        )
-        .start()
-        .await
-        .unwrap_err();
-    let shown = format!("{error} {error:?}");
-    assert!(!shown.contains("hunter2-secret"), "{shown}");
-    assert!(shown.contains("guest:***@127.0.0.1"), "{shown}");
+    let passwords = [
+        "hunter2-secret",
+        "hunter2/secret",
+        "hunter2#secret",
+        "hunter2?secret",
+        "hunter2@secret",
+        "hunter2%secret",
+        "hunter2%2Fsecret%23%3F%40%25",
+    ];
+    for password in passwords {
+        let url = format!("amqp://guest:{password}@127.0.0.1:5672/%2f");
+        let error = Consumer::builder(url.as_str(), inbox.clone())
+            .bind(
+                QueueTopology::classic(unique("idem_q")),
+                Recorder::new(&db, &effects, "c"),
+            )
+            .start()
+            .await
+            .unwrap_err();
+        let published = idem_rabbitmq::Publisher::connect(url.as_str())
+            .await
+            .unwrap_err();
+        for shown in [
+            format!("{error} {error:?}"),
+            format!("{published} {published:?}"),
+        ] {
+            for part in ["hunter2", "secret"] {
+                assert!(!shown.contains(part), "{password}: {shown}");
+            }
+            assert!(shown.contains("***@127.0.0.1"), "{password}: {shown}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -818,6 +917,338 @@ async fn existing_topology_and_a_second_binding_in_one_consumer() {
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].reason(), "undecodable");
     consumer.shutdown().await;
+}
+
+/// An operator's layout: a direct dead-letter exchange, its queue bound with the key `dead`, and
+/// a work queue that dead-letters with that key. Returns the work queue, the exchange and the
+/// dead-letter queue, which is bound only if `bound`.
+async fn ops_dead_letter_layout(broker: &TestBroker, bound: bool) -> (String, String, String) {
+    let (queue, dlx, dlq) = (
+        unique("idem_ops"),
+        unique("idem_ops_dlx"),
+        unique("idem_ops_dlq"),
+    );
+    broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
+    broker.declare_queue(&dlq, &[]).await;
+    if bound {
+        broker.bind(&dlq, &dlx, "dead").await;
+    }
+    let arguments = [
+        ("x-dead-letter-exchange", dlx.as_str()),
+        ("x-dead-letter-routing-key", "dead"),
+    ];
+    broker.declare_queue(&queue, &arguments).await;
+    (queue, dlx, dlq)
+}
+
+/// The consumer's dead-letter copy is routed as the broker routes dead letters: by the queue's
+/// `x-dead-letter-routing-key`, which a direct dead-letter exchange needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letter_copies_honour_the_queues_dead_letter_routing_key() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let (queue, dlx, dlq) = ops_dead_letter_layout(&broker, true).await;
+    let topology = QueueTopology::existing(&queue, &dlx).dead_letter_routing_key("dead");
+    let consumer = start(&inbox, topology, Recorder::new(&db, &effects, "c")).await;
+    broker
+        .send_bytes(&queue, b"{not json", with_id("m-bad"))
+        .await;
+    broker
+        .eventually("dead-lettered", WAIT, || async {
+            consumer.stats().dead_lettered == 1
+        })
+        .await;
+    let letters = broker.drain(&dlq).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].reason(), "undecodable");
+    assert_eq!(letters[0].message_id.as_deref(), Some("m-bad"));
+    assert_eq!(consumer.stats().dead_letter_failed, 0);
+    assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
+/// A dead-letter exchange that routes the copy to no queue: the message is neither lost nor
+/// requeued in a loop. It gets three quick tries, then one per pause; once the operator binds a
+/// dead-letter queue, the next try lands there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unroutable_dead_letter_copy_is_retried_at_a_bounded_pace_and_never_lost() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let (queue, dlx, dlq) = ops_dead_letter_layout(&broker, false).await;
+    let topology = QueueTopology::existing(&queue, &dlx).dead_letter_routing_key("dead");
+    let pause = Duration::from_secs(4);
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
+        .dead_letter_retry(3, pause)
+        .bind(topology, Recorder::new(&db, &effects, "c"))
+        .start()
+        .await
+        .unwrap();
+    broker
+        .send_bytes(&queue, b"{not json", with_id("m-bad"))
+        .await;
+    // A try is counted once its message is back on the queue: the first two after the usual
+    // back-off, the third after the pause.
+    broker
+        .eventually("two quick tries", WAIT, || async {
+            consumer.stats().dead_letter_failed >= 2
+        })
+        .await;
+    // Well inside the pause: no fourth try, nothing dead-lettered, nothing else requeued.
+    tokio::time::sleep(pause / 2).await;
+    let stats = consumer.stats();
+    assert_eq!(
+        (
+            stats.dead_letter_failed,
+            stats.dead_lettered,
+            stats.requeued
+        ),
+        (2, 0, 0),
+        "{stats:?}"
+    );
+    // The operator binds the dead-letter queue: the next try, after the pause, lands there.
+    broker.bind(&dlq, &dlx, "dead").await;
+    broker
+        .eventually("dead-lettered after the pause", WAIT, || async {
+            consumer.stats().dead_lettered == 1
+        })
+        .await;
+    let letters = broker.drain(&dlq).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].reason(), "undecodable");
+    assert_eq!(consumer.stats().dead_letter_failed, 3);
+    assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
+/// An operator's quorum queue with a delivery limit of 3 and a fanout dead-letter exchange
+/// bound to a dead-letter queue; returns the queue, the exchange and the dead-letter queue.
+async fn ops_quorum_queue(broker: &TestBroker) -> (String, String, String) {
+    let (queue, dlx, dlq) = (
+        unique("idem_ops_qq"),
+        unique("idem_ops_qq_dlx"),
+        unique("idem_ops_qq_dlq"),
+    );
+    broker.declare_exchange(&dlx, ExchangeKind::Fanout).await;
+    broker.declare_queue(&dlq, &[]).await;
+    broker.bind(&dlq, &dlx, "").await;
+    broker
+        .declare_quorum_queue(&queue, &[("x-dead-letter-exchange", dlx.as_str())], 3)
+        .await;
+    (queue, dlx, dlq)
+}
+
+/// An operator's quorum queue (delivery limit 3) consumed as `existing`, its type not stated:
+/// the consumer learns it from the broker, so that requeues that must not count (a claim held
+/// elsewhere for longer than three requeues, then a database outage) go back as fresh copies,
+/// which RabbitMQ before 4.3 does not count. Nothing is dead-lettered; each message has one
+/// effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_existing_quorum_queue_requeues_uncounted_past_its_delivery_limit() {
+    let broker = TestBroker::connect().await;
+    let db = TestDb::connect(Backend::Postgres).await;
+    let effects = db.effects_table().await;
+    let (proxy, inbox) = inbox_behind_a_proxy(&db).await;
+    let (queue, dlx, dlq) = ops_quorum_queue(&broker).await;
+    let handler = Recorder::new(&db, &effects, "mailer")
+        .two_phase(Duration::from_secs(30))
+        .slow(Duration::from_millis(1500))
+        .keyed_by_message_id();
+    let consumer = start(&inbox, QueueTopology::existing(&queue, &dlx), handler).await;
+
+    // Two copies of m-1: one holds the claim for 1.5 s, the other is requeued meanwhile, every
+    // 200 ms at most.
+    for _ in 0..2 {
+        broker
+            .send(&queue, &Msg::new("mail-1", "hi"), with_id("m-1"))
+            .await;
+    }
+    broker
+        .eventually("m-1 processed once, its copy a duplicate", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.dead_lettered == 1 && stats.duplicates == 1
+        })
+        .await;
+    let claimed = consumer.stats().requeued;
+    assert!(
+        claimed > 3,
+        "only {claimed} requeues while the claim was held"
+    );
+
+    // The database goes away while m-2 arrives: more requeues than the limit again.
+    proxy.cut().await;
+    broker
+        .send(&queue, &Msg::new("mail-2", "hi"), with_id("m-2"))
+        .await;
+    broker
+        .eventually("m-2 requeued while the database is down", WAIT, || async {
+            consumer.stats().requeued >= claimed + 4
+        })
+        .await;
+    proxy.restore();
+    broker
+        .eventually("m-2 processed once the database is back", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.dead_lettered == 2
+        })
+        .await;
+    let stats = consumer.stats();
+    assert_eq!((stats.acked, stats.dead_lettered), (2, 0), "{stats:?}");
+    assert_eq!(broker.depth(&dlq).await, 0, "the broker dead-lettered");
+    assert_eq!(broker.depth(&queue).await, 0);
+    assert_eq!(db.count(&effects, "message_key = 'm-1'").await, 1);
+    assert_eq!(db.count(&effects, "message_key = 'm-2'").await, 1);
+    consumer.shutdown().await;
+}
+
+/// A stated queue type that the broker contradicts refuses the start, either way, and leaves no
+/// connection behind; a stated type that matches, or none, starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_existing_queue_of_another_type_than_stated_refuses_to_start() {
+    use idem_rabbitmq::QueueKind;
+
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let (quorum, quorum_dlx, _) = ops_quorum_queue(&broker).await;
+    let (classic, classic_dlx, _) = ops_dead_letter_layout(&broker, true).await;
+    let cases = [
+        (
+            &quorum,
+            &quorum_dlx,
+            QueueKind::Classic,
+            "is a quorum queue",
+        ),
+        (
+            &classic,
+            &classic_dlx,
+            QueueKind::Quorum,
+            "is a classic queue",
+        ),
+    ];
+    for (queue, dlx, stated, expected) in cases {
+        let name = unique("idem-kind");
+        let refused = consumer_builder(&inbox, &name)
+            .bind(
+                QueueTopology::existing(queue, dlx).queue_kind(stated),
+                Recorder::new(&db, &effects, "c"),
+            )
+            .start()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, idem_rabbitmq::Error::Config(problem) if problem.contains(expected)),
+            "{refused}"
+        );
+        broker
+            .eventually("no connection left", WAIT, || async {
+                !rabbitmqctl(&["list_connections", "client_properties"])
+                    .await
+                    .contains(&name)
+            })
+            .await;
+    }
+    for (queue, dlx, kind) in [
+        (&quorum, &quorum_dlx, Some(QueueKind::Quorum)),
+        (&classic, &classic_dlx, Some(QueueKind::Classic)),
+        (&quorum, &quorum_dlx, None),
+    ] {
+        let mut topology = QueueTopology::existing(queue, dlx);
+        if let Some(kind) = kind {
+            topology = topology.queue_kind(kind);
+        }
+        let consumer = start(&inbox, topology, Recorder::new(&db, &effects, "c")).await;
+        consumer.shutdown().await;
+    }
+}
+
+/// Fails the test if, any time within `window`, the broker has more than `connections`
+/// connections named `name` or more than `consumers` consumers on `queue`.
+async fn never_more_than(
+    name: &str,
+    queue: &str,
+    connections: usize,
+    consumers: usize,
+    window: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + window;
+    while tokio::time::Instant::now() < deadline {
+        let seen = (connections_named(name).await, consumers_on(queue).await);
+        assert!(
+            seen.0 <= connections && seen.1 <= consumers,
+            "{} connections and {} consumers of ours on the broker",
+            seen.0,
+            seen.1
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The consumer reaches the broker through a proxy, which is cut for longer than the recovery
+/// and retire timeouts (1 s each, while lapin would keep reconnecting for minutes). The session
+/// is replaced, and the replaced connections never come back to hold deliveries nobody reads:
+/// after the outage the broker has the consumer's two connections and one consumer, which takes
+/// every message. Then the proxy is cut again and the consumer shut down during the outage: once
+/// the broker is reachable again, nothing of the consumer's appears on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_broker_outage_leaves_no_zombie_connection_or_consumer() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let target = std::env::var("IDEM_TEST_AMQP_ADDR").unwrap_or("127.0.0.1:5672".into());
+    let proxy = Proxy::start(&target).await;
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let name = unique("idem-outage");
+    let consumer = consumer_builder_at(&url, &inbox, &name)
+        .recovery_timeout(Duration::from_secs(1))
+        .retire_timeout(Duration::from_secs(1))
+        .reconnect_delay(Duration::from_millis(200))
+        .prefetch(5)
+        .bind(topology, Recorder::new(&db, &effects, "billing"))
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(connections_named(&name).await, 2);
+    assert_eq!(consumers_on(&queue).await, 1);
+
+    proxy.cut().await;
+    broker
+        .eventually("the broker dropped the connections", WAIT, || async {
+            connections_named(&name).await == 0
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    proxy.restore();
+    broker
+        .eventually("a new session", WAIT, || async {
+            consumer.stats().reconnections >= 1 && consumers_on(&queue).await == 1
+        })
+        .await;
+    // lapin retries a lost connection 1, 3, 7 and 15 s after the loss.
+    never_more_than(&name, &queue, 2, 1, Duration::from_secs(10)).await;
+    assert_eq!(connections_named(&name).await, 2);
+    for key in 0..15 {
+        broker
+            .send(
+                &queue,
+                &Msg::new(format!("o-{key}"), "x"),
+                PublishOptions::default(),
+            )
+            .await;
+    }
+    broker
+        .eventually("every message processed", WAIT, || async {
+            consumer.stats().acked == 15
+        })
+        .await;
+
+    // Shut down during an outage: the connections lapin is recovering are not ours to leave.
+    proxy.cut().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consumer.shutdown().await;
+    proxy.restore();
+    never_more_than(&name, &queue, 0, 0, Duration::from_secs(10)).await;
+    assert_eq!(broker.depth(&queue).await, 0);
+    assert_eq!(db.count(&effects, "1=1").await, 15);
 }
 
 async fn broker_channel() -> idem_rabbitmq::lapin::Channel {

@@ -70,7 +70,7 @@ async fn run(demo: Option<usize>) -> Result<(), BoxError> {
         .bind(billing::topology(), charge_handler())
         .start()
         .await?;
-    tracing::info!(queue = billing::QUEUE, database = %redact(&database_url), "billing is consuming");
+    tracing::info!(queue = billing::QUEUE, database = %idem_rabbitmq::redact_url(&database_url), "billing is consuming");
 
     let result = match demo {
         Some(count) => run_demo(&consumer, &db, &amqp_url, count).await,
@@ -167,9 +167,4 @@ async fn wait_for_signal() {
     }
     #[cfg(not(unix))]
     let _ = tokio::signal::ctrl_c().await;
-}
-
-/// The database URL without its password, for the log.
-fn redact(url: &str) -> String {
-    idem_rabbitmq::AmqpUrl::new(url).redacted()
 }

@@ -95,7 +95,7 @@ pub(crate) async fn publish(
         match confirm.await.map_err(|e| e.to_string())? {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) => Err(format!(
-                "exchange {exchange:?} routes the copy nowhere ({})",
+                "exchange {exchange:?} routes routing key {routing_key:?} to no queue ({})",
                 returned.reply_text
             )),
             Confirmation::Nack(_) => Err("the broker refused the copy".to_owned()),

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
+use crate::connect::Retirees;
 use crate::error::{Error, Result};
 use crate::topology::QueueTopology;
 use crate::url::AmqpUrl;
@@ -36,6 +37,7 @@ pub(crate) struct Settings {
     max_in_flight: usize,
     shutdown_timeout: Duration,
     recovery_timeout: Duration,
+    retire_timeout: Duration,
     reconnect_delay: Duration,
     retry: RetryPolicy,
 }
@@ -50,13 +52,18 @@ pub(crate) struct Settings {
 /// | undecodable payload, missing or invalid key, reused key with other content, needs intervention, handler's permanent error | dead-letter with a reason |
 ///
 /// Dead-lettering publishes a copy to the queue's dead-letter exchange with the headers in
-/// [`headers`] (`x-idem-reason`, `x-idem-detail`, `x-idem-consumer`, `x-idem-key`, ...), waits for
-/// the broker's confirm, then acknowledges the original; a copy the broker does not take leaves the
-/// original requeued. Nothing is acknowledged before its effect is committed.
+/// [`headers`] (`x-idem-reason`, `x-idem-detail`, `x-idem-consumer`, `x-idem-key`, ...) and the
+/// routing key the broker would use (the queue's
+/// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key), else the message's own),
+/// waits for the broker's confirm, then acknowledges the original; a copy the broker does not
+/// take leaves the original requeued, paced by
+/// [`dead_letter_retry`](ConsumerBuilder::dead_letter_retry) and counted as
+/// `dead-letter-failed`. Nothing is acknowledged before its effect is committed.
 ///
 /// Each binding has its own connection (lapin's automatic recovery on; a session that does not
 /// recover within [`recovery_timeout`](ConsumerBuilder::recovery_timeout) is replaced by a new
-/// connection), a prefetch window and manual acknowledgments, and a second connection that
+/// connection, and the replaced one is refused any reconnection, see
+/// [`retire_timeout`](ConsumerBuilder::retire_timeout)), a prefetch window and manual acknowledgments, and a second connection that
 /// publishes its copies (dead-letter copies, requeued copies on quorum queues), so that a broker
 /// resource alarm, which blocks connections that publish, does not hold up its acknowledgments; [`max_in_flight`](ConsumerBuilder::max_in_flight)
 /// bounds the handlers running at once across bindings. Deliveries whose channel died before
@@ -105,11 +112,20 @@ impl Consumer {
                 max_in_flight: 16,
                 shutdown_timeout: Duration::from_secs(30),
                 recovery_timeout: Duration::from_secs(30),
+                // A replaced connection can only come back through a reconnection already under
+                // way when it was replaced: a handshake, seconds at most.
+                retire_timeout: Duration::from_secs(60),
                 reconnect_delay: Duration::from_secs(1),
                 retry: RetryPolicy {
                     max_deliveries: 10,
                     backoff_base: Duration::from_millis(200),
                     backoff_max: Duration::from_secs(10),
+                    // A dead-letter exchange that takes no copies is a configuration error an
+                    // operator must fix: a few quick retries ride out a passing refusal (a full
+                    // dead-letter queue), then one delivery a minute keeps the log loud without a
+                    // loop.
+                    dead_letter_attempts: 3,
+                    dead_letter_pause: Duration::from_secs(60),
                 },
             },
         }
@@ -127,7 +143,8 @@ impl Consumer {
 
     /// Stops taking deliveries, lets in-flight handlers finish (until the
     /// [`shutdown_timeout`](ConsumerBuilder::shutdown_timeout)), settles them and closes the
-    /// connections. Deliveries prefetched but not started go back to the queue.
+    /// connections, for good: neither they nor connections replaced earlier come back, even if
+    /// lapin was recovering them. Deliveries prefetched but not started go back to the queue.
     pub async fn shutdown(self) -> ShutdownReport {
         self.shutdown.send_replace(true);
         self.join().await
@@ -208,7 +225,8 @@ impl ConsumerBuilder {
 
     /// How many deliveries a message gets before a transient failure dead-letters it with reason
     /// `delivery-limit` (default 10). Counted by the broker on quorum queues
-    /// (`x-delivery-count`), by this process on classic ones. A delivery requeued because
+    /// (`x-delivery-count`), by this process on classic ones, where an `x-delivery-count`
+    /// header is a stale copy and is ignored. A delivery requeued because
     /// another worker holds the message's claim, or because the inbox database is unreachable,
     /// is not a failed attempt: it goes back with `basic.nack` on a classic queue, and as a fresh
     /// copy on a quorum queue, so that the broker's count does not rise either; failures go back
@@ -226,6 +244,17 @@ impl ConsumerBuilder {
         self
     }
 
+    /// How a message whose dead-letter copy the broker does not take (the dead-letter exchange
+    /// routes its routing key to no queue, the dead-letter queue is full...) is retried. Each
+    /// time it goes back to the queue, never lost, counted as `dead-letter-failed` and logged as
+    /// an error; it gets `attempts` quick tries (the usual back-off between them), then one per
+    /// `pause` (defaults 3 and 60 s). A pause of zero is refused: it would loop.
+    pub fn dead_letter_retry(mut self, attempts: u32, pause: Duration) -> Self {
+        self.settings.retry.dead_letter_attempts = attempts;
+        self.settings.retry.dead_letter_pause = pause;
+        self
+    }
+
     /// How long in-flight handlers get to finish at shutdown (default 30 s).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.settings.shutdown_timeout = timeout;
@@ -236,6 +265,18 @@ impl ConsumerBuilder {
     /// (default 30 s).
     pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
         self.settings.recovery_timeout = timeout;
+        self
+    }
+
+    /// How long a connection that was replaced (not recovered within the
+    /// [`recovery_timeout`](ConsumerBuilder::recovery_timeout)) is watched (default 60 s).
+    ///
+    /// From the moment it is replaced, lapin's automatic recovery of it is refused for good: it
+    /// cannot come back and consume deliveries that nobody reads, however long the outage. A
+    /// reconnection already under way then that still completes within this time is closed at
+    /// once. lapin's own recovery is bounded by the recovery timeout plus this one.
+    pub fn retire_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.retire_timeout = timeout;
         self
     }
 
@@ -265,6 +306,7 @@ impl ConsumerBuilder {
         let stats = Arc::new(Stats::default());
         let retries = Arc::new(Retries::default());
         let in_flight = Arc::new(Semaphore::new(settings.max_in_flight));
+        let retirees = Arc::new(Retirees::new(settings.retire_timeout));
         let mut consumer = Consumer {
             shutdown,
             workers: Vec::new(),
@@ -278,6 +320,7 @@ impl ConsumerBuilder {
                 stats: Arc::clone(&stats),
                 retries: Arc::clone(&retries),
                 in_flight: Arc::clone(&in_flight),
+                retirees: Arc::clone(&retirees),
                 shutdown: stop.clone(),
             };
             match worker.start().await {
@@ -302,6 +345,8 @@ impl ConsumerBuilder {
             "max_in_flight must be at least 1"
         } else if settings.retry.max_deliveries == 0 {
             "max_deliveries must be at least 1"
+        } else if settings.retry.dead_letter_pause.is_zero() {
+            "the dead-letter retry pause must be positive"
         } else {
             return Ok(());
         };

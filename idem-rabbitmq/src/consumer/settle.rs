@@ -80,6 +80,8 @@ pub(crate) enum Settled {
     Duplicate,
     Requeued,
     DeadLettered,
+    /// Its dead-letter copy was not taken: it went back to the queue.
+    DeadLetterFailed,
     /// The channel died before the settlement reached the broker, which redelivers the message.
     Lost,
 }
@@ -99,6 +101,7 @@ impl Settled {
             Settled::Duplicate => "duplicate",
             Settled::Requeued => "requeued",
             Settled::DeadLettered => "dead-lettered",
+            Settled::DeadLetterFailed => "dead-letter-failed",
             Settled::Lost => "settle-lost",
         }
     }
@@ -115,6 +118,9 @@ pub struct ConsumerStats {
     pub requeued: u64,
     /// Moved to the dead-letter queue.
     pub dead_lettered: u64,
+    /// Dead-letter copies the broker did not take (no queue bound for their routing key, a full
+    /// dead-letter queue...); their messages went back to the queue.
+    pub dead_letter_failed: u64,
     /// Settlements that did not reach the broker because the channel died; the broker
     /// redelivers those messages.
     pub settle_lost: u64,
@@ -130,6 +136,7 @@ pub(crate) struct Stats {
     duplicates: AtomicU64,
     requeued: AtomicU64,
     dead_lettered: AtomicU64,
+    dead_letter_failed: AtomicU64,
     settle_lost: AtomicU64,
     pub(crate) recoveries: AtomicU64,
     pub(crate) reconnections: AtomicU64,
@@ -142,6 +149,7 @@ impl Stats {
             Settled::Duplicate => &self.duplicates,
             Settled::Requeued => &self.requeued,
             Settled::DeadLettered => &self.dead_lettered,
+            Settled::DeadLetterFailed => &self.dead_letter_failed,
             Settled::Lost => &self.settle_lost,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -153,6 +161,7 @@ impl Stats {
             duplicates: self.duplicates.load(Ordering::Relaxed),
             requeued: self.requeued.load(Ordering::Relaxed),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            dead_letter_failed: self.dead_letter_failed.load(Ordering::Relaxed),
             settle_lost: self.settle_lost.load(Ordering::Relaxed),
             recoveries: self.recoveries.load(Ordering::Relaxed),
             reconnections: self.reconnections.load(Ordering::Relaxed),
@@ -166,6 +175,10 @@ pub(crate) struct RetryPolicy {
     pub(crate) max_deliveries: u32,
     pub(crate) backoff_base: Duration,
     pub(crate) backoff_max: Duration,
+    /// Quick tries at dead-lettering a message, the usual back-off between them...
+    pub(crate) dead_letter_attempts: u32,
+    /// ...and the wait before each try after those.
+    pub(crate) dead_letter_pause: Duration,
 }
 
 impl RetryPolicy {
@@ -201,6 +214,8 @@ struct MessageRetries {
     failed: u32,
     /// The `reached` clock when the message last found the database unreachable.
     unreachable_at: Option<u64>,
+    /// Dead-letter copies the broker did not take.
+    dead_letter_failures: u32,
 }
 
 impl Retries {
@@ -221,6 +236,14 @@ impl Retries {
 
     fn set_failed(&self, identity: &str, deliveries: u32) {
         self.update(identity, |message| message.failed = deliveries);
+    }
+
+    /// Notes a dead-letter copy of the message that the broker did not take; returns how many.
+    fn dead_letter_failed(&self, identity: &str) -> u32 {
+        self.update(identity, |message| {
+            message.dead_letter_failures = message.dead_letter_failures.saturating_add(1);
+            message.dead_letter_failures
+        })
     }
 
     /// Forgets a message that left the queue. Cheap when nothing is remembered, as for almost
@@ -262,6 +285,8 @@ pub(crate) struct Settler<'a> {
     pub(crate) queue: &'a str,
     pub(crate) consumer: &'a str,
     pub(crate) dead_letter_exchange: &'a str,
+    /// The queue's `x-dead-letter-routing-key`, if it has one.
+    pub(crate) dead_letter_routing_key: Option<&'a str>,
     /// A channel in confirm mode, on a connection of its own, for copies: dead-lettered ones,
     /// and requeued ones on quorum queues.
     pub(crate) publisher: &'a Channel,
@@ -375,9 +400,15 @@ impl Settler<'_> {
     }
 
     /// Which delivery of the message this is, counting from 1: the broker's count on quorum
-    /// queues, this process's own on classic ones.
+    /// queues, this process's own on classic ones. A classic queue sets no `x-delivery-count`:
+    /// one there was copied from elsewhere (a message resubmitted from a quorum queue's
+    /// dead-letter queue) and says nothing of this queue's deliveries.
     fn deliveries(&self, delivery: &Delivery, identity: &str) -> u32 {
-        let broker = broker_delivery_count(delivery.properties.headers().as_ref());
+        let broker = if self.quorum {
+            broker_delivery_count(delivery.properties.headers().as_ref())
+        } else {
+            0
+        };
         broker.max(self.retries.failed(identity)) + 1
     }
 
@@ -429,11 +460,17 @@ impl Settler<'_> {
         }
     }
 
-    /// Publishes a copy with the reason to the dead-letter exchange, waits for the broker's
-    /// confirm, then acknowledges the original. If the copy cannot be stored, the original is
-    /// requeued instead, after the longest back-off: nothing is lost, and the error log says
-    /// why until the dead-letter exchange takes copies again. (Rejecting it for the broker to
-    /// dead-letter would drop it when the exchange routes nowhere.)
+    /// Publishes a copy with the reason to the dead-letter exchange, routed as the broker routes
+    /// dead letters (by the queue's `x-dead-letter-routing-key`, else the message's own routing
+    /// key), waits for the broker's confirm, then acknowledges the original.
+    ///
+    /// A copy the broker does not take (routed to no queue, refused, not confirmed) leaves the
+    /// original requeued, uncounted, never lost (rejecting it for the broker to dead-letter would
+    /// drop it where the exchange routes nowhere): a loud failure, logged as an error and
+    /// settled as `dead-letter-failed`. It gets a few quick tries
+    /// ([`dead_letter_retry`](crate::ConsumerBuilder::dead_letter_retry)), with the usual
+    /// back-off between them, then one per pause: a dead-letter exchange that routes nowhere
+    /// costs one delivery per pause, not a loop.
     async fn dead_letter(
         &self,
         delivery: &Delivery,
@@ -467,30 +504,48 @@ impl Settler<'_> {
             AMQPValue::LongLongInt(i64::from(deliveries)),
         );
         let properties = copy::properties_of(&delivery.properties, table, false);
+        let routing_key = self
+            .dead_letter_routing_key
+            .unwrap_or(delivery.routing_key.as_str());
         let published = copy::publish(
             self.publisher,
             delivery,
             self.dead_letter_exchange,
-            delivery.routing_key.as_str(),
+            routing_key,
             properties,
         )
         .await;
-        match published {
-            Ok(()) => match self.ack(delivery, Settled::DeadLettered).await {
-                Settled::Lost => Settled::Lost,
-                _ => Settled::DeadLettered,
-            },
-            Err(problem) => {
-                tracing::error!(
-                    queue = self.queue,
-                    exchange = self.dead_letter_exchange,
-                    %problem,
-                    "cannot dead-letter; requeueing the message instead"
-                );
-                drop(permit);
-                self.wait(self.retry.backoff_max).await;
-                self.requeue(delivery, false).await
+        let problem = match published {
+            Ok(()) => {
+                return match self.ack(delivery, Settled::DeadLettered).await {
+                    Settled::Lost => Settled::Lost,
+                    _ => Settled::DeadLettered,
+                };
             }
+            Err(problem) => problem,
+        };
+        let failures = self
+            .retries
+            .dead_letter_failed(&identity(self.queue, delivery));
+        let wait = if failures < self.retry.dead_letter_attempts {
+            self.retry.backoff(failures)
+        } else {
+            self.retry.dead_letter_pause
+        };
+        tracing::error!(
+            queue = self.queue,
+            exchange = self.dead_letter_exchange,
+            routing_key,
+            %problem,
+            failures,
+            retry_in = ?wait,
+            "cannot dead-letter; the message goes back to the queue until the dead-letter exchange takes it"
+        );
+        drop(permit);
+        self.wait(wait).await;
+        match self.requeue(delivery, false).await {
+            Settled::Lost => Settled::Lost,
+            _ => Settled::DeadLetterFailed,
         }
     }
 }
@@ -536,6 +591,8 @@ mod tests {
             max_deliveries: 10,
             backoff_base: Duration::from_millis(100),
             backoff_max: Duration::from_secs(1),
+            dead_letter_attempts: 3,
+            dead_letter_pause: Duration::from_secs(60),
         };
         assert_eq!(policy.backoff(1), Duration::from_millis(100));
         assert_eq!(policy.backoff(2), Duration::from_millis(200));

@@ -26,7 +26,7 @@ use tracing::field::Empty;
 use super::Settings;
 use super::binding::{Dispatch, Handled};
 use super::settle::{Retries, Retry, Settler, Stats, Verdict};
-use crate::connect::connect;
+use crate::connect::{Link, Retirees};
 use crate::error::{Error, Result};
 use crate::metadata::metadata_of;
 use crate::topology::QueueKind;
@@ -52,12 +52,14 @@ impl ShutdownReport {
 /// consumer publishes: a broker short of memory or disk blocks connections that publish, and the
 /// consuming one must go on acknowledging.
 struct Session {
-    connection: Connection,
+    connection: Link,
     channel: Channel,
-    publishing: Connection,
+    publishing: Link,
     publisher: Channel,
     consumer: lapin::Consumer,
     events: Pin<Box<dyn Stream<Item = Event> + Send + Sync>>,
+    /// The queue's type, as declared or as the broker told.
+    kind: QueueKind,
 }
 
 /// Watches a session that lapin may be recovering, so that a recovery that never completes is
@@ -87,9 +89,9 @@ impl Health {
 
     /// Looks at the session; returns whether it has been down longer than the recovery timeout.
     fn expired(&mut self, session: &Session, queue: &str) -> bool {
-        let connected = session.connection.status().connected()
+        let connected = session.connection.connection.status().connected()
             && session.channel.status().connected()
-            && session.publishing.status().connected()
+            && session.publishing.connection.status().connected()
             && session.publisher.status().connected();
         if connected {
             self.lost_since = None;
@@ -121,6 +123,7 @@ pub(crate) struct Worker {
     pub(crate) stats: Arc<Stats>,
     pub(crate) retries: Arc<Retries>,
     pub(crate) in_flight: Arc<Semaphore>,
+    pub(crate) retirees: Arc<Retirees>,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
 
@@ -133,24 +136,30 @@ impl Worker {
     /// opened before a failure are closed.
     async fn open_session(&self) -> Result<Session> {
         let name = format!("{} {}", self.settings.connection_name, self.queue());
-        let connection = connect(&self.settings.url, &name).await?;
-        let publishing = match connect(&self.settings.url, &format!("{name} copies")).await {
+        // lapin's recovery is not waited for longer than the recovery timeout, nor watched
+        // longer than the retire timeout after that.
+        let bound = self.settings.recovery_timeout + self.settings.retire_timeout;
+        let url = &self.settings.url;
+        let connection = Link::open(url, &name, bound).await?;
+        let publishing = match Link::open(url, &format!("{name} copies"), bound).await {
             Ok(publishing) => publishing,
             Err(error) => {
-                let _ = connection.close(200, "start failed".into()).await;
+                self.discard(connection).await;
                 return Err(error);
             }
         };
-        let opened = self.open_channels(&connection, &publishing).await;
-        let (channel, publisher, consumer) = match opened {
+        let opened = self
+            .open_channels(&connection.connection, &publishing.connection, &name)
+            .await;
+        let (channel, publisher, consumer, kind) = match opened {
             Ok(opened) => opened,
             Err(error) => {
-                let _ = connection.close(200, "start failed".into()).await;
-                let _ = publishing.close(200, "start failed".into()).await;
+                self.discard(connection).await;
+                self.discard(publishing).await;
                 return Err(error);
             }
         };
-        let events = Box::pin(connection.events_listener());
+        let events = Box::pin(connection.connection.events_listener());
         tracing::info!(queue = self.queue(), "consuming");
         Ok(Session {
             connection,
@@ -159,21 +168,31 @@ impl Worker {
             publisher,
             consumer,
             events,
+            kind,
         })
     }
 
-    /// Opens the consuming channel (topology, prefetch, consumer) and the publishing one
-    /// (confirms).
+    /// Closes a connection of a session that failed to open, for good.
+    async fn discard(&self, link: Link) {
+        link.close("start failed").await;
+        self.retirees.retire(link);
+    }
+
+    /// Opens the consuming channel (topology, queue type, prefetch, consumer) and the publishing
+    /// one (confirms).
     async fn open_channels(
         &self,
         connection: &Connection,
         publishing: &Connection,
-    ) -> Result<(Channel, Channel, lapin::Consumer)> {
+        name: &str,
+    ) -> Result<(Channel, Channel, lapin::Consumer, QueueKind)> {
         let channel = connection
             .create_channel()
             .await
             .map_err(Error::amqp("channel.open"))?;
-        self.binding.topology().declare(&channel).await?;
+        let topology = self.binding.topology();
+        topology.declare(&channel).await?;
+        let kind = topology.resolve_kind(&self.settings.url, name).await?;
         channel
             .basic_qos(self.settings.prefetch, BasicQosOptions::default())
             .await
@@ -195,7 +214,7 @@ impl Worker {
             )
             .await
             .map_err(Error::amqp(format!("basic.consume {}", self.queue())))?;
-        Ok((channel, publisher, consumer))
+        Ok((channel, publisher, consumer, kind))
     }
 
     /// Opens the first session, so that a wrong URL or topology fails `start`.
@@ -223,7 +242,8 @@ impl Worker {
                 End::Shutdown => return self.drain(Some(current), &mut tasks).await,
                 End::Failed(why) => {
                     tracing::warn!(queue = self.queue(), %why, "session lost; reconnecting");
-                    retire(current);
+                    self.retirees.retire(current.connection);
+                    self.retirees.retire(current.publishing);
                 }
             }
         }
@@ -330,6 +350,7 @@ impl Worker {
             stats: Arc::clone(&self.stats),
             retries: Arc::clone(&self.retries),
             publisher: session.publisher.clone(),
+            quorum: session.kind == QueueKind::Quorum,
             shutdown: self.shutdown.clone(),
             delivery,
             permit,
@@ -376,9 +397,14 @@ impl Worker {
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
-        if let Some(session) = &session {
-            close(session).await;
+        if let Some(session) = session {
+            close(&session).await;
+            self.retirees.retire(session.connection);
+            self.retirees.retire(session.publishing);
         }
+        // No connection of this worker may come back once the consumer has stopped.
+        let grace = self.settings.retire_timeout.min(Duration::from_secs(10));
+        self.retirees.settle(grace).await;
         tracing::info!(
             queue = self.queue(),
             completed = report.completed,
@@ -388,38 +414,15 @@ impl Worker {
     }
 }
 
-/// Closes a replaced session in the background. A connection that lapin is still recovering is
-/// closed as soon as its recovery completes, so that its recreated consumer cannot hold
-/// deliveries that nobody reads.
-fn retire(session: Session) {
-    for connection in [session.connection, session.publishing] {
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(300);
-            loop {
-                let status = connection.status();
-                if status.closed() || status.errored() || Instant::now() > deadline {
-                    return;
-                }
-                if status.connected() {
-                    let closing = connection.close(200, "replaced".into());
-                    let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        });
-    }
-}
-
 /// Closes a session, best effort and bounded: a broken connection is not waited for.
 async fn close(session: &Session) {
-    let closing = async {
+    let channels = async {
         let _ = session.channel.close(200, "shutdown".into()).await;
         let _ = session.publisher.close(200, "shutdown".into()).await;
-        let _ = session.connection.close(200, "shutdown".into()).await;
-        let _ = session.publishing.close(200, "shutdown".into()).await;
     };
-    let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), channels).await;
+    session.connection.close("shutdown").await;
+    session.publishing.close("shutdown").await;
 }
 
 /// One delivery's processing and settlement, run in its own task.
@@ -430,6 +433,7 @@ struct Job {
     stats: Arc<Stats>,
     retries: Arc<Retries>,
     publisher: Channel,
+    quorum: bool,
     shutdown: watch::Receiver<bool>,
     delivery: Delivery,
     permit: OwnedSemaphorePermit,
@@ -444,6 +448,7 @@ impl Job {
             stats,
             retries,
             publisher,
+            quorum,
             shutdown,
             delivery,
             permit,
@@ -482,10 +487,11 @@ impl Job {
                 queue: topology.queue(),
                 consumer: binding.consumer(),
                 dead_letter_exchange: topology.dead_letter_exchange(),
+                dead_letter_routing_key: topology.dead_letter_key(),
                 publisher: &publisher,
                 retry: settings.retry,
                 retries: &retries,
-                quorum: topology.kind() == QueueKind::Quorum,
+                quorum,
                 shutdown: &shutdown,
             };
             let settled = settler
