@@ -3,9 +3,12 @@
 //! The macro names everything through this module (`::idem_runtime::__private::...`), so the
 //! user's crate needs no other dependency and no import for the generated code to compile.
 
+use std::convert::Infallible;
 use std::fmt;
+use std::marker::PhantomData;
 use std::pin::Pin;
 
+use futures_util::TryFutureExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -24,6 +27,7 @@ pub use crate::fingerprint::{Fingerprint, FingerprintError};
 pub use crate::handler::{Context, Handler, Mode};
 pub use crate::key::{ConsumerName, KeyError, KeySource, MessageKey};
 pub use crate::metadata::Metadata;
+pub use crate::report::{Report, ReportSource};
 
 /// A boxed, `Send` future: what a method handler's hidden `handle` function returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -69,6 +73,118 @@ pub fn fingerprint_of<T: Serialize + ?Sized>(
     value: &T,
 ) -> Result<Option<Fingerprint>, FingerprintError> {
     Fingerprint::of(value).map(Some)
+}
+
+/// Checks an explicit `consumer = "..."` name at compile time, with the runtime's own rules
+/// ([`ConsumerName::check`]): `const _: () = check_consumer_name("...");` fails to compile, at
+/// the literal, with the reason.
+pub const fn check_consumer_name(name: &str) {
+    match ConsumerName::check(name) {
+        Ok(()) => {}
+        Err(KeyError::Empty { .. }) => panic!("the consumer name is empty"),
+        // The figure is `ConsumerName::MAX_LEN` (a unit test keeps them equal).
+        Err(KeyError::TooLong { .. }) => {
+            panic!("the consumer name is longer than 128 bytes (`ConsumerName::MAX_LEN`)")
+        }
+        Err(KeyError::ContainsNul { .. }) => panic!("the consumer name contains a NUL character"),
+        Err(_) => panic!("the consumer name is not valid"),
+    }
+}
+
+/// Checks a default consumer name, `<module path>::<function name>`, at compile time: only its
+/// length can be wrong.
+pub const fn check_default_consumer_name(name: &str) {
+    if ConsumerName::check(name).is_err() {
+        panic!(
+            "the default consumer name, `<module path>::<function name>`, is longer than 128 bytes: set `consumer = \"...\"`"
+        );
+    }
+}
+
+// Handler errors. A function's error type that implements `std::error::Error` is the handler's
+// error as it is; a report type (`anyhow::Error`, `eyre::Report`, `Box<dyn Error + Send + Sync>`)
+// is wrapped in a `Report`. The macro asks `Probe` which one a type is, in a constant:
+// `<Probe<E>>::IS_STD_ERROR` finds the inherent constant when its bound holds and the trait's
+// `false` otherwise.
+
+/// Answers, in constants, what kind of error type `T` is.
+pub struct Probe<T: ?Sized>(PhantomData<T>);
+
+impl<T: ?Sized> fmt::Debug for Probe<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Probe")
+    }
+}
+
+/// The answers `Probe` gives when an inherent one's bound does not hold. It must be in scope
+/// where the constants are read.
+pub trait ProbeFallback {
+    /// `T` does not implement `std::error::Error`.
+    const IS_STD_ERROR: bool = false;
+    /// `T` is not a report type.
+    const IS_REPORT: bool = false;
+}
+
+impl<T: ?Sized> ProbeFallback for Probe<T> {}
+
+impl<T: std::error::Error + ?Sized> Probe<T> {
+    /// `T` implements `std::error::Error`.
+    pub const IS_STD_ERROR: bool = true;
+}
+
+impl<T: ReportSource> Probe<T> {
+    /// `T` is a report type.
+    pub const IS_REPORT: bool = true;
+}
+
+/// Whether a function's error type is wrapped in a [`Report`] (`true`) or kept (`false`).
+#[derive(Debug)]
+pub struct ErrorKind<const REPORT: bool>;
+
+/// Turns a function's error into the handler's error, and back for `permanent = ...`.
+pub trait AdaptError<E> {
+    /// The handler's error type.
+    type Error;
+    /// The handler's error for the function's.
+    fn adapt(error: E) -> Self::Error;
+    /// The function's error inside the handler's.
+    fn inner(error: &Self::Error) -> &E;
+}
+
+impl<E> AdaptError<E> for ErrorKind<false> {
+    type Error = E;
+
+    fn adapt(error: E) -> E {
+        error
+    }
+
+    fn inner(error: &E) -> &E {
+        error
+    }
+}
+
+impl<E: ReportSource> AdaptError<E> for ErrorKind<true> {
+    type Error = Report<E>;
+
+    fn adapt(error: E) -> Report<E> {
+        Report::new(error)
+    }
+
+    fn inner(error: &Report<E>) -> &E {
+        error.get_ref()
+    }
+}
+
+/// The handler's error type for a function's error type `E`.
+pub type AdaptedError<E, const REPORT: bool> = <ErrorKind<REPORT> as AdaptError<E>>::Error;
+
+/// The function's future, its error adapted to the handler's.
+pub fn adapt_future<K, F, O, E>(future: F) -> impl Future<Output = Result<O, K::Error>>
+where
+    K: AdaptError<E>,
+    F: Future<Output = Result<O, E>>,
+{
+    future.map_err(K::adapt)
 }
 
 /// The transaction of a transactional handler's context.
@@ -200,5 +316,80 @@ where
 
     fn handle(&self, cx: &Context<'_>, message: M) -> impl Future<Output = Result<O, E>> + Send {
         (self.spec.handle)(Arc::clone(&self.service), cx, message)
+    }
+}
+
+/// What `<name>_handler()` returns when the macro could not generate the handler: the function
+/// did not parse or broke a rule, and the compile error says why. It stands in so that the
+/// function's callers compile without a second error; it is never run.
+pub struct Unavailable<M, O>(PhantomData<fn() -> (M, O)>);
+
+#[allow(clippy::new_without_default)] // called by generated code only
+impl<M, O> Unavailable<M, O> {
+    /// The stand-in.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<M, O> fmt::Debug for Unavailable<M, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Unavailable")
+    }
+}
+
+impl<M, O> Handler for Unavailable<M, O>
+where
+    M: Send + 'static,
+    O: Serialize + DeserializeOwned + Send + 'static,
+{
+    type Message = M;
+    type Output = O;
+    type Error = Infallible;
+
+    fn consumer(&self) -> &str {
+        unreachable!("a handler that failed to compile")
+    }
+
+    fn key(&self, _: &M, _: &Metadata) -> Result<MessageKey, KeyError> {
+        unreachable!("a handler that failed to compile")
+    }
+
+    fn fingerprint(&self, _: &M) -> Result<Option<Fingerprint>, FingerprintError> {
+        unreachable!("a handler that failed to compile")
+    }
+
+    fn handle(&self, _: &Context<'_>, _: M) -> impl Future<Output = Result<O, Infallible>> + Send {
+        std::future::pending()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_compile_time_messages_give_the_runtime_limit() {
+        // `check_consumer_name` and `check_default_consumer_name` write the limit out.
+        assert_eq!(ConsumerName::MAX_LEN, 128);
+    }
+
+    #[test]
+    fn std_errors_are_kept_and_reports_wrapped() {
+        const STD: (bool, bool) = (
+            <Probe<std::fmt::Error>>::IS_STD_ERROR,
+            <Probe<std::fmt::Error>>::IS_REPORT,
+        );
+        const BOXED: (bool, bool) = (
+            <Probe<crate::BoxError>>::IS_STD_ERROR,
+            <Probe<crate::BoxError>>::IS_REPORT,
+        );
+        const NEITHER: (bool, bool) = (<Probe<u8>>::IS_STD_ERROR, <Probe<u8>>::IS_REPORT);
+        assert_eq!(STD, (true, false));
+        assert_eq!(BOXED, (false, true));
+        assert_eq!(NEITHER, (false, false));
+        let adapted: AdaptedError<crate::BoxError, true> =
+            <ErrorKind<true> as AdaptError<crate::BoxError>>::adapt("down".into());
+        assert_eq!(adapted.to_string(), "down");
     }
 }
