@@ -45,9 +45,12 @@
 //!
 //! See [`idempotent`] for the parameters and every option.
 
+mod ast;
 mod attr;
+mod check;
+mod ctxt;
 mod expand;
-mod valid;
+mod fallback;
 
 use proc_macro::TokenStream;
 
@@ -325,5 +328,19 @@ use proc_macro::TokenStream;
 /// bound is reported on the type that lacks it.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
-    expand::idempotent(attr.into(), item.into()).into()
+    let item = proc_macro2::TokenStream::from(item);
+    let func = match syn::parse2::<ast::Func>(item.clone()) {
+        Ok(func) => func,
+        Err(error) => return fallback::unparsed(error, item).into(),
+    };
+    let cx = ctxt::Ctxt::new();
+    let handler = ast::Handler::from_syn(&cx, attr.into(), &func);
+    if let Some(handler) = &handler {
+        check::check(&cx, handler);
+    }
+    match (cx.check(), handler) {
+        (Ok(()), Some(handler)) => expand::expand(&handler).into(),
+        (Err(errors), _) => fallback::invalid(errors, &func).into(),
+        (Ok(()), None) => unreachable!("an attribute that does not parse leaves an error"),
+    }
 }

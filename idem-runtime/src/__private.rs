@@ -16,7 +16,7 @@ pub use std::boxed::Box;
 pub use std::future::Future;
 pub use std::marker::{Send, Sync};
 pub use std::option::Option::{self, None, Some};
-pub use std::result::Result::{self, Ok};
+pub use std::result::Result::{self, Err, Ok};
 pub use std::sync::Arc;
 pub use std::time::Duration;
 pub use std::{assert, concat, module_path};
@@ -60,20 +60,6 @@ pub type OutputOf<R> = <R as HandlerResult>::Output;
 
 /// The `Err` type of a handler's return type.
 pub type ErrorOf<R> = <R as HandlerResult>::Error;
-
-/// The key made from a `key = <expr>` expression.
-#[inline]
-pub fn key_of<K: KeySource + ?Sized>(source: &K) -> Result<MessageKey, KeyError> {
-    source.to_message_key()
-}
-
-/// The fingerprint of a `fingerprint = <expr>` expression, or of the message by default.
-#[inline]
-pub fn fingerprint_of<T: Serialize + ?Sized>(
-    value: &T,
-) -> Result<Option<Fingerprint>, FingerprintError> {
-    Fingerprint::of(value).map(Some)
-}
 
 /// Checks an explicit `consumer = "..."` name at compile time, with the runtime's own rules
 /// ([`ConsumerName::check`]): `const _: () = check_consumer_name("...");` fails to compile, at
