@@ -2,7 +2,7 @@
 //! return type taken apart, the attribute's options beside them. Nothing here judges: the rules
 //! are in `check.rs`.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
 use quote::{ToTokens, TokenStreamExt};
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
@@ -392,16 +392,28 @@ pub(crate) fn contains_impl_trait(ty: &Type) -> bool {
     found.0
 }
 
-/// The first `Self` in the function's signature or body: the sign of an associated function.
-/// The body is kept as tokens, and `Self` is a keyword (never a field or a variable), so the
-/// tokens are enough.
+/// The first `Self` in the function's signature or body, outside any `impl` or `trait` block
+/// the body defines: the sign of an associated function. The body is kept as tokens, and
+/// `Self` is a keyword (never a field or a variable), so the tokens are enough.
 pub(crate) fn first_self_type(func: &Func) -> Option<Ident> {
     fn find(tokens: TokenStream) -> Option<Ident> {
-        tokens.into_iter().find_map(|tree| match tree {
-            TokenTree::Ident(ident) if ident == "Self" => Some(ident),
-            TokenTree::Group(group) => find(group.stream()),
-            _ => None,
-        })
+        let mut in_item = false;
+        for tree in tokens {
+            match tree {
+                TokenTree::Ident(ident) if ident == "impl" || ident == "trait" => in_item = true,
+                TokenTree::Ident(ident) if ident == "Self" && !in_item => return Some(ident),
+                TokenTree::Group(group) if group.delimiter() == Delimiter::Brace && in_item => {
+                    in_item = false;
+                }
+                TokenTree::Group(group) if !in_item => {
+                    if let Some(found) = find(group.stream()) {
+                        return Some(found);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
     }
     find(func.sig.to_token_stream()).or_else(|| find(func.body.clone()))
 }
@@ -657,6 +669,18 @@ mod tests {
         for ty in ["String", "Cow<'static, str>", "&'static str", "Vec<u8>"] {
             assert!(!borrows(&syn::parse_str(ty).unwrap()), "{ty}");
         }
+    }
+
+    #[test]
+    fn self_outside_nested_items_marks_an_associated_function() {
+        let func = |text: &str| syn::parse_str::<Func>(text).unwrap();
+        assert!(first_self_type(&func("async fn f(o: O) -> R { Self::g(&o) }")).is_some());
+        assert!(first_self_type(&func("async fn f(o: O) -> Result<Self, E> { todo!() }")).is_some());
+        let nested = "async fn f(o: O) -> R { struct S; impl S { fn new() -> Self { S } } Ok(()) }";
+        assert!(first_self_type(&func(nested)).is_none());
+        // `impl Trait` in a type does not hide what follows it.
+        let later = "async fn f(o: impl Into<O>) -> R { Self::g(o) }";
+        assert!(first_self_type(&func(later)).is_some());
     }
 
     #[test]

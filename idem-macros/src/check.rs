@@ -63,10 +63,15 @@ fn check_is_async_fn(cx: &Ctxt, handler: &Handler<'_>) {
     }
 }
 
-// A handler has one message type and one output type: a generic function has many.
+// A handler has one message type and one output type: a generic function has many. (Lifetime
+// parameters are left to the rules on borrowed messages and outputs.)
 fn check_not_generic(cx: &Ctxt, handler: &Handler<'_>) {
     let generics = &handler.func.sig.generics;
-    if !generics.params.is_empty() {
+    let lifetimes_only = generics
+        .params
+        .iter()
+        .all(|param| matches!(param, syn::GenericParam::Lifetime(_)));
+    if !lifetimes_only {
         cx.error_spanned_by(
             generics,
             "`#[idempotent]` cannot be applied to a generic function: a handler has one message \

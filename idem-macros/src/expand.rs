@@ -1,6 +1,6 @@
 //! Generating `<name>_handler` next to the function, which is emitted unchanged.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, Type};
@@ -132,24 +132,33 @@ impl Types {
     }
 }
 
-/// The consumer name's expression, and the items that check it at compile time with the
-/// runtime's rules: the `consumer = "..."` literal, or `"<module path>::<function name>"`.
+/// The consumer name's expression, and the item that checks it at compile time with the
+/// runtime's rules (reported at the literal, or at the function's name for the default): the
+/// `consumer = "..."` literal, or `"<module path>::<function name>"`.
 fn consumer(handler: &Handler<'_>) -> (TokenStream, TokenStream) {
     match &handler.consumer {
         Some(name) => {
-            let rt = rt_at(name.span());
-            let check = quote_spanned! {name.span()=>
-                const _: () = #rt::check_consumer_name(#name);
+            let span = name.span();
+            let rt = rt_at(span);
+            let check = quote_spanned! {span=>
+                const _: () = if let #rt::Some(problem) = #rt::consumer_name_problem(#name) {
+                    ::core::panic!("{}", problem)
+                };
             };
             (check, quote!(#name))
         }
         None => {
             let ident = handler.ident();
             let name = ident.to_string();
-            let rt = rt_at(ident.span());
-            let check = quote_spanned! {ident.span()=>
+            let span = ident.span();
+            let rt = rt_at(span);
+            let check = quote_spanned! {span=>
                 const __IDEM_CONSUMER: &str = #rt::concat!(#rt::module_path!(), "::", #name);
-                const _: () = #rt::check_default_consumer_name(__IDEM_CONSUMER);
+                const _: () = if let #rt::Some(problem) =
+                    #rt::default_consumer_name_problem(__IDEM_CONSUMER)
+                {
+                    ::core::panic!("{}", problem)
+                };
             };
             (check, quote!(__IDEM_CONSUMER))
         }
@@ -175,19 +184,27 @@ fn retention(handler: &Handler<'_>) -> TokenStream {
     }
 }
 
-/// An option's expression, with each component of a tuple borrowed: `(order.tenant,
-/// order.id)` reads the message's fields without moving them out of the reference it is
-/// bound to.
+/// A reference to an option's expression, with each component of a tuple borrowed in turn:
+/// `(order.tenant, order.id)` reads the message's fields without moving them out of the
+/// reference the message is bound to. The tokens added take the expression's spans, so that an
+/// error about its value underlines the whole expression.
 fn borrowed(expr: &Expr) -> TokenStream {
+    let span = expr.span();
     match expr {
         Expr::Tuple(tuple) if !tuple.elems.is_empty() => {
-            let elems = tuple.elems.iter().map(|elem| {
-                let elem = borrowed(elem);
-                quote_spanned!(elem.span()=> &#elem)
-            });
-            quote!((#(#elems,)*))
+            let elems = tuple.elems.iter().map(borrowed);
+            let mut group = Group::new(Delimiter::Parenthesis, quote!(#(#elems,)*));
+            group.set_span(tuple.paren_token.span.join());
+            quote_spanned!(span=> &#group)
         }
-        other => quote!((#other)),
+        // `&` binds tighter than these: keep them whole.
+        Expr::Binary(_)
+        | Expr::Cast(_)
+        | Expr::Range(_)
+        | Expr::Assign(_)
+        | Expr::Closure(_)
+        | Expr::Let(_) => quote_spanned!(span=> &(#expr)),
+        other => quote_spanned!(span=> &#other),
     }
 }
 
@@ -223,7 +240,7 @@ fn key_body(handler: &Handler<'_>) -> TokenStream {
     let rt = rt_at(span);
     let key = borrowed(key);
     // A value that cannot be a key is reported on the expression.
-    let call = quote_spanned!(span=> #rt::KeySource::to_message_key(&#key));
+    let call = quote_spanned!(span=> #rt::KeySource::to_message_key(#key));
     quote! {
         #bindings
         #call
@@ -247,7 +264,7 @@ fn fingerprint_body(handler: &Handler<'_>, message: &TokenStream) -> TokenStream
             let rt = rt_at(span);
             let expr = borrowed(expr);
             let call =
-                quote_spanned!(span=> #rt::Result::map(#rt::Fingerprint::of(&#expr), #rt::Some));
+                quote_spanned!(span=> #rt::Result::map(#rt::Fingerprint::of(#expr), #rt::Some));
             quote! {
                 #bindings
                 #call
@@ -316,8 +333,7 @@ fn free(handler: &Handler<'_>) -> TokenStream {
     let future = quote_spanned! {span=>
         impl #rt_span::Future<Output = #rt_span::Result<Self::Output, Self::Error>> + #rt_span::Send
     };
-    let kind = types.kind();
-    let call = quote_spanned!(span=> #rt_span::adapt_future::<#kind, _, _, _>(#ident(#(#args),*)));
+    let call = quote_spanned!(span=> #adapter::adapt_future(#ident(#(#args),*)));
     let doc = handler_doc(&ident.to_string());
     quote! {
         #[doc = #doc]
@@ -422,9 +438,22 @@ fn method(handler: &Handler<'_>) -> TokenStream {
         where
             Self: #rt_span::Send + #rt_span::Sync + 'static,
     };
-    // Each unmet bound is reported on the type argument that lacks it.
+    // Each unmet bound is reported on the type argument that lacks it, and names this local
+    // function rather than a runtime item.
     let construct = quote! {
-        #rt::method_handler::<Self, #message, #output, #handler_error>(self, __idem_spec)
+        fn #handler_fn<S, M, O, E>(
+            service: &#rt::Arc<S>,
+            spec: #rt::MethodSpec<S, M, O, E>,
+        ) -> impl #rt::Handler<Message = M, Output = O, Error = E> + 'static
+        where
+            S: #rt::Send + #rt::Sync + 'static,
+            M: #rt::Send + 'static,
+            O: #rt::Serialize + #rt::DeserializeOwned + #rt::Send + 'static,
+            E: #rt::StdError + #rt::Send + #rt::Sync + 'static,
+        {
+            #rt::MethodHandler::new(service, spec)
+        }
+        #handler_fn::<Self, #message, #output, #handler_error>(self, __idem_spec)
     };
     quote! {
         #[doc = #doc]

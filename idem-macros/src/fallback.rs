@@ -4,7 +4,7 @@
 
 use proc_macro2::{Delimiter, TokenStream, TokenTree};
 use quote::quote;
-use syn::{Ident, LitStr, Type};
+use syn::{Ident, Type};
 
 use crate::ast::{self, Func, Role};
 use crate::expand;
@@ -42,11 +42,9 @@ pub(crate) fn invalid(errors: syn::Error, func: &Func) -> TokenStream {
 
 /// The item did not parse as a function.
 ///
-/// Another kind of item (a `struct`, an `impl` block) is refused at its first token. A function
-/// that syn cannot read almost always has a syntax error the compiler reports itself, and the
-/// compiler then stops before type checking; so syn's error is deferred to a constant evaluated
-/// only after type checking, where it shows only when the compiler found nothing (syntax newer
-/// than syn, say). Either way one mistake gives one error.
+/// Another kind of item (a `struct`, an `impl` block) is refused at its first token. For a
+/// function, syn's own error is reported where syn found it (usually where the compiler reports
+/// the same syntax error), next to the item and a stand-in handler.
 pub(crate) fn unparsed(error: syn::Error, item: TokenStream) -> TokenStream {
     let Some(function) = Function::find(&item) else {
         let at = first_token_of_kind(&item).map_or_else(|| error.span(), |tree| tree.span());
@@ -60,14 +58,11 @@ pub(crate) fn unparsed(error: syn::Error, item: TokenStream) -> TokenStream {
             #item
         };
     };
-    let span = error.span();
-    let message = LitStr::new(
-        &format!("`#[idempotent]` could not read this function: {error}"),
-        span,
-    );
-    let deferred = quote::quote_spanned! {span=>
-        const _: () = ::core::panic!("{}", #message);
-    };
+    let error = syn::Error::new(
+        error.span(),
+        format!("`#[idempotent]` could not read this function: {error}"),
+    )
+    .into_compile_error();
     let vis = function
         .vis
         .and_then(|vis| syn::parse2(vis).ok())
@@ -80,7 +75,7 @@ pub(crate) fn unparsed(error: syn::Error, item: TokenStream) -> TokenStream {
         function.output.as_ref(),
     );
     quote! {
-        #deferred
+        #error
         #item
         #stand_in
     }

@@ -9,8 +9,10 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 
 use futures_util::TryFutureExt;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+
+pub use serde::Serialize;
+pub use serde::de::DeserializeOwned;
+pub use std::error::Error as StdError;
 
 pub use std::boxed::Box;
 pub use std::future::Future;
@@ -61,29 +63,31 @@ pub type OutputOf<R> = <R as HandlerResult>::Output;
 /// The `Err` type of a handler's return type.
 pub type ErrorOf<R> = <R as HandlerResult>::Error;
 
-/// Checks an explicit `consumer = "..."` name at compile time, with the runtime's own rules
-/// ([`ConsumerName::check`]): `const _: () = check_consumer_name("...");` fails to compile, at
-/// the literal, with the reason.
-pub const fn check_consumer_name(name: &str) {
+/// What is wrong with an explicit `consumer = "..."` name, by the runtime's own rules
+/// ([`ConsumerName::check`]); `None` when nothing is. The macro checks the name at compile time
+/// with it: `const _: () = if let Some(problem) = consumer_name_problem("...") { panic!(..) };`
+/// fails to compile, at the literal, with the reason.
+pub const fn consumer_name_problem(name: &str) -> Option<&'static str> {
     match ConsumerName::check(name) {
-        Ok(()) => {}
-        Err(KeyError::Empty { .. }) => panic!("the consumer name is empty"),
+        Ok(()) => None,
+        Err(KeyError::Empty { .. }) => Some("the consumer name is empty"),
         // The figure is `ConsumerName::MAX_LEN` (a unit test keeps them equal).
         Err(KeyError::TooLong { .. }) => {
-            panic!("the consumer name is longer than 128 bytes (`ConsumerName::MAX_LEN`)")
+            Some("the consumer name is longer than 128 bytes (`ConsumerName::MAX_LEN`)")
         }
-        Err(KeyError::ContainsNul { .. }) => panic!("the consumer name contains a NUL character"),
-        Err(_) => panic!("the consumer name is not valid"),
+        Err(KeyError::ContainsNul { .. }) => Some("the consumer name contains a NUL character"),
+        Err(_) => Some("the consumer name is not valid"),
     }
 }
 
-/// Checks a default consumer name, `<module path>::<function name>`, at compile time: only its
-/// length can be wrong.
-pub const fn check_default_consumer_name(name: &str) {
-    if ConsumerName::check(name).is_err() {
-        panic!(
-            "the default consumer name, `<module path>::<function name>`, is longer than 128 bytes: set `consumer = \"...\"`"
-        );
+/// What is wrong with a default consumer name, `<module path>::<function name>`: only its
+/// length can be.
+pub const fn default_consumer_name_problem(name: &str) -> Option<&'static str> {
+    match ConsumerName::check(name) {
+        Ok(()) => None,
+        Err(_) => Some(
+            "the default consumer name, `<module path>::<function name>`, is longer than 128 bytes: set `consumer = \"...\"`",
+        ),
     }
 }
 
@@ -131,14 +135,27 @@ pub struct ErrorKind<const REPORT: bool>;
 pub trait AdaptError<E> {
     /// The handler's error type.
     type Error;
+    /// The function's future `F`, its error adapted: `F` itself when the error is kept, so
+    /// that what the compiler says about it is said about the function's own future.
+    type Future<F, O>: Future<Output = Result<O, Self::Error>>
+    where
+        F: Future<Output = Result<O, E>>;
     /// The handler's error for the function's.
     fn adapt(error: E) -> Self::Error;
     /// The function's error inside the handler's.
     fn inner(error: &Self::Error) -> &E;
+    /// The function's future, its error adapted.
+    fn adapt_future<F, O>(future: F) -> Self::Future<F, O>
+    where
+        F: Future<Output = Result<O, E>>;
 }
 
 impl<E> AdaptError<E> for ErrorKind<false> {
     type Error = E;
+    type Future<F, O>
+        = F
+    where
+        F: Future<Output = Result<O, E>>;
 
     fn adapt(error: E) -> E {
         error
@@ -147,10 +164,21 @@ impl<E> AdaptError<E> for ErrorKind<false> {
     fn inner(error: &E) -> &E {
         error
     }
+
+    fn adapt_future<F, O>(future: F) -> F
+    where
+        F: Future<Output = Result<O, E>>,
+    {
+        future
+    }
 }
 
 impl<E: ReportSource> AdaptError<E> for ErrorKind<true> {
     type Error = Report<E>;
+    type Future<F, O>
+        = futures_util::future::MapErr<F, fn(E) -> Report<E>>
+    where
+        F: Future<Output = Result<O, E>>;
 
     fn adapt(error: E) -> Report<E> {
         Report::new(error)
@@ -159,19 +187,17 @@ impl<E: ReportSource> AdaptError<E> for ErrorKind<true> {
     fn inner(error: &Report<E>) -> &E {
         error.get_ref()
     }
+
+    fn adapt_future<F, O>(future: F) -> Self::Future<F, O>
+    where
+        F: Future<Output = Result<O, E>>,
+    {
+        future.map_err(Report::new as fn(E) -> Report<E>)
+    }
 }
 
 /// The handler's error type for a function's error type `E`.
 pub type AdaptedError<E, const REPORT: bool> = <ErrorKind<REPORT> as AdaptError<E>>::Error;
-
-/// The function's future, its error adapted to the handler's.
-pub fn adapt_future<K, F, O, E>(future: F) -> impl Future<Output = Result<O, K::Error>>
-where
-    K: AdaptError<E>,
-    F: Future<Output = Result<O, E>>,
-{
-    future.map_err(K::adapt)
-}
 
 /// The transaction of a transactional handler's context.
 ///
@@ -225,7 +251,8 @@ pub fn never_permanent<E>(_: &E) -> bool {
 }
 
 /// The handler of an `#[idempotent]` method: the service behind an `Arc` and the generated
-/// functions that call the method on it.
+/// functions that call the method on it. The macro builds it through a function of its own whose
+/// bounds name the user's types, so that a missing bound is reported on them.
 pub struct MethodHandler<S, M, O, E> {
     service: Arc<S>,
     spec: MethodSpec<S, M, O, E>,
@@ -239,21 +266,6 @@ impl<S, M, O, E> MethodHandler<S, M, O, E> {
             spec,
         }
     }
-}
-
-/// The handler of a method, checked: each unmet bound is reported on the type argument that
-/// lacks it, which the macro spans at the user's own type.
-pub fn method_handler<S, M, O, E>(
-    service: &Arc<S>,
-    spec: MethodSpec<S, M, O, E>,
-) -> impl Handler<Message = M, Output = O, Error = E> + 'static
-where
-    S: Send + Sync + 'static,
-    M: Send + 'static,
-    O: Serialize + DeserializeOwned + Send + 'static,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    MethodHandler::new(service, spec)
 }
 
 impl<S, M, O, E> fmt::Debug for MethodHandler<S, M, O, E> {
@@ -356,7 +368,7 @@ mod tests {
 
     #[test]
     fn the_compile_time_messages_give_the_runtime_limit() {
-        // `check_consumer_name` and `check_default_consumer_name` write the limit out.
+        // `consumer_name_problem` and `default_consumer_name_problem` write the limit out.
         assert_eq!(ConsumerName::MAX_LEN, 128);
     }
 
