@@ -675,7 +675,9 @@ mod tests {
     fn self_outside_nested_items_marks_an_associated_function() {
         let func = |text: &str| syn::parse_str::<Func>(text).unwrap();
         assert!(first_self_type(&func("async fn f(o: O) -> R { Self::g(&o) }")).is_some());
-        assert!(first_self_type(&func("async fn f(o: O) -> Result<Self, E> { todo!() }")).is_some());
+        assert!(
+            first_self_type(&func("async fn f(o: O) -> Result<Self, E> { todo!() }")).is_some()
+        );
         let nested = "async fn f(o: O) -> R { struct S; impl S { fn new() -> Self { S } } Ok(()) }";
         assert!(first_self_type(&func(nested)).is_none());
         // `impl Trait` in a type does not hide what follows it.

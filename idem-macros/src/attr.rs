@@ -185,7 +185,9 @@ mod tests {
         let repeated = syn::parse_str::<Args>("key = a.b, key = a.c");
         let error = repeated.err().expect("a repeated option is refused");
         assert_eq!(error.to_string(), "`key` specified more than once");
-        let unknown = syn::parse_str::<Args>("retries = 3").err().expect("refused");
+        let unknown = syn::parse_str::<Args>("retries = 3")
+            .err()
+            .expect("refused");
         assert!(unknown.to_string().starts_with("unknown option `retries`"));
     }
 }

@@ -8,6 +8,7 @@ use syn::{Expr, Ident};
 use crate::ast::{self, Handler, Role, Uses};
 use crate::attr::{FingerprintArg, ModeArg};
 use crate::ctxt::Ctxt;
+use crate::place;
 
 const PARAMS_HELP: &str = "a handler takes its message by value and, optionally, \
 `&DatabaseTransaction`, `&Metadata` and `&Context<'_>`; dependencies belong in `&self` \
@@ -97,22 +98,21 @@ fn check_receiver_is_ref_self(cx: &Ctxt, handler: &Handler<'_>) {
     }
 }
 
-// An associated function without `self` has no service to hold and cannot be called by the
-// name the generated handler uses. The macro cannot see the `impl` block around a function;
-// `Self` in the signature or the body gives it away. (Without `Self`, the compiler's
-// "cannot find function" at the function's name is the error.)
+// An associated function without `self` has no service to hold, and the generated handler
+// cannot call it by name. The macro sees only the function: `Self` in its signature or body
+// gives it away, and otherwise its source file says whether it sits in an `impl` block.
 fn check_not_associated_without_self(cx: &Ctxt, handler: &Handler<'_>) {
     if handler.is_method() {
         return;
     }
-    if ast::first_self_type(handler.func).is_some() {
-        let name = handler.ident();
+    let name = handler.ident();
+    if ast::first_self_type(handler.func).is_some() || place::is_associated_without_self(name) {
         cx.error_spanned_by(
             name,
             format!(
-                "`#[idempotent]` cannot be applied to an associated function without `self` \
-                 (this one uses `Self`): take `&self`, so that `{name}_handler` holds the \
-                 service, or move `{name}` out of the `impl` block"
+                "`#[idempotent]` cannot be applied to an associated function without `self`: \
+                 take `&self`, so that `{name}_handler` holds the service, or move `{name}` out \
+                 of the `impl` block"
             ),
         );
     }

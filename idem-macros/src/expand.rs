@@ -170,7 +170,11 @@ fn mode(handler: &Handler<'_>) -> TokenStream {
     if handler.is_transactional() {
         return quote!(#rt::Mode::Transactional);
     }
-    match handler.lease.as_ref().and_then(|lease| lease.ms.as_ref().ok()) {
+    match handler
+        .lease
+        .as_ref()
+        .and_then(|lease| lease.ms.as_ref().ok())
+    {
         Some(ms) => quote!(#rt::Mode::TwoPhase { lease: #rt::Duration::from_millis(#ms) }),
         None => quote!(#rt::Mode::two_phase()),
     }
@@ -518,7 +522,10 @@ pub(crate) fn stand_in(
     let handler_fn = handler_ident(name);
     let (generics, message) = match message {
         Some(ty) => (TokenStream::new(), ty.to_token_stream()),
-        None => (quote!(<__IdemMessage: #rt::Send + 'static>), quote!(__IdemMessage)),
+        None => (
+            quote!(<__IdemMessage: #rt::Send + 'static>),
+            quote!(__IdemMessage),
+        ),
     };
     let output = match output {
         Some(ty) => ty.to_token_stream(),

@@ -469,7 +469,10 @@ mod tests {
 
     #[test]
     fn composite_keys_escape_and_join() {
-        assert_eq!(("acme", 42u64).to_message_key().unwrap().as_str(), "acme/42");
+        assert_eq!(
+            ("acme", 42u64).to_message_key().unwrap().as_str(),
+            "acme/42"
+        );
         assert_eq!(("a/b", "c").to_message_key().unwrap().as_str(), "a\\/b/c");
         assert_eq!(("a\\", "b").to_message_key().unwrap().as_str(), "a\\\\/b");
         let tenant = String::from("t");

@@ -653,7 +653,10 @@ async fn composite_key_anyhow_handler_processes_each_tenant_order_once(backend: 
     }
     assert_eq!(db.count(&effects, "1=1").await, 3);
     for key in ["acme/12", "globex/12", "acme\\/1/2"] {
-        let record = inbox.lookup(&inbox_key("tenant-billing", key)).await.unwrap();
+        let record = inbox
+            .lookup(&inbox_key("tenant-billing", key))
+            .await
+            .unwrap();
         assert_eq!(record.expect(key).status, Status::Completed);
     }
 }
@@ -668,7 +671,13 @@ async fn anyhow_handler_errors_are_transient_unless_permanent(backend: Backend) 
         .await
         .unwrap_err();
     assert!(
-        matches!(busy, Error::Handler { permanent: false, .. }),
+        matches!(
+            busy,
+            Error::Handler {
+                permanent: false,
+                ..
+            }
+        ),
         "got {busy:?}"
     );
     assert_eq!(busy.settle(), Settle::Requeue);
@@ -681,7 +690,13 @@ async fn anyhow_handler_errors_are_transient_unless_permanent(backend: Backend) 
         .await
         .unwrap_err();
     assert!(
-        matches!(declined, Error::Handler { permanent: true, .. }),
+        matches!(
+            declined,
+            Error::Handler {
+                permanent: true,
+                ..
+            }
+        ),
         "got {declined:?}"
     );
     assert!(matches!(declined.settle(), Settle::DeadLetter(_)));
@@ -689,7 +704,10 @@ async fn anyhow_handler_errors_are_transient_unless_permanent(backend: Backend) 
     // Both rolled back their write and left no record: a retry runs again.
     assert_eq!(db.count(&effects, "1=1").await, 0);
     for key in ["acme/99", "acme/0"] {
-        let record = inbox.lookup(&inbox_key("tenant-billing", key)).await.unwrap();
+        let record = inbox
+            .lookup(&inbox_key("tenant-billing", key))
+            .await
+            .unwrap();
         assert!(record.is_none(), "{key} was recorded");
     }
 }
@@ -711,12 +729,21 @@ async fn scalar_keys_and_eyre_handler_process_once(backend: Backend) {
         batch,
     };
     let meta = Metadata::default();
-    let first = inbox.process(&handler, shipment.clone(), &meta).await.unwrap();
+    let first = inbox
+        .process(&handler, shipment.clone(), &meta)
+        .await
+        .unwrap();
     assert_eq!(first, Outcome::Processed(7));
-    let again = inbox.process(&handler, shipment.clone(), &meta).await.unwrap();
+    let again = inbox
+        .process(&handler, shipment.clone(), &meta)
+        .await
+        .unwrap();
     assert_eq!(again, Outcome::Duplicate(7));
     // Another dock is another shipment.
-    let other = Shipment { dock: 'C', ..shipment };
+    let other = Shipment {
+        dock: 'C',
+        ..shipment
+    };
     let other = inbox.process(&handler, other, &meta).await.unwrap();
     assert_eq!(other, Outcome::Processed(7));
 
