@@ -1,19 +1,12 @@
-//! Parsing the attribute's arguments: `key = <expr>, consumer = "...", ...` into [`Args`], each
-//! option kept with its tokens so that later errors can point at them.
+//! Parsing the attribute's arguments, `key = <expr>, consumer = "...", ...`, into [`Args`]: each
+//! option kept with its tokens, so that later errors can point at them.
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
-use syn::{Expr, LitStr, Path, Token};
+use syn::{Expr, Ident, LitStr, Path, Token};
 
 mod kw {
-    syn::custom_keyword!(key);
-    syn::custom_keyword!(consumer);
-    syn::custom_keyword!(mode);
-    syn::custom_keyword!(lease);
-    syn::custom_keyword!(retention);
-    syn::custom_keyword!(fingerprint);
-    syn::custom_keyword!(permanent);
     syn::custom_keyword!(transactional);
     syn::custom_keyword!(two_phase);
 }
@@ -25,7 +18,7 @@ pub(crate) struct Args {
     pub(crate) key: Option<Expr>,
     /// `consumer = "<name>"`.
     pub(crate) consumer: Option<LitStr>,
-    /// `mode = transactional | two_phase`.
+    /// `mode = transactional | two_phase`, with the value's span.
     pub(crate) mode: Option<(ModeArg, Span)>,
     /// `lease = "30s"`.
     pub(crate) lease: Option<LitStr>,
@@ -59,50 +52,24 @@ impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let mut args = Args::default();
         while !input.is_empty() {
-            let lookahead = input.lookahead1();
-            if lookahead.peek(kw::key) {
-                let name = input.parse::<kw::key>()?;
-                input.parse::<Token![=]>()?;
-                set(&mut args.key, input.parse()?, name.span, "key")?;
-            } else if lookahead.peek(kw::consumer) {
-                let name = input.parse::<kw::consumer>()?;
-                input.parse::<Token![=]>()?;
-                set(&mut args.consumer, input.parse()?, name.span, "consumer")?;
-            } else if lookahead.peek(kw::mode) {
-                let name = input.parse::<kw::mode>()?;
-                input.parse::<Token![=]>()?;
-                let mode = parse_mode(input)?;
-                set(&mut args.mode, mode, name.span, "mode")?;
-            } else if lookahead.peek(kw::lease) {
-                let name = input.parse::<kw::lease>()?;
-                input.parse::<Token![=]>()?;
-                set(&mut args.lease, input.parse()?, name.span, "lease")?;
-            } else if lookahead.peek(kw::retention) {
-                let name = input.parse::<kw::retention>()?;
-                input.parse::<Token![=]>()?;
-                set(&mut args.retention, input.parse()?, name.span, "retention")?;
-            } else if lookahead.peek(kw::fingerprint) {
-                let name = input.parse::<kw::fingerprint>()?;
-                input.parse::<Token![=]>()?;
-                let value = match input.parse()? {
-                    Expr::Path(path) if path.qself.is_none() && path.path.is_ident("none") => {
-                        FingerprintArg::Off
-                    }
-                    expr => FingerprintArg::Expr(expr),
-                };
-                set(&mut args.fingerprint, value, name.span, "fingerprint")?;
-            } else if lookahead.peek(kw::permanent) {
-                let name = input.parse::<kw::permanent>()?;
-                input.parse::<Token![=]>()?;
-                set(&mut args.permanent, input.parse()?, name.span, "permanent")?;
-            } else if input.peek(syn::Ident::peek_any) {
-                let ident: proc_macro2::TokenTree = input.parse()?;
-                return Err(syn::Error::new_spanned(
-                    &ident,
-                    format!("unknown option `{ident}`: expected {OPTIONS}"),
-                ));
-            } else {
-                return Err(lookahead.error());
+            if !input.peek(Ident::peek_any) {
+                return Err(input.error(format!("expected an option: {OPTIONS}")));
+            }
+            let name = input.call(Ident::parse_any)?;
+            match name.to_string().as_str() {
+                "key" => option(input, &name, &mut args.key, <Expr as Parse>::parse)?,
+                "consumer" => option(input, &name, &mut args.consumer, <LitStr as Parse>::parse)?,
+                "mode" => option(input, &name, &mut args.mode, parse_mode)?,
+                "lease" => option(input, &name, &mut args.lease, <LitStr as Parse>::parse)?,
+                "retention" => option(input, &name, &mut args.retention, <LitStr as Parse>::parse)?,
+                "fingerprint" => option(input, &name, &mut args.fingerprint, parse_fingerprint)?,
+                "permanent" => option(input, &name, &mut args.permanent, <Path as Parse>::parse)?,
+                _ => {
+                    return Err(syn::Error::new(
+                        name.span(),
+                        format!("unknown option `{name}`: expected {OPTIONS}"),
+                    ));
+                }
             }
             if input.is_empty() {
                 break;
@@ -113,6 +80,26 @@ impl Parse for Args {
     }
 }
 
+/// The rest of one option after its name, `= <value>`, into its slot: "`key` specified more
+/// than once" at the second name.
+fn option<T>(
+    input: ParseStream<'_>,
+    name: &Ident,
+    slot: &mut Option<T>,
+    value: fn(ParseStream<'_>) -> syn::Result<T>,
+) -> syn::Result<()> {
+    input.parse::<Token![=]>()?;
+    let value = value(input)?;
+    if slot.is_some() {
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`{name}` specified more than once"),
+        ));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
 fn parse_mode(input: ParseStream<'_>) -> syn::Result<(ModeArg, Span)> {
     let lookahead = input.lookahead1();
     if lookahead.peek(kw::transactional) {
@@ -121,7 +108,7 @@ fn parse_mode(input: ParseStream<'_>) -> syn::Result<(ModeArg, Span)> {
     } else if lookahead.peek(kw::two_phase) {
         let token = input.parse::<kw::two_phase>()?;
         Ok((ModeArg::TwoPhase, token.span))
-    } else if input.peek(syn::LitStr) {
+    } else if input.peek(LitStr) {
         let lit: LitStr = input.parse()?;
         Err(syn::Error::new_spanned(
             &lit,
@@ -132,13 +119,75 @@ fn parse_mode(input: ParseStream<'_>) -> syn::Result<(ModeArg, Span)> {
     }
 }
 
-fn set<T>(slot: &mut Option<T>, value: T, name: Span, option: &str) -> syn::Result<()> {
-    if slot.is_some() {
-        return Err(syn::Error::new(
-            name,
-            format!("`{option}` specified more than once"),
-        ));
+fn parse_fingerprint(input: ParseStream<'_>) -> syn::Result<FingerprintArg> {
+    Ok(match input.parse()? {
+        Expr::Path(path) if path.qself.is_none() && path.path.is_ident("none") => {
+            FingerprintArg::Off
+        }
+        expr => FingerprintArg::Expr(expr),
+    })
+}
+
+/// A duration literal (`"500ms"`, `"30s"`, `"5m"`, `"2h"`, `"14d"`) in milliseconds, or why it
+/// is not one.
+pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
+    const HELP: &str = "write one whole number and a unit: `500ms`, `30s`, `5m`, `2h` or `14d`";
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    let scale: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("invalid duration `{text}`: {HELP}")),
+    };
+    if number.is_empty() {
+        return Err(format!("invalid duration `{text}`: {HELP}"));
     }
-    *slot = Some(value);
-    Ok(())
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("duration `{text}` is too long"))?;
+    if number == 0 {
+        return Err(format!("duration `{text}` is zero: it must be positive"));
+    }
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("duration `{text}` is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(500));
+        assert_eq!(parse_duration("30s"), Ok(30_000));
+        assert_eq!(parse_duration("5m"), Ok(300_000));
+        assert_eq!(parse_duration("2h"), Ok(7_200_000));
+        assert_eq!(parse_duration("14d"), Ok(1_209_600_000));
+        for bad in [
+            "", "30", "s", "0s", "1.5s", "30 s", "-1s", "30sec", "1w", " 1s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_duration("99999999999999999999d").is_err());
+        assert!(parse_duration("999999999999999d").is_err());
+    }
+
+    #[test]
+    fn options_parse_once_each() {
+        let args: Args = syn::parse_quote!(key = order.id, consumer = "billing", mode = two_phase);
+        assert!(args.key.is_some());
+        assert_eq!(args.consumer.unwrap().value(), "billing");
+        assert!(matches!(args.mode, Some((ModeArg::TwoPhase, _))));
+        let repeated = syn::parse_str::<Args>("key = a.b, key = a.c");
+        let error = repeated.err().expect("a repeated option is refused");
+        assert_eq!(error.to_string(), "`key` specified more than once");
+        let unknown = syn::parse_str::<Args>("retries = 3")
+            .err()
+            .expect("refused");
+        assert!(unknown.to_string().starts_with("unknown option `retries`"));
+    }
 }

@@ -1,58 +1,25 @@
-//! Generating the handler next to the annotated function.
+//! Generating `<name>_handler` next to the function, which is emitted unchanged.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Ident, ItemFn};
+use syn::{Expr, Ident, Type};
 
-use crate::attr::Args;
-use crate::valid::{self, Fingerprint, Kind, Mode, Spec};
+use crate::ast::{self, Handler, Role};
+use crate::attr::FingerprintArg;
 
-/// The whole macro: parse, validate, expand; on an error, the error and the function unchanged.
-pub(crate) fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let item_fn = match syn::parse2::<ItemFn>(item.clone()) {
-        Ok(item_fn) => item_fn,
-        Err(_) => {
-            let error = syn::Error::new(
-                Span::call_site(),
-                "`#[idempotent]` applies to an `async fn` (a free function or a method with `&self`)",
-            );
-            return with_item(error, item);
-        }
-    };
-    let spec = syn::parse2::<Args>(attr).and_then(|args| valid::validate(args, &item_fn));
-    match spec {
-        Ok(spec) => {
-            let generated = expand(&spec);
-            quote! {
-                #item_fn
-                #generated
-            }
-        }
-        Err(error) => with_item(error, item),
-    }
-}
-
-/// The error next to the item unchanged, so that one mistake gives one error.
-fn with_item(error: syn::Error, item: TokenStream) -> TokenStream {
-    let error = error.into_compile_error();
-    quote! {
-        #error
-        #item
-    }
-}
-
-fn expand(spec: &Spec) -> TokenStream {
-    if spec.method {
-        expand_method(spec)
+/// The function and its handler.
+pub(crate) fn expand(handler: &Handler<'_>) -> TokenStream {
+    let func = handler.func;
+    let generated = if handler.is_method() {
+        method(handler)
     } else {
-        expand_free(spec)
+        free(handler)
+    };
+    quote! {
+        #func
+        #generated
     }
-}
-
-/// `::idem_runtime::__private`.
-fn rt() -> TokenStream {
-    quote!(::idem_runtime::__private)
 }
 
 /// `::idem_runtime::__private`, spanned at a user's token: an error in an expression built with
@@ -61,135 +28,267 @@ fn rt_at(span: Span) -> TokenStream {
     quote_spanned!(span=> ::idem_runtime::__private)
 }
 
-fn handler_ident(spec: &Spec) -> Ident {
-    format_ident!("{}_handler", spec.ident)
+/// `::idem_runtime::__private`.
+fn rt() -> TokenStream {
+    rt_at(Span::call_site())
 }
 
-/// `impl Handler<Message = M, Output = O, Error = E> + 'static`.
-///
-/// Spanned at the output type: for a method, an unmet bound of the runtime's generic handler
-/// is reported there rather than on the attribute.
-fn return_type(spec: &Spec) -> TokenStream {
-    let span = spec.output_span;
-    let rt = rt_at(span);
-    let message = &spec.message_ty;
-    let (output, error) = output_and_error(spec);
-    quote_spanned! {span=>
-        impl #rt::Handler<Message = #message, Output = #output, Error = #error> + 'static
+/// The name of the generated function.
+pub(crate) fn handler_ident(name: &Ident) -> Ident {
+    format_ident!("{}_handler", name)
+}
+
+/// The types the handler is made of, each spanned at the user's own type, so that a missing
+/// bound is reported there.
+struct Types {
+    message: TokenStream,
+    output: TokenStream,
+    output_span: Span,
+    /// The function's error type.
+    error: TokenStream,
+    error_span: Span,
+    /// Whether the function's error is wrapped in a `Report`: a constant expression.
+    report: TokenStream,
+}
+
+impl Types {
+    fn of(handler: &Handler<'_>) -> Self {
+        let message = handler
+            .param(Role::Message)
+            .expect("checked: one message parameter");
+        let ret = handler.output.ty.expect("checked: a return type");
+        let output_span = handler.output.ok.map_or_else(|| ret.span(), Spanned::span);
+        let error_span = handler.output.err.map_or_else(|| ret.span(), Spanned::span);
+        let output = match handler.output.ok {
+            Some(ty) => ty.to_token_stream(),
+            None => {
+                let rt = rt_at(output_span);
+                quote_spanned!(output_span=> #rt::OutputOf<#ret>)
+            }
+        };
+        let error = match handler.output.err {
+            Some(ty) => ty.to_token_stream(),
+            None => {
+                let rt = rt_at(error_span);
+                quote_spanned!(error_span=> #rt::ErrorOf<#ret>)
+            }
+        };
+        let report = match handler.output.err {
+            // A method's error type may name its `impl` block's generic parameters, which a
+            // constant cannot: go by the spelling.
+            Some(ty) if handler.is_method() => {
+                let report = ast::is_report_type(ty);
+                quote!(#report)
+            }
+            _ => {
+                let rt = rt();
+                quote! {{
+                    #[allow(unused_imports)]
+                    use #rt::ProbeFallback as _;
+                    !<#rt::Probe<#error>>::IS_STD_ERROR && <#rt::Probe<#error>>::IS_REPORT
+                }}
+            }
+        };
+        Types {
+            message: message.arg.ty.to_token_stream(),
+            output,
+            output_span,
+            error,
+            error_span,
+            report,
+        }
+    }
+
+    /// The handler's error type: the function's, or a `Report` of it.
+    fn handler_error(&self) -> TokenStream {
+        let rt = rt_at(self.error_span);
+        let (error, report) = (&self.error, &self.report);
+        quote_spanned!(self.error_span=> #rt::AdaptedError<#error, #report>)
+    }
+
+    /// `ErrorKind<..>`: what adapts the function's error to the handler's.
+    fn kind(&self) -> TokenStream {
+        let rt = rt();
+        let report = &self.report;
+        quote!(#rt::ErrorKind<#report>)
+    }
+
+    /// `<ErrorKind<..> as AdaptError<E>>`.
+    fn adapter(&self) -> TokenStream {
+        let rt = rt();
+        let (kind, error) = (self.kind(), &self.error);
+        quote!(<#kind as #rt::AdaptError<#error>>)
+    }
+
+    /// `impl Handler<Message = M, Output = O, Error = E> + 'static`, spanned at the output type:
+    /// for a method, an unmet bound of the runtime's generic handler is reported there.
+    fn return_type(&self) -> TokenStream {
+        let rt = rt_at(self.output_span);
+        let (message, output) = (&self.message, &self.output);
+        let error = self.handler_error();
+        quote_spanned! {self.output_span=>
+            impl #rt::Handler<Message = #message, Output = #output, Error = #error> + 'static
+        }
     }
 }
 
-/// The output and error types, spanned at the user's types so that unmet bounds are reported
-/// there.
-fn output_and_error(spec: &Spec) -> (TokenStream, TokenStream) {
-    let ret = &spec.ret;
-    let output_rt = rt_at(spec.output_span);
-    let error_rt = rt_at(spec.error_span);
-    let output = match &spec.output_ty {
-        Some(ty) => quote!(#ty),
-        None => quote_spanned!(spec.output_span=> #output_rt::OutputOf<#ret>),
-    };
-    let error = match &spec.error_ty {
-        Some(ty) => quote!(#ty),
-        None => quote_spanned!(spec.error_span=> #error_rt::ErrorOf<#ret>),
-    };
-    (output, error)
-}
-
-/// The consumer name: the `consumer = "..."` literal, or a hidden constant holding
-/// `"<module path>::<function name>"`, which the compiler checks to be a valid consumer name
-/// (reported on the function's name).
-fn consumer(spec: &Spec) -> (TokenStream, TokenStream) {
-    match &spec.consumer {
-        Some(name) => (TokenStream::new(), quote!(#name)),
-        None => {
-            let name = spec.ident.to_string();
-            let span = spec.ident.span();
+/// The consumer name's expression, and the item that checks it at compile time with the
+/// runtime's rules (reported at the literal, or at the function's name for the default): the
+/// `consumer = "..."` literal, or `"<module path>::<function name>"`.
+fn consumer(handler: &Handler<'_>) -> (TokenStream, TokenStream) {
+    match &handler.consumer {
+        Some(name) => {
+            let span = name.span();
             let rt = rt_at(span);
-            let item = quote_spanned! {span=>
-                const __IDEM_CONSUMER: &str = #rt::concat!(#rt::module_path!(), "::", #name);
-                const _: () = #rt::assert!(
-                    __IDEM_CONSUMER.len() <= #rt::ConsumerName::MAX_LEN,
-                    "the default consumer name, `<module path>::<function name>`, is longer than \
-                     128 bytes: set `consumer = \"...\"`",
-                );
+            let check = quote_spanned! {span=>
+                const _: () = if let #rt::Some(problem) = #rt::consumer_name_problem(#name) {
+                    ::core::panic!("{}", problem)
+                };
             };
-            (item, quote!(__IDEM_CONSUMER))
+            (check, quote!(#name))
+        }
+        None => {
+            let ident = handler.ident();
+            let name = ident.to_string();
+            let span = ident.span();
+            let rt = rt_at(span);
+            let check = quote_spanned! {span=>
+                const __IDEM_CONSUMER: &str = #rt::concat!(#rt::module_path!(), "::", #name);
+                const _: () = if let #rt::Some(problem) =
+                    #rt::default_consumer_name_problem(__IDEM_CONSUMER)
+                {
+                    ::core::panic!("{}", problem)
+                };
+            };
+            (check, quote!(__IDEM_CONSUMER))
         }
     }
 }
 
-fn mode(spec: &Spec) -> TokenStream {
+fn mode(handler: &Handler<'_>) -> TokenStream {
     let rt = rt();
-    match spec.mode {
-        Mode::Transactional => quote!(#rt::Mode::Transactional),
-        Mode::TwoPhase { lease_ms: None } => quote!(#rt::Mode::two_phase()),
-        Mode::TwoPhase { lease_ms: Some(ms) } => {
-            quote!(#rt::Mode::TwoPhase { lease: #rt::Duration::from_millis(#ms) })
-        }
+    if handler.is_transactional() {
+        return quote!(#rt::Mode::Transactional);
+    }
+    match handler
+        .lease
+        .as_ref()
+        .and_then(|lease| lease.ms.as_ref().ok())
+    {
+        Some(ms) => quote!(#rt::Mode::TwoPhase { lease: #rt::Duration::from_millis(#ms) }),
+        None => quote!(#rt::Mode::two_phase()),
     }
 }
 
-fn retention(spec: &Spec) -> TokenStream {
+fn retention(handler: &Handler<'_>) -> TokenStream {
     let rt = rt();
-    match spec.retention_ms {
+    match handler.retention.as_ref().and_then(|r| r.ms.as_ref().ok()) {
         Some(ms) => quote!(#rt::Some(#rt::Duration::from_millis(#ms))),
         None => quote!(#rt::None),
     }
 }
 
-/// The body of the key function, with `__idem_message: &M` and `__idem_meta: &Metadata`.
-fn key_body(spec: &Spec) -> TokenStream {
-    let rt = rt();
-    let pat = &spec.message_pat;
-    let key = &spec.key;
-    let meta = spec.meta_pat.as_ref().map(|meta| {
-        quote! {
-            #[allow(unused_variables)]
-            let #meta = __idem_meta;
+/// A reference to an option's expression, with each component of a tuple borrowed in turn:
+/// `(order.tenant, order.id)` reads the message's fields without moving them out of the
+/// reference the message is bound to. The tokens added take the expression's spans, so that an
+/// error about its value underlines the whole expression.
+fn borrowed(expr: &Expr) -> TokenStream {
+    let span = expr.span();
+    match expr {
+        Expr::Tuple(tuple) if !tuple.elems.is_empty() => {
+            let elems = tuple.elems.iter().map(borrowed);
+            let mut group = Group::new(Delimiter::Parenthesis, quote!(#(#elems,)*));
+            group.set_span(tuple.paren_token.span.join());
+            quote_spanned!(span=> &#group)
         }
-    });
+        // `&` binds tighter than these: keep them whole.
+        Expr::Binary(_)
+        | Expr::Cast(_)
+        | Expr::Range(_)
+        | Expr::Assign(_)
+        | Expr::Closure(_)
+        | Expr::Let(_) => quote_spanned!(span=> &(#expr)),
+        other => quote_spanned!(span=> &#other),
+    }
+}
+
+/// `let <message pattern> = __idem_message;` and, for the key, the metadata's.
+fn bindings(handler: &Handler<'_>, with_metadata: bool) -> TokenStream {
+    let mut out = TokenStream::new();
+    let roles: &[Role] = if with_metadata {
+        &[Role::Message, Role::Metadata]
+    } else {
+        &[Role::Message]
+    };
+    for &role in roles {
+        if let Some(param) = handler.param(role) {
+            let pat = ast::by_reference(&param.arg.pat);
+            let value = match role {
+                Role::Metadata => quote!(__idem_meta),
+                _ => quote!(__idem_message),
+            };
+            out.extend(quote! {
+                #[allow(unused_variables)]
+                let #pat = #value;
+            });
+        }
+    }
+    out
+}
+
+/// The body of the key function, with `__idem_message: &M` and `__idem_meta: &Metadata`.
+fn key_body(handler: &Handler<'_>) -> TokenStream {
+    let key = handler.key.as_ref().expect("checked: a key");
+    let bindings = bindings(handler, true);
+    let span = key.span();
+    let rt = rt_at(span);
+    let key = borrowed(key);
+    // A value that cannot be a key is reported on the expression.
+    let call = quote_spanned!(span=> #rt::KeySource::to_message_key(#key));
     quote! {
-        #[allow(unused_variables)]
-        let #pat = __idem_message;
-        #meta
-        #rt::key_of(&(#key))
+        #bindings
+        #call
     }
 }
 
 /// The body of the fingerprint function, with `__idem_message: &M` and `__idem_fp_meta:
 /// &Metadata`.
-fn fingerprint_body(spec: &Spec) -> TokenStream {
+fn fingerprint_body(handler: &Handler<'_>, message: &TokenStream) -> TokenStream {
     let rt = rt();
-    match &spec.fingerprint {
-        Fingerprint::Message => {
+    match &handler.fingerprint {
+        None => {
             // A message that is not `Serialize` is reported on its type.
-            let span = spec.message_ty.span();
+            let span = message.span();
             let rt = rt_at(span);
             quote_spanned!(span=> #rt::content_fingerprint(__idem_message, __idem_fp_meta))
         }
-        Fingerprint::Off => quote!(#rt::Ok(#rt::None)),
-        Fingerprint::Expr(expr) => {
-            let pat = &spec.message_pat;
+        Some(FingerprintArg::Off) => quote!(#rt::Ok(#rt::None)),
+        Some(FingerprintArg::Expr(expr)) => {
+            let bindings = bindings(handler, false);
+            let span = expr.span();
+            let rt = rt_at(span);
+            let expr = borrowed(expr);
+            let call =
+                quote_spanned!(span=> #rt::Result::map(#rt::Fingerprint::of(#expr), #rt::Some));
             quote! {
-                #[allow(unused_variables)]
-                let #pat = __idem_message;
-                #rt::fingerprint_of(&(#expr))
+                #bindings
+                #call
             }
         }
     }
 }
 
-/// The arguments the user's function is called with, from `__idem_cx` and `__idem_message`.
-fn call_args(spec: &Spec) -> Vec<TokenStream> {
+/// The arguments the function is called with, from `__idem_cx` and `__idem_message`.
+fn call_args(handler: &Handler<'_>) -> Vec<TokenStream> {
     let rt = rt();
-    spec.params
+    handler
+        .params
         .iter()
-        .map(|param| match param.kind {
-            Kind::Transaction => quote!(#rt::transaction(__idem_cx)),
-            Kind::Metadata => quote!(__idem_cx.metadata()),
-            Kind::Context => quote!(__idem_cx),
-            Kind::Message => quote!(__idem_message),
+        .map(|param| match param.role {
+            Role::Transaction => quote!(#rt::transaction(__idem_cx)),
+            Role::Metadata => quote!(__idem_cx.metadata()),
+            Role::Context => quote!(__idem_cx),
+            Role::Message => quote!(__idem_message),
         })
         .collect()
 }
@@ -201,50 +300,57 @@ fn handler_doc(target: &str) -> String {
     )
 }
 
-/// A free function: `fn <name>_handler() -> impl Handler` returning a unit struct defined in its
-/// body.
-fn expand_free(spec: &Spec) -> TokenStream {
+/// A free function: `fn <name>_handler() -> impl Handler`, returning a struct defined in its
+/// body (named like the function, so that diagnostics listing handlers name it).
+fn free(handler: &Handler<'_>) -> TokenStream {
     let rt = rt();
-    let vis = &spec.vis;
-    let ident = &spec.ident;
-    let handler = handler_ident(spec);
-    let ret_ty = return_type(spec);
-    let message = &spec.message_ty;
-    let (output, error) = output_and_error(spec);
-    let message_span = message.span();
-    let message_item = quote_spanned!(message_span=> type Message = #message;);
-    let output_item = quote_spanned!(spec.output_span=> type Output = #output;);
-    let error_item = quote_spanned!(spec.error_span=> type Error = #error;);
-    let (consumer_item, consumer) = consumer(spec);
-    let mode = mode(spec);
-    let retention = retention(spec);
-    let key = key_body(spec);
-    let fingerprint = fingerprint_body(spec);
-    let args = call_args(spec);
+    let vis = &handler.func.vis;
+    let ident = handler.ident();
+    let handler_fn = handler_ident(ident);
+    let types = Types::of(handler);
+    let ret_ty = types.return_type();
+    let message_item = {
+        let message = &types.message;
+        quote_spanned!(message.span()=> type Message = #message;)
+    };
+    let output_item = {
+        let output = &types.output;
+        quote_spanned!(types.output_span=> type Output = #output;)
+    };
+    let error_item = {
+        let error = types.handler_error();
+        quote_spanned!(types.error_span=> type Error = #error;)
+    };
+    let adapter = types.adapter();
+    let (consumer_check, consumer) = consumer(handler);
+    let mode = mode(handler);
+    let retention = retention(handler);
+    let key = key_body(handler);
+    let fingerprint = fingerprint_body(handler, &types.message);
+    let args = call_args(handler);
+    let permanent = match &handler.permanent {
+        Some(path) => quote!((#path)(#adapter::inner(__idem_error))),
+        None => quote!(false),
+    };
     // A future that is not `Send` is reported on the function's name.
     let span = ident.span();
     let rt_span = rt_at(span);
     let future = quote_spanned! {span=>
         impl #rt_span::Future<Output = #rt_span::Result<Self::Output, Self::Error>> + #rt_span::Send
     };
-    let call = quote_spanned!(span=> #ident(#(#args),*));
-    let permanent = match &spec.permanent {
-        Some(path) => quote!((#path)(__idem_error)),
-        None => quote!(false),
-    };
+    let call = quote_spanned!(span=> #adapter::adapt_future(#ident(#(#args),*)));
     let doc = handler_doc(&ident.to_string());
     quote! {
         #[doc = #doc]
         #[allow(dead_code)]
-        #vis fn #handler() -> #ret_ty {
-            #consumer_item
+        #vis fn #handler_fn() -> #ret_ty {
+            #consumer_check
 
-            #[doc(hidden)]
             #[allow(non_camel_case_types)]
-            struct __idem_handler;
+            struct #handler_fn {}
 
             #[automatically_derived]
-            impl #rt::Handler for __idem_handler {
+            impl #rt::Handler for #handler_fn {
                 #message_item
                 #output_item
                 #error_item
@@ -291,27 +397,30 @@ fn expand_free(spec: &Spec) -> TokenStream {
                 }
             }
 
-            __idem_handler
+            #handler_fn {}
         }
     }
 }
 
 /// A method with `&self`: `fn <name>_handler(self: &Arc<Self>) -> impl Handler` and hidden
 /// associated functions in the same `impl` block, assembled by `__private::MethodHandler`.
-fn expand_method(spec: &Spec) -> TokenStream {
+fn method(handler: &Handler<'_>) -> TokenStream {
     let rt = rt();
-    let vis = &spec.vis;
-    let ident = &spec.ident;
-    let handler = handler_ident(spec);
-    let ret_ty = return_type(spec);
-    let message = &spec.message_ty;
-    let (output, error) = output_and_error(spec);
-    let (consumer_item, consumer) = consumer(spec);
-    let mode = mode(spec);
-    let retention = retention(spec);
-    let key = key_body(spec);
-    let fingerprint = fingerprint_body(spec);
-    let args = call_args(spec);
+    let vis = &handler.func.vis;
+    let ident = handler.ident();
+    let handler_fn = handler_ident(ident);
+    let types = Types::of(handler);
+    let ret_ty = types.return_type();
+    let message = &types.message;
+    let output = &types.output;
+    let handler_error = types.handler_error();
+    let adapter = types.adapter();
+    let (consumer_check, consumer) = consumer(handler);
+    let mode = mode(handler);
+    let retention = retention(handler);
+    let key = key_body(handler);
+    let fingerprint = fingerprint_body(handler, message);
+    let args = call_args(handler);
     let key_fn = format_ident!("__idem_{}_key", ident);
     let fingerprint_fn = format_ident!("__idem_{}_fingerprint", ident);
     let handle_fn = format_ident!("__idem_{}_handle", ident);
@@ -319,10 +428,15 @@ fn expand_method(spec: &Spec) -> TokenStream {
     let span = ident.span();
     let rt_span = rt_at(span);
     let boxed = quote_spanned! {span=>
-        #rt_span::Box::pin(async move { __idem_this.#ident(#(#args),*).await })
+        #rt_span::Box::pin(async move {
+            match __idem_this.#ident(#(#args),*).await {
+                #rt_span::Ok(output) => #rt_span::Ok(output),
+                #rt_span::Err(error) => #rt_span::Err(#adapter::adapt(error)),
+            }
+        })
     };
-    let permanent = match &spec.permanent {
-        Some(path) => quote!(#path),
+    let permanent = match &handler.permanent {
+        Some(path) => quote!(|__idem_error| (#path)(#adapter::inner(__idem_error))),
         None => quote!(#rt::never_permanent),
     };
     let doc = handler_doc(&format!("Self::{ident}"));
@@ -331,17 +445,30 @@ fn expand_method(spec: &Spec) -> TokenStream {
         where
             Self: #rt_span::Send + #rt_span::Sync + 'static,
     };
-    // Each unmet bound is reported on the type argument that lacks it.
+    // Each unmet bound is reported on the type argument that lacks it, and names this local
+    // function rather than a runtime item.
     let construct = quote! {
-        #rt::method_handler::<Self, #message, #output, #error>(self, __idem_spec)
+        fn #handler_fn<S, M, O, E>(
+            service: &#rt::Arc<S>,
+            spec: #rt::MethodSpec<S, M, O, E>,
+        ) -> impl #rt::Handler<Message = M, Output = O, Error = E> + 'static
+        where
+            S: #rt::Send + #rt::Sync + 'static,
+            M: #rt::Send + 'static,
+            O: #rt::Serialize + #rt::DeserializeOwned + #rt::Send + 'static,
+            E: #rt::StdError + #rt::Send + #rt::Sync + 'static,
+        {
+            #rt::MethodHandler::new(service, spec)
+        }
+        #handler_fn::<Self, #message, #output, #handler_error>(self, __idem_spec)
     };
     quote! {
         #[doc = #doc]
         #[allow(dead_code)]
-        #vis fn #handler(self: &#rt::Arc<Self>) -> #ret_ty
+        #vis fn #handler_fn(self: &#rt::Arc<Self>) -> #ret_ty
         #service_bounds
         {
-            #consumer_item
+            #consumer_check
             let __idem_spec = #rt::MethodSpec {
                 consumer: #consumer,
                 mode: #mode,
@@ -378,10 +505,43 @@ fn expand_method(spec: &Spec) -> TokenStream {
             __idem_this: #rt::Arc<Self>,
             __idem_cx: &'__idem #rt::Context<'__idem>,
             __idem_message: #message,
-        ) -> #rt::BoxFuture<'__idem, #rt::Result<#output, #error>>
+        ) -> #rt::BoxFuture<'__idem, #rt::Result<#output, #handler_error>>
         #service_bounds
         {
             #boxed
+        }
+    }
+}
+
+/// The types a stand-in handler is written with when the real one cannot be generated: those
+/// the function states plainly, generic parameters for the others.
+pub(crate) fn stand_in(
+    vis: &syn::Visibility,
+    name: &Ident,
+    method: bool,
+    message: Option<&Type>,
+    output: Option<&Type>,
+) -> TokenStream {
+    let rt = rt();
+    let handler_fn = handler_ident(name);
+    let (generics, message) = match message {
+        Some(ty) => (TokenStream::new(), ty.to_token_stream()),
+        None => (
+            quote!(<__IdemMessage: #rt::Send + 'static>),
+            quote!(__IdemMessage),
+        ),
+    };
+    let output = match output {
+        Some(ty) => ty.to_token_stream(),
+        None => quote!(()),
+    };
+    let receiver = method.then(|| quote!(self: &#rt::Arc<Self>));
+    let doc = handler_doc(&name.to_string());
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code, unused_variables)]
+        #vis fn #handler_fn #generics(#receiver) -> #rt::Unavailable<#message, #output> {
+            #rt::Unavailable::new()
         }
     }
 }

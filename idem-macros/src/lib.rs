@@ -12,8 +12,9 @@
 //! implementing `idem_runtime::Handler`:
 //!
 //! - for a free function `charge`, `fn charge_handler() -> impl Handler<Message = M, Output = O,
-//!   Error = E> + 'static`. Its body defines a unit struct and implements `Handler` for it
-//!   directly: nothing is boxed and nothing is allocated per message;
+//!   Error = E> + 'static`. Its body defines an empty struct, also named `charge_handler` (so
+//!   that diagnostics listing handlers name it), and implements `Handler` for it directly:
+//!   nothing is boxed and nothing is allocated per message;
 //! - for a method `async fn charge(&self, ...)` in an `impl` block, an associated
 //!   `fn charge_handler(self: &Arc<Self>) -> impl Handler<...> + 'static`. The handler holds a
 //!   clone of the `Arc`, so the service's dependencies (an HTTP client, a connection pool, its
@@ -25,10 +26,12 @@
 //!
 //! The generated `Handler` implementation:
 //!
-//! - `consumer()` is the `consumer = "..."` option, or `"<module path>::<function name>"`;
+//! - `consumer()` is the `consumer = "..."` option, or `"<module path>::<function name>"`, checked
+//!   at compile time by a constant that applies the runtime's own rules (`ConsumerName::check`);
 //! - `key()` evaluates the `key = <expr>` expression with the message parameter bound to a
 //!   *reference* to the message and the `&Metadata` parameter (if any) bound to the transport's
-//!   metadata, and turns the value into a validated `MessageKey` through `KeySource`;
+//!   metadata, and turns the value into a validated `MessageKey` through `KeySource`; each
+//!   component of a tuple key is borrowed, so `(order.tenant, order.id)` moves nothing;
 //! - `fingerprint()` hashes the message as received (`Metadata::content_fingerprint`), or the
 //!   `fingerprint = <expr>` value with `Fingerprint::of`, or returns `None` for
 //!   `fingerprint = none`;
@@ -36,19 +39,39 @@
 //!   `Mode::TwoPhase` (with the `lease`) otherwise; `retention()` and `is_permanent()` follow
 //!   the `retention` and `permanent` options;
 //! - `handle()` calls the function, passing the inbox's transaction, the metadata and the
-//!   context to the parameters that ask for them, and the message by value.
+//!   context to the parameters that ask for them, and the message by value;
+//! - `Error` is the function's error type when it implements `std::error::Error`, and
+//!   `idem_runtime::Report<E>` when it is a report type that only holds one (`anyhow::Error`,
+//!   `eyre::Report`, `Box<dyn Error + Send + Sync>`).
 //!
-//! Mistakes are compile errors that point at the token that causes them (an unknown or
-//! repeated option, a missing key, a key that uses no parameter, a bad duration, a second
-//! transaction, ...); the function is still emitted, so one mistake gives one error. A missing
-//! `Serialize`, `DeserializeOwned` or `std::error::Error` bound, or a future that is not
-//! `Send`, is reported on the user's own type or function name.
+//! # One mistake, one error, at the token that causes it
+//!
+//! The macro reads the function (its body as tokens, so a body syn cannot parse still
+//! expands), checks it against a list of small rules, and only then generates. Every broken
+//! rule is reported at the user's token: an unknown or repeated option, a missing key, a key
+//! that reads no parameter or names `meta` without taking it, a bad duration, a second
+//! transaction, a borrowed message, an associated function without `self`...
+//! The function is still emitted unchanged, next to a stand-in `<name>_handler()`, so that code
+//! calling it gets no second error and IDEs keep working. A missing `Serialize`,
+//! `DeserializeOwned` or `std::error::Error` bound, a future that is not `Send` or a value
+//! that cannot be a key is reported on the user's own type, function name or expression, and
+//! passing `charge` where `charge_handler()` is meant says so. No message names the hidden
+//! items the expansion is made of.
+//!
+//! An attribute sees only the function it is on, so an associated function without `self` is
+//! recognised by `Self` in it or, failing that, by reading its source file (when the compiler
+//! gives the path; an IDE may not, and then the compiler's "cannot find function" at the
+//! function's name is the error).
 //!
 //! See [`idempotent`] for the parameters and every option.
 
+mod ast;
 mod attr;
+mod check;
+mod ctxt;
 mod expand;
-mod valid;
+mod fallback;
+mod place;
 
 use proc_macro::TokenStream;
 
@@ -114,16 +137,20 @@ use proc_macro::TokenStream;
 /// The message key: a stable identity of the logical message, never a delivery tag or a
 /// timestamp. Any expression over the message parameter and the `&Metadata` parameter; the
 /// message is bound *by reference*, so `order.id` does not move it. The value may be a string,
-/// an integer, a `Uuid`, an `Option` of those (`None` is a missing key, dead-lettered), a
-/// `MessageKey` or a `Result<MessageKey, KeyError>`; an expression that uses no parameter is a
-/// compile error.
+/// an integer, a `bool`, a `char`, a `Uuid`, an `Option` of those (`None` is a missing key,
+/// dead-lettered), a `MessageKey`, a `Result<MessageKey, KeyError>`, or a tuple of them: a
+/// composite key such as `key = (order.tenant, order.id)`, whose components are escaped and
+/// joined with `/` (`acme/42`) so that two different tuples never give the same key (the
+/// encoding is documented on `KeySource` and never changes). Floating-point numbers are
+/// refused, with a note saying what to key on instead. An expression that uses no parameter is
+/// a compile error.
 ///
 /// ```
 /// # use idem_runtime::{MessageKey, Metadata, idempotent};
 /// # #[derive(serde::Serialize)] struct Line { order: String, line: u32 }
 /// # #[derive(serde::Serialize)] struct Event { source: String, id: String }
 /// # #[derive(Debug, thiserror::Error)] #[error("e")] struct E;
-/// #[idempotent(key = format!("{}#{}", line.order, line.line))]
+/// #[idempotent(key = (line.order, line.line))] // "o-1/2"
 /// async fn reserve(line: Line) -> Result<(), E> { Ok(()) }
 ///
 /// // CloudEvents: `source` + `id`, from the event or from the transport's attributes.
@@ -147,8 +174,8 @@ use proc_macro::TokenStream;
 /// ## `consumer = "<name>"`
 ///
 /// The consumer name, the first half of the inbox key: each consumer of a pub/sub channel
-/// tracks its own completions. Checked at compile time (non-empty, at most 128 bytes), the
-/// default too. The default is `"<module path>::<function name>"` (`concat!(module_path!(),
+/// tracks its own completions. Checked at compile time with the runtime's own rules
+/// (`ConsumerName::check`: non-empty, at most 128 bytes, no NUL), the default too. The default is `"<module path>::<function name>"` (`concat!(module_path!(),
 /// "::", "ship")`): `ship` in `mod orders` of the crate `shop` is `"shop::orders::ship"`, so
 /// handlers named alike in different modules keep apart. It is stable across builds and
 /// machines, but renaming the crate or the function, or moving it to another module, changes
@@ -290,8 +317,9 @@ use proc_macro::TokenStream;
 /// On a method taking `&self`, the generated `<name>_handler` takes `self: &Arc<Self>` and
 /// holds a clone of the `Arc`. The service must be `Send + Sync + 'static`. Methods of generic
 /// `impl` blocks work; generic *functions* are refused (a handler has one message type).
-/// Associated functions without `self` are not supported: write a free function instead. The
-/// default consumer name is `"<module path>::<method name>"`, without the type (see `consumer`).
+/// Associated functions without `self` are not supported: take `&self`, or write a free
+/// function. The default consumer name is `"<module path>::<method name>"`, without the type
+/// (see `consumer`).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -320,12 +348,61 @@ use proc_macro::TokenStream;
 ///
 /// # Output and errors
 ///
-/// The function returns `Result<O, E>`, spelled any way (`anyhow`-style aliases and a crate's
-/// own `type Result<T> = ...` work). `O` is recorded and returned again for duplicates, so it
-/// must be `Serialize + DeserializeOwned + Send`; `E` must be `std::error::Error + Send + Sync +
-/// 'static`; the message must be `Send + 'static`, and the function's future `Send`. A missing
-/// bound is reported on the type that lacks it.
+/// The function returns `Result<O, E>`, spelled any way (`anyhow::Result<T>`, `eyre::Result<T>`
+/// and a crate's own `type Result<T> = ...` work). `O` is recorded and returned again for
+/// duplicates, so it must be `Serialize + DeserializeOwned + Send` and own its data (`'static`
+/// borrows such as `Cow<'static, str>` are fine); the message must be `Send + 'static`, and the
+/// function's future `Send`. A missing bound is reported on the type that lacks it.
+///
+/// `E` is either an error type, `std::error::Error + Send + Sync + 'static`, which is the
+/// handler's `Error` as it is, or a *report* type that holds one — `anyhow::Error`,
+/// `eyre::Report`, `Box<dyn Error + Send + Sync>` — which the handler wraps in
+/// `idem_runtime::Report<E>` (displayed as the error it holds). Like any handler error, a
+/// report is transient unless `permanent = ...` says otherwise; the function given there takes
+/// `&E`, the report's own type.
+///
+/// ```
+/// # use idem_runtime::{BoxError, Handler, Report, idempotent};
+/// # #[derive(serde::Serialize)] struct Order { id: String }
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("card declined")]
+/// struct Declined;
+///
+/// // With `anyhow::Result<u32>`, this would take `&anyhow::Error`.
+/// fn is_declined(error: &BoxError) -> bool {
+///     error.is::<Declined>()
+/// }
+///
+/// #[idempotent(key = order.id, permanent = is_declined)]
+/// async fn charge(order: Order) -> Result<u32, BoxError> {
+///     Err(Declined.into())
+/// }
+///
+/// let declined = Report::new(BoxError::from(Declined));
+/// assert!(charge_handler().is_permanent(&declined));
+/// assert_eq!(declined.to_string(), "card declined");
+/// ```
+///
+/// A free function's error type is told apart by the compiler, whatever its spelling. A
+/// method's error type may name its `impl` block's generic parameters, so there the macro goes
+/// by the spelling: `Result<T, E>` with `E` written `anyhow::Error`, `eyre::Report`,
+/// `Box<dyn ...>` or `BoxError` is a report type, any other `E` an error type; an alias such as
+/// `anyhow::Result<T>` is told apart by the compiler.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
-    expand::idempotent(attr.into(), item.into()).into()
+    let item = proc_macro2::TokenStream::from(item);
+    let func = match syn::parse2::<ast::Func>(item.clone()) {
+        Ok(func) => func,
+        Err(error) => return fallback::unparsed(error, item).into(),
+    };
+    let cx = ctxt::Ctxt::new();
+    let handler = ast::Handler::from_syn(&cx, attr.into(), &func);
+    if let Some(handler) = &handler {
+        check::check(&cx, handler);
+    }
+    match (cx.check(), handler) {
+        (Ok(()), Some(handler)) => expand::expand(&handler).into(),
+        (Err(errors), _) => fallback::invalid(errors, &func).into(),
+        (Ok(()), None) => unreachable!("an attribute that does not parse leaves an error"),
+    }
 }

@@ -3,17 +3,22 @@
 //! The macro names everything through this module (`::idem_runtime::__private::...`), so the
 //! user's crate needs no other dependency and no import for the generated code to compile.
 
+use std::convert::Infallible;
 use std::fmt;
+use std::marker::PhantomData;
 use std::pin::Pin;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use futures_util::TryFutureExt;
+
+pub use serde::Serialize;
+pub use serde::de::DeserializeOwned;
+pub use std::error::Error as StdError;
 
 pub use std::boxed::Box;
 pub use std::future::Future;
 pub use std::marker::{Send, Sync};
 pub use std::option::Option::{self, None, Some};
-pub use std::result::Result::{self, Ok};
+pub use std::result::Result::{self, Err, Ok};
 pub use std::sync::Arc;
 pub use std::time::Duration;
 pub use std::{assert, concat, module_path};
@@ -24,6 +29,7 @@ pub use crate::fingerprint::{Fingerprint, FingerprintError};
 pub use crate::handler::{Context, Handler, Mode};
 pub use crate::key::{ConsumerName, KeyError, KeySource, MessageKey};
 pub use crate::metadata::Metadata;
+pub use crate::report::{Report, ReportSource};
 
 /// A boxed, `Send` future: what a method handler's hidden `handle` function returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -57,19 +63,141 @@ pub type OutputOf<R> = <R as HandlerResult>::Output;
 /// The `Err` type of a handler's return type.
 pub type ErrorOf<R> = <R as HandlerResult>::Error;
 
-/// The key made from a `key = <expr>` expression.
-#[inline]
-pub fn key_of<K: KeySource + ?Sized>(source: &K) -> Result<MessageKey, KeyError> {
-    source.to_message_key()
+/// What is wrong with an explicit `consumer = "..."` name, by the runtime's own rules
+/// ([`ConsumerName::check`]); `None` when nothing is. The macro checks the name at compile time
+/// with it: `const _: () = if let Some(problem) = consumer_name_problem("...") { panic!(..) };`
+/// fails to compile, at the literal, with the reason.
+pub const fn consumer_name_problem(name: &str) -> Option<&'static str> {
+    match ConsumerName::check(name) {
+        Ok(()) => None,
+        Err(KeyError::Empty { .. }) => Some("the consumer name is empty"),
+        // The figure is `ConsumerName::MAX_LEN` (a unit test keeps them equal).
+        Err(KeyError::TooLong { .. }) => {
+            Some("the consumer name is longer than 128 bytes (`ConsumerName::MAX_LEN`)")
+        }
+        Err(KeyError::ContainsNul { .. }) => Some("the consumer name contains a NUL character"),
+        Err(_) => Some("the consumer name is not valid"),
+    }
 }
 
-/// The fingerprint of a `fingerprint = <expr>` expression.
-#[inline]
-pub fn fingerprint_of<T: Serialize + ?Sized>(
-    value: &T,
-) -> Result<Option<Fingerprint>, FingerprintError> {
-    Fingerprint::of(value).map(Some)
+/// What is wrong with a default consumer name, `<module path>::<function name>`: only its
+/// length can be.
+pub const fn default_consumer_name_problem(name: &str) -> Option<&'static str> {
+    match ConsumerName::check(name) {
+        Ok(()) => None,
+        Err(_) => Some(
+            "the default consumer name, `<module path>::<function name>`, is longer than 128 bytes: set `consumer = \"...\"`",
+        ),
+    }
 }
+
+// Handler errors. A function's error type that implements `std::error::Error` is the handler's
+// error as it is; a report type (`anyhow::Error`, `eyre::Report`, `Box<dyn Error + Send + Sync>`)
+// is wrapped in a `Report`. The macro asks `Probe` which one a type is, in a constant:
+// `<Probe<E>>::IS_STD_ERROR` finds the inherent constant when its bound holds and the trait's
+// `false` otherwise.
+
+/// Answers, in constants, what kind of error type `T` is.
+pub struct Probe<T: ?Sized>(PhantomData<T>);
+
+impl<T: ?Sized> fmt::Debug for Probe<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Probe")
+    }
+}
+
+/// The answers `Probe` gives when an inherent one's bound does not hold. It must be in scope
+/// where the constants are read.
+pub trait ProbeFallback {
+    /// `T` does not implement `std::error::Error`.
+    const IS_STD_ERROR: bool = false;
+    /// `T` is not a report type.
+    const IS_REPORT: bool = false;
+}
+
+impl<T: ?Sized> ProbeFallback for Probe<T> {}
+
+impl<T: std::error::Error + ?Sized> Probe<T> {
+    /// `T` implements `std::error::Error`.
+    pub const IS_STD_ERROR: bool = true;
+}
+
+impl<T: ReportSource> Probe<T> {
+    /// `T` is a report type.
+    pub const IS_REPORT: bool = true;
+}
+
+/// Whether a function's error type is wrapped in a [`Report`] (`true`) or kept (`false`).
+#[derive(Debug)]
+pub struct ErrorKind<const REPORT: bool>;
+
+/// Turns a function's error into the handler's error, and back for `permanent = ...`.
+pub trait AdaptError<E> {
+    /// The handler's error type.
+    type Error;
+    /// The function's future `F`, its error adapted: `F` itself when the error is kept, so
+    /// that what the compiler says about it is said about the function's own future.
+    type Future<F, O>: Future<Output = Result<O, Self::Error>>
+    where
+        F: Future<Output = Result<O, E>>;
+    /// The handler's error for the function's.
+    fn adapt(error: E) -> Self::Error;
+    /// The function's error inside the handler's.
+    fn inner(error: &Self::Error) -> &E;
+    /// The function's future, its error adapted.
+    fn adapt_future<F, O>(future: F) -> Self::Future<F, O>
+    where
+        F: Future<Output = Result<O, E>>;
+}
+
+impl<E> AdaptError<E> for ErrorKind<false> {
+    type Error = E;
+    type Future<F, O>
+        = F
+    where
+        F: Future<Output = Result<O, E>>;
+
+    fn adapt(error: E) -> E {
+        error
+    }
+
+    fn inner(error: &E) -> &E {
+        error
+    }
+
+    fn adapt_future<F, O>(future: F) -> F
+    where
+        F: Future<Output = Result<O, E>>,
+    {
+        future
+    }
+}
+
+impl<E: ReportSource> AdaptError<E> for ErrorKind<true> {
+    type Error = Report<E>;
+    type Future<F, O>
+        = futures_util::future::MapErr<F, fn(E) -> Report<E>>
+    where
+        F: Future<Output = Result<O, E>>;
+
+    fn adapt(error: E) -> Report<E> {
+        Report::new(error)
+    }
+
+    fn inner(error: &Report<E>) -> &E {
+        error.get_ref()
+    }
+
+    fn adapt_future<F, O>(future: F) -> Self::Future<F, O>
+    where
+        F: Future<Output = Result<O, E>>,
+    {
+        future.map_err(Report::new as fn(E) -> Report<E>)
+    }
+}
+
+/// The handler's error type for a function's error type `E`.
+pub type AdaptedError<E, const REPORT: bool> = <ErrorKind<REPORT> as AdaptError<E>>::Error;
 
 /// The fingerprint of the whole message, by default: the payload as received when the transport
 /// gave it.
@@ -133,7 +261,8 @@ pub fn never_permanent<E>(_: &E) -> bool {
 }
 
 /// The handler of an `#[idempotent]` method: the service behind an `Arc` and the generated
-/// functions that call the method on it.
+/// functions that call the method on it. The macro builds it through a function of its own whose
+/// bounds name the user's types, so that a missing bound is reported on them.
 pub struct MethodHandler<S, M, O, E> {
     service: Arc<S>,
     spec: MethodSpec<S, M, O, E>,
@@ -147,21 +276,6 @@ impl<S, M, O, E> MethodHandler<S, M, O, E> {
             spec,
         }
     }
-}
-
-/// The handler of a method, checked: each unmet bound is reported on the type argument that
-/// lacks it, which the macro spans at the user's own type.
-pub fn method_handler<S, M, O, E>(
-    service: &Arc<S>,
-    spec: MethodSpec<S, M, O, E>,
-) -> impl Handler<Message = M, Output = O, Error = E> + 'static
-where
-    S: Send + Sync + 'static,
-    M: Send + 'static,
-    O: Serialize + DeserializeOwned + Send + 'static,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    MethodHandler::new(service, spec)
 }
 
 impl<S, M, O, E> fmt::Debug for MethodHandler<S, M, O, E> {
@@ -214,5 +328,80 @@ where
 
     fn handle(&self, cx: &Context<'_>, message: M) -> impl Future<Output = Result<O, E>> + Send {
         (self.spec.handle)(Arc::clone(&self.service), cx, message)
+    }
+}
+
+/// What `<name>_handler()` returns when the macro could not generate the handler: the function
+/// did not parse or broke a rule, and the compile error says why. It stands in so that the
+/// function's callers compile without a second error; it is never run.
+pub struct Unavailable<M, O>(PhantomData<fn() -> (M, O)>);
+
+#[allow(clippy::new_without_default)] // called by generated code only
+impl<M, O> Unavailable<M, O> {
+    /// The stand-in.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<M, O> fmt::Debug for Unavailable<M, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Unavailable")
+    }
+}
+
+impl<M, O> Handler for Unavailable<M, O>
+where
+    M: Send + 'static,
+    O: Serialize + DeserializeOwned + Send + 'static,
+{
+    type Message = M;
+    type Output = O;
+    type Error = Infallible;
+
+    fn consumer(&self) -> &str {
+        unreachable!("a handler that failed to compile")
+    }
+
+    fn key(&self, _: &M, _: &Metadata) -> Result<MessageKey, KeyError> {
+        unreachable!("a handler that failed to compile")
+    }
+
+    fn fingerprint(&self, _: &M, _: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> {
+        unreachable!("a handler that failed to compile")
+    }
+
+    fn handle(&self, _: &Context<'_>, _: M) -> impl Future<Output = Result<O, Infallible>> + Send {
+        std::future::pending()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_compile_time_messages_give_the_runtime_limit() {
+        // `consumer_name_problem` and `default_consumer_name_problem` write the limit out.
+        assert_eq!(ConsumerName::MAX_LEN, 128);
+    }
+
+    #[test]
+    fn std_errors_are_kept_and_reports_wrapped() {
+        const STD: (bool, bool) = (
+            <Probe<std::fmt::Error>>::IS_STD_ERROR,
+            <Probe<std::fmt::Error>>::IS_REPORT,
+        );
+        const BOXED: (bool, bool) = (
+            <Probe<crate::BoxError>>::IS_STD_ERROR,
+            <Probe<crate::BoxError>>::IS_REPORT,
+        );
+        const NEITHER: (bool, bool) = (<Probe<u8>>::IS_STD_ERROR, <Probe<u8>>::IS_REPORT);
+        assert_eq!(STD, (true, false));
+        assert_eq!(BOXED, (false, true));
+        assert_eq!(NEITHER, (false, false));
+        let adapted: AdaptedError<crate::BoxError, true> =
+            <ErrorKind<true> as AdaptError<crate::BoxError>>::adapt("down".into());
+        assert_eq!(adapted.to_string(), "down");
     }
 }

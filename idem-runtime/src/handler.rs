@@ -145,6 +145,11 @@ impl<'a> Context<'a> {
 /// `#[idempotent(...)]` implements this for an annotated function; it can also be written by
 /// hand. Transports drive it: decode → [`Handler::key`] → claim → [`Handler::handle`] → record →
 /// settle.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a message handler",
+    label = "not a `Handler`",
+    note = "an `#[idempotent]` function is not a handler itself: pass the handler generated next to it, `<function name>_handler()` (`charge_handler()` for `async fn charge`)"
+)]
 pub trait Handler: Send + Sync {
     /// The decoded message.
     type Message: Send;

@@ -153,6 +153,7 @@ mod inbox;
 mod key;
 mod metadata;
 pub mod observe;
+mod report;
 mod retention;
 mod store;
 
@@ -168,6 +169,7 @@ pub use handler::{Context, Handler, Mode, Outcome};
 pub use inbox::{Inbox, InboxBuilder, InboxRecord, panic_message};
 pub use key::{ConsumerName, InboxKey, KeyError, KeySource, MessageKey};
 pub use metadata::{CloudEvent, Metadata};
+pub use report::{Report, ReportSource};
 pub use retention::{Cleaner, CleanerHandle, CleanupReport, RedeliveryWindow, RetentionPolicy};
 pub use store::Status;
 pub use store::table::{TableName, create_table_statements};
