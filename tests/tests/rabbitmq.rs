@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, QueueTopology, headers};
-use idem_runtime::{Handler, Inbox};
+use idem_runtime::{Handler, Inbox, RetentionPolicy};
 use idem_tests::proxy::Proxy;
 use idem_tests::rabbit::{
     amqp_url, close_connections, connections_named, consumer_builder, consumer_builder_at,
     consumers_on, rabbitmqctl,
 };
-use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, inbox_and_effects, unique};
+use idem_tests::{
+    Backend, Msg, Recorder, TestBroker, TestDb, inbox_and_effects, inbox_and_effects_with, unique,
+};
 use sea_orm::{ConnectOptions, Database};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -1249,6 +1251,136 @@ async fn a_long_broker_outage_leaves_no_zombie_connection_or_consumer() {
     never_more_than(&name, &queue, 0, 0, Duration::from_secs(10)).await;
     assert_eq!(broker.depth(&queue).await, 0);
     assert_eq!(db.count(&effects, "1=1").await, 15);
+}
+
+/// Inserts `count` completed records of `consumer` into the inbox `table`, expired a minute ago.
+async fn seed_expired(db: &TestDb, table: &str, consumer: &str, count: usize) {
+    let expired = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 60_000;
+    let rows: Vec<String> = (0..count)
+        .map(|i| {
+            format!(
+                "('{consumer}', '{}', 'completed', NULL, NULL, 1, 0, 1, 1, NULL, 1, {expired})",
+                unique(&format!("key-{i}"))
+            )
+        })
+        .collect();
+    db.exec(&format!(
+        "INSERT INTO {table} (consumer, message_key, status, fingerprint, output, attempts, \
+         claim_token, created_at, claimed_at, lease_until, completed_at, expires_at) VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+}
+
+/// The consumer runs its inbox's cleaner from its start to its shutdown, unless told not to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumer_runs_the_inbox_cleaner_until_shutdown_unless_told_not_to() {
+    let broker = TestBroker::connect().await;
+    let policy = RetentionPolicy::default().with_cleanup_interval(Duration::from_millis(200));
+    let (db, inbox, effects) =
+        inbox_and_effects_with(Backend::Postgres, |inbox| inbox.retention(policy)).await;
+    let table = inbox.table().to_string();
+    seed_expired(&db, &table, "old", 10).await;
+
+    let consumer = start(
+        &inbox,
+        broker.classic_queue(),
+        Recorder::new(&db, &effects, "c"),
+    )
+    .await;
+    broker
+        .eventually("expired records deleted", WAIT, || async {
+            db.count(&table, "1=1").await == 0
+        })
+        .await;
+    let report = consumer.shutdown().await;
+    assert_eq!(report.cleanup.map(|cleanup| cleanup.deleted), Some(10));
+
+    // Stopped with the consumer: records that expired since stay.
+    seed_expired(&db, &table, "old", 10).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(db.count(&table, "1=1").await, 10);
+
+    // A consumer told not to run it does not.
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
+        .without_cleaner()
+        .bind(broker.classic_queue(), Recorder::new(&db, &effects, "c"))
+        .start()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(db.count(&table, "1=1").await, 10);
+    assert_eq!(consumer.shutdown().await.cleanup, None);
+}
+
+/// What a test's thread logs, in memory.
+#[derive(Debug, Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// A pool that leaves handlers no connection while the cleaner runs (on PostgreSQL the cleaner
+/// holds two) is warned about at start; a pool with room, or a consumer that does not run the
+/// cleaner, is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_too_small_for_the_cleaner_is_warned_about_at_start() {
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let broker = TestBroker::connect().await;
+    for (pool, cleaner, warned) in [(2, true, true), (3, true, false), (2, false, false)] {
+        let db = TestDb::connect_with_pool(Backend::Postgres, pool).await;
+        let effects = db.effects_table().await;
+        let inbox = Inbox::builder(db.db.clone())
+            .table(db.table("inbox"))
+            .build()
+            .await
+            .unwrap();
+        let logs = Logs::default();
+        let _capture = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+            .finish()
+            .set_default();
+        let mut builder = consumer_builder(&inbox, &unique("idem-test"))
+            .bind(broker.classic_queue(), Recorder::new(&db, &effects, "c"));
+        if !cleaner {
+            builder = builder.without_cleaner();
+        }
+        let consumer = builder.start().await.unwrap();
+        let text = logs.text();
+        assert_eq!(
+            text.contains("too small for its cleaner"),
+            warned,
+            "pool {pool}, cleaner {cleaner}: {text}"
+        );
+        consumer.shutdown().await;
+    }
 }
 
 async fn broker_channel() -> idem_rabbitmq::lapin::Channel {

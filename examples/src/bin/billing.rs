@@ -64,7 +64,7 @@ async fn run(demo: Option<usize>) -> Result<(), BoxError> {
         .redelivery_window(window)
         .build()
         .await?;
-    let cleaner = inbox.cleaner().spawn();
+    // The consumer also runs the inbox's cleaner, until it stops.
     let consumer = Consumer::builder(amqp_url.as_str(), inbox)
         .connection_name("billing")
         .bind(billing::topology(), charge_handler())
@@ -80,11 +80,10 @@ async fn run(demo: Option<usize>) -> Result<(), BoxError> {
         }
     };
     let report = consumer.shutdown().await;
-    let cleaned = cleaner.stop().await;
     tracing::info!(
         completed = report.completed,
         abandoned = report.abandoned,
-        expired_records_deleted = cleaned.deleted,
+        expired_records_deleted = report.cleanup.map_or(0, |cleanup| cleanup.deleted),
         "billing stopped"
     );
     result

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::{Handler, Inbox};
+use idem_runtime::{Cleaner, CleanerHandle, Handler, Inbox};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -40,6 +40,8 @@ pub(crate) struct Settings {
     retire_timeout: Duration,
     reconnect_delay: Duration,
     retry: RetryPolicy,
+    /// Whether the consumer runs the inbox's cleaner.
+    cleaner: bool,
 }
 
 /// Consumes queues with idempotent handlers and settles every delivery:
@@ -69,6 +71,11 @@ pub(crate) struct Settings {
 /// bounds the handlers running at once across bindings. Deliveries whose channel died before
 /// they were settled are redelivered by the broker, and the inbox recognises them.
 ///
+/// The consumer also runs the inbox's [cleaner](idem_runtime::Cleaner), which deletes expired
+/// records, from its start to its shutdown, unless told not to
+/// ([`without_cleaner`](ConsumerBuilder::without_cleaner)); it warns at start when the inbox's
+/// pool leaves handlers no connection while the cleaner runs.
+///
 /// ```no_run
 /// # async fn demo(inbox: idem_runtime::Inbox, handler: impl idem_runtime::Handler<Message = serde_json::Value> + 'static) -> Result<(), idem_rabbitmq::Error> {
 /// use idem_rabbitmq::{Consumer, QueueTopology};
@@ -86,6 +93,7 @@ pub struct Consumer {
     shutdown: Arc<watch::Sender<bool>>,
     workers: Vec<JoinHandle<ShutdownReport>>,
     stats: Arc<Stats>,
+    cleaner: Option<CleanerHandle>,
 }
 
 /// Asks a running [`Consumer`] to stop; cloneable, usable from anywhere.
@@ -127,6 +135,9 @@ impl Consumer {
                     dead_letter_attempts: 3,
                     dead_letter_pause: Duration::from_secs(60),
                 },
+                // Expired records are deleted unless someone remembers to: the cleaner takes one
+                // lock per table, so one process at a time works whatever runs it.
+                cleaner: true,
             },
         }
     }
@@ -145,6 +156,7 @@ impl Consumer {
     /// [`shutdown_timeout`](ConsumerBuilder::shutdown_timeout)), settles them and closes the
     /// connections, for good: neither they nor connections replaced earlier come back, even if
     /// lapin was recovering them. Deliveries prefetched but not started go back to the queue.
+    /// Then stops the inbox's cleaner after its current batch.
     pub async fn shutdown(self) -> ShutdownReport {
         self.shutdown.send_replace(true);
         self.join().await
@@ -168,6 +180,9 @@ impl Consumer {
                 Ok(part) => report.add(part),
                 Err(error) => tracing::error!(%error, "consumer worker failed"),
             }
+        }
+        if let Some(cleaner) = self.cleaner {
+            report.cleanup = Some(cleaner.stop().await);
         }
         report
     }
@@ -286,6 +301,19 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Does not run the inbox's cleaner, which the consumer otherwise runs from its start to its
+    /// shutdown: for an application that runs [`Inbox::cleaner`] itself, or leaves cleanup to
+    /// another process.
+    ///
+    /// The cleaner deletes expired records in bounded batches, every
+    /// [`cleanup_interval`](idem_runtime::RetentionPolicy::cleanup_interval), one process at a
+    /// time per table whatever runs it (a database lock), so consumers in several processes can
+    /// all keep it on.
+    pub fn without_cleaner(mut self) -> Self {
+        self.settings.cleaner = false;
+        self
+    }
+
     /// The name the connections show in the broker's management tools, followed by the queue
     /// (default `idem`).
     pub fn connection_name(mut self, name: impl Into<String>) -> Self {
@@ -311,6 +339,7 @@ impl ConsumerBuilder {
             shutdown,
             workers: Vec::new(),
             stats: Arc::clone(&stats),
+            cleaner: None,
         };
         for binding in self.bindings {
             let worker = Worker {
@@ -330,6 +359,11 @@ impl ConsumerBuilder {
                     return Err(error);
                 }
             }
+        }
+        if settings.cleaner {
+            let cleaner = self.inbox.cleaner();
+            check_pool(&cleaner, settings.max_in_flight);
+            consumer.cleaner = Some(cleaner.spawn());
         }
         Ok(consumer)
     }
@@ -373,5 +407,26 @@ impl ConsumerBuilder {
             }
         }
         Ok(())
+    }
+}
+
+/// Warns when the inbox's pool leaves handlers no connection while the cleaner runs: it holds
+/// some of them for a whole run (two on PostgreSQL and MySQL/MariaDB).
+fn check_pool(cleaner: &Cleaner, max_in_flight: usize) {
+    let needed = cleaner.connections_needed();
+    let Some(pool) = cleaner.pool_max_connections() else {
+        return;
+    };
+    if pool <= needed {
+        let advised = needed.saturating_add(u32::try_from(max_in_flight).unwrap_or(u32::MAX));
+        tracing::warn!(
+            pool,
+            cleaner_holds = needed,
+            max_in_flight,
+            "the inbox's connection pool is too small for its cleaner: while a cleanup runs, \
+             handlers get no connection (or the cleaner waits for itself); give the pool \
+             {advised} connections (the cleaner's {needed} + max_in_flight), or run the cleaner \
+             elsewhere (ConsumerBuilder::without_cleaner)"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::panic::AssertUnwindSafe;
 
 use futures_util::{FutureExt, Stream, StreamExt};
-use idem_runtime::Inbox;
+use idem_runtime::{CleanupReport, Inbox};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
@@ -39,6 +39,9 @@ pub struct ShutdownReport {
     /// Handlers still running at the deadline, stopped; their deliveries go back to the queue
     /// when the channel closes, and a transactional handler's work is rolled back.
     pub abandoned: usize,
+    /// What the inbox's cleaner did while the consumer ran; `None` if it did not run it
+    /// ([`without_cleaner`](crate::ConsumerBuilder::without_cleaner)).
+    pub cleanup: Option<CleanupReport>,
 }
 
 impl ShutdownReport {

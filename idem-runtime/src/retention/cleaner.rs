@@ -88,6 +88,48 @@ impl Cleaner {
         }
     }
 
+    /// How many connections of the inbox's pool a cleanup run holds at once: two on PostgreSQL
+    /// and MySQL/MariaDB (the lock's transaction and a batch's), one on SQLite.
+    pub fn connections_needed(&self) -> u32 {
+        match self.inner.db.get_database_backend() {
+            DbBackend::Sqlite => 1,
+            _ => 2,
+        }
+    }
+
+    /// The most connections the inbox's pool opens, when it is a sqlx pool of an enabled
+    /// backend: to check that the pool leaves room for the cleaner (see
+    /// [`connections_needed`](Cleaner::connections_needed)) besides the handlers.
+    pub fn pool_max_connections(&self) -> Option<u32> {
+        match &self.inner.db.inner {
+            #[cfg(feature = "postgres")]
+            sea_orm::DatabaseConnectionType::SqlxPostgresPoolConnection(_) => Some(
+                self.inner
+                    .db
+                    .get_postgres_connection_pool()
+                    .options()
+                    .get_max_connections(),
+            ),
+            #[cfg(feature = "mysql")]
+            sea_orm::DatabaseConnectionType::SqlxMySqlPoolConnection(_) => Some(
+                self.inner
+                    .db
+                    .get_mysql_connection_pool()
+                    .options()
+                    .get_max_connections(),
+            ),
+            #[cfg(feature = "sqlite")]
+            sea_orm::DatabaseConnectionType::SqlxSqlitePoolConnection(_) => Some(
+                self.inner
+                    .db
+                    .get_sqlite_connection_pool()
+                    .options()
+                    .get_max_connections(),
+            ),
+            _ => None,
+        }
+    }
+
     /// Spawns a tokio task that runs a cleanup at once and then every
     /// [`cleanup_interval`](crate::RetentionPolicy::cleanup_interval), until stopped.
     pub fn spawn(self) -> CleanerHandle {
@@ -235,6 +277,17 @@ mod tests {
         .await
         .unwrap();
         inbox
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cleaner_tells_its_pool_size_and_needs() {
+        let mut options = sea_orm::ConnectOptions::new("sqlite::memory:");
+        options.max_connections(3);
+        let db = Database::connect(options).await.unwrap();
+        let inbox = Inbox::builder(db).build().await.unwrap();
+        let cleaner = inbox.cleaner();
+        assert_eq!(cleaner.pool_max_connections(), Some(3));
+        assert_eq!(cleaner.connections_needed(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
