@@ -240,6 +240,12 @@ use proc_macro::TokenStream;
 /// Durations are one whole number and a unit, `ms`, `s`, `m`, `h` or `d`, checked at compile
 /// time: `"30 seconds"`, `"1.5h"` or `"0s"` is an error on the literal.
 ///
+/// `consumer`, `lease` and `retention` are defaults: the application's configuration (a file,
+/// the environment, a binding's settings) overrides them at run time with
+/// `charge_handler().configured().with_lease(..)` (`Handler::configured`), and the inbox's own
+/// per-consumer settings (`InboxBuilder::lease`, `RetentionPolicy::with_consumer`) come first of
+/// all. `idem_runtime::Configured` lists the precedence.
+///
 /// ```
 /// # use std::time::Duration;
 /// # use idem_runtime::{Handler, Mode, idempotent};

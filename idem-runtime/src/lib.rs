@@ -146,6 +146,7 @@
 //! themselves: the processes sharing an inbox agree on them whatever their hosts' clocks say.
 
 mod clock;
+mod configured;
 mod error;
 mod fingerprint;
 mod handler;
@@ -163,6 +164,7 @@ pub mod migration;
 #[doc(hidden)]
 pub mod __private;
 
+pub use configured::Configured;
 pub use error::{BoxError, ConfigError, DeadLetterReason, Error, Result, Settle};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use handler::{Context, Handler, Mode, Outcome};

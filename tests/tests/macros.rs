@@ -34,6 +34,7 @@ on_each_backend!(
     composite_key_anyhow_handler_processes_each_tenant_order_once,
     anyhow_handler_errors_are_transient_unless_permanent,
     scalar_keys_and_eyre_handler_process_once,
+    settings_from_configuration_override_the_attribute,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -785,4 +786,48 @@ async fn same_named_handlers_in_two_modules_each_process_the_message() {
         let record = inbox.lookup(&inbox_key(consumer, "o-1")).await.unwrap();
         assert_eq!(record.expect("record").status, Status::Completed);
     }
+}
+
+async fn settings_from_configuration_override_the_attribute(backend: Backend) {
+    let day = Duration::from_secs(24 * 3600);
+    let (db, inbox, effects) = setup(backend).await;
+    // The attribute says `consumer = "billing", retention = "14d"`; the configuration (a file,
+    // the environment) says otherwise.
+    let handler = charge_handler()
+        .configured()
+        .with_consumer("billing.eu")
+        .with_retention(2 * day);
+    let first = inbox
+        .process(&handler, order(&effects, "o-1", 10), &Metadata::default())
+        .await
+        .unwrap();
+    assert!(!first.is_duplicate());
+    assert_eq!(
+        inbox.lookup(&inbox_key("billing", "o-1")).await.unwrap(),
+        None
+    );
+    let record = inbox
+        .lookup(&inbox_key("billing.eu", "o-1"))
+        .await
+        .unwrap()
+        .expect("kept under the configured consumer name");
+    let kept = record
+        .expires_at
+        .duration_since(record.completed_at.unwrap())
+        .unwrap();
+    assert!(
+        kept > 2 * day - Duration::from_secs(60) && kept <= 2 * day,
+        "{kept:?}"
+    );
+    // The handler's code is unchanged: a copy under its own name is processed apart.
+    let apart = inbox
+        .process(
+            &charge_handler(),
+            order(&effects, "o-1", 10),
+            &Metadata::default(),
+        )
+        .await
+        .unwrap();
+    assert!(!apart.is_duplicate());
+    assert_eq!(db.count(&effects, "1=1").await, 2);
 }
