@@ -120,6 +120,7 @@
 //! | the message type gains a defaulted or optional field | redeliveries of older messages stay duplicates; other content is a mismatch | `edges::redeliveries_of_an_older_message_version_are_duplicates` |
 //! | the same key with other content | `FingerprintMismatch`, dead-lettered, never processed | `inbox::reused_key_with_other_content_is_refused` |
 //! | a record changed by hand | `CorruptRecord`, dead-lettered, never a requeue loop | `edges::corrupt_records_and_refused_statements_have_their_own_errors` |
+//! | a worker's clock runs two hours behind (PostgreSQL, MariaDB) | its lease holds for a worker with a true clock: leases are the database's clock | `clocks::postgres_a_worker_whose_clock_is_behind_keeps_its_lease`, `clocks::mysql_a_worker_whose_clock_is_behind_keeps_its_lease` |
 //! | eight replicas start at once | all start | `edges::replicas_starting_together_all_start` |
 //! | cleaners of same-named tables in two schemas (PostgreSQL) | each cleans its own | `edges::postgres_cleaners_of_same_named_tables_in_two_schemas_do_not_share_a_lock` |
 //!
