@@ -6,8 +6,8 @@ use std::time::Duration;
 use idem_rabbitmq::QueueTopology;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_runtime::idempotent;
-use sea_orm::sea_query::Query;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Statement};
+use sea_orm::sea_query::{Asterisk, Expr, ExprTrait, Func, Query};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
 
 use crate::orders::{EXCHANGE, OrderPlaced, ROUTING_KEY};
@@ -95,18 +95,12 @@ pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
 
 /// How many invoices were written for orders whose id starts with `prefix`.
 pub async fn count_invoices(db: &DatabaseConnection, prefix: &str) -> Result<i64, DbErr> {
-    let backend = db.get_database_backend();
-    let placeholder = if backend == sea_orm::DbBackend::Postgres {
-        "$1"
-    } else {
-        "?"
-    };
-    let statement = Statement::from_sql_and_values(
-        backend,
-        format!("SELECT COUNT(*) FROM invoices WHERE order_id LIKE {placeholder}"),
-        [format!("{prefix}%").into()],
-    );
-    let row = db.query_one_raw(statement).await?;
+    let count = Query::select()
+        .expr(Func::count(Expr::col(Asterisk)))
+        .from("invoices")
+        .and_where(Expr::col("order_id").like(format!("{prefix}%")))
+        .to_owned();
+    let row = db.query_one(&count).await?;
     row.map_or(Ok(0), |row| row.try_get_by_index::<i64>(0))
 }
 

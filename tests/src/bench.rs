@@ -4,13 +4,14 @@
 use idem_runtime::{
     Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata,
 };
+use sea_orm::sea_query::{Alias, Query};
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, SqliteTransactionMode,
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, SqliteTransactionMode, Statement,
     TransactionOptions, TransactionTrait,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::db::{TestDb, statement};
+use crate::db::TestDb;
 
 /// A benchmark message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -119,13 +120,12 @@ pub async fn insert_charge(
     table: &str,
     order: Order,
 ) -> Result<(), DbErr> {
-    let sql = format!("INSERT INTO {table} (order_id, amount) VALUES (?, ?)");
-    conn.execute_raw(statement(
-        conn.get_database_backend(),
-        &sql,
-        vec![order.id.into(), order.amount.into()],
-    ))
-    .await?;
+    let insert = Query::insert()
+        .into_table(Alias::new(table))
+        .columns(["order_id", "amount"])
+        .values_panic([order.id.into(), order.amount.into()])
+        .to_owned();
+    conn.execute(&insert).await?;
     Ok(())
 }
 
@@ -148,13 +148,23 @@ pub async fn hand_written(
         db.begin().await?
     };
     let inbox = &tables.hand_inbox;
-    let claim = if backend == DbBackend::MySql {
-        format!("INSERT IGNORE INTO {inbox} (consumer, message_key) VALUES (?, ?)")
-    } else {
-        format!("INSERT INTO {inbox} (consumer, message_key) VALUES (?, ?) ON CONFLICT DO NOTHING")
+    let claim = match backend {
+        DbBackend::MySql => {
+            format!("INSERT IGNORE INTO {inbox} (consumer, message_key) VALUES (?, ?)")
+        }
+        DbBackend::Postgres => format!(
+            "INSERT INTO {inbox} (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+        ),
+        _ => format!(
+            "INSERT INTO {inbox} (consumer, message_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
+        ),
     };
     let claimed = tx
-        .execute_raw(statement(backend, &claim, vec!["bench".into(), key.into()]))
+        .execute_raw(Statement::from_sql_and_values(
+            backend,
+            claim,
+            ["bench".into(), key.into()],
+        ))
         .await?
         .rows_affected();
     if claimed == 1 {

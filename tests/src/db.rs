@@ -4,9 +4,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, Value,
-};
+use sea_orm::sea_query::{Alias, Query};
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement};
 
 /// The backends every behaviour is tested on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,15 +130,6 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
-    /// Runs `sql` with `?` placeholders (numbered for PostgreSQL).
-    pub async fn exec_with(&self, sql: &str, values: Vec<Value>) -> u64 {
-        self.db
-            .execute_raw(self.statement(sql, values))
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-            .rows_affected()
-    }
-
     /// Counts the rows of `table` matching `filter` (a SQL condition, `1=1` for all).
     pub async fn count(&self, table: &str, filter: &str) -> i64 {
         let sql = format!("SELECT COUNT(*) FROM {table} WHERE {filter}");
@@ -151,31 +141,24 @@ impl TestDb {
             .unwrap();
         row.try_get_by_index::<i64>(0).unwrap()
     }
-
-    /// A statement with `?` placeholders, numbered on PostgreSQL.
-    pub fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
-        statement(self.db.get_database_backend(), sql, values)
-    }
 }
 
-/// A statement with `?` placeholders turned into `$n` on PostgreSQL.
-pub fn statement(backend: DbBackend, sql: &str, values: Vec<Value>) -> Statement {
-    let sql = if backend == DbBackend::Postgres {
-        let mut n = 0;
-        sql.chars()
-            .map(|c| {
-                if c == '?' {
-                    n += 1;
-                    format!("${n}")
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect()
-    } else {
-        sql.to_owned()
-    };
-    Statement::from_sql_and_values(backend, sql, values)
+/// Writes one effect row `(consumer, message_key, body)` into `table` through `conn`, the SQL
+/// written for its backend by sea-query.
+pub async fn insert_effect(
+    conn: &impl ConnectionTrait,
+    table: &str,
+    consumer: &str,
+    key: &str,
+    body: &str,
+) -> Result<(), sea_orm::DbErr> {
+    let insert = Query::insert()
+        .into_table(Alias::new(table))
+        .columns(["consumer", "message_key", "body"])
+        .values_panic([consumer.into(), key.into(), body.into()])
+        .to_owned();
+    conn.execute(&insert).await?;
+    Ok(())
 }
 
 impl Drop for TestDb {

@@ -11,10 +11,10 @@ use std::time::Duration;
 use idem_runtime::{
     Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, Mode,
 };
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
+use sea_orm::{DatabaseConnection, DbErr};
 use serde::{Deserialize, Serialize};
 
-use crate::db::TestDb;
+use crate::db::{TestDb, insert_effect};
 
 /// A test message: its id is the key, its body the content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,24 +214,10 @@ impl Handler for Recorder {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
-        let sql = format!(
-            "INSERT INTO {} (consumer, message_key, body) VALUES (?, ?, ?)",
-            self.effects
-        );
-        let values = vec![
-            self.consumer.clone().into(),
-            cx.message_key().as_str().to_owned().into(),
-            message.body.clone().into(),
-        ];
+        let (key, body) = (cx.message_key().as_str(), message.body.as_str());
         match cx.transaction() {
-            Some(tx) => {
-                let stmt = crate::db::statement(tx.get_database_backend(), &sql, values);
-                tx.execute_raw(stmt).await?;
-            }
-            None => {
-                let stmt = crate::db::statement(self.db.get_database_backend(), &sql, values);
-                self.db.execute_raw(stmt).await?;
-            }
+            Some(tx) => insert_effect(tx, &self.effects, &self.consumer, key, body).await?,
+            None => insert_effect(&self.db, &self.effects, &self.consumer, key, body).await?,
         }
         if let Some(hook) = &self.hook
             && self.attempts.lock().unwrap().len() == 1

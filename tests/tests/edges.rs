@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use idem_runtime::sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
 use idem_runtime::{
     Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
@@ -354,13 +355,13 @@ async fn corrupt_records_and_refused_statements_have_their_own_errors(backend: B
     // A stored fingerprint of the wrong length, met by other content under the key (MySQL's
     // `BINARY(32)` pads whatever it is given to 32 bytes).
     if backend != Backend::MySql {
-        db.exec_with(
-            &format!(
-                "UPDATE {table} SET status = 'completed', fingerprint = ? WHERE message_key = 'o-1'"
-            ),
-            vec![vec![1u8, 2, 3].into()],
-        )
-        .await;
+        let update = Query::update()
+            .table(Alias::new(table.as_str()))
+            .value(Alias::new("status"), "completed")
+            .value(Alias::new("fingerprint"), vec![1u8, 2, 3])
+            .and_where(Expr::col(Alias::new("message_key")).eq("o-1"))
+            .to_owned();
+        db.db.execute(&update).await.unwrap();
         let corrupt = inbox
             .process(&handler, Msg::new("o-1", "b"), &meta())
             .await

@@ -15,7 +15,7 @@ use idem_runtime::sea_orm::{
 use idem_runtime::{
     Context, Error, Handler, MessageKey, Metadata, Mode, Outcome, Settle, Status, idempotent,
 };
-use idem_tests::db::statement;
+use idem_tests::db::insert_effect;
 use idem_tests::inbox_and_effects as setup;
 use idem_tests::{Backend, TestDb, inbox_key, on_each_backend};
 use serde::{Deserialize, Serialize};
@@ -73,10 +73,7 @@ async fn record_effect(
     key: &str,
     body: &str,
 ) -> Result<(), DbErr> {
-    let sql = format!("INSERT INTO {table} (consumer, message_key, body) VALUES (?, ?, ?)");
-    let values = vec![consumer.into(), key.into(), body.into()];
-    conn.execute_raw(statement(conn.get_database_backend(), &sql, values))
-        .await?;
+    insert_effect(conn, table, consumer, key, body).await?;
     Ok(())
 }
 
