@@ -38,8 +38,8 @@ pub enum Mode {
     /// [`Context::lost`], and its completion stays fenced: a worker that lost its claim never
     /// completes the record.
     TwoPhase {
-        /// How long a claim is held before another worker may take it over, by the database's
-        /// clock.
+        /// How long a claim is held after it was taken or last renewed before another worker
+        /// may take it over, by the database's clock.
         lease: Duration,
     },
 }

@@ -91,6 +91,13 @@ impl Inbox {
     /// Returns [`Outcome::Processed`] with the handler's output, or [`Outcome::Duplicate`] with
     /// the output recorded the first time. Every error says how to settle the delivery
     /// ([`Error::settle`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes is a crash of this worker as far as the message
+    /// is concerned: in transactional mode the transaction rolls back and nothing is recorded;
+    /// in two-phase mode the handler and the renewal of its lease stop together, and the claim
+    /// stays in progress until its lease runs out, when a redelivery takes it over.
     pub async fn process<H: Handler>(
         &self,
         handler: &H,
