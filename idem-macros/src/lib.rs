@@ -230,7 +230,10 @@ use proc_macro::TokenStream;
 /// ## `lease = "30s"`
 ///
 /// How long a two-phase claim is held before another worker may take it over (default 30 s).
-/// Longer than the handler ever runs. Refused on a transactional handler.
+/// The runtime renews it every third of the lease while the handler runs, so it need not cover
+/// the handler's run: it is how long a worker that lost the database keeps the message from
+/// others. A handler that takes `&Context<'_>` learns of a lost claim through
+/// `Context::claim_lost` and `Context::lost`. Refused on a transactional handler.
 ///
 /// ## `retention = "14d"`
 ///

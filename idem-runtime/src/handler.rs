@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::fingerprint::{Fingerprint, FingerprintError};
+use crate::inbox::ClaimWatch;
 use crate::key::{KeyError, MessageKey};
 use crate::metadata::Metadata;
 
@@ -28,9 +29,17 @@ pub enum Mode {
     ///
     /// The lease is measured by the database's clock, the one clock every replica shares: a host
     /// whose clock is off does not shorten or lengthen anyone's lease.
+    ///
+    /// While the handler runs, the runtime renews its lease every third of the lease, fenced on
+    /// the claim token: a live worker keeps its claim however long the handler runs. Only a
+    /// worker that cannot reach the database (or whose process stopped) loses it, once a lease
+    /// has passed since its last successful renewal; another worker may then take the message
+    /// over. The handler learns of the loss through [`Context::claim_lost`] and
+    /// [`Context::lost`], and its completion stays fenced: a worker that lost its claim never
+    /// completes the record.
     TwoPhase {
-        /// How long a claim is held before another worker may take it over, by the database's
-        /// clock.
+        /// How long a claim is held after it was taken or last renewed before another worker
+        /// may take it over, by the database's clock.
         lease: Duration,
     },
 }
@@ -79,6 +88,8 @@ pub struct Context<'a> {
     transaction: Option<&'a DatabaseTransaction>,
     attempt: u32,
     previous_claim_at: Option<SystemTime>,
+    /// The two-phase claim's renewal state; `None` in transactional mode and in unit tests.
+    claim: Option<&'a ClaimWatch>,
 }
 
 impl<'a> Context<'a> {
@@ -95,7 +106,14 @@ impl<'a> Context<'a> {
             transaction,
             attempt: 1,
             previous_claim_at: None,
+            claim: None,
         }
+    }
+
+    /// The same context watching a two-phase claim that the runtime renews.
+    pub(crate) fn with_claim(mut self, claim: &'a ClaimWatch) -> Self {
+        self.claim = Some(claim);
+        self
     }
 
     /// The same context as the `attempt`-th claim, after a takeover of a claim that started at
@@ -137,6 +155,47 @@ impl<'a> Context<'a> {
     /// system (look the key up there) before repeating an external call.
     pub fn is_takeover(&self) -> bool {
         self.attempt > 1
+    }
+
+    /// Whether this worker lost its two-phase claim: another worker took the message over, or
+    /// the lease could not be renewed (the database unreachable) before it ran out. A cheap
+    /// check (one atomic load): call it before each external call, and stop if it says `true`,
+    /// since another worker may be processing the message.
+    ///
+    /// The runtime renews the lease while the handler runs, so a live worker keeps its claim
+    /// however long the handler takes; only a worker that cannot reach the database loses it.
+    /// Whatever the handler does after a loss, its completion stays fenced: the record is not
+    /// completed by a worker that lost the claim. Always `false` in transactional mode (the
+    /// transaction holds the key) and for a context made with [`Context::new`].
+    pub fn claim_lost(&self) -> bool {
+        self.claim.is_some_and(ClaimWatch::is_lost)
+    }
+
+    /// Resolves when this worker loses its two-phase claim (see [`Context::claim_lost`]); never
+    /// resolves while the claim is held, in transactional mode, or for a context made with
+    /// [`Context::new`]. Race it against a long external call to abandon the call on a loss:
+    ///
+    /// ```
+    /// # async fn call_downstream() {}
+    /// # async fn demo(cx: &idem_runtime::Context<'_>) {
+    /// tokio::select! {
+    ///     () = call_downstream() => {}
+    ///     () = cx.lost() => return, // another worker may have the message now
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future only stops waiting.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'a {
+        let claim = self.claim;
+        async move {
+            match claim {
+                Some(claim) => claim.lost().await,
+                None => std::future::pending().await,
+            }
+        }
     }
 }
 

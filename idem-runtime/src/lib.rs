@@ -112,7 +112,9 @@
 //! | the database goes away during the handler | an outage (`StoreUnavailable`), not counted against the delivery limit; processed once it is back (PostgreSQL, MariaDB) | `edges::outage::postgres`, `edges::outage::mysql` |
 //! | the database is unreachable | requeued uncounted, processed once when it is back (RabbitMQ, PostgreSQL) | `rabbitmq::database_unavailable_requeues_and_processes_once_it_is_back` |
 //! | a copy arrives while a long transactional handler holds the key | it waits at most the claim wait, then is requeued uncounted | `edges::a_copy_waits_a_bounded_time_for_a_long_handler_then_is_requeued_uncounted` |
-//! | a two-phase lease runs out while its handler runs | one takeover; the stale worker cannot complete | `inbox::two_phase_lease_takeover_fences_the_stale_worker` |
+//! | a two-phase handler runs longer than its lease | the lease is renewed: other workers are told `InProgressElsewhere` all along, one effect, `Processed` | `edges::a_two_phase_handler_that_outlives_its_lease_keeps_its_claim` |
+//! | a two-phase worker cannot reach the database while its handler runs | its renewals fail; once its lease has run out it knows (`Context::claim_lost`, `Context::lost`), one other worker takes over (attempt 2), and its own completion is refused (PostgreSQL, MariaDB) | `edges::renewals_cut::postgres`, `edges::renewals_cut::mysql` |
+//! | a two-phase lease runs out while its handler runs (its renewals fail) | one takeover; the stale worker cannot complete | `inbox::two_phase_lease_takeover_fences_the_stale_worker` |
 //! | takeovers keep failing | `NeedsIntervention` after the maximum, dead-lettered | `inbox::two_phase_max_takeovers_needs_intervention` |
 //! | a two-phase handler fails | the claim is released, the redelivery retries | `inbox::two_phase_releases_the_claim_when_the_handler_fails` |
 //! | a two-phase output cannot be stored (serialization, the database refuses it) | the record completes without it; no redelivery repeats the effect | `inbox::two_phase_output_that_cannot_be_stored_still_completes_the_record`, `edges::two_phase_output_the_database_refuses_completes_the_record_without_it` |

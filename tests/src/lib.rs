@@ -6,11 +6,13 @@
 //! (`.ci/run` starts them). A missing server fails the tests, it never skips them.
 
 pub mod bench;
+pub mod cut;
 pub mod db;
 pub mod proxy;
 pub mod rabbit;
 pub mod recorder;
 
+pub use cut::CutWorker;
 pub use db::{Backend, TestDb, unique};
 
 /// A database of `backend` with an inbox on a fresh table, and a fresh effects table for

@@ -63,3 +63,20 @@ impl Proxy {
         self.up.store(true, Ordering::SeqCst);
     }
 }
+
+/// A database of `backend` (PostgreSQL or MariaDB) reached through a proxy that a test cuts,
+/// with a pool of four connections.
+pub async fn behind_proxy(backend: crate::Backend) -> (crate::TestDb, Proxy) {
+    use crate::Backend;
+    let (target, url) = match backend {
+        Backend::Postgres => (
+            "127.0.0.1:5432",
+            "postgres://postgres@127.0.0.1:{port}/test",
+        ),
+        Backend::MySql => ("127.0.0.1:3306", "mysql://root@127.0.0.1:{port}/test"),
+        Backend::Sqlite => unreachable!("SQLite has no server to lose"),
+    };
+    let proxy = Proxy::start(target).await;
+    let url = url.replace("{port}", &proxy.port().to_string());
+    (crate::TestDb::connect_url(backend, url, 4).await, proxy)
+}

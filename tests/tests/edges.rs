@@ -1,19 +1,22 @@
 //! The inbox at its edges, on each backend: transactions a handler broke, outputs the database
 //! refuses, messages whose type evolved, replicas starting together, handlers that hold a key
-//! for long, corrupt records, outages inside the handler, and same-named tables in two schemas.
+//! for long, corrupt records, outages inside the handler, same-named tables in two schemas, and
+//! two-phase handlers that outlive their lease or lose their claim.
 //!
 //! Run: `cargo test -p idem-tests --test edges` with PostgreSQL and MariaDB up (see README).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
-use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
+use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use idem_runtime::{
-    Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
-    Outcome, RetentionPolicy, Settle, Status, idempotent,
+    Context, Error, Fingerprint, FingerprintError, Handler, Inbox, InboxBuilder, KeyError,
+    MessageKey, Metadata, Outcome, RetentionPolicy, Settle, Status, idempotent,
 };
-use idem_tests::proxy::Proxy;
-use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
+use idem_tests::proxy::behind_proxy;
+use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +29,7 @@ on_each_backend!(
     a_copy_waits_a_bounded_time_for_a_long_handler_then_is_requeued_uncounted,
     corrupt_records_and_refused_statements_have_their_own_errors,
     leases_and_retention_set_at_run_time_override_the_handlers,
+    a_two_phase_handler_that_outlives_its_lease_keeps_its_claim,
 );
 
 fn meta() -> Metadata {
@@ -395,21 +399,6 @@ async fn corrupt_records_and_refused_statements_have_their_own_errors(backend: B
     assert!(refused.counts_as_attempt() && !refused.is_store_unavailable());
 }
 
-/// A database reached through a proxy that a test cuts.
-async fn behind_proxy(backend: Backend) -> (TestDb, Proxy) {
-    let (target, url) = match backend {
-        Backend::Postgres => (
-            "127.0.0.1:5432",
-            "postgres://postgres@127.0.0.1:{port}/test",
-        ),
-        Backend::MySql => ("127.0.0.1:3306", "mysql://root@127.0.0.1:{port}/test"),
-        Backend::Sqlite => unreachable!("SQLite has no server to lose"),
-    };
-    let proxy = Proxy::start(target).await;
-    let url = url.replace("{port}", &proxy.port().to_string());
-    (TestDb::connect_url(backend, url, 4).await, proxy)
-}
-
 async fn an_outage_inside_the_handler_is_an_outage(backend: Backend) {
     let (db, proxy) = behind_proxy(backend).await;
     let inbox = Inbox::builder(db.db.clone())
@@ -506,13 +495,16 @@ async fn postgres_cleaners_of_same_named_tables_in_two_schemas_do_not_share_a_lo
 
 async fn leases_and_retention_set_at_run_time_override_the_handlers(backend: Backend) {
     let hour = Duration::from_secs(3600);
-    let (db, inbox, effects) = setup_with(backend, |builder| {
+    let configure = |builder: InboxBuilder| {
         builder
             .lease("mailer", Duration::from_millis(300))
             .retention(RetentionPolicy::default().with_consumer("mailer", 2 * hour))
-    })
-    .await;
-    // The handler says an hour for both; the configuration says otherwise.
+    };
+    let (db, inbox, effects) = setup_with(backend, configure).await;
+    // The handler says an hour for both; the configuration says otherwise. The stale worker's
+    // renewals are cut once it has claimed (and renewed) the message, so its claim lasts one
+    // configured lease past its last renewal.
+    let stale_worker = CutWorker::new(&db, inbox.table().as_str(), configure).await;
     let mut stale = Recorder::new(&db, &effects, "mailer")
         .two_phase(hour)
         .slow(Duration::from_millis(900));
@@ -520,13 +512,16 @@ async fn leases_and_retention_set_at_run_time_override_the_handlers(backend: Bac
     let fresh = stale.clone().slow(Duration::ZERO).tagged("fresh");
     let msg = Msg::new("mail-1", "hello");
     let stale_run = {
-        let (inbox, stale, msg) = (inbox.clone(), stale.clone(), msg.clone());
+        let (inbox, stale, msg) = (stale_worker.inbox.clone(), stale.clone(), msg.clone());
         tokio::spawn(async move { inbox.process(&stale, msg, &Metadata::default()).await })
     };
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    stale_worker.cut().await;
+    tokio::time::sleep(Duration::from_millis(450)).await;
     // Past the configured lease, not the handler's hour: taken over.
     let taken = inbox.process(&fresh, msg, &meta()).await.unwrap();
     assert_eq!(taken, Outcome::Processed("fresh:hello".into()));
+    stale_worker.restore().await;
     assert!(matches!(
         stale_run.await.unwrap(),
         Err(Error::ClaimLost { .. })
@@ -544,4 +539,212 @@ async fn leases_and_retention_set_at_run_time_override_the_handlers(backend: Bac
         kept > hour + Duration::from_secs(3000) && kept <= 2 * hour + Duration::from_secs(1),
         "kept for {kept:?}"
     );
+}
+
+async fn a_two_phase_handler_that_outlives_its_lease_keeps_its_claim(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let lease = Duration::from_millis(300);
+    let slow = Recorder::new(&db, &effects, "mailer")
+        .two_phase(lease)
+        .slow(lease * 4);
+    let msg = Msg::new("mail-1", "hello");
+    let started = Instant::now();
+    let first = {
+        let (inbox, slow, msg) = (inbox.clone(), slow.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&slow, msg, &Metadata::default()).await })
+    };
+    // A second worker, with a pool of its own as another process would have, tries all along:
+    // within the first lease and until three leases have passed, the claim is the first
+    // worker's.
+    let second = Inbox::builder(db.another_pool(4).await)
+        .table(inbox.table().as_str())
+        .create_table(false)
+        .build()
+        .await
+        .unwrap();
+    let other = slow.clone().slow(Duration::ZERO).tagged("second");
+    let mut tried_at = Vec::new();
+    loop {
+        tokio::time::sleep(lease / 2).await;
+        if started.elapsed() > lease * 3 {
+            break;
+        }
+        tried_at.push(started.elapsed());
+        let busy = second
+            .process(&other, msg.clone(), &meta())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(busy, Error::InProgressElsewhere { .. }),
+            "{busy:?}"
+        );
+    }
+    assert!(
+        tried_at.first() < Some(&lease) && tried_at.last() > Some(&(lease * 2)),
+        "tried at {tried_at:?}"
+    );
+    assert_eq!(
+        first.await.unwrap().unwrap(),
+        Outcome::Processed("run:hello".into())
+    );
+    let again = second.process(&other, msg, &meta()).await.unwrap();
+    assert_eq!(again, Outcome::Duplicate("run:hello".into()));
+    let record = inbox
+        .lookup(&inbox_key("mailer", "mail-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.attempts, 1);
+    assert_eq!(slow.attempts(), vec![1]);
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+/// A two-phase handler that checks its claim before its external call (an effect row written on
+/// a connection of its own, which stays up). Its first attempt waits for the claim to be lost,
+/// then for the test to let it go on.
+#[derive(Debug, Clone)]
+struct Careful {
+    db: DatabaseConnection,
+    effects: String,
+    lease: Duration,
+    attempts: Arc<Mutex<Vec<u32>>>,
+    /// Whether the first attempt saw its claim lost, through both of the context's signals.
+    saw_loss: Arc<AtomicBool>,
+    go_on: Arc<tokio::sync::Notify>,
+}
+
+impl Handler for Careful {
+    type Message = Msg;
+    type Output = String;
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        "careful"
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(
+        &self,
+        msg: &Msg,
+        meta: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        meta.content_fingerprint(msg).map(Some)
+    }
+    fn mode(&self) -> idem_runtime::Mode {
+        idem_runtime::Mode::TwoPhase { lease: self.lease }
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<String, DbErr> {
+        self.attempts.lock().unwrap().push(cx.attempt());
+        if cx.attempt() == 1 {
+            assert!(!cx.claim_lost());
+            // A long call that gives up when the claim is lost.
+            let lost = tokio::time::timeout(Duration::from_secs(30), cx.lost()).await;
+            self.saw_loss
+                .store(lost.is_ok() && cx.claim_lost(), Ordering::SeqCst);
+            self.go_on.notified().await;
+        }
+        // Before the external call: another worker may have the message now.
+        if cx.claim_lost() {
+            return Ok("abandoned".to_owned());
+        }
+        let sql = format!(
+            "INSERT INTO {} (consumer, message_key, body) VALUES (?, ?, ?)",
+            self.effects
+        );
+        let values = vec!["careful".into(), msg.id.clone().into(), msg.body.into()];
+        let statement = idem_tests::db::statement(self.db.get_database_backend(), &sql, values);
+        self.db.execute_raw(statement).await?;
+        Ok("done".to_owned())
+    }
+}
+
+async fn a_handler_whose_renewals_are_cut_sees_the_loss_and_one_worker_takes_over(
+    backend: Backend,
+) {
+    let (db, inbox, effects) = setup(backend).await;
+    let lease = Duration::from_millis(600);
+    let handler = Careful {
+        db: db.db.clone(),
+        effects: effects.clone(),
+        lease,
+        attempts: Arc::default(),
+        saw_loss: Arc::default(),
+        go_on: Arc::default(),
+    };
+    // The first worker reaches the database through a proxy; the second directly.
+    let first_worker = CutWorker::new(&db, inbox.table().as_str(), |b| b).await;
+    let msg = Msg::new("mail-1", "hello");
+    let first = {
+        let (inbox, handler, msg) = (first_worker.inbox.clone(), handler.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&handler, msg, &Metadata::default()).await })
+    };
+    // Claimed and renewed once; then its renewals no longer reach the database.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first_worker.cut().await;
+    let cut = Instant::now();
+
+    let mut busy = 0;
+    let taken = loop {
+        match inbox.process(&handler, msg.clone(), &meta()).await {
+            Err(Error::InProgressElsewhere { .. }) => {
+                busy += 1;
+                assert!(cut.elapsed() < Duration::from_secs(10), "never taken over");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(taken.unwrap(), Outcome::Processed("done".into()));
+    assert!(busy > 0, "taken over before the lease ran out");
+    assert!(
+        cut.elapsed() >= lease / 2,
+        "taken over {:?} after the cut",
+        cut.elapsed()
+    );
+    // The first worker knew before the second could take over.
+    assert!(
+        handler.saw_loss.load(Ordering::SeqCst),
+        "the loss went unseen"
+    );
+    assert_eq!(*handler.attempts.lock().unwrap(), vec![1, 2]);
+
+    // The first worker's handler returns, its database back: its completion is refused.
+    first_worker.restore().await;
+    handler.go_on.notify_one();
+    match first.await.unwrap() {
+        Err(Error::ClaimLost { .. }) => {}
+        Err(error) if error.is_store_unavailable() => {}
+        other => panic!("the first worker's completion went through: {other:?}"),
+    }
+    let record = inbox
+        .lookup(&inbox_key("careful", "mail-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.attempts, 2);
+    assert_eq!(record.output.as_deref(), Some("\"done\""));
+    let again = inbox.process(&handler, msg, &meta()).await.unwrap();
+    assert_eq!(again, Outcome::Duplicate("done".into()));
+    // One external call: the first worker gave its up on seeing the loss.
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+mod renewals_cut {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_handler_whose_renewals_are_cut_sees_the_loss_and_one_worker_takes_over(
+            super::Backend::Postgres,
+        )
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::a_handler_whose_renewals_are_cut_sees_the_loss_and_one_worker_takes_over(
+            super::Backend::MySql,
+        )
+        .await
+    }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use idem_runtime::{
     ConfigError, Error, Inbox, Metadata, Outcome, RedeliveryWindow, RetentionPolicy, Settle, Status,
 };
-use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
+use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
 
 on_each_backend!(
@@ -335,6 +335,9 @@ async fn thirty_two_concurrent_copies_of_an_expired_record_have_one_effect(backe
 async fn two_phase_lease_takeover_fences_the_stale_worker(backend: Backend) {
     let (db, inbox, effects) = setup(backend).await;
     let lease = Duration::from_millis(300);
+    // The stale worker's handler outlives its lease three times over; it keeps its claim only as
+    // long as its renewals reach the database.
+    let stale_worker = CutWorker::new(&db, inbox.table().as_str(), |b| b).await;
     let stale = Recorder::new(&db, &effects, "mailer")
         .two_phase(lease)
         .tagged("stale")
@@ -345,7 +348,7 @@ async fn two_phase_lease_takeover_fences_the_stale_worker(backend: Backend) {
     let msg = Msg::new("mail-1", "hello");
 
     let stale_run = {
-        let (inbox, stale, msg) = (inbox.clone(), stale.clone(), msg.clone());
+        let (inbox, stale, msg) = (stale_worker.inbox.clone(), stale.clone(), msg.clone());
         tokio::spawn(async move { inbox.process(&stale, msg, &Metadata::default()).await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -367,13 +370,17 @@ async fn two_phase_lease_takeover_fences_the_stale_worker(backend: Backend) {
         .unwrap();
     assert_eq!(record.status, Status::InProgress);
 
-    // Once the lease ran out, the claim is taken over, and the handler sees it is attempt 2.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its renewals stop reaching the database: once the lease ran out, the claim is taken over,
+    // and the handler sees it is attempt 2.
+    stale_worker.cut().await;
+    tokio::time::sleep(lease + Duration::from_millis(150)).await;
     let taken = inbox.process(&fresh, msg.clone(), &meta()).await.unwrap();
     assert_eq!(taken, Outcome::Processed("fresh:hello".into()));
     assert_eq!(fresh.attempts(), vec![2]);
 
-    // The stale worker finishes late and may not complete the record.
+    // The stale worker reaches the database again, finishes late and may not complete the
+    // record.
+    stale_worker.restore().await;
     let stale_result = stale_run.await.unwrap().unwrap_err();
     assert!(
         matches!(stale_result, Error::ClaimLost { .. }),
@@ -450,7 +457,8 @@ async fn two_phase_max_takeovers_needs_intervention(backend: Backend) {
             .unwrap()
             .unwrap();
         assert_eq!(record.attempts, attempt);
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        // Its renewals stopped with it: the claim is free a lease after the last one.
+        tokio::time::sleep(lease + Duration::from_millis(60)).await;
     }
     let err = inbox
         .process(&hanging, msg.clone(), &meta())
@@ -806,18 +814,27 @@ async fn a_table_with_another_schema_is_refused_at_start_up(backend: Backend) {
 async fn two_phase_claim_outlives_a_retention_shorter_than_its_lease(backend: Backend) {
     let retention = RetentionPolicy::default().with_consumer("mailer", Duration::from_millis(50));
     let (db, inbox, effects) = setup_with(backend, |b| b.retention(retention)).await;
+    // The handler outlives its lease: the renewals keep the record for the retention after each
+    // new lease, as the claim did.
+    let lease = Duration::from_millis(300);
     let slow = Recorder::new(&db, &effects, "mailer")
-        .two_phase(Duration::from_secs(5))
-        .slow(Duration::from_millis(600));
+        .two_phase(lease)
+        .slow(Duration::from_millis(900));
     let msg = Msg::new("mail-1", "hi");
     let first = {
         let (inbox, slow, msg) = (inbox.clone(), slow.clone(), msg.clone());
         tokio::spawn(async move { inbox.process(&slow, msg, &Metadata::default()).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Past the retention, but the lease runs: the claim is not taken over.
-    let err = inbox.process(&slow, msg, &meta()).await.unwrap_err();
-    assert!(matches!(err, Error::InProgressElsewhere { .. }), "{err:?}");
+    // Past the retention within the first lease, then past the first lease and its retention:
+    // the claim is neither expired nor taken over.
+    for pause in [200, 400] {
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        let err = inbox
+            .process(&slow, msg.clone(), &meta())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InProgressElsewhere { .. }), "{err:?}");
+    }
     assert!(!first.await.unwrap().unwrap().is_duplicate());
     assert_eq!(slow.attempts(), vec![1]);
     assert_eq!(db.count(&effects, "1=1").await, 1);

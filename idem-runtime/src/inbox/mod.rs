@@ -3,6 +3,7 @@
 mod builder;
 mod claim;
 mod record;
+mod renewal;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -31,6 +32,8 @@ pub use builder::InboxBuilder;
 pub use record::InboxRecord;
 
 use claim::{ClaimRequest, Claimed};
+pub(crate) use renewal::ClaimWatch;
+use renewal::{Held, renew_until_lost};
 
 /// The inbox of processed messages, kept in the application's database.
 ///
@@ -88,6 +91,13 @@ impl Inbox {
     /// Returns [`Outcome::Processed`] with the handler's output, or [`Outcome::Duplicate`] with
     /// the output recorded the first time. Every error says how to settle the delivery
     /// ([`Error::settle`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes is a crash of this worker as far as the message
+    /// is concerned: in transactional mode the transaction rolls back and nothing is recorded;
+    /// in two-phase mode the handler and the renewal of its lease stop together, and the claim
+    /// stays in progress until its lease runs out, when a redelivery takes it over.
     pub async fn process<H: Handler>(
         &self,
         handler: &H,
@@ -239,6 +249,7 @@ impl Inbox {
     ) -> Result<Outcome<H::Output>> {
         let store = &self.inner.store;
         let db = &self.inner.db;
+        let claim_sent = tokio::time::Instant::now();
         let (token, attempt, previous_claim_at) = match claim::claim(store, db, request).await? {
             Claimed::Completed(output) => {
                 return decode_stored(request.key, output).map(Outcome::Duplicate);
@@ -249,9 +260,26 @@ impl Inbox {
                 previous_claim_at,
             } => (token, attempt, previous_claim_at),
         };
+        let watch = ClaimWatch::default();
         let cx = Context::new(&request.key.message_key, metadata, None)
-            .with_attempt(attempt, previous_claim_at.map(from_epoch_ms));
-        let output = match run(handler, &cx, message).await {
+            .with_attempt(attempt, previous_claim_at.map(from_epoch_ms))
+            .with_claim(&watch);
+        let held = Held {
+            request,
+            token,
+            lease: request.lease.unwrap_or(Mode::DEFAULT_LEASE),
+            claim_sent,
+        };
+        // The renewal runs beside the handler, in this task: dropping this future (a crashed
+        // worker) stops both. A lost claim ends the renewal; the handler still runs to its end.
+        let handled = run(handler, &cx, message);
+        tokio::pin!(handled);
+        let result = tokio::select! {
+            biased;
+            result = &mut handled => result,
+            () = renew_until_lost(store, db, held, &watch) => handled.await,
+        };
+        let output = match result {
             Ok(output) => output,
             Err(error) => {
                 // Never keep a key after a failed handler: the redelivery must be able to retry.

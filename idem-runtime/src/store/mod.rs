@@ -335,6 +335,30 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
+    /// Extends the lease of a claim that `token` still holds in progress to `lease` from now,
+    /// its expiry to `retention` after that; `false` when the claim is no longer this token's
+    /// (taken over, completed or released).
+    pub(crate) async fn renew(
+        &self,
+        conn: &impl ConnectionTrait,
+        key: &InboxKey,
+        token: i64,
+        lease: Duration,
+        retention: Duration,
+    ) -> Result<bool, DbErr> {
+        let lease = duration_ms(lease);
+        let mut values = vec![
+            Value::from(lease),
+            Value::from(lease.saturating_add(duration_ms(retention))),
+        ];
+        values.extend(Self::key_values(key));
+        values.push(Value::from(token));
+        let result = conn
+            .execute_raw(self.statement(&self.sql.renew, values))
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
     /// Deletes a claim held by `token`, so a redelivery can retry.
     pub(crate) async fn release(
         &self,

@@ -33,6 +33,8 @@ pub(super) struct Statements {
     pub(super) take_over: String,
     /// Binds output, expiry (ms from now), the key and the claim token.
     pub(super) complete: String,
+    /// Binds lease (ms), expiry (ms from now), the key and the claim token.
+    pub(super) renew: String,
     /// Binds the key and the claim token.
     pub(super) release: String,
     /// Binds the key.
@@ -102,6 +104,12 @@ impl Statements {
              expires_at = {now} + ?, lease_until = NULL \
              WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
         );
+        // A renewal extends the lease of a claim only while its token holds it in progress, and
+        // keeps the record for the retention after the new lease, as a claim does.
+        let renew = format!(
+            "UPDATE {t} SET lease_until = {now} + ?, expires_at = {now} + ? \
+             WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
+        );
         let release = format!("DELETE FROM {t} WHERE {KEY} AND claim_token = ?");
         let delete = format!("DELETE FROM {t} WHERE {KEY}");
         let delete_expired = match dialect.backend() {
@@ -126,6 +134,7 @@ impl Statements {
             select: sql(select),
             take_over: sql(take_over),
             complete: sql(complete),
+            renew: sql(renew),
             release: sql(release),
             delete: sql(delete),
             delete_expired: sql(delete_expired),
@@ -151,6 +160,12 @@ mod tests {
     fn postgres_placeholders_are_numbered() {
         let s = statements(DbBackend::Postgres);
         assert!(s.release.ends_with("claim_token = $3"), "{}", s.release);
+        assert!(
+            s.renew
+                .ends_with("claim_token = $5 AND status = 'in_progress'"),
+            "{}",
+            s.renew
+        );
         assert!(!s.insert_claim.contains('?'));
         assert!(s.insert_claim.contains("$9"), "{}", s.insert_claim);
         assert!(
