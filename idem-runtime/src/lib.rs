@@ -148,6 +148,7 @@
 
 mod clock;
 mod configured;
+pub mod delivery;
 mod error;
 mod fingerprint;
 mod handler;
