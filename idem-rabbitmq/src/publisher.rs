@@ -2,6 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idem_runtime::delivery::Backoff;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
@@ -11,6 +12,10 @@ use tokio::sync::Mutex;
 use crate::connect::connect;
 use crate::error::{Error, Result};
 use crate::url::AmqpUrl;
+
+/// The waits between tries of a publish: 100 ms, doubling, at most 1.6 s.
+const PUBLISH_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_millis(1600));
 
 /// What to put on a message besides its payload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -171,7 +176,7 @@ impl Publisher {
         let mut last = String::new();
         for attempt in 1..=self.max_attempts {
             if attempt > 1 {
-                tokio::time::sleep(Duration::from_millis(100) * 2u32.pow(attempt.min(6) - 2)).await;
+                tokio::time::sleep(PUBLISH_BACKOFF.after(attempt - 1)).await;
             }
             let channel = self.channel.lock().await.clone();
             let publishing = async {

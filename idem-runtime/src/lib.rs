@@ -150,6 +150,7 @@
 
 mod clock;
 mod configured;
+pub mod delivery;
 mod error;
 mod fingerprint;
 mod handler;

@@ -3,9 +3,8 @@
 use std::any::TypeId;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
-use idem_runtime::{Error, Handler, Inbox, Metadata, Outcome, Settle};
+use idem_runtime::{Handler, Inbox, Metadata, Outcome, Settle};
 use lapin::message::Delivery;
 use serde::de::DeserializeOwned;
 
@@ -130,15 +129,7 @@ where
                     Settle::Requeue => Verdict::Requeue {
                         code: error.code(),
                         detail: error.to_string(),
-                        retry: match &error {
-                            Error::InProgressElsewhere { remaining, .. } => {
-                                Retry::Claimed(*remaining)
-                            }
-                            error if error.is_store_unavailable() => Retry::StoreUnavailable,
-                            // Contention: other transactions held the database up.
-                            error if !error.counts_as_attempt() => Retry::Claimed(Duration::ZERO),
-                            _ => Retry::Failed,
-                        },
+                        retry: Retry::of(&error),
                     },
                     Settle::DeadLetter(reason) => Verdict::DeadLetter(reason),
                 },

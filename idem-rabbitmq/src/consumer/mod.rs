@@ -23,8 +23,9 @@ use crate::url::AmqpUrl;
 
 pub use binding::Binding;
 use binding::Dispatch;
+use idem_runtime::delivery::{Backoff, RetryMemory};
 pub use settle::{ConsumerStats, headers};
-use settle::{Retries, RetryPolicy, Stats};
+use settle::{RetryPolicy, Stats};
 pub use worker::ShutdownReport;
 use worker::Worker;
 
@@ -126,8 +127,7 @@ impl Consumer {
                 reconnect_delay: Duration::from_secs(1),
                 retry: RetryPolicy {
                     max_deliveries: 10,
-                    backoff_base: Duration::from_millis(200),
-                    backoff_max: Duration::from_secs(10),
+                    backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
                     // A dead-letter exchange that takes no copies is a configuration error an
                     // operator must fix: a few quick retries ride out a passing refusal (a full
                     // dead-letter queue), then one delivery a minute keeps the log loud without a
@@ -254,8 +254,7 @@ impl ConsumerBuilder {
     /// The wait before requeueing a message that failed transiently: `base` after the first
     /// delivery, doubling each time, at most `max` (defaults 200 ms and 10 s).
     pub fn retry_backoff(mut self, base: Duration, max: Duration) -> Self {
-        self.settings.retry.backoff_base = base;
-        self.settings.retry.backoff_max = max;
+        self.settings.retry.backoff = Backoff::new(base, max);
         self
     }
 
@@ -332,7 +331,7 @@ impl ConsumerBuilder {
         let shutdown = Arc::new(shutdown);
         let settings = Arc::new(self.settings);
         let stats = Arc::new(Stats::default());
-        let retries = Arc::new(Retries::default());
+        let retries = Arc::new(RetryMemory::default());
         let in_flight = Arc::new(Semaphore::new(settings.max_in_flight));
         let retirees = Arc::new(Retirees::new(settings.retire_timeout));
         let mut consumer = Consumer {

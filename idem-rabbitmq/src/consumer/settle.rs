@@ -1,11 +1,10 @@
 //! Settling deliveries: ack, bounded requeue with back-off, dead-letter with a reason.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_runtime::DeadLetterReason;
+use idem_runtime::delivery::{Backoff, Decision, DeliveryPolicy, RetryMemory};
 use lapin::Channel;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
@@ -52,26 +51,7 @@ pub(crate) enum Verdict {
     DeadLetter(DeadLetterReason),
 }
 
-/// Why a delivery is requeued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Retry {
-    /// Processing failed: the delivery counts toward the delivery limit, and the back-off grows
-    /// with the message's deliveries.
-    Failed,
-    /// Another worker's claim on the message runs this much longer. Not counted: the lease and
-    /// its takeovers bound this wait.
-    Claimed(Duration),
-    /// The inbox database is unreachable. Not counted, since the message is not at fault; the
-    /// back-off grows with the outage, for every message of the consumer.
-    StoreUnavailable,
-}
-
-impl Retry {
-    /// Whether the delivery counts toward the message's delivery limit.
-    fn counted(self) -> bool {
-        self == Retry::Failed
-    }
-}
+pub(crate) use idem_runtime::delivery::Retry;
 
 /// How a delivery ended, for metrics and stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,12 +149,12 @@ impl Stats {
     }
 }
 
-/// How often and how patiently a message is requeued.
+/// How often and how patiently a message is requeued: the runtime's delivery policy, and how a
+/// dead-letter copy the broker does not take is retried.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RetryPolicy {
     pub(crate) max_deliveries: u32,
-    pub(crate) backoff_base: Duration,
-    pub(crate) backoff_max: Duration,
+    pub(crate) backoff: Backoff,
     /// Quick tries at dead-lettering a message, the usual back-off between them...
     pub(crate) dead_letter_attempts: u32,
     /// ...and the wait before each try after those.
@@ -182,100 +162,8 @@ pub(crate) struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The wait before requeueing after the `delivery`-th delivery failed: doubling from the
-    /// base, capped.
-    fn backoff(&self, delivery: u32) -> Duration {
-        let doublings = delivery.saturating_sub(1).min(16);
-        self.backoff_base
-            .saturating_mul(1 << doublings)
-            .min(self.backoff_max)
-    }
-}
-
-/// What a consumer remembers between deliveries to pace its retries: per requeued message, its
-/// failed deliveries (for queues whose broker does not count them, classic queues) and when it
-/// last found the database unreachable; and how long the database has been unreachable.
-#[derive(Debug, Default)]
-pub(crate) struct Retries {
-    /// Per message. Bounded: a process that sees too many forgets them all.
-    messages: Mutex<HashMap<String, MessageRetries>>,
-    /// Deliveries requeued in a row because the database was unreachable; reset by any delivery
-    /// that reached it.
-    outage: AtomicU32,
-    /// Deliveries that reached the database, ever: the clock that tells an outage from an error
-    /// only one message meets.
-    reached: AtomicU64,
-}
-
-/// What is remembered of one requeued message.
-#[derive(Debug, Default, Clone, Copy)]
-struct MessageRetries {
-    /// Failed deliveries.
-    failed: u32,
-    /// The `reached` clock when the message last found the database unreachable.
-    unreachable_at: Option<u64>,
-    /// Dead-letter copies the broker did not take.
-    dead_letter_failures: u32,
-}
-
-impl Retries {
-    const MAX_TRACKED: usize = 100_000;
-
-    fn update<T>(&self, identity: &str, change: impl FnOnce(&mut MessageRetries) -> T) -> T {
-        let mut messages = self.messages.lock().unwrap_or_else(|e| e.into_inner());
-        if messages.len() >= Self::MAX_TRACKED && !messages.contains_key(identity) {
-            messages.clear();
-        }
-        change(messages.entry(identity.to_owned()).or_default())
-    }
-
-    fn failed(&self, identity: &str) -> u32 {
-        let messages = self.messages.lock().unwrap_or_else(|e| e.into_inner());
-        messages.get(identity).map_or(0, |message| message.failed)
-    }
-
-    fn set_failed(&self, identity: &str, deliveries: u32) {
-        self.update(identity, |message| message.failed = deliveries);
-    }
-
-    /// Notes a dead-letter copy of the message that the broker did not take; returns how many.
-    fn dead_letter_failed(&self, identity: &str) -> u32 {
-        self.update(identity, |message| {
-            message.dead_letter_failures = message.dead_letter_failures.saturating_add(1);
-            message.dead_letter_failures
-        })
-    }
-
-    /// Forgets a message that left the queue. Cheap when nothing is remembered, as for almost
-    /// every acknowledged delivery.
-    fn forget(&self, queue: &str, delivery: &Delivery) {
-        let mut messages = self.messages.lock().unwrap_or_else(|e| e.into_inner());
-        if !messages.is_empty() {
-            messages.remove(&identity(queue, delivery));
-        }
-    }
-
-    /// Notes that the message found the database unreachable; returns whether other deliveries
-    /// reached it since the message last did so, which makes the error the message's own.
-    fn unreachable_only_for(&self, identity: &str) -> bool {
-        let now = self.reached.load(Ordering::Relaxed);
-        let before = self.update(identity, |message| message.unreachable_at.replace(now));
-        before.is_some_and(|before| before != now)
-    }
-
-    /// Notes one more delivery requeued for an unreachable database; returns how many in a row.
-    fn outage_continues(&self) -> u32 {
-        self.outage
-            .fetch_add(1, Ordering::Relaxed)
-            .saturating_add(1)
-    }
-
-    /// Notes a delivery that reached the database.
-    fn store_reached(&self) {
-        self.reached.fetch_add(1, Ordering::Relaxed);
-        if self.outage.load(Ordering::Relaxed) != 0 {
-            self.outage.store(0, Ordering::Relaxed);
-        }
+    fn delivery(&self) -> DeliveryPolicy {
+        DeliveryPolicy::new(self.max_deliveries, self.backoff)
     }
 }
 
@@ -291,7 +179,7 @@ pub(crate) struct Settler<'a> {
     /// and requeued ones on quorum queues.
     pub(crate) publisher: &'a Channel,
     pub(crate) retry: RetryPolicy,
-    pub(crate) retries: &'a Retries,
+    pub(crate) retries: &'a RetryMemory,
     /// Whether the queue is a quorum queue, whose broker counts deliveries.
     pub(crate) quorum: bool,
     /// Becomes true when the consumer shuts down.
@@ -330,7 +218,7 @@ impl Settler<'_> {
             }
         };
         if settled.is_final() {
-            self.retries.forget(self.queue, delivery);
+            self.retries.forget(|| identity(self.queue, delivery));
         }
         settled
     }
@@ -348,34 +236,21 @@ impl Settler<'_> {
     ) -> Settled {
         let identity = identity(self.queue, delivery);
         let deliveries = self.deliveries(delivery, &identity);
-        let retry = match retry {
-            // Other deliveries reached the database since this message last found it
-            // unreachable: the error is the message's own (a statement the server kills, say),
-            // which must not be requeued unbounded.
-            Retry::StoreUnavailable if self.retries.unreachable_only_for(&identity) => {
-                Retry::Failed
+        let decision =
+            self.retry
+                .delivery()
+                .decide(self.retries, &identity, retry, deliveries, code, &detail);
+        match decision {
+            Decision::GiveUp(reason) => {
+                self.dead_letter(delivery, &reason, key, deliveries, permit)
+                    .await
             }
-            Retry::Claimed(_) => {
-                self.retries.store_reached();
-                retry
+            Decision::Requeue { counted, after } => {
+                drop(permit);
+                self.wait(after).await;
+                self.requeue(delivery, counted).await
             }
-            _ => retry,
-        };
-        if retry.counted() && deliveries >= self.retry.max_deliveries {
-            let reason = DeadLetterReason::new(
-                "delivery-limit",
-                format!("gave up after {deliveries} deliveries; last error ({code}): {detail}"),
-            );
-            return self
-                .dead_letter(delivery, &reason, key, deliveries, permit)
-                .await;
         }
-        drop(permit);
-        if retry.counted() {
-            self.retries.set_failed(&identity, deliveries);
-        }
-        self.wait(self.backoff(retry, deliveries)).await;
-        self.requeue(delivery, retry.counted()).await
     }
 
     /// Waits out a back-off, or less if the consumer is shutting down: a message that waits to
@@ -385,17 +260,6 @@ impl Settler<'_> {
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = shutdown.wait_for(|stop| *stop) => {}
-        }
-    }
-
-    /// The wait before requeueing.
-    fn backoff(&self, retry: Retry, deliveries: u32) -> Duration {
-        match retry {
-            Retry::Failed => self.retry.backoff(deliveries),
-            Retry::Claimed(remaining) => {
-                remaining.clamp(self.retry.backoff(deliveries), self.retry.backoff_max)
-            }
-            Retry::StoreUnavailable => self.retry.backoff(self.retries.outage_continues()),
         }
     }
 
@@ -524,11 +388,9 @@ impl Settler<'_> {
             }
             Err(problem) => problem,
         };
-        let failures = self
-            .retries
-            .dead_letter_failed(&identity(self.queue, delivery));
+        let failures = self.retries.copy_failed(&identity(self.queue, delivery));
         let wait = if failures < self.retry.dead_letter_attempts {
-            self.retry.backoff(failures)
+            self.retry.backoff.after(failures)
         } else {
             self.retry.dead_letter_pause
         };
@@ -584,37 +446,6 @@ fn truncate(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_its_cap() {
-        let policy = RetryPolicy {
-            max_deliveries: 10,
-            backoff_base: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(1),
-            dead_letter_attempts: 3,
-            dead_letter_pause: Duration::from_secs(60),
-        };
-        assert_eq!(policy.backoff(1), Duration::from_millis(100));
-        assert_eq!(policy.backoff(2), Duration::from_millis(200));
-        assert_eq!(policy.backoff(4), Duration::from_millis(800));
-        assert_eq!(policy.backoff(5), Duration::from_secs(1));
-        assert_eq!(policy.backoff(60), Duration::from_secs(1));
-    }
-
-    #[test]
-    fn an_unreachable_database_counts_once_other_deliveries_reach_it() {
-        let retries = Retries::default();
-        // An outage: nothing reaches the database between the message's attempts.
-        assert!(!retries.unreachable_only_for("m"));
-        assert!(!retries.unreachable_only_for("m"));
-        // Another delivery reaches it: the message's next "unreachable" is its own error.
-        retries.store_reached();
-        assert!(retries.unreachable_only_for("m"));
-        assert!(!retries.unreachable_only_for("other"));
-        // Forgotten, as when the message left the queue: it starts afresh.
-        retries.messages.lock().unwrap().remove("m");
-        assert!(!retries.unreachable_only_for("m"));
-    }
 
     #[test]
     fn truncation_keeps_char_boundaries() {

@@ -25,11 +25,12 @@ use tracing::field::Empty;
 
 use super::Settings;
 use super::binding::{Dispatch, Handled};
-use super::settle::{Retries, Retry, Settler, Stats, Verdict};
+use super::settle::{Retry, Settler, Stats, Verdict};
 use crate::connect::{Link, Retirees};
 use crate::error::{Error, Result};
 use crate::metadata::metadata_of;
 use crate::topology::QueueKind;
+use idem_runtime::delivery::{Backoff, RetryMemory};
 
 /// What a worker did at shutdown.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -124,7 +125,7 @@ pub(crate) struct Worker {
     pub(crate) inbox: Inbox,
     pub(crate) settings: Arc<Settings>,
     pub(crate) stats: Arc<Stats>,
-    pub(crate) retries: Arc<Retries>,
+    pub(crate) retries: Arc<RetryMemory>,
     pub(crate) in_flight: Arc<Semaphore>,
     pub(crate) retirees: Arc<Retirees>,
     pub(crate) shutdown: watch::Receiver<bool>,
@@ -254,9 +255,11 @@ impl Worker {
 
     /// Reopens a session with a growing delay, until it works or shutdown is asked for.
     async fn reconnect(&mut self) -> Option<Session> {
-        let mut delay = self.settings.reconnect_delay;
+        let mut delays =
+            Backoff::new(self.settings.reconnect_delay, Duration::from_secs(30)).delays();
         let mut shutdown = self.shutdown.clone();
         loop {
+            let delay = delays.next().unwrap_or(Duration::from_secs(30));
             tokio::select! {
                 _ = shutdown.wait_for(|stop| *stop) => return None,
                 opened = self.open_session() => match opened {
@@ -268,7 +271,6 @@ impl Worker {
                 _ = shutdown.wait_for(|stop| *stop) => return None,
                 _ = tokio::time::sleep(delay) => {}
             }
-            delay = (delay * 2).min(Duration::from_secs(30));
         }
     }
 
@@ -434,7 +436,7 @@ struct Job {
     inbox: Inbox,
     settings: Arc<Settings>,
     stats: Arc<Stats>,
-    retries: Arc<Retries>,
+    retries: Arc<RetryMemory>,
     publisher: Channel,
     quorum: bool,
     shutdown: watch::Receiver<bool>,

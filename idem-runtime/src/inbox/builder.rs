@@ -8,6 +8,7 @@ use std::time::Duration;
 use sea_orm::{DatabaseConnection, DbBackend, DbErr};
 
 use super::{DEFAULT_MAX_ATTEMPTS, Inbox, Inner};
+use crate::delivery::Backoff;
 use crate::error::{ConfigError, Error, Result};
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
@@ -175,7 +176,7 @@ where
         match step().await.map_err(Error::from) {
             Err(Error::Contention(error)) if tries < STARTUP_TRIES => {
                 tracing::debug!(%error, tries, "inbox start-up met another replica; trying again");
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(tries))).await;
+                tokio::time::sleep(STARTUP_BACKOFF.after(tries)).await;
                 tries += 1;
             }
             result => return result,
@@ -185,6 +186,10 @@ where
 
 /// How many times a start-up step is tried.
 const STARTUP_TRIES: u32 = 10;
+
+/// The waits between those tries.
+const STARTUP_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
 
 /// The dialect of `db`'s backend, telling MariaDB from MySQL.
 async fn dialect_of(db: &DatabaseConnection) -> Result<Dialect> {

@@ -17,6 +17,7 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use crate::clock::from_epoch_ms;
+use crate::delivery::Backoff;
 use crate::error::{ConfigError, Error, Result};
 use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
@@ -397,7 +398,7 @@ async fn complete_with_retries(
         {
             Err(error) if attempt < COMPLETE_ATTEMPTS && classify(&error) != Failure::Refused => {
                 tracing::warn!(%error, attempt, "completing the claim failed; retrying");
-                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                tokio::time::sleep(COMPLETE_BACKOFF.after(attempt)).await;
                 attempt += 1;
             }
             result => return result,
@@ -407,6 +408,9 @@ async fn complete_with_retries(
 
 /// How many times completing a two-phase claim is tried.
 const COMPLETE_ATTEMPTS: u32 = 4;
+
+/// The waits between those tries.
+const COMPLETE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
 
 /// A transactional handler's failure, or the database outage behind it: when the handler's
 /// statements failed because the database went away, the message is not at fault. Told by a
