@@ -648,13 +648,8 @@ impl Handler for Careful {
         if cx.claim_lost() {
             return Ok("abandoned".to_owned());
         }
-        let sql = format!(
-            "INSERT INTO {} (consumer, message_key, body) VALUES (?, ?, ?)",
-            self.effects
-        );
-        let values = vec!["careful".into(), msg.id.clone().into(), msg.body.into()];
-        let statement = idem_tests::db::statement(self.db.get_database_backend(), &sql, values);
-        self.db.execute_raw(statement).await?;
+        idem_tests::db::insert_effect(&self.db, &self.effects, "careful", &msg.id, &msg.body)
+            .await?;
         Ok("done".to_owned())
     }
 }
