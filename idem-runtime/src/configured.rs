@@ -92,6 +92,7 @@ impl<H: Handler> Configured<H> {
 }
 
 /// [`Handler::configured`]: wraps any handler for run-time configuration.
+#[diagnostic::do_not_recommend]
 impl<H: Handler> Handler for Configured<H> {
     type Message = H::Message;
     type Output = H::Output;
