@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::topology::QueueKind;
+
 /// The adapter's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -60,10 +62,53 @@ pub enum Error {
     Inbox(#[from] idem_runtime::Error),
     /// A setting cannot work.
     #[error("invalid configuration: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
     /// In-flight handlers did not finish within the shutdown deadline.
     #[error("{0} handlers were still running at the shutdown deadline of {1:?}")]
     ShutdownTimeout(usize, Duration),
+}
+
+/// A consumer or topology setting that cannot work, refused at start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The consumer has nothing to consume.
+    #[error("no handler is bound to a queue")]
+    NoBinding,
+    /// A count or a duration that must be positive is zero.
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+    /// Two different handlers use one consumer name: they would share inbox records, and one
+    /// would skip the other's messages as duplicates.
+    #[error(
+        "handlers {first} and {second} both use the consumer name {consumer:?}; give one of them \
+         its own (`consumer = \"...\"`), or they skip each other's messages as duplicates"
+    )]
+    SharedConsumerName {
+        /// The consumer name.
+        consumer: String,
+        /// One handler's type.
+        first: &'static str,
+        /// The other's.
+        second: &'static str,
+    },
+    /// A queue without a dead-letter exchange: the default exchange would route dead-letter
+    /// copies back to the queue.
+    #[error("queue {queue:?} has no dead-letter exchange; dead-lettered messages need one")]
+    NoDeadLetterExchange {
+        /// The queue.
+        queue: String,
+    },
+    /// The queue's type on the broker is not the one its topology states.
+    #[error("queue {queue:?} is a {broker} queue on the broker, but its topology says {stated}")]
+    QueueKindMismatch {
+        /// The queue.
+        queue: String,
+        /// Its type on the broker.
+        broker: QueueKind,
+        /// The type the topology states.
+        stated: QueueKind,
+    },
 }
 
 impl Error {

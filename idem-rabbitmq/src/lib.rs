@@ -51,6 +51,7 @@
 //! exchange routes copies to no queue: messages stay on their queue until it is fixed.
 
 mod codec;
+mod confirm;
 mod connect;
 mod consumer;
 mod error;
@@ -64,7 +65,7 @@ pub use connect::connect;
 pub use consumer::{
     Binding, Consumer, ConsumerBuilder, ConsumerStats, ShutdownHandle, ShutdownReport, headers,
 };
-pub use error::{Error, Result};
+pub use error::{ConfigError, Error, Result};
 pub use metadata::metadata_of;
 pub use publisher::{PublishOptions, Publisher};
 pub use topology::{ExchangeBinding, QueueKind, QueueTopology};

@@ -3,12 +3,13 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::delivery::Backoff;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+use crate::confirm::{NotTaken, publish_confirmed};
 use crate::connect::connect;
 use crate::error::{Error, Result};
 use crate::url::AmqpUrl;
@@ -179,42 +180,34 @@ impl Publisher {
                 tokio::time::sleep(PUBLISH_BACKOFF.after(attempt - 1)).await;
             }
             let channel = self.channel.lock().await.clone();
-            let publishing = async {
-                let options = BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                };
-                channel
-                    .basic_publish(
-                        exchange.into(),
-                        routing_key.into(),
-                        options,
-                        payload,
-                        properties.clone(),
-                    )
-                    .await?
-                    .await
-            };
-            match tokio::time::timeout(self.confirm_timeout, publishing).await {
-                Ok(Ok(Confirmation::Ack(None))) => return Ok(message_id),
-                Ok(Ok(Confirmation::Ack(Some(returned)))) => {
+            let published = publish_confirmed(
+                &channel,
+                exchange,
+                routing_key,
+                payload,
+                properties.clone(),
+                self.confirm_timeout,
+            )
+            .await;
+            match published {
+                Ok(()) => return Ok(message_id),
+                Err(NotTaken::Unroutable { reply_text }) => {
                     return Err(Error::Unroutable {
                         message_id,
                         exchange: exchange.to_owned(),
                         routing_key: routing_key.to_owned(),
-                        reply_text: returned.reply_text.to_string(),
+                        reply_text,
                     });
                 }
-                Ok(Ok(Confirmation::Nack(_))) => last = "the broker refused it".to_owned(),
-                Ok(Ok(Confirmation::NotRequested)) => {
-                    last = "the channel was not in confirm mode".to_owned();
+                Err(NotTaken::NotConfirmMode) => {
+                    last = NotTaken::NotConfirmMode.to_string();
                     self.replace_channel().await;
                 }
-                Ok(Err(error)) => {
+                Err(NotTaken::Channel(error)) => {
                     last = error.to_string();
                     self.repair(&channel, error).await;
                 }
-                Err(_) => last = format!("no confirm within {:?}", self.confirm_timeout),
+                Err(problem) => last = problem.to_string(),
             }
             tracing::warn!(message_id, attempt, problem = %last, "publish not confirmed; retrying with the same message id");
         }

@@ -8,7 +8,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPHardError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 use crate::url::AmqpUrl;
 
 /// The type of the work queue.
@@ -203,10 +203,10 @@ impl QueueTopology {
         if self.dead_letter_exchange.is_empty() {
             // The default exchange would route a dead-letter copy by its routing key, back to
             // the work queue.
-            return Err(Error::Config(format!(
-                "queue {:?} has no dead-letter exchange; dead-lettered messages need one",
-                self.queue
-            )));
+            return Err(ConfigError::NoDeadLetterExchange {
+                queue: self.queue.clone(),
+            }
+            .into());
         }
         if !self.declare {
             // Only checked: a dead-letter exchange that is not there would fail every
@@ -337,12 +337,12 @@ impl QueueTopology {
         }
         let broker = self.broker_kind(url, name).await?;
         match self.kind {
-            Some(stated) if stated != broker => Err(Error::Config(format!(
-                "queue {:?} is a {} queue on the broker, but its topology says {}",
-                self.queue,
-                kind_name(broker),
-                kind_name(stated)
-            ))),
+            Some(stated) if stated != broker => Err(ConfigError::QueueKindMismatch {
+                queue: self.queue.clone(),
+                broker,
+                stated,
+            }
+            .into()),
             Some(_) => Ok(broker),
             None => {
                 tracing::info!(queue = %self.queue, kind = kind_name(broker), "queue type from the broker");
@@ -419,6 +419,12 @@ fn kind_name(kind: QueueKind) -> &'static str {
     match kind {
         QueueKind::Classic => "classic",
         QueueKind::Quorum => "quorum",
+    }
+}
+
+impl std::fmt::Display for QueueKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(kind_name(*self))
     }
 }
 

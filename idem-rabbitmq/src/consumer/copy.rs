@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use lapin::message::Delivery;
-use lapin::options::BasicPublishOptions;
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel};
+
+use crate::confirm::{NotTaken, publish_confirmed};
 
 /// How long a copy may wait for the broker's confirm; past it, the copy counts as not taken.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -68,8 +69,8 @@ pub(crate) fn properties_of(
     properties
 }
 
-/// Publishes `delivery`'s payload with `properties` to `exchange`, `mandatory`, and waits for the
-/// broker's confirm (on a channel in confirm mode). Says why when the broker did not take it.
+/// Publishes `delivery`'s payload with `properties` to `exchange` and waits for the broker's
+/// confirm (on a channel in confirm mode). Says why when the broker did not take it.
 pub(crate) async fn publish(
     channel: &Channel,
     delivery: &Delivery,
@@ -77,34 +78,19 @@ pub(crate) async fn publish(
     routing_key: &str,
     properties: BasicProperties,
 ) -> Result<(), String> {
-    let options = BasicPublishOptions {
-        mandatory: true,
-        ..BasicPublishOptions::default()
-    };
-    let published = async {
-        let confirm = channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                options,
-                &delivery.data,
-                properties,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        match confirm.await.map_err(|e| e.to_string())? {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(format!(
-                "exchange {exchange:?} routes routing key {routing_key:?} to no queue ({})",
-                returned.reply_text
-            )),
-            Confirmation::Nack(_) => Err("the broker refused the copy".to_owned()),
-            Confirmation::NotRequested => {
-                Err("the publisher channel is not in confirm mode".to_owned())
-            }
-        }
-    };
-    tokio::time::timeout(CONFIRM_TIMEOUT, published)
-        .await
-        .unwrap_or_else(|_| Err("no confirm from the broker in time".to_owned()))
+    publish_confirmed(
+        channel,
+        exchange,
+        routing_key,
+        &delivery.data,
+        properties,
+        CONFIRM_TIMEOUT,
+    )
+    .await
+    .map_err(|problem| match problem {
+        NotTaken::Unroutable { reply_text } => format!(
+            "exchange {exchange:?} routes routing key {routing_key:?} to no queue ({reply_text})"
+        ),
+        problem => problem.to_string(),
+    })
 }

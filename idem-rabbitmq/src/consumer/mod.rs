@@ -3,6 +3,7 @@
 mod binding;
 mod copy;
 mod settle;
+mod stats;
 mod worker;
 
 use std::any::TypeId;
@@ -17,15 +18,17 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::connect::Retirees;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Result};
 use crate::topology::QueueTopology;
 use crate::url::AmqpUrl;
 
 pub use binding::Binding;
 use binding::Dispatch;
 use idem_runtime::delivery::{Backoff, RetryMemory};
-pub use settle::{ConsumerStats, headers};
-use settle::{RetryPolicy, Stats};
+use settle::RetryPolicy;
+pub use settle::headers;
+pub use stats::ConsumerStats;
+use stats::Stats;
 pub use worker::ShutdownReport;
 use worker::Worker;
 
@@ -371,19 +374,19 @@ impl ConsumerBuilder {
         self.check_consumer_names()?;
         let settings = &self.settings;
         let problem = if self.bindings.is_empty() {
-            "no handler is bound to a queue"
+            ConfigError::NoBinding
         } else if settings.prefetch == 0 {
-            "prefetch must be at least 1"
+            ConfigError::Zero("prefetch")
         } else if settings.max_in_flight == 0 {
-            "max_in_flight must be at least 1"
+            ConfigError::Zero("max_in_flight")
         } else if settings.retry.max_deliveries == 0 {
-            "max_deliveries must be at least 1"
+            ConfigError::Zero("max_deliveries")
         } else if settings.retry.dead_letter_pause.is_zero() {
-            "the dead-letter retry pause must be positive"
+            ConfigError::Zero("the dead-letter retry pause")
         } else {
             return Ok(());
         };
-        Err(Error::Config(problem.to_owned()))
+        Err(problem.into())
     }
 
     /// Refuses two different handlers under one consumer name: they would share inbox records,
@@ -395,12 +398,12 @@ impl ConsumerBuilder {
             let (id, name) = binding.handler_type();
             match seen.insert(binding.consumer(), (id, name)) {
                 Some((other_id, other)) if other_id != id => {
-                    return Err(Error::Config(format!(
-                        "handlers {other} and {name} both use the consumer name {:?}; give one \
-                         of them its own (`consumer = \"...\"`), or they skip each other's \
-                         messages as duplicates",
-                        binding.consumer()
-                    )));
+                    return Err(ConfigError::SharedConsumerName {
+                        consumer: binding.consumer().to_owned(),
+                        first: other,
+                        second: name,
+                    }
+                    .into());
                 }
                 _ => {}
             }

@@ -25,7 +25,8 @@ use tracing::field::Empty;
 
 use super::Settings;
 use super::binding::{Dispatch, Handled};
-use super::settle::{Retry, Settler, Stats, Verdict};
+use super::settle::{Retry, Settler, Verdict};
+use super::stats::Stats;
 use crate::connect::{Link, Retirees};
 use crate::error::{Error, Result};
 use crate::metadata::metadata_of;

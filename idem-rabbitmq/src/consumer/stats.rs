@@ -1,0 +1,99 @@
+//! How deliveries ended: one label per ending, and the consumer's counts of them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How a delivery ended, for metrics and stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    Acked,
+    Duplicate,
+    Requeued,
+    DeadLettered,
+    /// Its dead-letter copy was not taken: it went back to the queue.
+    DeadLetterFailed,
+    /// The channel died before the settlement reached the broker, which redelivers the message.
+    Lost,
+}
+
+impl Settled {
+    /// Whether the message left the queue.
+    pub(crate) fn is_final(self) -> bool {
+        matches!(
+            self,
+            Settled::Acked | Settled::Duplicate | Settled::DeadLettered
+        )
+    }
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Settled::Acked => "acked",
+            Settled::Duplicate => "duplicate",
+            Settled::Requeued => "requeued",
+            Settled::DeadLettered => "dead-lettered",
+            Settled::DeadLetterFailed => "dead-letter-failed",
+            Settled::Lost => "settle-lost",
+        }
+    }
+}
+
+/// Counts of settled deliveries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Processed and acknowledged.
+    pub acked: u64,
+    /// Duplicates acknowledged without running the handler.
+    pub duplicates: u64,
+    /// Requeued for a later attempt.
+    pub requeued: u64,
+    /// Moved to the dead-letter queue.
+    pub dead_lettered: u64,
+    /// Dead-letter copies the broker did not take (no queue bound for their routing key, a full
+    /// dead-letter queue...); their messages went back to the queue.
+    pub dead_letter_failed: u64,
+    /// Settlements that did not reach the broker because the channel died; the broker
+    /// redelivers those messages.
+    pub settle_lost: u64,
+    /// Connection losses that lapin's automatic recovery repaired.
+    pub recoveries: u64,
+    /// Connections replaced by new ones, after a loss that was not recovered in time.
+    pub reconnections: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    acked: AtomicU64,
+    duplicates: AtomicU64,
+    requeued: AtomicU64,
+    dead_lettered: AtomicU64,
+    dead_letter_failed: AtomicU64,
+    settle_lost: AtomicU64,
+    pub(crate) recoveries: AtomicU64,
+    pub(crate) reconnections: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn count(&self, settled: Settled) {
+        let counter = match settled {
+            Settled::Acked => &self.acked,
+            Settled::Duplicate => &self.duplicates,
+            Settled::Requeued => &self.requeued,
+            Settled::DeadLettered => &self.dead_lettered,
+            Settled::DeadLetterFailed => &self.dead_letter_failed,
+            Settled::Lost => &self.settle_lost,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> ConsumerStats {
+        ConsumerStats {
+            acked: self.acked.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
+            requeued: self.requeued.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            dead_letter_failed: self.dead_letter_failed.load(Ordering::Relaxed),
+            settle_lost: self.settle_lost.load(Ordering::Relaxed),
+            recoveries: self.recoveries.load(Ordering::Relaxed),
+            reconnections: self.reconnections.load(Ordering::Relaxed),
+        }
+    }
+}
