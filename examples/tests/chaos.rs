@@ -29,12 +29,13 @@
 //! | `IDEM_CHAOS_ORDERS` | 300 | distinct valid orders |
 //! | `IDEM_CHAOS_KILLS` | 3 | SIGKILLs, each followed by a restart |
 //! | `IDEM_CHAOS_CLOSES` | 3 | times one process's connections are closed by the broker |
-//! | `IDEM_CHAOS_RATE` | 150 | messages published per second |
+//! | `IDEM_CHAOS_RATE` | 500 | messages published per second |
 //! | `IDEM_CHAOS_SEED` | the clock | the seed of every random choice (printed) |
 //!
-//! The kills and closes are spread over the publishing time. Duplicates come from each
-//! process's `billing stats` lines (logged every 200 ms): a killed process's last 200 ms are
-//! not counted, so duplicates and redeliveries are lower bounds. A bad message may reach the
+//! The kills and closes are spread over the work: the `k`-th of `n` comes once `k / (n + 1)` of
+//! the orders are charged. Duplicates come from each process's `billing stats` lines (logged
+//! every 20 ms): a killed process's last 20 ms are not counted, so duplicates and redeliveries
+//! are lower bounds. A bad message may reach the
 //! dead-letter queue twice (its copy is confirmed before the original is acknowledged, and a
 //! kill or close can fall in between): the test accepts that and counts such copies.
 
@@ -95,7 +96,7 @@ impl Size {
             orders: var("IDEM_CHAOS_ORDERS", 300),
             kills: var("IDEM_CHAOS_KILLS", 3),
             closes: var("IDEM_CHAOS_CLOSES", 3),
-            rate: var("IDEM_CHAOS_RATE", 150.0),
+            rate: var("IDEM_CHAOS_RATE", 500.0),
             seed: var("IDEM_CHAOS_SEED", clock | 1),
         };
         assert!(size.consumers > 0 && size.orders > 0 && size.rate > 0.0);
@@ -193,6 +194,11 @@ impl Plan {
 
     fn messages(&self) -> usize {
         self.sends.len() + 1
+    }
+
+    /// How long sending takes at `rate` messages a second.
+    fn span(&self, rate: f64) -> Duration {
+        Duration::from_secs_f64(self.sends.len() as f64 / rate)
     }
 }
 
@@ -345,11 +351,12 @@ impl Fleet {
         self.kills += 1;
     }
 
-    /// Closes the connections of the process of `slot` from the broker's side.
-    async fn close(&mut self, slot: usize) {
+    /// Closes the connections of the process of `slot` from the broker's side, in the
+    /// background (`rabbitmqctl` takes a second or two); returns how many it closed.
+    fn close(&mut self, slot: usize) -> tokio::task::JoinHandle<usize> {
         let name = self.connection_name(slot, self.slots[slot].0);
-        self.connections_closed += rabbit::close_connections(&name).await;
         self.closes += 1;
+        tokio::spawn(async move { rabbit::close_connections(&name).await })
     }
 
     /// The counters of every process, ended or running.
@@ -423,24 +430,42 @@ async fn publish(
         .expect("published and confirmed");
 }
 
-/// Kills and closes, in a random order, at random consumers, spread over `span`.
-async fn wreak(fleet: &mut Fleet, size: &Size, rng: &mut Rng, span: Duration) {
+/// Kills and closes, in a random order, at random consumers, spread over the work: the `k`-th
+/// of `n` events comes once `k / (n + 1)` of the orders are charged, so that each lands while
+/// the consumers are busy, however fast the machine. A close does not hold up the events after
+/// it.
+async fn wreak(
+    fleet: &mut Fleet,
+    size: &Size,
+    rng: &mut Rng,
+    db: &DatabaseConnection,
+    plan: &Plan,
+) {
     let mut events: Vec<bool> = std::iter::repeat_n(true, size.kills)
         .chain(std::iter::repeat_n(false, size.closes))
         .collect();
     for i in (1..events.len()).rev() {
         events.swap(i, rng.below(i + 1));
     }
-    let step = span / (events.len() as u32 + 1);
-    let start = tokio::time::Instant::now();
+    let prefix = format!("{}-", plan.run);
+    let steps = events.len() + 1;
+    let deadline = Instant::now() + Duration::from_secs(120) + plan.span(size.rate);
+    let mut closing = Vec::new();
     for (k, kill) in events.into_iter().enumerate() {
-        tokio::time::sleep_until(start + step * (k as u32 + 1)).await;
+        let due = (k + 1) * size.orders / steps;
+        while (common::invoices(db, &prefix).await.1 as usize) < due {
+            assert!(Instant::now() < deadline, "fewer than {due} orders charged");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let slot = fleet.victim(rng);
         if kill {
             fleet.kill(slot);
         } else {
-            fleet.close(slot).await;
+            closing.push(fleet.close(slot));
         }
+    }
+    for close in closing {
+        fleet.connections_closed += close.await.expect("rabbitmqctl closes connections");
     }
 }
 
@@ -465,21 +490,20 @@ async fn chaos(backend: Backend) {
         ("DATABASE_URL", place.url.clone()),
         ("ORDERS_EXCHANGE", exchange.clone()),
         ("BILLING_QUEUE", topology.queue().to_owned()),
-        ("BILLING_STATS_EVERY_MS", "200".to_owned()),
+        ("BILLING_STATS_EVERY_MS", "20".to_owned()),
     ];
     let mut fleet = Fleet::start(&size, env, name);
     fleet.wait_consuming(Duration::from_secs(60)).await;
     // The processes create the invoices table.
     let plan = Plan::new(&size, &mut rng);
-    let span = Duration::from_secs_f64(plan.sends.len() as f64 / size.rate);
     tokio::join!(
         publish(&broker, &exchange, &plan, size.rate, &db),
-        wreak(&mut fleet, &size, &mut rng, span),
+        wreak(&mut fleet, &size, &mut rng, &db, &plan),
     );
 
     // Settled: every order charged, nothing ready on the queue, the dead letters in, and no
     // process settling anything for a second.
-    let deadline = Instant::now() + Duration::from_secs(120) + span;
+    let deadline = Instant::now() + Duration::from_secs(120) + plan.span(size.rate);
     let mut quiet_since = (Instant::now(), fleet.stats().settled());
     loop {
         let (_, charged) = common::invoices(&db, &format!("{}-", plan.run)).await;
@@ -541,7 +565,9 @@ async fn chaos(backend: Backend) {
 
     assert!(
         charged_twice.is_empty(),
-        "orders charged more than once: {charged_twice:?}"
+        "{} orders charged more than once, such as {:?}",
+        charged_twice.len(),
+        &charged_twice[..charged_twice.len().min(5)]
     );
     let wrong: Vec<_> = plan
         .orders
@@ -551,7 +577,9 @@ async fn chaos(backend: Backend) {
         .collect();
     assert!(
         wrong.is_empty(),
-        "orders not charged once with their amount: {wrong:?}"
+        "{} orders not charged once with their amount, such as {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
     );
     assert_eq!(
         invoices, size.orders,
