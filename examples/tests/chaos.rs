@@ -35,9 +35,9 @@
 //! The kills and closes are spread over the work: the `k`-th of `n` comes once `k / (n + 1)` of
 //! the orders are charged. Duplicates come from each process's `billing stats` lines (logged
 //! every 20 ms): a killed process's last 20 ms are not counted, so duplicates and redeliveries
-//! are lower bounds. A bad message may reach the
-//! dead-letter queue twice (its copy is confirmed before the original is acknowledged, and a
-//! kill or close can fall in between): the test accepts that and counts such copies.
+//! are lower bounds. A bad message may reach the dead-letter queue twice (its copy is confirmed
+//! before the original is acknowledged, and a kill or close can fall in between): the test
+//! accepts that and counts such copies.
 
 mod common;
 
@@ -493,8 +493,8 @@ async fn chaos(backend: Backend) {
         ("BILLING_STATS_EVERY_MS", "20".to_owned()),
     ];
     let mut fleet = Fleet::start(&size, env, name);
+    // Once they consume, the processes have created the invoices table the checks read.
     fleet.wait_consuming(Duration::from_secs(60)).await;
-    // The processes create the invoices table.
     let plan = Plan::new(&size, &mut rng);
     tokio::join!(
         publish(&broker, &exchange, &plan, size.rate, &db),
