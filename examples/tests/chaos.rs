@@ -300,8 +300,8 @@ impl Fleet {
         fleet
     }
 
-    /// The connection name of `slot` in its `generation`: fixed width, so that no name is a
-    /// prefix of another.
+    /// The connection name of `slot` in its `generation`: fixed width, so that `<name>-s07g`
+    /// matches the connections of slot 7 and no other.
     fn connection_name(&self, slot: usize, generation: usize) -> String {
         format!("{}-s{slot:02}g{generation:04}", self.name)
     }
@@ -351,10 +351,11 @@ impl Fleet {
         self.kills += 1;
     }
 
-    /// Closes the connections of the process of `slot` from the broker's side, in the
-    /// background (`rabbitmqctl` takes a second or two); returns how many it closed.
+    /// Closes the connections of the process in `slot` from the broker's side, in the
+    /// background (`rabbitmqctl` takes a second or two, in which a kill may replace the
+    /// process: its successor's connections are closed then); returns how many it closed.
     fn close(&mut self, slot: usize) -> tokio::task::JoinHandle<usize> {
-        let name = self.connection_name(slot, self.slots[slot].0);
+        let name = format!("{}-s{slot:02}g", self.name);
         self.closes += 1;
         tokio::spawn(async move { rabbit::close_connections(&name).await })
     }
