@@ -7,7 +7,7 @@ use idem_rabbitmq::QueueTopology;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_runtime::idempotent;
 use sea_orm::sea_query::{Asterisk, Expr, ExprTrait, Func, Query};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, SqlErr};
 use serde::{Deserialize, Serialize};
 
 use crate::orders::{EXCHANGE, OrderPlaced, ROUTING_KEY};
@@ -75,22 +75,44 @@ pub async fn charge(tx: &DatabaseTransaction, order: OrderPlaced) -> Result<Rece
 
 /// The queue, its dead-letter queue and its binding to the orders exchange.
 pub fn topology() -> QueueTopology {
-    QueueTopology::quorum(QUEUE)
+    topology_on(QUEUE, EXCHANGE)
+}
+
+/// Like [`topology`], the quorum queue `queue` (dead letters to `<queue>.dlq`) bound to the
+/// orders exchange `exchange`.
+pub fn topology_on(queue: &str, exchange: &str) -> QueueTopology {
+    QueueTopology::quorum(queue)
         .delivery_limit(DELIVERY_LIMIT)
-        .bind(EXCHANGE, ExchangeKind::Topic, ROUTING_KEY)
+        .bind(exchange, ExchangeKind::Topic, ROUTING_KEY)
 }
 
 /// Creates the invoices table if it is missing. There is deliberately no unique constraint on
 /// `order_id`: the inbox alone keeps an order from being charged twice.
+///
+/// Replicas starting together on PostgreSQL race in `CREATE TABLE IF NOT EXISTS`: all but one
+/// fail on a unique index of the catalog. A loser tries again and finds the table.
 pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
-    db.execute_unprepared(
-        "CREATE TABLE IF NOT EXISTS invoices (\
-         order_id VARCHAR(255) NOT NULL, \
-         customer VARCHAR(255) NOT NULL, \
-         amount_cents BIGINT NOT NULL)",
-    )
-    .await?;
-    Ok(())
+    let mut tries = 1;
+    loop {
+        let created = db
+            .execute_unprepared(
+                "CREATE TABLE IF NOT EXISTS invoices (\
+                 order_id VARCHAR(255) NOT NULL, \
+                 customer VARCHAR(255) NOT NULL, \
+                 amount_cents BIGINT NOT NULL)",
+            )
+            .await;
+        match created {
+            Err(error)
+                if tries < 5
+                    && matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) =>
+            {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            result => return result.map(drop),
+        }
+    }
 }
 
 /// How many invoices were written for orders whose id starts with `prefix`.

@@ -8,7 +8,20 @@
 //! - `cargo run -p idem-examples --bin orders -- 100` publishes 100 orders to a running billing
 //!   service.
 //!
-//! `AMQP_URL` names the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
+//! The environment points them elsewhere:
+//!
+//! | variable | default | what |
+//! |---|---|---|
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | the broker |
+//! | `DATABASE_URL` | `sqlite://billing.db?mode=rwc` | billing's database (SQLite, PostgreSQL or MySQL) |
+//! | `ORDERS_EXCHANGE` | `orders` | the exchange orders are published to, and billing's queue bound to |
+//! | `BILLING_QUEUE` | `billing.orders` | the quorum queue billing consumes (its dead letters go to `<queue>.dlq`) |
+//! | `BILLING_CONNECTION_NAME` | `billing` | the name billing's broker connections carry (`rabbitmqctl list_connections client_properties`) |
+//! | `BILLING_STATS_EVERY_MS` | `60000` | how often billing logs its delivery counters (`billing stats`), when they changed |
+//!
+//! Several services on one broker and one database server stay apart with their own exchange,
+//! queue and database (or PostgreSQL schema, through the URL's
+//! `options=-c search_path=<schema>`).
 
 pub mod billing;
 pub mod orders;
@@ -16,6 +29,38 @@ pub mod orders;
 /// The broker to use: `AMQP_URL`, or the local RabbitMQ.
 pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// The exchange orders are published to: `ORDERS_EXCHANGE`, or [`orders::EXCHANGE`].
+pub fn orders_exchange() -> String {
+    std::env::var("ORDERS_EXCHANGE").unwrap_or_else(|_| orders::EXCHANGE.to_owned())
+}
+
+/// The queue billing consumes: `BILLING_QUEUE`, or [`billing::QUEUE`].
+pub fn billing_queue() -> String {
+    std::env::var("BILLING_QUEUE").unwrap_or_else(|_| billing::QUEUE.to_owned())
+}
+
+/// The name billing's broker connections carry: `BILLING_CONNECTION_NAME`, or `billing`.
+pub fn billing_connection_name() -> String {
+    std::env::var("BILLING_CONNECTION_NAME").unwrap_or_else(|_| "billing".to_owned())
+}
+
+/// How often billing logs its delivery counters: `BILLING_STATS_EVERY_MS`, or a minute.
+///
+/// # Errors
+///
+/// A value that is not a positive number of milliseconds.
+pub fn billing_stats_interval() -> Result<std::time::Duration, String> {
+    match std::env::var("BILLING_STATS_EVERY_MS") {
+        Err(_) => Ok(std::time::Duration::from_secs(60)),
+        Ok(value) => match value.parse::<u64>() {
+            Ok(ms) if ms > 0 => Ok(std::time::Duration::from_millis(ms)),
+            _ => Err(format!(
+                "BILLING_STATS_EVERY_MS must be a positive number of milliseconds, not {value:?}"
+            )),
+        },
+    }
 }
 
 /// The database to use: `DATABASE_URL`, or the embedded SQLite file `billing.db`.

@@ -36,10 +36,11 @@ pub struct DemoPlan {
     pub reused_ids: usize,
 }
 
-/// Publishes `count` orders: every tenth twice (a producer retry), one with an invalid amount,
-/// and one more message that reuses the first order's id with another amount.
+/// Publishes `count` orders to `exchange`: every tenth twice (a producer retry), one with an
+/// invalid amount, and one more message that reuses the first order's id with another amount.
 pub async fn publish_demo(
     publisher: &Publisher,
+    exchange: &str,
     count: usize,
 ) -> Result<DemoPlan, idem_rabbitmq::Error> {
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
@@ -60,7 +61,7 @@ pub async fn publish_demo(
         plan.invalid += usize::from(order.amount_cents <= 0);
         let copies = if i % 10 == 9 { 2 } else { 1 };
         for _ in 0..copies {
-            publish(publisher, &order).await?;
+            publish_to(publisher, exchange, &order).await?;
             plan.deliveries += 1;
         }
         plan.producer_retries += copies - 1;
@@ -71,22 +72,31 @@ pub async fn publish_demo(
             customer: "someone-else".to_owned(),
             amount_cents: 99_999,
         };
-        publish(publisher, &reused).await?;
+        publish_to(publisher, exchange, &reused).await?;
         plan.deliveries += 1;
         plan.reused_ids += 1;
     }
     Ok(plan)
 }
 
-/// Publishes one order, its id as the message id.
+/// Publishes one order to [`EXCHANGE`], its id as the message id.
 pub async fn publish(
     publisher: &Publisher,
+    order: &OrderPlaced,
+) -> Result<String, idem_rabbitmq::Error> {
+    publish_to(publisher, EXCHANGE, order).await
+}
+
+/// Publishes one order to `exchange`, its id as the message id.
+pub async fn publish_to(
+    publisher: &Publisher,
+    exchange: &str,
     order: &OrderPlaced,
 ) -> Result<String, idem_rabbitmq::Error> {
     let options = PublishOptions::default()
         .message_id(order.order_id.as_str())
         .correlation_id(format!("checkout-{}", order.order_id));
     publisher
-        .publish(EXCHANGE, ROUTING_KEY, order, options)
+        .publish(exchange, ROUTING_KEY, order, options)
         .await
 }

@@ -4,14 +4,16 @@
 //! One test function: every scenario uses the service's queue `billing.orders`, so they run one
 //! after the other. Run: `cargo test -p idem-examples` with RabbitMQ and PostgreSQL up.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::{Billing, invoices};
 use idem_examples::orders::{self, OrderPlaced};
 use idem_rabbitmq::Publisher;
 use idem_tests::TestBroker;
-use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
+use sea_orm::Database;
 
 fn run_demo(database_url: &str, orders: usize) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_billing"))
@@ -47,25 +49,6 @@ async fn empty_the_queues(broker: &TestBroker) {
     }
 }
 
-/// Empties the example's dead-letter queue; returns the `(message id, x-idem-reason)` of what
-/// it held, sorted.
-async fn drain_dead_letters(broker: &TestBroker) -> Vec<(String, String)> {
-    let queue = idem_examples::billing::topology()
-        .dead_letter_queue()
-        .to_owned();
-    let mut letters: Vec<_> = broker
-        .drain(&queue)
-        .await
-        .into_iter()
-        .map(|letter| {
-            let reason = letter.reason().to_owned();
-            (letter.message_id.unwrap_or_default(), reason)
-        })
-        .collect();
-    letters.sort();
-    letters
-}
-
 fn figure(summary: &str, label: &str) -> u64 {
     summary
         .lines()
@@ -77,47 +60,6 @@ fn figure(summary: &str, label: &str) -> u64 {
         })
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no {label:?} in {summary}"))
-}
-
-/// Starts the service and returns once it consumes.
-fn start_billing(database_url: &str) -> Child {
-    start_billing_logging(database_url).0
-}
-
-/// Starts the service and returns once it consumes, with the line it logged then (which names
-/// its database).
-fn start_billing_logging(database_url: &str) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_billing"))
-        .env("DATABASE_URL", database_url)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the billing binary starts");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let consuming = loop {
-        let line = lines
-            .next()
-            .expect("billing exited before consuming")
-            .unwrap();
-        if line.contains("billing is consuming") {
-            break line;
-        }
-    };
-    // Keep reading, so that the service never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (child, consuming)
-}
-
-/// Stops the service with SIGTERM, gracefully: it must exit cleanly.
-fn terminate(mut child: Child) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    assert!(child.wait().unwrap().success());
 }
 
 /// `url` with the user's password set to `password` (percent-encoded as given).
@@ -135,27 +77,13 @@ fn with_password(url: &str, password: &str) -> String {
 /// character, percent-encoded (PostgreSQL trusts local connections, so any password connects).
 fn database_is_logged_without_its_password(postgres: &str) {
     let secret = "s3cr%2F%23%3F%40%25et";
-    let (child, logged) = start_billing_logging(&with_password(postgres, secret));
-    terminate(child);
+    let billing = Billing::spawn(&[("DATABASE_URL", &with_password(postgres, secret))]);
+    let logged = billing.wait_consuming(Duration::from_secs(60));
+    billing.terminate();
     for part in ["s3cr", "et@", "%2F", "/#?@%"] {
         assert!(!logged.contains(part), "{logged}");
     }
     assert!(logged.contains(":***@"), "{logged}");
-}
-
-async fn invoices(db: &DatabaseConnection, run: &str) -> (i64, i64) {
-    let sql = format!(
-        "SELECT COUNT(*), COUNT(DISTINCT order_id) FROM invoices WHERE order_id LIKE '{run}-%'"
-    );
-    let row = db
-        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
-        .await
-        .unwrap()
-        .unwrap();
-    (
-        row.try_get_by_index(0).unwrap(),
-        row.try_get_by_index(1).unwrap(),
-    )
 }
 
 /// Kills the service with SIGKILL in the middle of a burst, restarts it, and checks that every
@@ -166,6 +94,7 @@ async fn crash_and_restart(database_url: &str) {
     let db = Database::connect(database_url).await.unwrap();
     let publisher = Publisher::connect(idem_examples::amqp_url()).await.unwrap();
     let run = format!("crash{}", std::process::id());
+    let prefix = format!("{run}-");
     let count = 1000;
     for i in 0..count {
         let order = OrderPlaced {
@@ -180,24 +109,23 @@ async fn crash_and_restart(database_url: &str) {
     }
     publisher.close().await;
 
-    let mut first = start_billing(database_url);
+    let first = Billing::start(database_url);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while invoices(&db, &run).await.0 < 20 {
+    while invoices(&db, &prefix).await.0 < 20 {
         assert!(
             Instant::now() < deadline,
             "no order charged before the crash"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    first.kill().unwrap();
-    first.wait().unwrap();
-    let charged_at_crash = invoices(&db, &run).await.0;
+    first.kill();
+    let charged_at_crash = invoices(&db, &prefix).await.0;
     eprintln!("charged at the crash: {charged_at_crash} of {count}");
 
-    let second = start_billing(database_url);
+    let second = Billing::start(database_url);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let (rows, distinct) = invoices(&db, &run).await;
+        let (rows, distinct) = invoices(&db, &prefix).await;
         assert_eq!(rows, distinct, "an order was charged twice");
         if rows == count {
             break;
@@ -214,8 +142,8 @@ async fn crash_and_restart(database_url: &str) {
     );
 
     // SIGTERM: a graceful stop with a clean exit.
-    terminate(second);
-    assert_eq!(invoices(&db, &run).await, (count, count));
+    second.terminate();
+    assert_eq!(invoices(&db, &prefix).await, (count, count));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,7 +166,10 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
         runs.push(run_id(&summary));
     }
     // Each run's invalid order and reused order id are in the dead-letter queue, with reasons.
-    let letters = drain_dead_letters(&broker).await;
+    let dead_letter_queue = idem_examples::billing::topology()
+        .dead_letter_queue()
+        .to_owned();
+    let letters = common::drain_dead_letters(&broker, &dead_letter_queue).await;
     for run in &runs {
         let mine: Vec<_> = letters
             .iter()

@@ -2,14 +2,17 @@
 //!
 //! `cargo run -p idem-examples --bin billing` consumes until Ctrl-C or SIGTERM;
 //! `-- --demo 100` first publishes 100 demo orders, waits until every delivery is settled,
-//! checks the invoices and exits (non-zero if anything is off).
+//! checks the invoices and exits (non-zero if anything is off). The environment variables of
+//! the crate's docs choose the broker, database, exchange, queue and connection name; while it
+//! consumes, the service logs its delivery counters (`billing stats acked=.. duplicates=..`)
+//! every `BILLING_STATS_EVERY_MS` when they changed, and once more when it stops.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use idem_examples::billing::{self, CONSUMER_TIMEOUT, DELIVERY_LIMIT, charge_handler};
 use idem_examples::orders::{self, DemoPlan};
-use idem_rabbitmq::{Consumer, Publisher};
+use idem_rabbitmq::{Consumer, ConsumerStats, Publisher};
 use idem_runtime::{Inbox, RedeliveryWindow, RetentionPolicy};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
 
@@ -47,6 +50,9 @@ fn parse_demo(mut args: impl Iterator<Item = String>) -> Result<Option<usize>, S
 async fn run(demo: Option<usize>) -> Result<(), BoxError> {
     let database_url = idem_examples::database_url();
     let amqp_url = idem_examples::amqp_url();
+    let exchange = idem_examples::orders_exchange();
+    let queue = idem_examples::billing_queue();
+    let stats_interval = idem_examples::billing_stats_interval()?;
     let mut options = ConnectOptions::new(database_url.as_str());
     options.sqlx_logging(false);
     if database_url.starts_with("sqlite:") {
@@ -66,20 +72,37 @@ async fn run(demo: Option<usize>) -> Result<(), BoxError> {
         .await?;
     // The consumer also runs the inbox's cleaner, until it stops.
     let consumer = Consumer::builder(amqp_url.as_str(), inbox)
-        .connection_name("billing")
-        .bind(billing::topology(), charge_handler())
+        .connection_name(idem_examples::billing_connection_name())
+        .bind(billing::topology_on(&queue, &exchange), charge_handler())
         .start()
         .await?;
-    tracing::info!(queue = billing::QUEUE, database = %idem_rabbitmq::redact_url(&database_url), "billing is consuming");
+    tracing::info!(queue, database = %idem_rabbitmq::redact_url(&database_url), "billing is consuming");
 
     let result = match demo {
-        Some(count) => run_demo(&consumer, &db, &amqp_url, count).await,
+        Some(count) => run_demo(&consumer, &db, &amqp_url, &exchange, &queue, count).await,
         None => {
-            wait_for_signal().await;
+            let mut logged = ConsumerStats::default();
+            let mut every = tokio::time::interval(stats_interval);
+            let signal = wait_for_signal();
+            tokio::pin!(signal);
+            loop {
+                tokio::select! {
+                    _ = &mut signal => break,
+                    _ = every.tick() => {
+                        let now = consumer.stats();
+                        if now != logged {
+                            log_stats(&now);
+                            logged = now;
+                        }
+                    }
+                }
+            }
             Ok(())
         }
     };
+    let stats = consumer.stats();
     let report = consumer.shutdown().await;
+    log_stats(&stats);
     tracing::info!(
         completed = report.completed,
         abandoned = report.abandoned,
@@ -89,15 +112,31 @@ async fn run(demo: Option<usize>) -> Result<(), BoxError> {
     result
 }
 
+/// Logs the consumer's counters in one line of `name=value` fields.
+fn log_stats(stats: &ConsumerStats) {
+    tracing::info!(
+        acked = stats.acked,
+        duplicates = stats.duplicates,
+        dead_lettered = stats.dead_lettered,
+        requeued = stats.requeued,
+        settle_lost = stats.settle_lost,
+        recoveries = stats.recoveries,
+        reconnections = stats.reconnections,
+        "billing stats"
+    );
+}
+
 async fn run_demo(
     consumer: &Consumer,
     db: &DatabaseConnection,
     amqp_url: &str,
+    exchange: &str,
+    queue: &str,
     count: usize,
 ) -> Result<(), BoxError> {
     let before = consumer.stats();
     let publisher = Publisher::connect(amqp_url).await?;
-    let plan = orders::publish_demo(&publisher, count).await?;
+    let plan = orders::publish_demo(&publisher, exchange, count).await?;
     publisher.close().await;
 
     // Done when every valid order of this run is invoiced and as many deliveries as this run
@@ -124,6 +163,7 @@ async fn run_demo(
     };
     let stats = consumer.stats();
     print_summary(
+        queue,
         &plan,
         invoices,
         stats.duplicates - before.duplicates,
@@ -135,7 +175,7 @@ async fn run_demo(
     Ok(())
 }
 
-fn print_summary(plan: &DemoPlan, invoices: i64, duplicates: u64, dead_lettered: u64) {
+fn print_summary(queue: &str, plan: &DemoPlan, invoices: i64, duplicates: u64, dead_lettered: u64) {
     println!(
         "billing demo {}: {} orders published as {} messages \
          ({} producer retries, {} reused order id, {} invalid order)",
@@ -149,8 +189,7 @@ fn print_summary(plan: &DemoPlan, invoices: i64, duplicates: u64, dead_lettered:
     println!("  invoices written     {invoices:>6}   (one per valid order)");
     println!("  duplicates skipped   {duplicates:>6}");
     println!(
-        "  dead-lettered        {dead_lettered:>6}   (queue {}.dlq, reason in x-idem-reason)",
-        billing::QUEUE
+        "  dead-lettered        {dead_lettered:>6}   (queue {queue}.dlq, reason in x-idem-reason)"
     );
 }
 

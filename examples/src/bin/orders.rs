@@ -21,11 +21,12 @@ async fn main() -> ExitCode {
         }
     };
     let result = async {
+        let exchange = idem_examples::orders_exchange();
         let publisher = Publisher::connect(idem_examples::amqp_url()).await?;
         publisher
-            .declare_exchange(orders::EXCHANGE, ExchangeKind::Topic)
+            .declare_exchange(&exchange, ExchangeKind::Topic)
             .await?;
-        let plan = orders::publish_demo(&publisher, count).await?;
+        let plan = orders::publish_demo(&publisher, &exchange, count).await?;
         publisher.close().await;
         Ok::<_, idem_rabbitmq::Error>(plan)
     }
