@@ -7,7 +7,7 @@ use idem_rabbitmq::QueueTopology;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_runtime::idempotent;
 use sea_orm::sea_query::{Asterisk, Expr, ExprTrait, Func, Query};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, SqlErr};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
 
 use crate::orders::{EXCHANGE, OrderPlaced, ROUTING_KEY};
@@ -90,7 +90,8 @@ pub fn topology_on(queue: &str, exchange: &str) -> QueueTopology {
 /// `order_id`: the inbox alone keeps an order from being charged twice.
 ///
 /// Replicas starting together on PostgreSQL race in `CREATE TABLE IF NOT EXISTS`: all but one
-/// fail on a unique index of the catalog. A loser tries again and finds the table.
+/// may fail (a unique index of the catalog, or the relation created meanwhile). A loser tries
+/// again and finds the table.
 pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
     let mut tries = 1;
     loop {
@@ -103,10 +104,11 @@ pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
             )
             .await;
         match created {
-            Err(error)
-                if tries < 5
-                    && matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) =>
-            {
+            // Replicas starting together race on PostgreSQL's `CREATE TABLE IF NOT EXISTS`
+            // (a duplicate type, or the relation created meanwhile): the next try finds the
+            // table. An error that lasts is returned after a few tries.
+            Err(error) if tries < 5 => {
+                tracing::debug!(%error, "creating the invoices table raced another replica");
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
