@@ -65,11 +65,7 @@ impl Handler for CarriesOn {
     }
     async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<(), DbErr> {
         let tx = cx.transaction().expect("transactional");
-        let insert = format!(
-            "INSERT INTO {} (consumer, message_key, body) VALUES ('carries-on', '{}', 'x')",
-            self.effects, msg.id
-        );
-        tx.execute_unprepared(&insert).await?;
+        idem_tests::db::insert_effect(tx, &self.effects, "carries-on", &msg.id, "x").await?;
         let _ignored = tx.execute_unprepared(self.then).await;
         Ok(())
     }
@@ -172,9 +168,25 @@ async fn two_phase_output_the_database_refuses_completes_the_record_without_it(b
 
     // Past the lease, a redelivery does not repeat the side effect: it is acknowledged.
     tokio::time::sleep(lease * 2).await;
-    let again = inbox.process(&handler, msg, &meta()).await.unwrap_err();
+    let again = inbox
+        .process(&handler, msg.clone(), &meta())
+        .await
+        .unwrap_err();
     assert_eq!(again.settle(), Settle::Ack, "{again:?}");
     assert_eq!(db.count(&effects, "1=1").await, 1);
+
+    // In transactional mode the refused output takes the handler's effects with it.
+    let billing = Recorder::new(&db, &effects, "billing");
+    let refused = inbox.process(&billing, msg, &meta()).await.unwrap_err();
+    assert!(
+        matches!(refused, Error::OutputNotStorable(_)),
+        "{refused:?}"
+    );
+    assert_eq!(
+        inbox.lookup(&inbox_key("billing", "mail-1")).await.unwrap(),
+        None
+    );
+    assert_eq!(db.count(&effects, "consumer = 'billing'").await, 0);
 }
 
 #[derive(Debug, Serialize, Deserialize)]
