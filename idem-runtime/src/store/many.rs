@@ -23,6 +23,29 @@ pub(crate) struct BatchClaim<'a> {
     pub(crate) fingerprint: Option<&'a Fingerprint>,
 }
 
+/// A derived table of `n` rows binding a key `k` each, and an output `o` when `outputs`:
+/// `(SELECT ? AS k UNION ALL SELECT ? ...)`.
+fn key_table(n: usize, outputs: bool) -> String {
+    let first = if outputs {
+        "SELECT ? AS k, ? AS o"
+    } else {
+        "SELECT ? AS k"
+    };
+    let rest = if outputs {
+        " UNION ALL SELECT ?, ?"
+    } else {
+        " UNION ALL SELECT ?"
+    };
+    let mut table = String::with_capacity(n * rest.len() + 2);
+    table.push('(');
+    table.push_str(first);
+    for _ in 1..n {
+        table.push_str(rest);
+    }
+    table.push(')');
+    table
+}
+
 /// `?, ?, ...`: `n` placeholders.
 fn placeholders(n: usize) -> String {
     let mut list = String::with_capacity(n * 3);
@@ -126,21 +149,34 @@ impl Store {
     ) -> Result<HashMap<String, Row>, DbErr> {
         let t = self.dialect.quote(self.table.as_str());
         let now = self.dialect.now_ms();
-        let lock = if self.backend() == DbBackend::MySql {
-            " LOCK IN SHARE MODE"
+        let mut values = Vec::with_capacity(keys.len() + 1);
+        let sql = if self.backend() == DbBackend::MySql {
+            // Joined from a table of the keys, so that MySQL/MariaDB look each key up and lock
+            // only its record: with an `IN` list it may scan, and lock, the whole consumer.
+            values.extend(keys.iter().map(|key| text(key.as_str())));
+            values.push(text(consumer.as_str()));
+            let columns = READ_COLUMNS
+                .split(", ")
+                .map(|column| format!("r.{column}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            self.dialect.with_lock_wait(
+                &format!(
+                    "SELECT r.message_key, {columns}, {now} FROM {} AS v JOIN {t} AS r \
+                     ON r.consumer = ? AND r.message_key = v.k LOCK IN SHARE MODE",
+                    key_table(keys.len(), false)
+                ),
+                self.claim_wait,
+            )
         } else {
-            ""
-        };
-        let sql = self.dialect.with_lock_wait(
-            &format!(
+            values.push(text(consumer.as_str()));
+            values.extend(keys.iter().map(|key| text(key.as_str())));
+            format!(
                 "SELECT message_key, {READ_COLUMNS}, {now} FROM {t} \
-                 WHERE consumer = ? AND message_key IN ({}){lock}",
+                 WHERE consumer = ? AND message_key IN ({})",
                 placeholders(keys.len())
-            ),
-            self.claim_wait,
-        );
-        let mut values = vec![text(consumer.as_str())];
-        values.extend(keys.iter().map(|key| text(key.as_str())));
+            )
+        };
         let rows = conn
             .query_all_raw(self.statement(&self.dialect.placeholders(&sql), values))
             .await?;
@@ -162,30 +198,47 @@ impl Store {
     ) -> Result<u64, DbErr> {
         let t = self.dialect.quote(self.table.as_str());
         let now = self.dialect.now_ms();
+        let all_null = outputs.iter().all(|(_, output)| output.is_none());
         let mut values = Vec::with_capacity(outputs.len() * 3 + 3);
-        let output = if outputs.iter().all(|(_, output)| output.is_none()) {
-            "NULL".to_owned()
-        } else {
-            let mut case = "CASE message_key".to_owned();
+        let retention = Value::from(duration_ms(retention));
+        let sql = if self.backend() == DbBackend::MySql {
+            // Joined from a table of keys and outputs: see `find_many`.
             for (key, output) in outputs {
-                case.push_str(" WHEN ? THEN ?");
-                values.extend([text(key.as_str()), opt_text(*output)]);
+                values.push(text(key.as_str()));
+                if !all_null {
+                    values.push(opt_text(*output));
+                }
             }
-            case + " END"
+            values.extend([text(consumer.as_str()), retention, Value::from(token)]);
+            let output = if all_null { "NULL" } else { "v.o" };
+            format!(
+                "UPDATE {t} AS r JOIN {} AS v ON r.consumer = ? AND r.message_key = v.k \
+                 SET r.status = 'completed', r.output = {output}, r.completed_at = {now}, \
+                 r.expires_at = {now} + ?, r.lease_until = NULL \
+                 WHERE r.claim_token = ? AND r.status = 'in_progress'",
+                key_table(outputs.len(), !all_null)
+            )
+        } else {
+            let output = if all_null {
+                "NULL".to_owned()
+            } else {
+                let mut case = "CASE message_key".to_owned();
+                for (key, output) in outputs {
+                    case.push_str(" WHEN ? THEN ?");
+                    values.extend([text(key.as_str()), opt_text(*output)]);
+                }
+                case + " END"
+            };
+            values.extend([retention, text(consumer.as_str()), Value::from(token)]);
+            values.extend(outputs.iter().map(|(key, _)| text(key.as_str())));
+            format!(
+                "UPDATE {t} SET status = 'completed', output = {output}, completed_at = {now}, \
+                 expires_at = {now} + ?, lease_until = NULL \
+                 WHERE consumer = ? AND claim_token = ? AND status = 'in_progress' \
+                 AND message_key IN ({})",
+                placeholders(outputs.len())
+            )
         };
-        let sql = format!(
-            "UPDATE {t} SET status = 'completed', output = {output}, completed_at = {now}, \
-             expires_at = {now} + ?, lease_until = NULL \
-             WHERE consumer = ? AND claim_token = ? AND status = 'in_progress' \
-             AND message_key IN ({})",
-            placeholders(outputs.len())
-        );
-        values.extend([
-            Value::from(duration_ms(retention)),
-            text(consumer.as_str()),
-            Value::from(token),
-        ]);
-        values.extend(outputs.iter().map(|(key, _)| text(key.as_str())));
         let result = conn
             .execute_raw(self.statement(&self.dialect.placeholders(&sql), values))
             .await?;
@@ -201,12 +254,24 @@ impl Store {
         keys: &[&MessageKey],
     ) -> Result<u64, DbErr> {
         let t = self.dialect.quote(self.table.as_str());
-        let sql = format!(
-            "DELETE FROM {t} WHERE consumer = ? AND claim_token = ? AND message_key IN ({})",
-            placeholders(keys.len())
-        );
-        let mut values = vec![text(consumer.as_str()), Value::from(token)];
-        values.extend(keys.iter().map(|key| text(key.as_str())));
+        let mut values = Vec::with_capacity(keys.len() + 2);
+        let sql = if self.backend() == DbBackend::MySql {
+            // Joined from a table of the keys: see `find_many`.
+            values.extend(keys.iter().map(|key| text(key.as_str())));
+            values.extend([text(consumer.as_str()), Value::from(token)]);
+            format!(
+                "DELETE r FROM {t} AS r JOIN {} AS v ON r.consumer = ? AND r.message_key = v.k \
+                 WHERE r.claim_token = ?",
+                key_table(keys.len(), false)
+            )
+        } else {
+            values.extend([text(consumer.as_str()), Value::from(token)]);
+            values.extend(keys.iter().map(|key| text(key.as_str())));
+            format!(
+                "DELETE FROM {t} WHERE consumer = ? AND claim_token = ? AND message_key IN ({})",
+                placeholders(keys.len())
+            )
+        };
         let result = conn
             .execute_raw(self.statement(&self.dialect.placeholders(&sql), values))
             .await?;
