@@ -63,6 +63,24 @@ pub fn billing_stats_interval() -> Result<std::time::Duration, String> {
     }
 }
 
+/// How many deliveries billing processes per transaction: `BILLING_BATCH`, or one at a time.
+///
+/// # Errors
+///
+/// A value that is not a number from 1 to 1000.
+pub fn billing_batch() -> Result<Option<usize>, String> {
+    match std::env::var("BILLING_BATCH") {
+        Err(_) => Ok(None),
+        Ok(value) => match value.parse::<usize>() {
+            Ok(size) if (1..=idem_runtime::MAX_BATCH).contains(&size) => Ok(Some(size)),
+            _ => Err(format!(
+                "BILLING_BATCH must be a number of deliveries from 1 to {}, not {value:?}",
+                idem_runtime::MAX_BATCH
+            )),
+        },
+    }
+}
+
 /// The database to use: `DATABASE_URL`, or the embedded SQLite file `billing.db`.
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://billing.db?mode=rwc".to_owned())

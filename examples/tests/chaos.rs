@@ -57,13 +57,25 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_on_postgres_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::Postgres).await;
+    chaos(Backend::Postgres, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_on_mariadb_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::MySql).await;
+    chaos(Backend::MySql, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_in_batches_on_postgres_charges_each_order_once() {
+    let _serial = SERIAL.lock().await;
+    chaos(Backend::Postgres, Some(20)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_in_batches_on_mariadb_charges_each_order_once() {
+    let _serial = SERIAL.lock().await;
+    chaos(Backend::MySql, Some(20)).await;
 }
 
 /// How big a run is.
@@ -470,7 +482,8 @@ async fn wreak(
     }
 }
 
-async fn chaos(backend: Backend) {
+/// One run; `batch` gives the billing processes batches of that many deliveries.
+async fn chaos(backend: Backend, batch: Option<usize>) {
     let size = Size::from_env();
     let mut rng = Rng(size.seed);
     let begun = Instant::now();
@@ -486,13 +499,16 @@ async fn chaos(backend: Backend) {
     broker.track_exchange(&exchange);
     broker.declare(&topology).await;
 
-    let env = vec![
+    let mut env = vec![
         ("AMQP_URL", rabbit::amqp_url()),
         ("DATABASE_URL", place.url.clone()),
         ("ORDERS_EXCHANGE", exchange.clone()),
         ("BILLING_QUEUE", topology.queue().to_owned()),
         ("BILLING_STATS_EVERY_MS", "20".to_owned()),
     ];
+    if let Some(size) = batch {
+        env.push(("BILLING_BATCH", size.to_string()));
+    }
     let mut fleet = Fleet::start(&size, env, name);
     // Once they consume, the processes have created the invoices table the checks read.
     fleet.wait_consuming(Duration::from_secs(60)).await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use idem_examples::billing::{self, CONSUMER_TIMEOUT, DELIVERY_LIMIT, charge_handler};
 use idem_examples::orders::{self, DemoPlan};
-use idem_rabbitmq::{Consumer, ConsumerStats, Publisher};
+use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Publisher};
 use idem_runtime::{Inbox, RedeliveryWindow, RetentionPolicy};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
 
@@ -53,6 +53,7 @@ async fn run(demo: Option<usize>) -> Result<(), BoxError> {
     let exchange = idem_examples::orders_exchange();
     let queue = idem_examples::billing_queue();
     let stats_interval = idem_examples::billing_stats_interval()?;
+    let batch = idem_examples::billing_batch()?;
     let mut options = ConnectOptions::new(database_url.as_str());
     options.sqlx_logging(false);
     if database_url.starts_with("sqlite:") {
@@ -71,9 +72,19 @@ async fn run(demo: Option<usize>) -> Result<(), BoxError> {
         .build()
         .await?;
     // The consumer also runs the inbox's cleaner, until it stops.
+    let binding = Binding::new(billing::topology_on(&queue, &exchange), charge_handler());
+    let (binding, prefetch) = match batch {
+        // Room for the next batch to gather while one commits.
+        Some(size) => (
+            binding.batch(size, Duration::from_millis(20)),
+            u16::try_from(size * 2).unwrap_or(u16::MAX).max(32),
+        ),
+        None => (binding, 32),
+    };
     let consumer = Consumer::builder(amqp_url.as_str(), inbox)
         .connection_name(idem_examples::billing_connection_name())
-        .bind(billing::topology_on(&queue, &exchange), charge_handler())
+        .prefetch(prefetch)
+        .bind_with(binding)
         .start()
         .await?;
     tracing::info!(queue, database = %idem_rabbitmq::redact_url(&database_url), "billing is consuming");
