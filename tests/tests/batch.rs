@@ -11,6 +11,7 @@ use idem_runtime::{
     BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
     Metadata, Outcome, Settle, Status,
 };
+use idem_tests::proxy::behind_proxy;
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
 
@@ -20,7 +21,21 @@ on_each_backend!(
     concurrent_batches_sharing_keys_have_one_effect_per_key,
     a_batch_of_duplicates_runs_no_handler,
     an_output_the_database_refuses_fails_only_its_message,
+    a_key_held_by_a_long_transaction_delays_only_its_own_message,
 );
+
+mod outage {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_database_lost_mid_batch_requeues_the_batch_uncounted(super::Backend::Postgres)
+            .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::a_database_lost_mid_batch_requeues_the_batch_uncounted(super::Backend::MySql).await
+    }
+}
 
 const CONSUMER: &str = "batch";
 
@@ -397,4 +412,97 @@ async fn an_output_the_database_refuses_fails_only_its_message(backend: Backend)
         .await;
     assert!(again.iter().all(|r| matches!(r, Ok(Outcome::Processed(_)))));
     assert_eq!(db.count(&effects, "1=1").await, 2);
+}
+
+async fn a_key_held_by_a_long_transaction_delays_only_its_own_message(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer at a time: a long transaction holds the whole file, not one key.
+        return;
+    }
+    let (db, inbox, effects) = setup_with(backend, |inbox| {
+        inbox.claim_wait(Duration::from_millis(500))
+    })
+    .await;
+    let slow = Recorder::new(&db, &effects, CONSUMER).slow(Duration::from_secs(3));
+    let held = {
+        let (inbox, slow) = (inbox.clone(), slow.clone());
+        tokio::spawn(async move {
+            inbox
+                .process(&slow, Msg::new("held", "ok"), &Metadata::default())
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let handler = Scripted::new(&effects);
+    let results = inbox
+        .process_batch(
+            &handler,
+            vec![item("a", "ok"), item("held", "ok"), item("b", "ok")],
+        )
+        .await;
+    assert!(
+        matches!(results[0], Ok(Outcome::Processed(_))),
+        "{:?}",
+        results[0]
+    );
+    assert!(
+        matches!(results[2], Ok(Outcome::Processed(_))),
+        "{:?}",
+        results[2]
+    );
+    let error = results[1].as_ref().unwrap_err();
+    assert!(
+        matches!(error, Error::InProgressElsewhere { .. }),
+        "{error:?}"
+    );
+    assert!(!error.counts_as_attempt());
+    assert!(matches!(held.await.unwrap(), Ok(Outcome::Processed(_))));
+    assert_eq!(db.count(&effects, "1=1").await, 3);
+}
+
+async fn a_database_lost_mid_batch_requeues_the_batch_uncounted(backend: Backend) {
+    let (db, proxy) = behind_proxy(backend).await;
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    let slow = Recorder::new(&db, &effects, CONSUMER).slow(Duration::from_millis(300));
+    let items = || {
+        (0..4)
+            .map(|i| BatchItem {
+                key: MessageKey::new(format!("o-{i}")),
+                message: Msg::new(format!("o-{i}"), "a"),
+                metadata: Metadata::default(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let run = {
+        let (inbox, slow) = (inbox.clone(), slow.clone());
+        tokio::spawn(async move { inbox.process_batch(&slow, items()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    proxy.cut().await;
+    for result in run.await.unwrap() {
+        let error = result.unwrap_err();
+        assert!(error.is_store_unavailable(), "{error:?}");
+        assert!(!error.counts_as_attempt());
+    }
+    proxy.restore();
+    let mut results = inbox.process_batch(&slow, items()).await;
+    for _ in 0..20 {
+        if results.iter().all(Result::is_ok) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        results = inbox.process_batch(&slow, items()).await;
+    }
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Ok(Outcome::Processed(_)))),
+        "{results:?}"
+    );
+    assert_eq!(db.count(&effects, "1=1").await, 4);
 }

@@ -319,12 +319,10 @@ impl Inbox {
                     deadlocks += 1;
                 }
                 Err(error) if classify(&error) == Failure::LockTimeout => {
-                    // A key of the batch is held by a long transaction elsewhere.
+                    // A key of the batch is held by a long transaction elsewhere: each message
+                    // goes the per-message way, so that only that key waits for it.
                     for lead in leads.iter_mut() {
-                        lead.fate = Fate::Failed(Error::InProgressElsewhere {
-                            key: lead.key.clone(),
-                            remaining: self.inner.claim_wait,
-                        });
+                        lead.fate = Fate::Deferred;
                     }
                     return Ok(());
                 }
