@@ -9,8 +9,9 @@ use serde::de::DeserializeOwned;
 
 use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::inbox::ClaimWatch;
-use crate::key::{KeyError, MessageKey};
+use crate::key::{InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
+use crate::outbox::{Outbound, Outbox, OutboxMessage};
 
 /// How a handler's effects are committed with its inbox record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +91,8 @@ pub struct Context<'a> {
     previous_claim_at: Option<SystemTime>,
     /// The two-phase claim's renewal state; `None` in transactional mode and in unit tests.
     claim: Option<&'a ClaimWatch>,
+    /// What the run stages and the keys it passes downstream.
+    outbound: Outbound<'a>,
 }
 
 impl<'a> Context<'a> {
@@ -107,7 +110,36 @@ impl<'a> Context<'a> {
             attempt: 1,
             previous_claim_at: None,
             claim: None,
+            outbound: Outbound::new(message_key, transaction),
         }
+    }
+
+    /// The same context for a run of the inbox's `origin`, staging in `outbox`: the inbox makes
+    /// its handlers' contexts so, and a unit test of a handler that stages may too.
+    pub fn with_origin(mut self, origin: &'a InboxKey, outbox: Option<&'a Outbox>) -> Self {
+        self.outbound = self.outbound.with_origin(origin, outbox);
+        self
+    }
+
+    /// Where the run stages outgoing messages and gets keys for downstream calls.
+    pub fn outbound(&self) -> &Outbound<'a> {
+        &self.outbound
+    }
+
+    /// Stages `message` in the handler's transaction ([`Outbound::stage`]): published after the
+    /// commit with the returned message id, derived from this message, or never.
+    ///
+    /// # Errors
+    ///
+    /// See [`Outbound::stage`].
+    pub async fn stage(&self, message: OutboxMessage) -> Result<String, sea_orm::DbErr> {
+        self.outbound.stage(message).await
+    }
+
+    /// The next key for a call to another service ([`Outbound::downstream_key`]), derived from
+    /// this message: a repeat of the run passes the same keys.
+    pub fn downstream_key(&self) -> String {
+        self.outbound.downstream_key()
     }
 
     /// The same context watching a two-phase claim that the runtime renews.

@@ -158,6 +158,7 @@ mod inbox;
 mod key;
 mod metadata;
 pub mod observe;
+mod outbox;
 mod report;
 mod retention;
 mod store;
@@ -175,6 +176,10 @@ pub use handler::{Context, Handler, Mode, Outcome};
 pub use inbox::{BatchItem, Inbox, InboxBuilder, InboxRecord, MAX_BATCH, panic_message};
 pub use key::{ConsumerName, InboxKey, KeyError, KeySource, MessageKey};
 pub use metadata::{CloudEvent, Metadata};
+pub use outbox::{
+    OUTBOX_STAGED_TOTAL, Outbound, Outbox, OutboxBuilder, OutboxMessage, PendingBatch,
+    PendingMessage, create_outbox_statements, derived_id,
+};
 pub use report::{Report, ReportSource};
 pub use retention::{Cleaner, CleanerHandle, CleanupReport, RedeliveryWindow, RetentionPolicy};
 pub use store::Status;

@@ -22,6 +22,7 @@
 
 use sea_orm_migration::prelude::*;
 
+use crate::outbox::{create_outbox_statements, drop_outbox_statement};
 use crate::store::table::{TableName, create_table_statements, drop_table_statement};
 
 /// Creates the inbox table and its expiry index (`up`) or drops them (`down`).
@@ -70,6 +71,60 @@ impl MigrationTrait for CreateInbox {
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
         db.execute_unprepared(&drop_table_statement(
+            db.get_database_backend(),
+            &self.table,
+        ))
+        .await?;
+        Ok(())
+    }
+}
+
+/// Creates the outbox table and its index of pending rows (`up`) or drops them (`down`).
+///
+/// Its name is `m20261130_000001_create_<table>`; the default table's is
+/// `m20261130_000001_create_idem_outbox`. Build the outbox with
+/// [`OutboxBuilder::create_table(false)`](crate::OutboxBuilder::create_table) then.
+#[derive(Debug, Clone)]
+pub struct CreateOutbox {
+    table: TableName,
+    name: String,
+}
+
+impl CreateOutbox {
+    /// The migration for a table with a custom name.
+    pub fn new(table: TableName) -> Self {
+        let name = format!("m20261130_000001_create_{table}");
+        Self { table, name }
+    }
+}
+
+impl Default for CreateOutbox {
+    /// The migration for the default table, `idem_outbox`.
+    fn default() -> Self {
+        Self::new(TableName::new(crate::Outbox::DEFAULT_TABLE).expect("a valid name"))
+    }
+}
+
+impl MigrationName for CreateOutbox {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[allow(elided_lifetimes_in_paths)]
+#[async_trait::async_trait]
+impl MigrationTrait for CreateOutbox {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        for sql in create_outbox_statements(db.get_database_backend(), &self.table) {
+            db.execute_unprepared(&sql).await?;
+        }
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        db.execute_unprepared(&drop_outbox_statement(
             db.get_database_backend(),
             &self.table,
         ))

@@ -22,6 +22,7 @@ use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;
+use crate::outbox::Outbox;
 use crate::store::dialect::{Failure, classify};
 use crate::store::{BatchClaim, Row, Status};
 
@@ -64,6 +65,8 @@ struct Lead<M, T> {
     fate: Fate<T>,
     /// Whether this batch inserted its claim.
     claimed: bool,
+    /// How many messages its handler staged in the outbox.
+    staged: u32,
 }
 
 /// What a later copy of a key learns from its first copy.
@@ -337,7 +340,8 @@ impl Inbox {
         store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
         for lead in leads.iter_mut() {
             if matches!(lead.fate, Fate::Fresh) {
-                run_fresh(handler, &tx, lead, &metadata[lead.index]).await?;
+                let outbox = self.inner.outbox.as_ref();
+                run_fresh(handler, &tx, lead, &metadata[lead.index], outbox).await?;
             }
         }
         let released: Vec<&MessageKey> = leads
@@ -353,7 +357,14 @@ impl Inbox {
         }
         self.complete_all(&tx, consumer, leads, token, retention)
             .await?;
-        tx.commit().await.map_err(Lost::Database)
+        tx.commit().await.map_err(Lost::Database)?;
+        let staged = leads
+            .iter()
+            .filter(|lead| matches!(lead.fate, Fate::Processed(..)))
+            .map(|lead| lead.staged)
+            .sum();
+        self.staged(staged);
+        Ok(())
     }
 
     /// Claims every first copy's key in one statement; the fresh ones are marked so. Returns how
@@ -527,6 +538,7 @@ fn sort_out<H: Handler>(
                         message: Some(item.message),
                         fate: Fate::Deferred,
                         claimed: false,
+                        staged: 0,
                     });
                     None
                 }
@@ -573,10 +585,11 @@ async fn run_fresh<H: Handler>(
     tx: &DatabaseTransaction,
     lead: &mut Lead<H::Message, H::Output>,
     metadata: &Metadata,
+    outbox: Option<&Outbox>,
 ) -> Result<(), Lost> {
     savepoint(tx, "SAVEPOINT idem_message").await?;
     let message = lead.message.take().expect("a fresh message runs once");
-    let cx = Context::new(&lead.key.message_key, metadata, Some(tx));
+    let cx = Context::new(&lead.key.message_key, metadata, Some(tx)).with_origin(&lead.key, outbox);
     let failure = match run(handler, &cx, message).await {
         Ok(output) => match serde_json::to_string(&output) {
             // Releasing the savepoint fails when the handler broke it: PostgreSQL aborted it
@@ -587,6 +600,7 @@ async fn run_fresh<H: Handler>(
             {
                 Ok(_) => {
                     let stored = (json != "null").then_some(json);
+                    lead.staged = cx.outbound().staged();
                     lead.fate = Fate::Processed(output, stored);
                     return Ok(());
                 }

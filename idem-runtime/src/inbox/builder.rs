@@ -10,6 +10,7 @@ use sea_orm::{DatabaseConnection, DbBackend, DbErr};
 use super::{DEFAULT_MAX_ATTEMPTS, Inbox, Inner};
 use crate::delivery::Backoff;
 use crate::error::{ConfigError, Error, Result};
+use crate::outbox::Outbox;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
 use crate::store::dialect::Dialect;
@@ -41,6 +42,7 @@ pub struct InboxBuilder {
     create_table: bool,
     claim_wait: Duration,
     leases: HashMap<String, Duration>,
+    outbox: Option<Outbox>,
 }
 
 impl InboxBuilder {
@@ -56,7 +58,16 @@ impl InboxBuilder {
             // copy of a message whose handler runs long gives its connection back soon.
             claim_wait: Duration::from_secs(5),
             leases: HashMap::new(),
+            outbox: None,
         }
+    }
+
+    /// The outbox handlers stage their outgoing messages in ([`Context::stage`](crate::Context::stage)),
+    /// committed with their effects and inbox records. Its sent rows are deleted by the inbox's
+    /// cleaner after the outbox's retention.
+    pub fn outbox(mut self, outbox: Outbox) -> Self {
+        self.outbox = Some(outbox);
+        self
     }
 
     /// The inbox table's name (default `idem_inbox`); see [`TableName`] for what is accepted.
@@ -159,6 +170,7 @@ impl InboxBuilder {
                 max_attempts: self.max_attempts,
                 claim_wait: self.claim_wait,
                 leases: self.leases,
+                outbox: self.outbox,
             }),
         })
     }
@@ -166,7 +178,7 @@ impl InboxBuilder {
 
 /// Runs a start-up step, trying again when it meets other replicas starting at the same time
 /// (a deadlock, a lock wait): replicas starting together all start.
-async fn starting<F, Fut>(step: F) -> Result<()>
+pub(crate) async fn starting<F, Fut>(step: F) -> Result<()>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<(), DbErr>>,
@@ -192,7 +204,7 @@ const STARTUP_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
 
 /// The dialect of `db`'s backend, telling MariaDB from MySQL.
-async fn dialect_of(db: &DatabaseConnection) -> Result<Dialect> {
+pub(crate) async fn dialect_of(db: &DatabaseConnection) -> Result<Dialect> {
     use sea_orm::ConnectionTrait;
     let backend = db.get_database_backend();
     let dialect = Dialect::new(backend);

@@ -24,6 +24,7 @@ use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;
+use crate::outbox::Outbox;
 use crate::retention::policy::check_covers;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
@@ -32,6 +33,7 @@ use crate::store::table::TableName;
 
 pub use batch::{BatchItem, MAX_BATCH};
 pub use builder::InboxBuilder;
+pub(crate) use builder::{dialect_of, starting};
 pub use record::InboxRecord;
 
 use claim::{ClaimRequest, Claimed};
@@ -81,6 +83,8 @@ pub(crate) struct Inner {
     claim_wait: Duration,
     /// Two-phase leases set at run time, by consumer.
     leases: HashMap<String, Duration>,
+    /// Where handlers stage outgoing messages.
+    pub(crate) outbox: Option<Outbox>,
 }
 
 impl Inbox {
@@ -210,7 +214,8 @@ impl Inbox {
             }
         };
         let cx = Context::new(&request.key.message_key, metadata, Some(&tx))
-            .with_attempt(attempt, previous_claim_at.map(from_epoch_ms));
+            .with_attempt(attempt, previous_claim_at.map(from_epoch_ms))
+            .with_origin(request.key, self.inner.outbox.as_ref());
         let output = match run(handler, &cx, message).await {
             Ok(output) => output,
             Err(error) => return Err(outage_or(error, &tx).await),
@@ -238,8 +243,24 @@ impl Inbox {
                 });
             }
         }
+        let staged = cx.outbound().staged();
         tx.commit().await?;
+        self.staged(staged);
         Ok(Outcome::Processed(output))
+    }
+
+    /// Wakes the outbox's relays after a commit that staged `count` messages, and counts them.
+    fn staged(&self, count: u32) {
+        if let Some(outbox) = &self.inner.outbox
+            && count > 0
+        {
+            outbox.notify_staged();
+            metrics::counter!(
+                crate::outbox::OUTBOX_STAGED_TOTAL,
+                "table" => outbox.table().to_string()
+            )
+            .increment(u64::from(count));
+        }
     }
 
     /// Claim with a lease, handler outside any transaction, completion fenced by the claim token.
@@ -266,6 +287,7 @@ impl Inbox {
         let watch = ClaimWatch::default();
         let cx = Context::new(&request.key.message_key, metadata, None)
             .with_attempt(attempt, previous_claim_at.map(from_epoch_ms))
+            .with_origin(request.key, None)
             .with_claim(&watch);
         let held = Held {
             request,

@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use crate::error::Result;
 use crate::inbox::{Inbox, Inner};
 use crate::observe::CLEANUP_DELETED_TOTAL;
+use crate::outbox::Outbox;
 
 /// What one cleanup run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -200,6 +201,9 @@ impl Cleaner {
         }
         metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => store.table().to_string())
             .increment(report.deleted);
+        if let Some(outbox) = &self.inner.outbox {
+            self.delete_sent(outbox, stop).await?;
+        }
         if report.deleted > 0 {
             tracing::info!(
                 table = %store.table(),
@@ -209,6 +213,28 @@ impl Cleaner {
             );
         }
         Ok(report)
+    }
+}
+
+impl Cleaner {
+    /// Deletes the outbox's rows sent longer than its retention ago, in bounded batches.
+    async fn delete_sent(&self, outbox: &Outbox, stop: &watch::Receiver<bool>) -> Result<()> {
+        let policy = &self.inner.retention;
+        let mut deleted = 0;
+        loop {
+            let batch = outbox.delete_sent(policy.batch_size()).await?;
+            deleted += batch;
+            if batch < u64::from(policy.batch_size()) || *stop.borrow() {
+                break;
+            }
+            pause(policy.pause_between_batches()).await;
+        }
+        metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => outbox.table().to_string())
+            .increment(deleted);
+        if deleted > 0 {
+            tracing::info!(table = %outbox.table(), deleted, "deleted sent outbox messages");
+        }
+        Ok(())
     }
 }
 

@@ -1,0 +1,292 @@
+//! The transactional outbox: messages a handler stages in its own transaction, committed with
+//! its effects and its inbox record or not at all, and published afterwards by a relay (the
+//! RabbitMQ adapter's `Relay`) with ids that every re-execution derives identically.
+
+mod message;
+mod outbound;
+mod pending;
+mod table;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value};
+use tokio::sync::Notify;
+
+use crate::clock::duration_ms;
+use crate::error::{ConfigError, Error, Result};
+use crate::store::dialect::Dialect;
+use crate::store::table::TableName;
+
+pub use message::{OutboxMessage, derived_id};
+pub use outbound::Outbound;
+pub use pending::{PendingBatch, PendingMessage};
+pub use table::create_outbox_statements;
+#[cfg(feature = "migration")]
+pub(crate) use table::drop_outbox_statement;
+
+/// The counter of messages staged in committed transactions, by table.
+pub const OUTBOX_STAGED_TOTAL: &str = "idem_outbox_staged_total";
+
+/// The outbox table, kept in the application's database beside the inbox.
+///
+/// Give it to the inbox ([`InboxBuilder::outbox`](crate::InboxBuilder::outbox)) so that handlers
+/// stage through [`Context::stage`](crate::Context::stage) or an `&Outbound` parameter, and to a
+/// relay that publishes what was committed. Code outside handlers (an HTTP endpoint) stages in
+/// its own transaction with [`Outbox::stage`]. Cloning is cheap; clones share the table and the
+/// wake-up signal.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    db: DatabaseConnection,
+    dialect: Dialect,
+    table: TableName,
+    /// How long sent rows are kept before the cleaner deletes them.
+    retention: Duration,
+    /// Wakes relays in this process after a commit that staged messages.
+    staged: Notify,
+}
+
+/// Configures an [`Outbox`].
+#[derive(Debug)]
+pub struct OutboxBuilder {
+    db: DatabaseConnection,
+    table: String,
+    create_table: bool,
+    retention: Duration,
+}
+
+impl Outbox {
+    /// The table name used when none is configured.
+    pub const DEFAULT_TABLE: &'static str = "idem_outbox";
+
+    /// Starts configuring the outbox on `db` (SQLite, PostgreSQL or MySQL/MariaDB).
+    pub fn builder(db: DatabaseConnection) -> OutboxBuilder {
+        OutboxBuilder {
+            db,
+            table: Self::DEFAULT_TABLE.to_owned(),
+            create_table: true,
+            retention: Duration::from_secs(24 * 3600),
+        }
+    }
+
+    /// Stages `message` in the transaction `conn` (or on a connection, committing at once), for
+    /// code outside handlers: an HTTP endpoint that writes and publishes in one transaction.
+    /// Returns its message id: the one [`OutboxMessage::message_id`] gave, else a random one. A
+    /// message whose id is already staged is not staged again. Call
+    /// [`Outbox::notify_staged`] after the commit to wake the relays of this process at once.
+    ///
+    /// # Errors
+    ///
+    /// The message cannot be published as it is (a name longer than AMQP allows), or the
+    /// database failed.
+    pub async fn stage(
+        &self,
+        conn: &impl ConnectionTrait,
+        message: OutboxMessage,
+    ) -> Result<String, DbErr> {
+        let id = message
+            .message_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().hyphenated().to_string());
+        self.stage_as(conn, &id, None, &message).await?;
+        Ok(id)
+    }
+
+    /// Stages `message` as `id`, from the handler run of `origin` (which orders the relay's
+    /// publishes), unless a message with that id is staged already.
+    pub(crate) async fn stage_as(
+        &self,
+        conn: &impl ConnectionTrait,
+        id: &str,
+        origin: Option<&str>,
+        message: &OutboxMessage,
+    ) -> Result<(), DbErr> {
+        if let Some(problem) = message.problem() {
+            return Err(DbErr::Custom(format!(
+                "cannot stage this message: {problem}"
+            )));
+        }
+        let headers = (!message.headers.is_empty())
+            .then(|| serde_json::to_string(&message.headers).expect("string maps serialize"));
+        let t = self.quoted();
+        let now = self.inner.dialect.now_ms();
+        let columns =
+            "message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
+        let values = format!("?, ?, ?, ?, ?, ?, ?, {now}");
+        let sql = match self.backend() {
+            DbBackend::MySql => format!("INSERT IGNORE INTO {t} ({columns}) VALUES ({values})"),
+            _ => format!(
+                "INSERT INTO {t} ({columns}) VALUES ({values}) ON CONFLICT (message_id) DO NOTHING"
+            ),
+        };
+        let values = vec![
+            Value::from(id.to_owned()),
+            Value::from(message.exchange.clone()),
+            Value::from(message.routing_key.clone()),
+            Value::from(message.content_type.clone()),
+            Value::from(headers),
+            Value::from(message.payload.clone()),
+            Value::from(origin.map(str::to_owned)),
+        ];
+        conn.execute_raw(self.statement(&sql, values)).await?;
+        if self.backend() == DbBackend::Postgres {
+            // Delivered to listening relays when the transaction commits; never if it rolls back.
+            let notify = "SELECT pg_notify(?, '')";
+            conn.query_one_raw(self.statement(notify, vec![Value::from(self.channel())]))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Wakes the relays of this process: call it after committing a transaction that staged
+    /// messages through [`Outbox::stage`] (the inbox does it for handlers).
+    pub fn notify_staged(&self) {
+        self.inner.staged.notify_waiters();
+        self.inner.staged.notify_one();
+    }
+
+    /// Resolves at the next [`Outbox::notify_staged`] in this process.
+    pub async fn staged(&self) {
+        self.inner.staged.notified().await;
+    }
+
+    /// The PostgreSQL channel on which committed stagings are announced (`LISTEN` on it to wake
+    /// a relay in another process).
+    pub fn channel(&self) -> String {
+        format!("idem_outbox_{}", self.inner.table.as_str())
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &TableName {
+        &self.inner.table
+    }
+
+    /// The database connection the outbox uses.
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.inner.db
+    }
+
+    /// How long sent rows are kept before the cleaner deletes them.
+    pub fn retention(&self) -> Duration {
+        self.inner.retention
+    }
+
+    /// Deletes at most `limit` rows sent longer than the retention ago; returns how many.
+    pub(crate) async fn delete_sent(&self, limit: u32) -> Result<u64, DbErr> {
+        let t = self.quoted();
+        let now = self.inner.dialect.now_ms();
+        let sql = match self.backend() {
+            DbBackend::MySql => {
+                format!("DELETE FROM {t} WHERE sent_at < {now} - ? ORDER BY sent_at LIMIT ?")
+            }
+            _ => format!(
+                "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} WHERE sent_at < {now} - ? LIMIT ?)"
+            ),
+        };
+        let values = vec![
+            Value::from(duration_ms(self.inner.retention)),
+            Value::from(i64::from(limit)),
+        ];
+        let result = self
+            .inner
+            .db
+            .execute_raw(self.statement(&sql, values))
+            .await?;
+        Ok(result.rows_affected())
+    }
+
+    fn backend(&self) -> DbBackend {
+        self.inner.dialect.backend()
+    }
+
+    fn quoted(&self) -> String {
+        self.inner.table.quoted(self.backend())
+    }
+
+    fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
+        Statement::from_sql_and_values(self.backend(), self.inner.dialect.placeholders(sql), values)
+    }
+}
+
+impl OutboxBuilder {
+    /// The outbox table's name (default `idem_outbox`); see [`TableName`] for what is accepted.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// Whether [`OutboxBuilder::build`] creates the table if it is missing (default `true`).
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// How long sent rows are kept before the inbox's cleaner deletes them (default a day).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Validates the configuration, creates the table if asked, and checks that it has the
+    /// columns this version writes.
+    pub async fn build(self) -> Result<Outbox> {
+        let table = TableName::new(self.table)?;
+        if self.retention.is_zero() {
+            return Err(ConfigError::Zero("the outbox retention").into());
+        }
+        let dialect = crate::inbox::dialect_of(&self.db).await?;
+        let outbox = Outbox {
+            inner: Arc::new(Inner {
+                db: self.db,
+                dialect,
+                table,
+                retention: self.retention,
+                staged: Notify::new(),
+            }),
+        };
+        if self.create_table {
+            crate::inbox::starting(|| outbox.create_table()).await?;
+        }
+        outbox.check_schema().await.map_err(|error| {
+            Error::from(ConfigError::SchemaMismatch {
+                table: outbox.table().to_string(),
+                detail: error.to_string(),
+            })
+        })?;
+        Ok(outbox)
+    }
+}
+
+impl Outbox {
+    async fn create_table(&self) -> Result<(), DbErr> {
+        use sea_orm::TransactionTrait;
+        let tx = self.inner.db.begin().await?;
+        if let Some((sql, values)) = self.inner.dialect.schema_lock(self.table().as_str()) {
+            tx.query_one_raw(Statement::from_sql_and_values(self.backend(), sql, values))
+                .await?;
+        }
+        for sql in create_outbox_statements(self.backend(), self.table()) {
+            tx.execute_unprepared(&sql).await?;
+        }
+        tx.commit().await
+    }
+
+    /// Reads every column this version uses, from no row: a table of another shape fails here.
+    async fn check_schema(&self) -> Result<(), DbErr> {
+        let sql = format!(
+            "SELECT seq, message_id, exchange, routing_key, content_type, headers, payload, origin, \
+             staged_at, sent_at FROM {} WHERE 1 = 0",
+            self.quoted()
+        );
+        self.inner
+            .db
+            .query_all_raw(Statement::from_string(self.backend(), sql))
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,113 @@
+//! What a handler run sends on: messages staged in its transaction, and keys for downstream
+//! calls, each with an id derived from the message being processed.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sea_orm::{DatabaseTransaction, DbErr};
+
+use super::{Outbox, OutboxMessage, derived_id};
+use crate::key::{ConsumerName, InboxKey, MessageKey};
+
+/// A handler run's way out: [`Outbound::stage`] stages a message in the handler's transaction,
+/// [`Outbound::downstream_key`] gives a key for a call to another service. Both number what they
+/// give in the order the handler asks, and derive the id from (consumer, message key, number):
+/// every run of the handler for the same message, on any worker, gives the same ids, so the next
+/// hop recognises a repeat. A handler that stages or calls in a different order on a repeat gets
+/// different ids: keep the order deterministic.
+///
+/// Take it as a handler parameter (`outbound: &Outbound<'_>`) or through
+/// [`Context::outbound`](crate::Context::outbound).
+#[derive(Debug)]
+pub struct Outbound<'a> {
+    transaction: Option<&'a DatabaseTransaction>,
+    outbox: Option<&'a Outbox>,
+    origin: Origin<'a>,
+    next: AtomicU32,
+    staged: AtomicU32,
+}
+
+/// Which message's run this is.
+#[derive(Debug)]
+enum Origin<'a> {
+    Inbox(&'a InboxKey),
+    /// A context made for a unit test: its message key, under no consumer.
+    Key(&'a MessageKey),
+}
+
+impl<'a> Outbound<'a> {
+    pub(crate) fn new(
+        message_key: &'a MessageKey,
+        transaction: Option<&'a DatabaseTransaction>,
+    ) -> Self {
+        Self {
+            transaction,
+            outbox: None,
+            origin: Origin::Key(message_key),
+            next: AtomicU32::new(0),
+            staged: AtomicU32::new(0),
+        }
+    }
+
+    pub(crate) fn with_origin(mut self, origin: &'a InboxKey, outbox: Option<&'a Outbox>) -> Self {
+        self.origin = Origin::Inbox(origin);
+        self.outbox = outbox;
+        self
+    }
+
+    /// Stages `message` in the handler's transaction: it is published after the commit, with
+    /// the returned message id, or never if the transaction rolls back.
+    ///
+    /// # Errors
+    ///
+    /// The handler is not transactional (a two-phase handler has no transaction to stage in:
+    /// pass [`Outbound::downstream_key`] to the service it calls instead), the inbox has no
+    /// outbox ([`InboxBuilder::outbox`](crate::InboxBuilder::outbox)), the message cannot be
+    /// published as it is, or the database failed.
+    pub async fn stage(&self, message: OutboxMessage) -> Result<String, DbErr> {
+        let Some(tx) = self.transaction else {
+            return Err(DbErr::Custom(
+                "a two-phase handler cannot stage messages: it has no transaction".to_owned(),
+            ));
+        };
+        let Some(outbox) = self.outbox else {
+            return Err(DbErr::Custom(
+                "this inbox has no outbox to stage messages in: give it one with \
+                 InboxBuilder::outbox"
+                    .to_owned(),
+            ));
+        };
+        let id = self.downstream_key();
+        let origin = self.origin_text();
+        outbox.stage_as(tx, &id, Some(&origin), &message).await?;
+        self.staged.fetch_add(1, Ordering::Relaxed);
+        Ok(id)
+    }
+
+    /// The next derived id, for a call to another service (its `Idempotency-Key`): a repeat of
+    /// this run, after a takeover or a redelivery, passes the same keys in the same order.
+    pub fn downstream_key(&self) -> String {
+        let position = self.next.fetch_add(1, Ordering::Relaxed);
+        match self.origin {
+            Origin::Inbox(origin) => derived_id(origin, position),
+            Origin::Key(key) => derived_id(
+                &InboxKey {
+                    consumer: ConsumerName::new("test").expect("a valid name"),
+                    message_key: key.clone(),
+                },
+                position,
+            ),
+        }
+    }
+
+    /// How many messages this run staged.
+    pub fn staged(&self) -> u32 {
+        self.staged.load(Ordering::Relaxed)
+    }
+
+    fn origin_text(&self) -> String {
+        match self.origin {
+            Origin::Inbox(origin) => origin.to_string(),
+            Origin::Key(key) => key.to_string(),
+        }
+    }
+}

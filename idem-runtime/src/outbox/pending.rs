@@ -1,0 +1,185 @@
+//! What a relay takes from the outbox: committed, unsent messages, locked so that relays in
+//! other processes skip them, and marked sent once their publishes are confirmed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use sea_orm::{
+    ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult, Statement,
+    TransactionTrait, Value,
+};
+
+use super::Outbox;
+
+/// A staged message waiting to be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingMessage {
+    /// Its place in the order of staging.
+    pub seq: i64,
+    /// The message id to publish it with.
+    pub message_id: String,
+    /// The destination exchange.
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// The payload's content type.
+    pub content_type: Option<String>,
+    /// Its headers.
+    pub headers: BTreeMap<String, String>,
+    /// The payload.
+    pub payload: Vec<u8>,
+    /// How long ago it was staged, by the database's clock.
+    pub age: Duration,
+}
+
+/// Pending messages taken by one relay, in the order they were staged, locked until
+/// [`PendingBatch::mark_sent`] or until dropped (another relay may then take them).
+#[derive(Debug)]
+pub struct PendingBatch {
+    tx: DatabaseTransaction,
+    messages: Vec<PendingMessage>,
+    outbox: Outbox,
+}
+
+impl Outbox {
+    /// Takes up to `limit` committed, unsent messages, oldest first, skipping those another
+    /// relay holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB; SQLite serves one
+    /// process). Messages staged by one handler run go out in their order: a run whose earlier
+    /// message another relay holds is left for later.
+    pub async fn take_pending(&self, limit: u32) -> Result<PendingBatch, DbErr> {
+        let tx = if self.backend() == DbBackend::MySql {
+            // Without gap locks: under REPEATABLE READ, marking rows sent would wait for the
+            // gaps another relay's skip-locked scan holds.
+            self.inner
+                .db
+                .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
+                .await?
+        } else {
+            self.inner.dialect.begin(&self.inner.db).await?
+        };
+        let t = self.quoted();
+        let now = self.inner.dialect.now_ms();
+        let lock = match self.backend() {
+            DbBackend::Sqlite => "",
+            _ => " FOR UPDATE SKIP LOCKED",
+        };
+        let sql = format!(
+            "SELECT seq, message_id, exchange, routing_key, content_type, headers, payload, \
+             origin, staged_at, {now} FROM {t} WHERE sent_at IS NULL ORDER BY seq LIMIT ?{lock}"
+        );
+        let rows = tx
+            .query_all_raw(self.statement(&sql, vec![Value::from(i64::from(limit))]))
+            .await?;
+        let mut taken = Vec::with_capacity(rows.len());
+        for row in &rows {
+            taken.push(self.read_pending(row)?);
+        }
+        let held_back = self.runs_held_elsewhere(&tx, &taken).await?;
+        let messages = taken
+            .into_iter()
+            .filter(|(_, origin)| origin.as_ref().is_none_or(|o| !held_back.contains_key(o)))
+            .map(|(message, _)| message)
+            .collect();
+        Ok(PendingBatch {
+            tx,
+            messages,
+            outbox: self.clone(),
+        })
+    }
+
+    /// The handler runs among `taken` whose earlier messages are still unsent and not taken
+    /// here: another relay holds them, and these must wait for them.
+    async fn runs_held_elsewhere(
+        &self,
+        tx: &DatabaseTransaction,
+        taken: &[(PendingMessage, Option<String>)],
+    ) -> Result<HashMap<String, i64>, DbErr> {
+        let mut first: HashMap<String, i64> = HashMap::new();
+        for (message, origin) in taken {
+            if let Some(origin) = origin {
+                first.entry(origin.clone()).or_insert(message.seq);
+            }
+        }
+        if first.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let origins: Vec<&String> = first.keys().collect();
+        let list = vec!["?"; origins.len()].join(", ");
+        let sql = format!(
+            "SELECT origin, MIN(seq) FROM {} WHERE sent_at IS NULL AND origin IN ({list}) \
+             GROUP BY origin",
+            self.quoted()
+        );
+        let values = origins.iter().map(|o| Value::from((*o).clone())).collect();
+        let rows = tx.query_all_raw(self.statement(&sql, values)).await?;
+        let mut held = HashMap::new();
+        for row in rows {
+            let origin: String = row.try_get_by_index(0)?;
+            let earliest: i64 = row.try_get_by_index(1)?;
+            if first.get(&origin).is_some_and(|ours| earliest < *ours) {
+                held.insert(origin, earliest);
+            }
+        }
+        Ok(held)
+    }
+
+    fn read_pending(&self, row: &QueryResult) -> Result<(PendingMessage, Option<String>), DbErr> {
+        let message_id = if self.backend() == DbBackend::MySql {
+            let bytes: Vec<u8> = row.try_get_by_index(1)?;
+            String::from_utf8(bytes)
+                .map_err(|_| DbErr::Custom("a message id that is not UTF-8".to_owned()))?
+        } else {
+            row.try_get_by_index(1)?
+        };
+        let headers: Option<String> = row.try_get_by_index(5)?;
+        let headers = match headers {
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|error| DbErr::Custom(format!("unreadable outbox headers: {error}")))?,
+            None => BTreeMap::new(),
+        };
+        let staged_at: i64 = row.try_get_by_index(8)?;
+        let now: i64 = row.try_get_by_index(9)?;
+        let message = PendingMessage {
+            seq: row.try_get_by_index(0)?,
+            message_id,
+            exchange: row.try_get_by_index(2)?,
+            routing_key: row.try_get_by_index(3)?,
+            content_type: row.try_get_by_index(4)?,
+            headers,
+            payload: row.try_get_by_index(6)?,
+            age: Duration::from_millis(u64::try_from(now - staged_at).unwrap_or(0)),
+        };
+        Ok((message, row.try_get_by_index(7)?))
+    }
+}
+
+impl PendingBatch {
+    /// The messages, in the order they were staged.
+    pub fn messages(&self) -> &[PendingMessage] {
+        &self.messages
+    }
+
+    /// Marks the messages of `seqs` sent (their publishes were confirmed) and releases the
+    /// rest, in one commit. Should the commit fail, they are all published again later, with
+    /// the same ids: the next hop's inbox recognises them.
+    pub async fn mark_sent(self, seqs: &[i64]) -> Result<(), DbErr> {
+        if !seqs.is_empty() {
+            let outbox = &self.outbox;
+            let now = outbox.inner.dialect.now_ms();
+            let list = vec!["?"; seqs.len()].join(", ");
+            let sql = format!(
+                "UPDATE {} SET sent_at = {now} WHERE seq IN ({list})",
+                outbox.quoted()
+            );
+            let values: Vec<Value> = seqs.iter().map(|seq| Value::from(*seq)).collect();
+            self.tx
+                .execute_raw(Statement::from_sql_and_values(
+                    outbox.backend(),
+                    outbox.inner.dialect.placeholders(&sql),
+                    values,
+                ))
+                .await?;
+        }
+        self.tx.commit().await
+    }
+}

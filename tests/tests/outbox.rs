@@ -1,0 +1,352 @@
+//! The outbox on each backend: handlers stage in their transaction with ids that replay
+//! identically, duplicates and rollbacks stage nothing, relays take pending messages in order
+//! without sharing them, and sent rows are cleaned up.
+//!
+//! Run: `cargo test -p idem-tests --test outbox` with PostgreSQL and MariaDB up (see README).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_runtime::sea_orm::{DbErr, TransactionTrait};
+use idem_runtime::{
+    BatchItem, Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
+    Metadata, Mode, Outbox, OutboxMessage, Outcome, derived_id,
+};
+use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend};
+
+on_each_backend!(
+    a_handler_stages_with_derived_ids_and_a_duplicate_stages_nothing,
+    a_rolled_back_handler_stages_nothing_in_either_mode,
+    a_replay_after_the_record_is_gone_stages_the_same_ids_once,
+    relays_take_pending_messages_in_order_and_never_share_them,
+    code_outside_handlers_stages_in_its_own_transaction,
+    sent_messages_are_deleted_after_their_retention,
+    a_two_phase_takeover_derives_the_same_downstream_keys,
+);
+
+const CONSUMER: &str = "billing";
+
+/// Writes its effect and stages two events; fails after staging when the body says `fail`.
+#[derive(Debug, Clone)]
+struct Invoicer {
+    effects: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct InvoiceError(String);
+
+impl From<DbErr> for InvoiceError {
+    fn from(error: DbErr) -> Self {
+        Self(error.to_string())
+    }
+}
+
+impl Handler for Invoicer {
+    type Message = Msg;
+    type Output = Vec<String>;
+    type Error = InvoiceError;
+
+    fn consumer(&self) -> &str {
+        CONSUMER
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(
+        &self,
+        msg: &Msg,
+        meta: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        meta.content_fingerprint(msg).map(Some)
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<Vec<String>, InvoiceError> {
+        let tx = cx.transaction().expect("transactional");
+        idem_tests::db::insert_effect(tx, &self.effects, CONSUMER, &msg.id, &msg.body).await?;
+        let mut ids = Vec::new();
+        for event in ["invoice.issued", "invoice.mailed"] {
+            let message = OutboxMessage::json("billing.events", event, &msg)
+                .map_err(|e| InvoiceError(e.to_string()))?
+                .header("order", msg.id.as_str());
+            ids.push(cx.stage(message).await?);
+        }
+        if msg.body == "fail" {
+            return Err(InvoiceError("failing after staging".into()));
+        }
+        Ok(ids)
+    }
+}
+
+async fn setup(backend: Backend) -> (TestDb, Inbox, Outbox, String) {
+    setup_with(backend, Duration::from_secs(3600)).await
+}
+
+async fn setup_with(backend: Backend, retention: Duration) -> (TestDb, Inbox, Outbox, String) {
+    let db = TestDb::connect(backend).await;
+    let outbox = Outbox::builder(db.db.clone())
+        .table(db.table("outbox"))
+        .retention(retention)
+        .build()
+        .await
+        .expect("outbox builds");
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .outbox(outbox.clone())
+        .build()
+        .await
+        .expect("inbox builds");
+    let effects = db.effects_table().await;
+    (db, inbox, outbox, effects)
+}
+
+async fn pending_ids(outbox: &Outbox) -> Vec<String> {
+    let batch = outbox.take_pending(1000).await.unwrap();
+    let ids = batch
+        .messages()
+        .iter()
+        .map(|m| m.message_id.clone())
+        .collect();
+    drop(batch);
+    ids
+}
+
+fn meta() -> Metadata {
+    Metadata::default()
+}
+
+async fn a_handler_stages_with_derived_ids_and_a_duplicate_stages_nothing(backend: Backend) {
+    let (db, inbox, outbox, effects) = setup(backend).await;
+    let handler = Invoicer { effects };
+    let first = inbox
+        .process(&handler, Msg::new("o-1", "a"), &meta())
+        .await
+        .unwrap();
+    let origin = inbox_key(CONSUMER, "o-1");
+    let expected = vec![derived_id(&origin, 0), derived_id(&origin, 1)];
+    assert_eq!(first, Outcome::Processed(expected.clone()));
+    let again = inbox
+        .process(&handler, Msg::new("o-1", "a"), &meta())
+        .await
+        .unwrap();
+    assert_eq!(again, Outcome::Duplicate(expected.clone()));
+    assert_eq!(pending_ids(&outbox).await, expected);
+    let batch = outbox.take_pending(10).await.unwrap();
+    let message = &batch.messages()[0];
+    assert_eq!(message.exchange, "billing.events");
+    assert_eq!(message.routing_key, "invoice.issued");
+    assert_eq!(message.content_type.as_deref(), Some("application/json"));
+    assert_eq!(
+        message.headers.get("order").map(String::as_str),
+        Some("o-1")
+    );
+    let payload: Msg = serde_json::from_slice(&message.payload).unwrap();
+    assert_eq!(payload, Msg::new("o-1", "a"));
+    drop(batch);
+    assert_eq!(db.count(outbox.table().as_str(), "1=1").await, 2);
+}
+
+async fn a_rolled_back_handler_stages_nothing_in_either_mode(backend: Backend) {
+    let (db, inbox, outbox, effects) = setup(backend).await;
+    let handler = Invoicer { effects };
+    let error = inbox
+        .process(&handler, Msg::new("o-1", "fail"), &meta())
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), "handler-error");
+    assert_eq!(db.count(outbox.table().as_str(), "1=1").await, 0);
+
+    // In a batch, the failing message's staged events roll back with its savepoint only.
+    let item = |id: &str, body: &str| BatchItem {
+        key: MessageKey::new(id),
+        message: Msg::new(id, body),
+        metadata: meta(),
+    };
+    let results = inbox
+        .process_batch(
+            &handler,
+            vec![item("o-2", "a"), item("o-3", "fail"), item("o-4", "a")],
+        )
+        .await;
+    assert!(results[1].is_err());
+    let mut expected: Vec<String> = ["o-2", "o-4"]
+        .iter()
+        .flat_map(|key| {
+            let origin = inbox_key(CONSUMER, key);
+            [derived_id(&origin, 0), derived_id(&origin, 1)]
+        })
+        .collect();
+    let mut pending = pending_ids(&outbox).await;
+    expected.sort();
+    pending.sort();
+    assert_eq!(pending, expected);
+}
+
+async fn a_replay_after_the_record_is_gone_stages_the_same_ids_once(backend: Backend) {
+    let (db, inbox, outbox, effects) = setup(backend).await;
+    let handler = Invoicer { effects };
+    let msg = Msg::new("o-1", "a");
+    let first = inbox.process(&handler, msg.clone(), &meta()).await.unwrap();
+    // The record expired, or an operator resubmitted the message from the dead-letter queue.
+    assert!(inbox.forget(&inbox_key(CONSUMER, "o-1")).await.unwrap());
+    let replay = inbox.process(&handler, msg, &meta()).await.unwrap();
+    assert_eq!(replay, Outcome::Processed(first.into_inner()));
+    assert_eq!(db.count(outbox.table().as_str(), "1=1").await, 2);
+}
+
+async fn relays_take_pending_messages_in_order_and_never_share_them(backend: Backend) {
+    let (db, inbox, outbox, effects) = setup(backend).await;
+    let handler = Invoicer { effects };
+    for i in 0..5 {
+        inbox
+            .process(&handler, Msg::new(format!("o-{i}"), "a"), &meta())
+            .await
+            .unwrap();
+    }
+    let all = pending_ids(&outbox).await;
+    assert_eq!(all.len(), 10);
+    let origin = inbox_key(CONSUMER, "o-0");
+    assert_eq!(all[..2], [derived_id(&origin, 0), derived_id(&origin, 1)]);
+    if backend == Backend::Sqlite {
+        // One process owns a SQLite file; its relay takes everything.
+        return;
+    }
+    // A relay in another process takes three messages: the last one splits o-1's pair.
+    let other = Outbox::builder(db.another_pool(2).await)
+        .table(outbox.table().as_str())
+        .build()
+        .await
+        .unwrap();
+    let first = other.take_pending(3).await.unwrap();
+    let firsts: Vec<String> = first
+        .messages()
+        .iter()
+        .map(|m| m.message_id.clone())
+        .collect();
+    assert_eq!(firsts, all[..3]);
+    // This relay skips what the other holds, and o-1's second message waits for its first.
+    let second = outbox.take_pending(100).await.unwrap();
+    let seconds: Vec<String> = second
+        .messages()
+        .iter()
+        .map(|m| m.message_id.clone())
+        .collect();
+    assert_eq!(seconds, all[4..]);
+    let seqs: Vec<i64> = second.messages().iter().map(|m| m.seq).collect();
+    second.mark_sent(&seqs).await.unwrap();
+    let seqs: Vec<i64> = first.messages().iter().map(|m| m.seq).collect();
+    first.mark_sent(&seqs).await.unwrap();
+    assert_eq!(pending_ids(&outbox).await, all[3..4]);
+}
+
+async fn code_outside_handlers_stages_in_its_own_transaction(backend: Backend) {
+    let (db, _inbox, outbox, _effects) = setup(backend).await;
+    let message = || OutboxMessage::new("orders", "order.placed", b"{}".to_vec());
+    let tx = db.db.begin().await.unwrap();
+    outbox
+        .stage(&tx, message().message_id("rolled-back"))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let tx = db.db.begin().await.unwrap();
+    let id = outbox.stage(&tx, message()).await.unwrap();
+    outbox
+        .stage(&tx, message().message_id("given"))
+        .await
+        .unwrap();
+    // The same id again stages nothing.
+    outbox
+        .stage(&tx, message().message_id("given"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(pending_ids(&outbox).await, vec![id, "given".to_owned()]);
+    let error = outbox
+        .stage(&db.db, message().message_id(""))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("empty"), "{error}");
+}
+
+async fn sent_messages_are_deleted_after_their_retention(backend: Backend) {
+    let (db, inbox, outbox, effects) = setup_with(backend, Duration::from_millis(100)).await;
+    let handler = Invoicer { effects };
+    for i in 0..3 {
+        inbox
+            .process(&handler, Msg::new(format!("o-{i}"), "a"), &meta())
+            .await
+            .unwrap();
+    }
+    let batch = outbox.take_pending(4).await.unwrap();
+    let seqs: Vec<i64> = batch.messages().iter().map(|m| m.seq).collect();
+    batch.mark_sent(&seqs).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    inbox.cleaner().run_once().await.unwrap();
+    // The four sent rows are gone; the two unsent stay, however old.
+    assert_eq!(db.count(outbox.table().as_str(), "1=1").await, 2);
+    assert_eq!(pending_ids(&outbox).await.len(), 2);
+}
+
+/// A two-phase handler that asks for two downstream keys, recording them, and hangs on its
+/// first run so that its lease runs out.
+#[derive(Debug, Clone)]
+struct Caller {
+    keys: Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+impl Handler for Caller {
+    type Message = Msg;
+    type Output = ();
+    type Error = std::convert::Infallible;
+
+    fn consumer(&self) -> &str {
+        "notifications"
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(&self, _: &Msg, _: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(None)
+    }
+    fn mode(&self) -> Mode {
+        Mode::TwoPhase {
+            lease: Duration::from_millis(300),
+        }
+    }
+    async fn handle(&self, cx: &Context<'_>, _: Msg) -> Result<(), Self::Error> {
+        let keys = vec![cx.downstream_key(), cx.downstream_key()];
+        let first = {
+            let mut all = self.keys.lock().unwrap();
+            all.push(keys);
+            all.len() == 1
+        };
+        if first {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+}
+
+async fn a_two_phase_takeover_derives_the_same_downstream_keys(backend: Backend) {
+    let (_db, inbox, _outbox, _effects) = setup(backend).await;
+    let caller = Caller {
+        keys: Arc::default(),
+    };
+    // The first worker crashes mid-call (its future is dropped) and its lease runs out.
+    let metadata = meta();
+    let stuck = inbox.process(&caller, Msg::new("o-1", "a"), &metadata);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), stuck)
+            .await
+            .is_err()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    inbox
+        .process(&caller, Msg::new("o-1", "a"), &meta())
+        .await
+        .unwrap();
+    let keys = caller.keys.lock().unwrap().clone();
+    let origin = inbox_key("notifications", "o-1");
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], [derived_id(&origin, 0), derived_id(&origin, 1)]);
+    assert_eq!(keys[1], keys[0]);
+}
