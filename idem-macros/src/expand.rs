@@ -446,21 +446,33 @@ fn method(handler: &Handler<'_>) -> TokenStream {
             Self: #rt_span::Send + #rt_span::Sync + 'static,
     };
     // Each unmet bound is reported on the type argument that lacks it, and names this local
-    // function rather than a runtime item.
+    // type rather than a runtime item. The error type's bound is on the `impl` block, not on
+    // the function: when it does not hold, the call does not resolve, nothing is built from it,
+    // and the `impl Handler` returned is not checked again (a bound of the function would be
+    // reported a second time there, at the output type).
+    let handler_with_error = quote_spanned!(types.error_span=> handler_with_error);
     let construct = quote! {
-        fn #handler_fn<S, M, O, E>(
-            service: &#rt::Arc<S>,
-            spec: #rt::MethodSpec<S, M, O, E>,
-        ) -> impl #rt::Handler<Message = M, Output = O, Error = E> + 'static
+        #[allow(non_camel_case_types)]
+        struct #handler_fn<E> {
+            error: #rt::PhantomData<fn() -> E>,
+        }
+        impl<E> #handler_fn<E>
         where
-            S: #rt::Send + #rt::Sync + 'static,
-            M: #rt::Send + 'static,
-            O: #rt::Serialize + #rt::DeserializeOwned + #rt::Send + 'static,
             E: #rt::StdError + #rt::Send + #rt::Sync + 'static,
         {
-            #rt::MethodHandler::new(service, spec)
+            fn handler_with_error<S, M, O>(
+                service: &#rt::Arc<S>,
+                spec: #rt::MethodSpec<S, M, O, E>,
+            ) -> impl #rt::Handler<Message = M, Output = O, Error = E> + 'static
+            where
+                S: #rt::Send + #rt::Sync + 'static,
+                M: #rt::Send + 'static,
+                O: #rt::Serialize + #rt::DeserializeOwned + #rt::Send + 'static,
+            {
+                #rt::MethodHandler::new(service, spec)
+            }
         }
-        #handler_fn::<Self, #message, #output, #handler_error>(self, __idem_spec)
+        #handler_fn::<#handler_error>::#handler_with_error::<Self, #message, #output>(self, __idem_spec)
     };
     quote! {
         #[doc = #doc]

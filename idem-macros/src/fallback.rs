@@ -2,7 +2,7 @@
 //! function keeps working in IDEs and its own callers), and a stand-in `<name>_handler()` so
 //! that code calling it gets no second error (as thiserror's `fallback.rs` does).
 
-use proc_macro2::{Delimiter, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Group, TokenStream, TokenTree};
 use quote::quote;
 use syn::{Ident, Type};
 
@@ -42,9 +42,15 @@ pub(crate) fn invalid(errors: syn::Error, func: &Func) -> TokenStream {
 
 /// The item did not parse as a function.
 ///
-/// Another kind of item (a `struct`, an `impl` block) is refused at its first token. For a
-/// function, syn's own error is reported where syn found it (usually where the compiler reports
-/// the same syntax error), next to the item and a stand-in handler.
+/// Another kind of item (a `struct`, an `impl` block) is refused at its first token. A function
+/// is emitted next to a stand-in handler, with a body that only diverges:
+///
+/// - with a body of its own, the compiler, which read the item before the macro did, reports
+///   the syntax error itself, better than syn (with a suggestion); syn's error would be a second
+///   one at the same token, and the body's uses of a parameter the compiler could not read one
+///   more each, so both are left out;
+/// - without one (a declaration, which a trait accepts), the compiler may report nothing, so the
+///   missing body is the error.
 pub(crate) fn unparsed(error: syn::Error, item: TokenStream) -> TokenStream {
     let Some(function) = Function::find(&item) else {
         let at = first_token_of_kind(&item).map_or_else(|| error.span(), |tree| tree.span());
@@ -58,11 +64,22 @@ pub(crate) fn unparsed(error: syn::Error, item: TokenStream) -> TokenStream {
             #item
         };
     };
-    let error = syn::Error::new(
-        error.span(),
-        format!("`#[idempotent]` could not read this function: {error}"),
-    )
-    .into_compile_error();
+    let error = match &function.end {
+        End::Body => None,
+        End::Semicolon(semi) => Some(syn::Error::new(
+            semi.span(),
+            "`#[idempotent]` needs the function's body",
+        )),
+        End::Other => Some(syn::Error::new(
+            error.span(),
+            format!("`#[idempotent]` could not read this function: {error}"),
+        )),
+    }
+    .map(syn::Error::into_compile_error);
+    let item = match function.end {
+        End::Other => item,
+        End::Body | End::Semicolon(_) => diverging(item),
+    };
     let vis = function
         .vis
         .and_then(|vis| syn::parse2(vis).ok())
@@ -88,11 +105,23 @@ struct Function {
     method: bool,
     /// The `T` of a `-> Result<T, ..>` that parses.
     output: Option<Type>,
+    /// What it ends with.
+    end: End,
+}
+
+/// How a function that does not parse ends.
+enum End {
+    /// A body in braces.
+    Body,
+    /// `;`: a declaration.
+    Semicolon(TokenTree),
+    /// Anything else.
+    Other,
 }
 
 impl Function {
     /// The function's name after `fn`, whether its parameters start with `self` (or `&self`),
-    /// and its output type when that parses.
+    /// its output type when that parses, and how it ends.
     fn find(item: &TokenStream) -> Option<Function> {
         let trees: Vec<TokenTree> = item.clone().into_iter().collect();
         let fn_at = trees
@@ -127,11 +156,19 @@ impl Function {
                 .any(|tree| matches!(tree, TokenTree::Ident(ident) if ident == "self"))
         });
         let output = Self::output(rest);
+        let end = match rest.last() {
+            Some(TokenTree::Group(group)) if group.delimiter() == Delimiter::Brace => End::Body,
+            Some(semi @ TokenTree::Punct(punct)) if punct.as_char() == ';' => {
+                End::Semicolon(semi.clone())
+            }
+            _ => End::Other,
+        };
         Some(Function {
             vis,
             name: name.clone(),
             method,
             output,
+            end,
         })
     }
 
@@ -153,6 +190,22 @@ impl Function {
         let ty: Type = syn::parse2(ty).ok()?;
         let output = ast::Output::from_type(&ty).ok?.clone();
         (!ast::borrows(&output)).then_some(output)
+    }
+}
+
+/// The function with its body, or the `;` that stands for it, replaced by a body that only
+/// diverges: the compiler has nothing more to say about it, not even that its parameters are
+/// unused.
+fn diverging(item: TokenStream) -> TokenStream {
+    let mut trees: Vec<TokenTree> = item.into_iter().collect();
+    if let Some(end) = trees.last_mut() {
+        let mut body = Group::new(Delimiter::Brace, quote!(::core::unreachable!()));
+        body.set_span(end.span());
+        *end = TokenTree::Group(body);
+    }
+    quote! {
+        #[allow(unused_variables)]
+        #(#trees)*
     }
 }
 

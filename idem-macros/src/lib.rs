@@ -52,7 +52,9 @@
 //! that reads no parameter or names `meta` without taking it, a bad duration, a second
 //! transaction, a borrowed message, an associated function without `self`...
 //! The function is still emitted unchanged, next to a stand-in `<name>_handler()`, so that code
-//! calling it gets no second error and IDEs keep working. A missing `Serialize`,
+//! calling it gets no second error and IDEs keep working. A signature that does not parse is the
+//! compiler's own syntax error, the only one: the macro adds none, and leaves out the body, whose
+//! uses of the parameters the compiler could not read would be more. A missing `Serialize`,
 //! `DeserializeOwned` or `std::error::Error` bound, a future that is not `Send` or a value
 //! that cannot be a key is reported on the user's own type, function name or expression, and
 //! passing `charge` where `charge_handler()` is meant says so. No message names the hidden

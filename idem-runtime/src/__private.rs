@@ -5,7 +5,6 @@
 
 use std::convert::Infallible;
 use std::fmt;
-use std::marker::PhantomData;
 use std::pin::Pin;
 
 use futures_util::TryFutureExt;
@@ -16,7 +15,7 @@ pub use std::error::Error as StdError;
 
 pub use std::boxed::Box;
 pub use std::future::Future;
-pub use std::marker::{Send, Sync};
+pub use std::marker::{PhantomData, Send, Sync};
 pub use std::option::Option::{self, None, Some};
 pub use std::result::Result::{self, Err, Ok};
 pub use std::sync::Arc;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
@@ -105,14 +106,21 @@ impl Inbox {
     /// is concerned: in transactional mode the transaction rolls back and nothing is recorded;
     /// in two-phase mode the handler and the renewal of its lease stop together, and the claim
     /// stays in progress until its lease runs out, when a redelivery takes it over.
-    pub async fn process<H: Handler>(
-        &self,
-        handler: &H,
+    //
+    // The future is boxed (one allocation per message, beside a database round trip) so that a
+    // value that is not a handler, such as an `#[idempotent]` function passed instead of its
+    // `<name>_handler()`, is one error at the argument: an `async fn`'s future carries the
+    // `H: Handler` bound, and the compiler would report it again at the call and at `.await`.
+    pub fn process<'a, H: Handler>(
+        &'a self,
+        handler: &'a H,
         message: H::Message,
-        metadata: &Metadata,
-    ) -> Result<Outcome<H::Output>> {
-        let key = handler.key(&message, metadata);
-        self.process_with_key(handler, key, message, metadata).await
+        metadata: &'a Metadata,
+    ) -> BoxFuture<'a, Result<Outcome<H::Output>>> {
+        Box::pin(async move {
+            let key = handler.key(&message, metadata);
+            self.process_with_key(handler, key, message, metadata).await
+        })
     }
 
     /// [`Inbox::process`] with the key [`Handler::key`] gave for this message, for a caller that
