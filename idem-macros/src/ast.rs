@@ -68,6 +68,8 @@ pub(crate) enum Role {
     Metadata,
     /// `&Context<'_>`.
     Context,
+    /// `&Outbound<'_>`: what the run stages and passes downstream.
+    Outbound,
     /// Any other type: the message.
     Message,
 }
@@ -79,6 +81,7 @@ impl Role {
             Role::Transaction => "transaction",
             Role::Metadata => "metadata",
             Role::Context => "context",
+            Role::Outbound => "outbound",
             Role::Message => "message",
         }
     }
@@ -89,6 +92,7 @@ impl Role {
             Role::Transaction => "DatabaseTransaction",
             Role::Metadata => "Metadata",
             Role::Context => "Context",
+            Role::Outbound => "Outbound",
             Role::Message => "the message type",
         }
     }
@@ -221,6 +225,7 @@ impl<'a> Param<'a> {
             Some(name) if name == "DatabaseTransaction" => Role::Transaction,
             Some(name) if name == "Metadata" => Role::Metadata,
             Some(name) if name == "Context" => Role::Context,
+            Some(name) if name == "Outbound" => Role::Outbound,
             _ => Role::Message,
         };
         Param {

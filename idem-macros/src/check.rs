@@ -11,7 +11,8 @@ use crate::ctxt::Ctxt;
 use crate::place;
 
 const PARAMS_HELP: &str = "a handler takes its message by value and, optionally, \
-`&DatabaseTransaction`, `&Metadata` and `&Context<'_>`; dependencies belong in `&self` \
+`&DatabaseTransaction`, `&Metadata`, `&Context<'_>` and `&Outbound<'_>`; dependencies belong \
+in `&self` \
 (make the handler a method of a service)";
 
 /// Checks every rule, adding each error to `cx`.
@@ -317,7 +318,12 @@ fn check_expression(cx: &Ctxt, handler: &Handler<'_>, option: &str, expr: &Expr)
         &[Role::Message]
     };
     let readable = bound_by(readable_roles);
-    let later = bound_by(&[Role::Transaction, Role::Context, Role::Metadata]);
+    let later = bound_by(&[
+        Role::Transaction,
+        Role::Context,
+        Role::Metadata,
+        Role::Outbound,
+    ]);
     let from = if option == "key" {
         "the message and its `&Metadata` only"
     } else {

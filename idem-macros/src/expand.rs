@@ -288,6 +288,7 @@ fn call_args(handler: &Handler<'_>) -> Vec<TokenStream> {
             Role::Transaction => quote!(#rt::transaction(__idem_cx)),
             Role::Metadata => quote!(__idem_cx.metadata()),
             Role::Context => quote!(__idem_cx),
+            Role::Outbound => quote!(__idem_cx.outbound()),
             Role::Message => quote!(__idem_message),
         })
         .collect()

@@ -7,10 +7,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::sea_orm::{DbErr, TransactionTrait};
+use idem_runtime::sea_orm::{DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::{
     BatchItem, Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
-    Metadata, Mode, Outbox, OutboxMessage, Outcome, derived_id,
+    Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, derived_id, idempotent,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend};
 
@@ -22,6 +22,7 @@ on_each_backend!(
     code_outside_handlers_stages_in_its_own_transaction,
     sent_messages_are_deleted_after_their_retention,
     a_two_phase_takeover_derives_the_same_downstream_keys,
+    an_idempotent_function_stages_through_its_outbound_parameter,
 );
 
 const CONSUMER: &str = "billing";
@@ -349,4 +350,27 @@ async fn a_two_phase_takeover_derives_the_same_downstream_keys(backend: Backend)
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0], [derived_id(&origin, 0), derived_id(&origin, 1)]);
     assert_eq!(keys[1], keys[0]);
+}
+
+#[idempotent(key = order.id, consumer = "shipping")]
+async fn ship(
+    tx: &DatabaseTransaction,
+    outbound: &Outbound<'_>,
+    order: Msg,
+) -> Result<String, DbErr> {
+    let _ = tx;
+    let event = OutboxMessage::json("shipping.events", "shipment.created", &order)
+        .map_err(|error| DbErr::Custom(error.to_string()))?;
+    outbound.stage(event).await
+}
+
+async fn an_idempotent_function_stages_through_its_outbound_parameter(backend: Backend) {
+    let (_db, inbox, outbox, _effects) = setup(backend).await;
+    let id = inbox
+        .process(&ship_handler(), Msg::new("o-9", "a"), &meta())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(id, derived_id(&inbox_key("shipping", "o-9"), 0));
+    assert_eq!(pending_ids(&outbox).await, vec![id]);
 }
