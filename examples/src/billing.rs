@@ -15,6 +15,12 @@ use crate::orders::{EXCHANGE, OrderPlaced, ROUTING_KEY};
 /// The queue billing consumes.
 pub const QUEUE: &str = "billing.orders";
 
+/// The exchange billing publishes its events to, through its outbox.
+pub const EVENTS_EXCHANGE: &str = "billing.events";
+
+/// The routing key of `InvoiceIssued` events.
+pub const INVOICE_ISSUED: &str = "invoice.issued";
+
 /// The broker's delivery limit on the queue: a message that crashes the consumer this often is
 /// dead-lettered by the broker.
 pub const DELIVERY_LIMIT: u32 = 20;

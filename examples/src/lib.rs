@@ -24,7 +24,9 @@
 //! `options=-c search_path=<schema>`).
 
 pub mod billing;
+pub mod notifications;
 pub mod orders;
+pub mod stub;
 
 /// The broker to use: `AMQP_URL`, or the local RabbitMQ.
 pub fn amqp_url() -> String {

@@ -1,0 +1,75 @@
+//! The notifications service: tells each customer once that they were invoiced, by calling a
+//! notification provider over HTTP. The call cannot join a database transaction, so the handler
+//! runs in two-phase mode and passes a key derived from the message as the provider's
+//! `Idempotency-Key`: a repeat after a crash or a takeover sends the same key, and the provider
+//! deduplicates it.
+
+use idem_rabbitmq::QueueTopology;
+use idem_rabbitmq::lapin::ExchangeKind;
+use idem_runtime::{Outbound, idempotent};
+use serde::{Deserialize, Serialize};
+
+use crate::billing::{EVENTS_EXCHANGE, INVOICE_ISSUED};
+
+/// The queue notifications consumes.
+pub const QUEUE: &str = "notifications.invoices";
+
+/// An invoice was issued: billing publishes it through its outbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvoiceIssued {
+    /// The order invoiced.
+    pub order_id: String,
+    /// Who pays.
+    pub customer: String,
+    /// How much, in cents.
+    pub amount_cents: i64,
+}
+
+/// Why a notification failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    /// The provider could not be reached: worth retrying.
+    #[error("provider unreachable: {0}")]
+    Unreachable(#[from] std::io::Error),
+    /// The provider refused the call.
+    #[error("provider answered {0}")]
+    Refused(u16),
+}
+
+/// The notifications service: where its provider is.
+#[derive(Debug, Clone)]
+pub struct Notifications {
+    /// The provider's `POST` endpoint.
+    pub provider_url: String,
+}
+
+impl Notifications {
+    /// Notifies the customer of an invoice, once per invoice however often it is delivered.
+    #[idempotent(key = event.order_id, consumer = "notifications.invoice", mode = two_phase, lease = "30s")]
+    pub async fn notify(
+        &self,
+        outbound: &Outbound<'_>,
+        event: InvoiceIssued,
+    ) -> Result<(), NotifyError> {
+        let key = outbound.downstream_key();
+        let body = serde_json::to_vec(&event).expect("an event serializes");
+        match crate::stub::post(&self.provider_url, &key, &body).await? {
+            200..=299 => Ok(()),
+            status => Err(NotifyError::Refused(status)),
+        }
+    }
+}
+
+/// The queue, its dead-letter queue and its binding to billing's events exchange.
+pub fn topology_on(queue: &str, events_exchange: &str) -> QueueTopology {
+    QueueTopology::quorum(queue).delivery_limit(20).bind(
+        events_exchange,
+        ExchangeKind::Topic,
+        INVOICE_ISSUED,
+    )
+}
+
+/// [`topology_on`] with the default names.
+pub fn topology() -> QueueTopology {
+    topology_on(QUEUE, EVENTS_EXCHANGE)
+}
