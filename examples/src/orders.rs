@@ -1,5 +1,7 @@
 //! The orders service's side: the event it publishes, and a demo publisher.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use idem_rabbitmq::{PublishOptions, Publisher};
 use serde::{Deserialize, Serialize};
 
@@ -38,10 +40,12 @@ pub struct DemoPlan {
 
 /// Publishes `count` orders to `exchange`: every tenth twice (a producer retry), one with an
 /// invalid amount, and one more message that reuses the first order's id with another amount.
+/// `published` counts the orders sent so far, for a progress line.
 pub async fn publish_demo(
     publisher: &Publisher,
     exchange: &str,
     count: usize,
+    published: &AtomicUsize,
 ) -> Result<DemoPlan, idem_rabbitmq::Error> {
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let mut plan = DemoPlan {
@@ -65,6 +69,7 @@ pub async fn publish_demo(
             plan.deliveries += 1;
         }
         plan.producer_retries += copies - 1;
+        published.fetch_add(1, Ordering::Relaxed);
     }
     if count > 0 {
         let reused = OrderPlaced {

@@ -2,33 +2,97 @@
 //!
 //! `cargo run -p idem-examples --bin billing` consumes until Ctrl-C or SIGTERM;
 //! `-- --demo 100` first publishes 100 demo orders, waits until every delivery is settled,
-//! checks the invoices and exits (non-zero if anything is off). The environment variables of
-//! the crate's docs choose the broker, database, exchange, queue and connection name; while it
-//! consumes, the service logs its delivery counters (`billing stats acked=.. duplicates=..`)
-//! every `BILLING_STATS_EVERY_MS` when they changed, and once more when it stops.
+//! checks the invoices and exits (non-zero if anything is off). Options, or the environment
+//! variables of the crate's docs, choose the broker, database, exchange, queue and connection
+//! name (`--help` lists them); while it consumes, the service logs its delivery counters
+//! (`billing stats acked=.. duplicates=..`) every `--stats-every-ms` when they changed, and once
+//! more when it stops.
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use clap::Parser;
 use idem_examples::billing::{self, CONSUMER_TIMEOUT, DELIVERY_LIMIT, charge_handler};
+use idem_examples::cli::{
+    BrokerArgs, DEFAULT_DATABASE_URL, parse_batch, parse_count, parse_millis,
+};
 use idem_examples::orders::{self, DemoPlan};
+use idem_examples::progress::Progress;
 use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Publisher};
-use idem_runtime::{Inbox, RedeliveryWindow, RetentionPolicy};
+use idem_runtime::{Inbox, MAX_BATCH, RedeliveryWindow, RetentionPolicy};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Consumes orders from RabbitMQ into the database and charges each one exactly once, whatever
+/// the broker redelivers; until Ctrl-C or SIGTERM, or with `--demo`, for one checked run.
+#[derive(Debug, Parser)]
+#[command(name = "billing")]
+struct Args {
+    /// Publish N demo orders (100 if N is left out), wait until each is settled, print and
+    /// check the invoices, and exit
+    #[arg(
+        long,
+        value_name = "N",
+        num_args = 0..=1,
+        default_missing_value = "100",
+        value_parser = parse_count,
+    )]
+    demo: Option<usize>,
+
+    #[command(flatten)]
+    broker: BrokerArgs,
+
+    /// The database: SQLite, PostgreSQL or MySQL
+    #[arg(long, value_name = "URL", env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    // The value may hold a password: `--help` must not print it.
+    #[arg(hide_env_values = true)]
+    database_url: String,
+
+    /// The quorum queue to consume; its dead letters go to <QUEUE>.dlq
+    #[arg(long, env = "BILLING_QUEUE", default_value = billing::QUEUE)]
+    queue: String,
+
+    /// The name the broker connections carry (`rabbitmqctl list_connections client_properties`)
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "BILLING_CONNECTION_NAME",
+        default_value = "billing"
+    )]
+    connection_name: String,
+
+    /// How often to log the delivery counters (`billing stats`) when they changed, in
+    /// milliseconds
+    #[arg(
+        long = "stats-every-ms",
+        value_name = "MS",
+        env = "BILLING_STATS_EVERY_MS",
+        default_value = "60000",
+        value_parser = parse_millis,
+    )]
+    stats_every: Duration,
+
+    #[arg(
+        long,
+        help = format!(
+            "Process up to N deliveries per transaction, from 1 to {MAX_BATCH}; one at a time \
+             without it"
+        ),
+        value_name = "N",
+        env = "BILLING_BATCH",
+        value_parser = parse_batch,
+    )]
+    batch: Option<usize>,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    let args = Args::parse();
     idem_examples::init_logging();
-    let demo = match parse_demo(std::env::args().skip(1)) {
-        Ok(demo) => demo,
-        Err(usage) => {
-            eprintln!("{usage}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(demo).await {
+    match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("billing: {error}");
@@ -37,23 +101,27 @@ async fn main() -> ExitCode {
     }
 }
 
-fn parse_demo(mut args: impl Iterator<Item = String>) -> Result<Option<usize>, String> {
-    let usage = "usage: billing [--demo N]";
-    match (args.next().as_deref(), args.next(), args.next()) {
-        (None, _, _) => Ok(None),
-        (Some("--demo"), None, None) => Ok(Some(100)),
-        (Some("--demo"), Some(n), None) => n.parse().map(Some).map_err(|_| usage.to_owned()),
-        _ => Err(usage.to_owned()),
-    }
-}
-
-async fn run(demo: Option<usize>) -> Result<(), BoxError> {
-    let database_url = idem_examples::database_url();
-    let amqp_url = idem_examples::amqp_url();
-    let exchange = idem_examples::orders_exchange();
-    let queue = idem_examples::billing_queue();
-    let stats_interval = idem_examples::billing_stats_interval()?;
-    let batch = idem_examples::billing_batch()?;
+async fn run(args: Args) -> Result<(), BoxError> {
+    let Args {
+        demo,
+        broker: BrokerArgs {
+            amqp_url, exchange, ..
+        },
+        database_url,
+        queue,
+        connection_name,
+        stats_every,
+        batch,
+    } = args;
+    tracing::info!(
+        broker = %idem_rabbitmq::redact_url(&amqp_url),
+        database = %idem_rabbitmq::redact_url(&database_url),
+        exchange,
+        queue,
+        connection_name,
+        batch = batch.unwrap_or(1),
+        "billing starting"
+    );
     let mut options = ConnectOptions::new(database_url.as_str());
     options.sqlx_logging(false);
     if database_url.starts_with("sqlite:") {
@@ -82,7 +150,7 @@ async fn run(demo: Option<usize>) -> Result<(), BoxError> {
         None => (binding, 32),
     };
     let consumer = Consumer::builder(amqp_url.as_str(), inbox)
-        .connection_name(idem_examples::billing_connection_name())
+        .connection_name(connection_name)
         .prefetch(prefetch)
         .bind_with(binding)
         .start()
@@ -93,7 +161,7 @@ async fn run(demo: Option<usize>) -> Result<(), BoxError> {
         Some(count) => run_demo(&consumer, &db, &amqp_url, &exchange, &queue, count).await,
         None => {
             let mut logged = ConsumerStats::default();
-            let mut every = tokio::time::interval(stats_interval);
+            let mut every = tokio::time::interval(stats_every);
             let signal = wait_for_signal();
             tokio::pin!(signal);
             loop {
@@ -146,16 +214,23 @@ async fn run_demo(
     count: usize,
 ) -> Result<(), BoxError> {
     let before = consumer.stats();
+    let demo = Arc::new(DemoProgress::default());
+    let progress = Progress::start({
+        let demo = Arc::clone(&demo);
+        move || demo.line(count)
+    });
     let publisher = Publisher::connect(amqp_url).await?;
-    let plan = orders::publish_demo(&publisher, exchange, count).await?;
+    let plan = orders::publish_demo(&publisher, exchange, count, &demo.published).await?;
     publisher.close().await;
 
     // Done when every valid order of this run is invoiced and as many deliveries as this run
     // published are settled (messages left on the queue by an earlier run may be among them).
     let expected = (plan.orders - plan.invalid) as i64;
+    demo.expected.store(expected, Ordering::Relaxed);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let invoices = loop {
         let invoices = billing::count_invoices(db, &plan.run).await?;
+        demo.invoiced.store(invoices, Ordering::Relaxed);
         let now = consumer.stats();
         let settled = (now.acked + now.duplicates + now.dead_lettered)
             - (before.acked + before.duplicates + before.dead_lettered);
@@ -172,6 +247,7 @@ async fn run_demo(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    progress.finish();
     let stats = consumer.stats();
     print_summary(
         queue,
@@ -184,6 +260,30 @@ async fn run_demo(
         return Err(format!("expected {expected} invoices, found {invoices}").into());
     }
     Ok(())
+}
+
+/// How far a demo run is, for its progress line.
+#[derive(Debug, Default)]
+struct DemoProgress {
+    /// Orders published so far.
+    published: AtomicUsize,
+    /// Valid orders of the run, once all are published; 0 before.
+    expected: AtomicI64,
+    /// Orders of the run invoiced, as last counted.
+    invoiced: AtomicI64,
+}
+
+impl DemoProgress {
+    fn line(&self, count: usize) -> String {
+        let published = self.published.load(Ordering::Relaxed);
+        match self.expected.load(Ordering::Relaxed) {
+            0 => format!("billing demo: published {published}/{count} orders"),
+            expected => format!(
+                "billing demo: published {published}/{count} orders, charged {}/{expected}",
+                self.invoiced.load(Ordering::Relaxed)
+            ),
+        }
+    }
 }
 
 fn print_summary(queue: &str, plan: &DemoPlan, invoices: i64, duplicates: u64, dead_lettered: u64) {

@@ -1,0 +1,133 @@
+//! What the example binaries share on their command lines: the broker options, typed value
+//! parsers, and logging that leaves colour codes out where they do not belong.
+
+use std::ffi::OsStr;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use crate::progress::LogWriter;
+
+/// The broker both services use unless told otherwise: the local RabbitMQ.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// The database billing uses unless told otherwise: the embedded SQLite file `billing.db`.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://billing.db?mode=rwc";
+
+/// Where the orders go: the broker and the exchange, shared by both binaries.
+#[derive(Debug, Clone, clap::Args)]
+#[non_exhaustive]
+pub struct BrokerArgs {
+    /// The RabbitMQ broker
+    #[arg(long, value_name = "URL", env = "AMQP_URL", default_value = DEFAULT_AMQP_URL)]
+    // The value may hold a password: `--help` must not print it.
+    #[arg(hide_env_values = true)]
+    pub amqp_url: String,
+
+    /// The exchange orders are published to, and billing's queue is bound to
+    #[arg(long, value_name = "NAME", env = "ORDERS_EXCHANGE", default_value = crate::orders::EXCHANGE)]
+    pub exchange: String,
+}
+
+/// Parses a count of at least one.
+///
+/// # Errors
+///
+/// A value that is not a whole number above zero.
+pub fn parse_count(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(count) => Ok(count),
+        Err(_) => Err(format!("{value:?} is not a whole number")),
+    }
+}
+
+/// Parses a batch size: a count from 1 to [`idem_runtime::MAX_BATCH`].
+///
+/// # Errors
+///
+/// A value that is not a whole number in that range.
+pub fn parse_batch(value: &str) -> Result<usize, String> {
+    match parse_count(value)? {
+        size if size <= idem_runtime::MAX_BATCH => Ok(size),
+        _ => Err(format!("must be at most {}", idem_runtime::MAX_BATCH)),
+    }
+}
+
+/// Parses a positive number of milliseconds into a [`Duration`].
+///
+/// # Errors
+///
+/// A value that is not a whole number of milliseconds above zero.
+pub fn parse_millis(value: &str) -> Result<Duration, String> {
+    match value.parse::<u64>() {
+        Ok(0) => Err("must be at least 1 millisecond".to_owned()),
+        Ok(ms) => Ok(Duration::from_millis(ms)),
+        Err(_) => Err(format!("{value:?} is not a whole number of milliseconds")),
+    }
+}
+
+/// Logs to standard error at `info` (or the level in `RUST_LOG`: `error`, `warn`, `info`,
+/// `debug`, `trace`), in colour only when standard error is a terminal and `NO_COLOR` is unset
+/// or empty. Log lines first clear a [`Progress`](crate::progress::Progress) line shown on the
+/// terminal, which redraws itself below them.
+pub fn init_logging() {
+    let level = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|level| level.parse().ok())
+        .unwrap_or(tracing::Level::INFO);
+    let ansi = colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(ansi)
+        .with_writer(LogWriter)
+        .init();
+}
+
+/// Whether logs may carry colour codes: on a terminal, unless `NO_COLOR` is set to anything
+/// but the empty string (<https://no-color.org>).
+fn colour(is_terminal: bool, no_color: Option<&OsStr>) -> bool {
+    is_terminal && no_color.is_none_or(OsStr::is_empty)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsStr::new(""))));
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None));
+        assert!(!colour(false, Some(OsStr::new(""))));
+    }
+
+    #[test]
+    fn counts_start_at_one() {
+        assert_eq!(parse_count("1"), Ok(1));
+        assert_eq!(parse_count("0"), Err("must be at least 1".to_owned()));
+        assert!(parse_count("-1").is_err());
+        assert!(parse_count("x").is_err());
+    }
+
+    #[test]
+    fn batches_stay_within_the_runtime_maximum() {
+        assert_eq!(parse_batch("1"), Ok(1));
+        let max = idem_runtime::MAX_BATCH;
+        assert_eq!(parse_batch(&max.to_string()), Ok(max));
+        assert!(parse_batch(&(max + 1).to_string()).is_err());
+        assert!(parse_batch("0").is_err());
+    }
+
+    #[test]
+    fn millis_are_positive_whole_numbers() {
+        assert_eq!(parse_millis("20"), Ok(Duration::from_millis(20)));
+        assert!(parse_millis("0").is_err());
+        assert!(parse_millis("-5").is_err());
+        assert!(parse_millis("1.5").is_err());
+        assert!(parse_millis("").is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! The example binaries' command lines, run as processes: `--help` lists the options and their
+//! environment variables, bad values are refused with exit code 2 and a message naming the
+//! option, and logs written to a pipe carry no colour codes. No service is needed: a refused
+//! value stops the process before it connects anywhere, and the log checks point the broker at
+//! a closed port. Run: `cargo test -p idem-examples --test cli`.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BILLING: &str = env!("CARGO_BIN_EXE_billing");
+const ORDERS: &str = env!("CARGO_BIN_EXE_orders");
+
+/// A broker address nothing listens on.
+const NO_BROKER: &str = "amqp://guest:guest@127.0.0.1:1/%2f";
+
+/// The environment variables the binaries read, removed so that the caller's own settings do
+/// not leak into a test.
+const VARIABLES: [&str; 8] = [
+    "AMQP_URL",
+    "DATABASE_URL",
+    "ORDERS_EXCHANGE",
+    "BILLING_QUEUE",
+    "BILLING_CONNECTION_NAME",
+    "BILLING_STATS_EVERY_MS",
+    "BILLING_BATCH",
+    "NO_COLOR",
+];
+
+/// `binary` with `args` and `env` on a clean environment; the broker is unreachable, so that a
+/// run that got past its arguments fails rather than touching a real queue.
+fn command(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(binary);
+    for variable in VARIABLES {
+        command.env_remove(variable);
+    }
+    command
+        .env("AMQP_URL", NO_BROKER)
+        .env("DATABASE_URL", scratch_database())
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null());
+    command
+}
+
+fn run(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    command(binary, args, env)
+        .output()
+        .expect("the binary runs")
+}
+
+/// A SQLite database in the temporary directory, so that no run leaves `billing.db` behind.
+fn scratch_database() -> String {
+    let path: PathBuf = std::env::temp_dir().join(format!("idem-cli-{}.db", std::process::id()));
+    format!("sqlite://{}?mode=rwc", path.display())
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Asserts that the run was refused by the argument parser (exit code 2) with a message that
+/// names `option`.
+fn assert_refused(output: &Output, option: &str) {
+    let stderr = text(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "expected a refusal, got {:?}:\n{stderr}",
+        output.status
+    );
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(option),
+        "the message should name {option}:\n{stderr}"
+    );
+    assert!(
+        output.stdout.is_empty(),
+        "nothing on stdout: {}",
+        text(&output.stdout)
+    );
+}
+
+#[test]
+fn billing_help_lists_the_options_and_their_variables() {
+    let output = run(BILLING, &["--help"], &[]);
+    let help = text(&output.stdout);
+    assert!(output.status.success(), "{help}{}", text(&output.stderr));
+    for expected in [
+        "Usage: billing",
+        "--demo [<N>]",
+        "--amqp-url <URL>",
+        "--exchange <NAME>",
+        "--database-url <URL>",
+        "--queue <QUEUE>",
+        "--connection-name <NAME>",
+        "--stats-every-ms <MS>",
+        "--batch <N>",
+        "[env: AMQP_URL]",
+        "[env: DATABASE_URL]",
+        "[env: ORDERS_EXCHANGE=]",
+        "[env: BILLING_QUEUE=]",
+        "[env: BILLING_CONNECTION_NAME=]",
+        "[env: BILLING_STATS_EVERY_MS=]",
+        "[env: BILLING_BATCH=]",
+        &format!("from 1 to {}", idem_runtime::MAX_BATCH),
+    ] {
+        assert!(help.contains(expected), "no {expected:?} in:\n{help}");
+    }
+}
+
+#[test]
+fn help_never_shows_the_urls_from_the_environment() {
+    let secret = "postgres://app:hunter2@db/billing";
+    let output = run(
+        BILLING,
+        &["--help"],
+        &[("DATABASE_URL", secret), ("AMQP_URL", secret)],
+    );
+    assert!(output.status.success());
+    let help = text(&output.stdout);
+    assert!(!help.contains("hunter2"), "{help}");
+}
+
+#[test]
+fn orders_help_lists_the_count_and_the_broker_options() {
+    let output = run(ORDERS, &["--help"], &[]);
+    let help = text(&output.stdout);
+    assert!(output.status.success(), "{help}{}", text(&output.stderr));
+    for expected in [
+        "Usage: orders [OPTIONS] [COUNT]",
+        "[default: 10]",
+        "--amqp-url <URL>",
+        "--exchange <NAME>",
+        "[env: ORDERS_EXCHANGE=]",
+    ] {
+        assert!(help.contains(expected), "no {expected:?} in:\n{help}");
+    }
+}
+
+#[test]
+fn a_demo_of_no_orders_is_refused() {
+    let output = run(BILLING, &["--demo", "0"], &[]);
+    assert_refused(&output, "--demo");
+    assert!(text(&output.stderr).contains("must be at least 1"));
+}
+
+#[test]
+fn a_demo_size_that_is_not_a_number_is_refused() {
+    assert_refused(&run(BILLING, &["--demo", "x"], &[]), "--demo");
+    assert_refused(&run(BILLING, &["--demo", "-3"], &[]), "-3");
+}
+
+#[test]
+fn an_unknown_option_is_refused() {
+    assert_refused(&run(BILLING, &["--demo", "5", "--dmeo"], &[]), "--dmeo");
+    assert_refused(&run(ORDERS, &["10", "20"], &[]), "20");
+}
+
+#[test]
+fn batch_sizes_outside_the_runtime_range_are_refused_from_the_environment() {
+    let too_big = (idem_runtime::MAX_BATCH + 1).to_string();
+    for bad in ["0", too_big.as_str(), "ten", "-1"] {
+        assert_refused(&run(BILLING, &[], &[("BILLING_BATCH", bad)]), "--batch");
+    }
+    assert_refused(&run(BILLING, &["--batch", "0"], &[]), "--batch");
+}
+
+#[test]
+fn a_stats_interval_that_is_not_a_positive_number_of_milliseconds_is_refused() {
+    for bad in ["0", "1.5", "1s", "-20"] {
+        assert_refused(
+            &run(BILLING, &[], &[("BILLING_STATS_EVERY_MS", bad)]),
+            "--stats-every-ms",
+        );
+    }
+}
+
+#[test]
+fn orders_refuses_a_count_of_zero_or_a_word() {
+    assert_refused(&run(ORDERS, &["0"], &[]), "[COUNT]");
+    assert_refused(&run(ORDERS, &["many"], &[]), "[COUNT]");
+}
+
+/// Asserts that `stderr` holds log lines and no escape sequence.
+fn assert_plain(stderr: &str, expected: &str) {
+    assert!(stderr.contains(expected), "no {expected:?} in:\n{stderr}");
+    assert!(
+        !stderr.contains('\x1b'),
+        "escape codes in logs written to a pipe:\n{stderr:?}"
+    );
+    assert!(
+        !stderr.contains('\r'),
+        "a progress line on a pipe:\n{stderr:?}"
+    );
+}
+
+/// The first line `binary` logs to a pipe (standard error), without `NO_COLOR`; the process is
+/// killed then, as both keep trying to reach the closed broker port for minutes.
+fn first_log_line(binary: &str, args: &[&str]) -> String {
+    let mut child = command(binary, args, &[("RUST_LOG", "info")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let stderr = child.stderr.take().unwrap();
+    let (sender, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = lines.recv_timeout(Duration::from_secs(30));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    first.expect("the binary logs a line at start")
+}
+
+#[test]
+fn billing_logs_to_a_pipe_without_colour_codes() {
+    let first = first_log_line(BILLING, &[]);
+    assert_plain(&first, "billing starting");
+    assert!(
+        first.contains("broker=amqp://guest:***@127.0.0.1:1/"),
+        "the broker, its password hidden: {first}"
+    );
+}
+
+#[test]
+fn orders_logs_to_a_pipe_without_colour_codes() {
+    assert_plain(&first_log_line(ORDERS, &["3"]), "publishing orders");
+}
