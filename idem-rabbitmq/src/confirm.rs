@@ -25,6 +25,18 @@ pub(crate) enum NotTaken {
     NoConfirm(Duration),
 }
 
+impl NotTaken {
+    /// A short label for metrics.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            NotTaken::Unroutable { .. } => "unroutable",
+            NotTaken::Refused => "refused",
+            NotTaken::NotConfirmMode | NotTaken::Channel(_) => "channel",
+            NotTaken::NoConfirm(_) => "no-confirm",
+        }
+    }
+}
+
 impl fmt::Display for NotTaken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -54,6 +54,15 @@ pub enum Error {
         /// What happened to the last attempt.
         last: String,
     },
+    /// A database operation of the adapter's own failed (the outbox relay's `LISTEN`).
+    #[error("{operation} failed: {source}")]
+    Database {
+        /// What was being done.
+        operation: String,
+        /// The database's error.
+        #[source]
+        source: idem_runtime::sea_orm::DbErr,
+    },
     /// A message could not be encoded.
     #[error("cannot encode the message: {0}")]
     Encode(#[source] serde_json::Error),

@@ -1,5 +1,6 @@
 //! RabbitMQ for idem: a lapin 4 consumer that runs idempotent handlers and settles every
-//! delivery as the inbox decides, and a publisher with confirms and stable message ids.
+//! delivery as the inbox decides, a publisher with confirms and stable message ids, and the
+//! [`Relay`] that publishes what handlers staged in their transactional outbox.
 //!
 //! Data flows one way: delivery → decode ([`Codec`], JSON by default) → key (the handler's, from
 //! the message or the [`Metadata`](idem_runtime::Metadata) this crate fills from the AMQP
@@ -42,6 +43,7 @@
 //! | feature | what it enables |
 //! |---|---|
 //! | `tls` | `amqps://` URLs, with rustls and the platform's root certificates |
+//! | `postgres` | a [`Relay`] on a PostgreSQL outbox is woken by commits in other processes (`LISTEN`) |
 //!
 //! # Metrics
 //!
@@ -49,6 +51,10 @@
 //! `duplicate`, `requeued`, `dead-lettered`, `dead-letter-failed`, `settle-lost`), besides the
 //! inbox's own `idem_messages_total`. A rising `dead-letter-failed` means the dead-letter
 //! exchange routes copies to no queue: messages stay on their queue until it is fixed.
+//!
+//! The outbox [`Relay`] counts `idem_outbox_published_total{table}` and
+//! `idem_outbox_publish_failures_total{table, reason}`, and sets the gauge
+//! `idem_outbox_pending_age_seconds{table}`.
 
 mod codec;
 mod confirm;
@@ -57,6 +63,7 @@ mod consumer;
 mod error;
 mod metadata;
 mod publisher;
+mod relay;
 mod topology;
 mod url;
 
@@ -68,6 +75,7 @@ pub use consumer::{
 pub use error::{ConfigError, Error, Result};
 pub use metadata::metadata_of;
 pub use publisher::{PublishOptions, Publisher};
+pub use relay::{Relay, RelayBuilder, RelayHandle, RelayStats};
 pub use topology::{ExchangeBinding, QueueKind, QueueTopology};
 pub use url::{AmqpUrl, redact_url};
 
@@ -76,3 +84,14 @@ pub use lapin;
 
 /// The counter of settled deliveries.
 pub const DELIVERIES_TOTAL: &str = "idem_rabbitmq_deliveries_total";
+
+/// The counter of outbox messages a [`Relay`] published (confirmed by the broker), by table.
+pub const OUTBOX_PUBLISHED_TOTAL: &str = "idem_outbox_published_total";
+
+/// The counter of outbox publishes the broker did not take, by table and reason
+/// (`unroutable`, `refused`, `no-confirm`, `channel`).
+pub const OUTBOX_PUBLISH_FAILURES_TOTAL: &str = "idem_outbox_publish_failures_total";
+
+/// The gauge of the age, in seconds, of the oldest message in the last batch a [`Relay`] took
+/// (0 when it found none), by table.
+pub const OUTBOX_PENDING_AGE_SECONDS: &str = "idem_outbox_pending_age_seconds";

@@ -241,7 +241,7 @@ impl Publisher {
     }
 }
 
-async fn confirm_channel(connection: &Connection) -> Result<Channel> {
+pub(crate) async fn confirm_channel(connection: &Connection) -> Result<Channel> {
     let channel = connection
         .create_channel()
         .await
@@ -253,7 +253,7 @@ async fn confirm_channel(connection: &Connection) -> Result<Channel> {
     Ok(channel)
 }
 
-fn properties(message_id: &str, options: &PublishOptions) -> BasicProperties {
+pub(crate) fn properties(message_id: &str, options: &PublishOptions) -> BasicProperties {
     let mut properties = BasicProperties::default()
         .with_message_id(message_id.into())
         .with_delivery_mode(2)

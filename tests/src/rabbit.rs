@@ -65,6 +65,8 @@ pub struct DeadLetter {
     pub expiration: Option<String>,
     /// 2 when persistent.
     pub delivery_mode: Option<u8>,
+    /// Its content type.
+    pub content_type: Option<String>,
 }
 
 impl DeadLetter {
@@ -295,6 +297,7 @@ impl TestBroker {
                 message_id: metadata.message_id,
                 expiration: properties.expiration().as_ref().map(|e| e.to_string()),
                 delivery_mode: *properties.delivery_mode(),
+                content_type: properties.content_type().as_ref().map(|c| c.to_string()),
             });
             message
                 .delivery

@@ -1,0 +1,149 @@
+//! Wake-ups across processes: PostgreSQL `LISTEN` on the outbox's channel, on which every
+//! transaction that stages messages notifies when it commits.
+
+use std::sync::Arc;
+
+use idem_runtime::Outbox;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use super::Settings;
+use crate::error::Result;
+
+/// Listens on `outbox`'s channel and wakes the relay through `wake` at every notification, and
+/// after every reconnection (notifications sent while it was away are lost). Returns `None`
+/// when this crate is built without PostgreSQL.
+///
+/// # Errors
+///
+/// The first listening connection cannot be opened.
+#[cfg(feature = "postgres")]
+pub(super) async fn start(
+    outbox: &Outbox,
+    wake: &Arc<Notify>,
+    settings: &Settings,
+    stop: watch::Receiver<bool>,
+) -> Result<Option<JoinHandle<()>>> {
+    let listener = postgres::Listener::connect(outbox).await?;
+    let task = postgres::Task {
+        listener: Some(listener),
+        outbox: outbox.clone(),
+        wake: Arc::clone(wake),
+        backoff: settings.backoff,
+        stop,
+    };
+    Ok(Some(tokio::spawn(task.run())))
+}
+
+/// Without PostgreSQL support, there is nothing to listen with.
+#[cfg(not(feature = "postgres"))]
+pub(super) async fn start(
+    _outbox: &Outbox,
+    _wake: &Arc<Notify>,
+    _settings: &Settings,
+    _stop: watch::Receiver<bool>,
+) -> Result<Option<JoinHandle<()>>> {
+    Ok(None)
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use std::sync::Arc;
+
+    use idem_runtime::Outbox;
+    use idem_runtime::delivery::Backoff;
+    use idem_runtime::sea_orm::sqlx::postgres::PgListener;
+    use idem_runtime::sea_orm::{DbErr, RuntimeErr};
+    use tokio::sync::{Notify, watch};
+
+    use crate::error::{Error, Result};
+
+    /// A `LISTEN`ing connection taken from the outbox's pool.
+    pub(super) struct Listener(PgListener);
+
+    impl Listener {
+        pub(super) async fn connect(outbox: &Outbox) -> Result<Self> {
+            let failed = |source: idem_runtime::sea_orm::sqlx::Error| Error::Database {
+                operation: format!("LISTEN on {}", outbox.channel()),
+                source: DbErr::Conn(RuntimeErr::SqlxError(Arc::new(source))),
+            };
+            let pool = outbox.connection().get_postgres_connection_pool();
+            let mut listener = PgListener::connect_with(pool).await.map_err(failed)?;
+            listener.listen(&outbox.channel()).await.map_err(failed)?;
+            Ok(Self(listener))
+        }
+    }
+
+    pub(super) struct Task {
+        pub(super) listener: Option<Listener>,
+        pub(super) outbox: Outbox,
+        pub(super) wake: Arc<Notify>,
+        pub(super) backoff: Backoff,
+        pub(super) stop: watch::Receiver<bool>,
+    }
+
+    impl Task {
+        pub(super) async fn run(mut self) {
+            let mut failures = 0u32;
+            let mut current = self.listener.take();
+            loop {
+                let listener = match current.take() {
+                    Some(listener) => listener,
+                    None => {
+                        let mut stop = self.stop.clone();
+                        let reconnect = Listener::connect(&self.outbox);
+                        let reconnected = tokio::select! {
+                            biased;
+                            _ = stop.wait_for(|stop| *stop) => return,
+                            reconnected = reconnect => reconnected,
+                        };
+                        match reconnected {
+                            Ok(listener) => {
+                                failures = 0;
+                                // Commits while it was away notified nobody.
+                                self.wake.notify_one();
+                                listener
+                            }
+                            Err(error) => {
+                                failures = failures.saturating_add(1);
+                                let delay = self.backoff.after(failures);
+                                tracing::warn!(%error, retry_in = ?delay, "outbox relay cannot listen; retrying");
+                                tokio::select! {
+                                    biased;
+                                    _ = stop.wait_for(|stop| *stop) => return,
+                                    () = tokio::time::sleep(delay) => continue,
+                                }
+                            }
+                        }
+                    }
+                };
+                self.listen(listener).await;
+                if *self.stop.borrow() {
+                    return;
+                }
+            }
+        }
+
+        /// Wakes the relay at every notification until the connection fails or the relay
+        /// stops.
+        async fn listen(&mut self, mut listener: Listener) {
+            loop {
+                let received = tokio::select! {
+                    biased;
+                    _ = self.stop.wait_for(|stop| *stop) => return,
+                    received = listener.0.try_recv() => received,
+                };
+                match received {
+                    Ok(Some(_)) => self.wake.notify_one(),
+                    // The connection was lost and is back (sqlx reconnected it and listens
+                    // again); notifications sent meanwhile are lost.
+                    Ok(None) => self.wake.notify_one(),
+                    Err(error) => {
+                        tracing::warn!(%error, "outbox relay stopped listening; reconnecting");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

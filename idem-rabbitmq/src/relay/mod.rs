@@ -1,0 +1,280 @@
+//! The outbox relay: publishes what handlers staged in the outbox, once their transactions
+//! committed, with publisher confirms, in the order each handler run staged it.
+
+mod listen;
+mod run;
+mod session;
+mod stats;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::Outbox;
+use idem_runtime::delivery::Backoff;
+use idem_runtime::sea_orm::DbBackend;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::connect::Retirees;
+use crate::error::{ConfigError, Result};
+use crate::url::AmqpUrl;
+
+use run::Runner;
+use session::Session;
+pub use stats::RelayStats;
+use stats::Stats;
+
+/// How long a replaced connection is watched, so that a reconnection lapin had under way when
+/// it was replaced is closed: a handshake, seconds at most.
+const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Publishes the messages committed to an [`Outbox`], and marks them sent.
+///
+/// Handlers stage messages in their own transaction
+/// ([`Context::stage`](idem_runtime::Context::stage)); they commit with the handler's effects and
+/// its inbox record, or not at all. A relay takes committed, unsent messages in batches
+/// ([`Outbox::take_pending`]), publishes each one with the message id it was staged with, its
+/// headers and content type, persistent and `mandatory`, waits for the broker's confirm, and
+/// marks the confirmed ones sent in the batch's transaction.
+///
+/// - **Order.** Messages go out in the order they were staged, one confirm at a time. The first
+///   publish the broker does not take (unroutable: no queue bound for its routing key; refused;
+///   no confirm in time; the connection lost) ends the batch: the messages after it wait, so
+///   that none overtakes it, and the relay retries from it after a back-off
+///   ([`retry_backoff`](RelayBuilder::retry_backoff)). An unroutable message therefore holds up
+///   the relay until a queue is bound for it: it is logged and counted
+///   (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every try.
+/// - **At least once, deduplicated downstream.** A message whose confirm is lost, or whose
+///   "sent" mark does not commit, is published again with the same id; the next hop's inbox
+///   recognises it.
+/// - **Wake-ups.** The relay takes messages as soon as a transaction that staged some commits:
+///   at once in this process ([`Outbox::notify_staged`], which the inbox calls), through
+///   PostgreSQL `LISTEN` on [`Outbox::channel`] across processes (with this crate's `postgres`
+///   feature; the listening connection is reconnected when it drops), and every
+///   [`poll_interval`](RelayBuilder::poll_interval) whatever happens.
+/// - **Several relays.** Relays in several processes can share one table on PostgreSQL and
+///   MySQL/MariaDB: each batch is locked with `FOR UPDATE SKIP LOCKED`, so a message goes out
+///   through one of them. A SQLite outbox is for one process.
+/// - **Outages.** A lost broker connection is replaced; a database or broker failure is retried
+///   with the back-off, messages staying in the table meanwhile. Messages in flight when a
+///   process dies are published again by the next relay.
+///
+/// The relay needs no inbox. It uses one connection of the outbox's pool for each batch, and a
+/// second one on PostgreSQL for `LISTEN`.
+///
+/// # Metrics
+///
+/// `idem_outbox_published_total{table}` counts confirmed publishes,
+/// `idem_outbox_publish_failures_total{table, reason}` publishes the broker did not take
+/// (`unroutable`, `refused`, `no-confirm`, `channel`), and the gauge
+/// `idem_outbox_pending_age_seconds{table}` is the age of the oldest message of the last batch
+/// taken (0 when there was none).
+///
+/// ```no_run
+/// # async fn demo(db: idem_runtime::sea_orm::DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use idem_rabbitmq::Relay;
+/// use idem_runtime::Outbox;
+///
+/// let outbox = Outbox::builder(db).build().await?;
+/// let relay = Relay::builder("amqp://guest:guest@127.0.0.1:5672/%2f", outbox)
+///     .batch_size(200)
+///     .poll_interval(Duration::from_secs(5))
+///     .start()
+///     .await?;
+/// let _ = tokio::signal::ctrl_c().await;
+/// let stats = relay.shutdown().await;
+/// println!("published {}", stats.published);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Relay(());
+
+/// Settings of a relay.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    url: AmqpUrl,
+    connection_name: String,
+    batch_size: u32,
+    poll_interval: Duration,
+    confirm_timeout: Duration,
+    backoff: Backoff,
+}
+
+/// Configures a relay; see [`Relay`].
+#[derive(Debug)]
+#[must_use = "a relay does nothing until it is started"]
+pub struct RelayBuilder {
+    outbox: Outbox,
+    settings: Settings,
+}
+
+/// A running relay: its counts, and its shutdown.
+///
+/// Dropping the handle stops the relay too, after the batch in hand, without waiting for it.
+#[derive(Debug)]
+#[must_use = "dropping the handle stops the relay"]
+pub struct RelayHandle {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    stats: Arc<Stats>,
+}
+
+impl Relay {
+    /// Starts configuring a relay that publishes `outbox`'s messages to the broker at `url`.
+    pub fn builder(url: impl Into<AmqpUrl>, outbox: Outbox) -> RelayBuilder {
+        RelayBuilder {
+            outbox,
+            settings: Settings {
+                url: url.into(),
+                connection_name: "idem relay".to_owned(),
+                // Enough to amortise a batch's transaction, few enough that a batch's locks are
+                // short-lived and that other relays find work.
+                batch_size: 100,
+                // A fallback only: commits wake the relay, in this process and, on PostgreSQL,
+                // in others; polling catches what a wake-up missed (another process on
+                // MySQL/MariaDB, a notification lost with its connection).
+                poll_interval: Duration::from_secs(1),
+                // The publisher's: a broker that takes longer is in trouble.
+                confirm_timeout: Duration::from_secs(10),
+                // The consumer's retry back-off: quick for a passing failure, at most 10 s
+                // between tries during an outage.
+                backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
+            },
+        }
+    }
+}
+
+impl RelayBuilder {
+    /// How many messages one batch takes, publishes and marks sent in one transaction
+    /// (default 100).
+    pub fn batch_size(mut self, size: u32) -> Self {
+        self.settings.batch_size = size;
+        self
+    }
+
+    /// How often the relay looks for messages when nothing woke it (default 1 s): a fallback
+    /// for relays that no commit notifies (another process on MySQL/MariaDB or SQLite).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.settings.poll_interval = interval;
+        self
+    }
+
+    /// The name the relay's connection shows in the broker's management tools (default
+    /// `idem relay`).
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.settings.connection_name = name.into();
+        self
+    }
+
+    /// How long to wait for the broker's confirm of a publish (default 10 s); a publish not
+    /// confirmed in time is tried again, with the same message id, after the back-off.
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.confirm_timeout = timeout;
+        self
+    }
+
+    /// The wait after a failure (a publish not taken, the broker or the database unreachable)
+    /// before trying again: `base`, doubling with each consecutive failure, at most `max`
+    /// (defaults 200 ms and 10 s).
+    pub fn retry_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.settings.backoff = Backoff::new(base, max);
+        self
+    }
+
+    /// Connects to the broker (and, on PostgreSQL, listens on the outbox's channel), then
+    /// publishes in a task of its own until [`RelayHandle::shutdown`].
+    ///
+    /// # Errors
+    ///
+    /// A setting is zero, the broker cannot be reached, or the PostgreSQL listening connection
+    /// cannot be opened. Nothing is left running then.
+    pub async fn start(self) -> Result<RelayHandle> {
+        self.validate()?;
+        let settings = Arc::new(self.settings);
+        let retirees = Retirees::new(RETIRE_TIMEOUT);
+        let session = Session::open(&settings, &retirees).await?;
+        let wake = Arc::new(Notify::new());
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let backend = self.outbox.connection().get_database_backend();
+        if backend == DbBackend::Postgres {
+            match listen::start(&self.outbox, &wake, &settings, stopped.clone()).await {
+                Ok(Some(task)) => tasks.push(task),
+                Ok(None) => tracing::warn!(
+                    table = self.outbox.table().as_str(),
+                    "idem-rabbitmq is built without its `postgres` feature: this relay is not \
+                     woken by commits in other processes, only by polling"
+                ),
+                Err(error) => {
+                    session.retire(&retirees);
+                    retirees.settle(Duration::from_secs(5)).await;
+                    return Err(error);
+                }
+            }
+        }
+        let stats = Arc::new(Stats::default());
+        let runner = Runner::new(
+            self.outbox,
+            settings,
+            Arc::clone(&stats),
+            retirees,
+            session,
+            wake,
+            stopped,
+        );
+        tasks.push(tokio::spawn(runner.run()));
+        Ok(RelayHandle { stop, tasks, stats })
+    }
+
+    fn validate(&self) -> Result<()> {
+        let settings = &self.settings;
+        let zero = if settings.batch_size == 0 {
+            Some("the relay batch size")
+        } else if settings.poll_interval.is_zero() {
+            Some("the relay poll interval")
+        } else if settings.confirm_timeout.is_zero() {
+            Some("the confirm timeout")
+        } else if settings.backoff.base().is_zero() {
+            Some("the relay retry back-off")
+        } else {
+            None
+        };
+        match zero {
+            Some(what) => Err(ConfigError::Zero(what).into()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl RelayHandle {
+    /// Counts of the relay's publishes so far.
+    pub fn stats(&self) -> RelayStats {
+        self.stats.snapshot()
+    }
+
+    /// Stops the relay: it finishes the batch in hand (publishes the rest of it, unless one
+    /// fails, and marks the confirmed ones sent), then closes its connections. A relay waiting
+    /// for work or backing off stops at once. Returns its final counts.
+    ///
+    /// # Cancel safety
+    ///
+    /// The relay is told to stop before the first wait: dropping this future stops it all the
+    /// same, in the background. Messages of a batch it abandons (the task aborted with the
+    /// runtime) are released by the database and published by the next relay.
+    pub async fn shutdown(mut self) -> RelayStats {
+        self.stop.send_replace(true);
+        for task in std::mem::take(&mut self.tasks) {
+            if let Err(error) = task.await {
+                tracing::error!(%error, "outbox relay task failed");
+            }
+        }
+        self.stats.snapshot()
+    }
+}
+
+impl Drop for RelayHandle {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}

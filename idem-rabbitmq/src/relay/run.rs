@@ -1,0 +1,247 @@
+//! The relay's loop: wait for work, take a batch, publish it in order with confirms, mark what
+//! was confirmed sent; back off after a failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::Outbox;
+use idem_runtime::sea_orm::DbErr;
+use tokio::sync::{Notify, watch};
+
+use super::Settings;
+use super::session::Session;
+use super::stats::Stats;
+use crate::confirm::NotTaken;
+use crate::connect::Retirees;
+use crate::{OUTBOX_PENDING_AGE_SECONDS, OUTBOX_PUBLISH_FAILURES_TOTAL, OUTBOX_PUBLISHED_TOTAL};
+
+/// What a round did.
+enum Round {
+    /// It published messages: there may be more.
+    Worked,
+    /// It found nothing to publish.
+    Idle,
+    /// The relay was asked to stop before it took a batch.
+    Stopped,
+}
+
+/// Why a round failed.
+enum Problem {
+    /// No connection to the broker.
+    Connect(crate::Error),
+    /// The database failed taking the batch or marking it sent.
+    Database(DbErr),
+    /// The broker did not take a message; the rest of its batch waits.
+    Publish { message_id: String, why: NotTaken },
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Problem::Connect(error) => write!(f, "{error}"),
+            Problem::Database(error) => write!(f, "the outbox database failed: {error}"),
+            Problem::Publish { message_id, why } => {
+                write!(f, "message {message_id} was not published: {why}")
+            }
+        }
+    }
+}
+
+pub(super) struct Runner {
+    outbox: Outbox,
+    settings: Arc<Settings>,
+    stats: Arc<Stats>,
+    retirees: Retirees,
+    session: Option<Session>,
+    /// Woken by the PostgreSQL listener.
+    wake: Arc<Notify>,
+    stop: watch::Receiver<bool>,
+    table: String,
+}
+
+impl Runner {
+    pub(super) fn new(
+        outbox: Outbox,
+        settings: Arc<Settings>,
+        stats: Arc<Stats>,
+        retirees: Retirees,
+        session: Session,
+        wake: Arc<Notify>,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        let table = outbox.table().as_str().to_owned();
+        Self {
+            outbox,
+            settings,
+            stats,
+            retirees,
+            session: Some(session),
+            wake,
+            stop,
+            table,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        tracing::info!(table = self.table, "outbox relay started");
+        let mut failures = 0u32;
+        loop {
+            if *self.stop.borrow() {
+                break;
+            }
+            match self.round().await {
+                Ok(Round::Worked) => failures = 0,
+                Ok(Round::Idle) => {
+                    failures = 0;
+                    if !self.wait_for_work().await {
+                        break;
+                    }
+                }
+                Ok(Round::Stopped) => break,
+                Err(problem) => {
+                    failures = failures.saturating_add(1);
+                    let delay = self.settings.backoff.after(failures);
+                    tracing::warn!(
+                        table = self.table,
+                        %problem,
+                        retry_in = ?delay,
+                        "outbox relay failed; retrying"
+                    );
+                    if !self.pause(delay).await {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(session) = self.session.take() {
+            session.close(&self.retirees).await;
+        }
+        self.retirees.settle(Duration::from_secs(10)).await;
+        tracing::info!(table = self.table, "outbox relay stopped");
+    }
+
+    /// Takes a batch, publishes it in order until the first publish the broker does not take,
+    /// and marks the confirmed ones sent.
+    async fn round(&mut self) -> Result<Round, Problem> {
+        let mut stop = self.stop.clone();
+        let taking = async {
+            self.connect().await?;
+            let limit = self.settings.batch_size;
+            self.outbox
+                .take_pending(limit)
+                .await
+                .map_err(|error| self.database_error(error))
+        };
+        // Nothing is in hand yet: a shutdown need not wait for a broker or a database that does
+        // not answer.
+        let batch = tokio::select! {
+            biased;
+            _ = stop.wait_for(|stop| *stop) => return Ok(Round::Stopped),
+            batch = taking => batch?,
+        };
+        let messages = batch.messages();
+        let oldest = messages.iter().map(|m| m.age).max().unwrap_or_default();
+        metrics::gauge!(OUTBOX_PENDING_AGE_SECONDS, "table" => self.table.clone())
+            .set(oldest.as_secs_f64());
+        if messages.is_empty() {
+            return Ok(Round::Idle);
+        }
+        let session = self.session.as_ref().expect("connected above");
+        let mut sent = Vec::with_capacity(messages.len());
+        let mut failed = None;
+        for message in messages {
+            match session
+                .publish(message, self.settings.confirm_timeout)
+                .await
+            {
+                Ok(()) => {
+                    sent.push(message.seq);
+                    Stats::add(&self.stats.published, 1);
+                    metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone())
+                        .increment(1);
+                }
+                Err(why) => {
+                    failed = Some(Problem::Publish {
+                        message_id: message.message_id.clone(),
+                        why,
+                    });
+                    break;
+                }
+            }
+        }
+        let marked = batch.mark_sent(&sent).await;
+        if let Some(Problem::Publish { why, .. }) = &failed {
+            Stats::add(&self.stats.failed, 1);
+            metrics::counter!(
+                OUTBOX_PUBLISH_FAILURES_TOTAL,
+                "table" => self.table.clone(),
+                "reason" => why.label()
+            )
+            .increment(1);
+            if matches!(why, NotTaken::Channel(_) | NotTaken::NotConfirmMode) {
+                self.replace_session();
+            }
+        }
+        if let Err(error) = marked {
+            let problem = self.database_error(error);
+            tracing::warn!(
+                table = self.table,
+                %problem,
+                "confirmed messages not marked sent; they will be published again with the same ids"
+            );
+            return Err(failed.unwrap_or(problem));
+        }
+        match failed {
+            Some(problem) => Err(problem),
+            None => Ok(Round::Worked),
+        }
+    }
+
+    /// Makes sure there is a usable session, replacing a lost one.
+    async fn connect(&mut self) -> Result<(), Problem> {
+        if self.session.as_ref().is_some_and(|s| !s.usable()) {
+            tracing::warn!(table = self.table, "broker connection lost; reconnecting");
+            self.replace_session();
+        }
+        if self.session.is_none() {
+            let session = Session::open(&self.settings, &self.retirees)
+                .await
+                .map_err(Problem::Connect)?;
+            Stats::add(&self.stats.reconnections, 1);
+            self.session = Some(session);
+        }
+        Ok(())
+    }
+
+    /// Gives the session up; the next round opens a new one.
+    fn replace_session(&mut self) {
+        if let Some(session) = self.session.take() {
+            session.retire(&self.retirees);
+        }
+    }
+
+    fn database_error(&self, error: DbErr) -> Problem {
+        Stats::add(&self.stats.database_errors, 1);
+        Problem::Database(error)
+    }
+
+    /// Waits for a commit's wake-up or the poll interval; returns `false` when asked to stop.
+    async fn wait_for_work(&mut self) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.stop.wait_for(|stop| *stop) => false,
+            () = self.outbox.staged() => true,
+            () = self.wake.notified() => true,
+            () = tokio::time::sleep(self.settings.poll_interval) => true,
+        }
+    }
+
+    /// Waits `delay`; returns `false` when asked to stop.
+    async fn pause(&mut self, delay: Duration) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.stop.wait_for(|stop| *stop) => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+}

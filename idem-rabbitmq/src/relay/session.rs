@@ -1,0 +1,81 @@
+//! The relay's connection to the broker: one channel in confirm mode, replaced when it is lost.
+
+use std::time::Duration;
+
+use idem_runtime::PendingMessage;
+use lapin::Channel;
+
+use super::Settings;
+use crate::confirm::{NotTaken, publish_confirmed};
+use crate::connect::{Link, Retirees};
+use crate::error::Result;
+use crate::publisher::{PublishOptions, confirm_channel, properties};
+
+/// How long lapin may try to recover a lost connection. The relay does not wait for it: a
+/// connection found lost is replaced at once and refused any reconnection.
+const RECOVERY_BOUND: Duration = Duration::from_secs(30);
+
+/// An open connection and its confirm-mode channel.
+pub(super) struct Session {
+    link: Link,
+    channel: Channel,
+}
+
+impl Session {
+    /// Connects and opens a channel in confirm mode.
+    pub(super) async fn open(settings: &Settings, retirees: &Retirees) -> Result<Self> {
+        let link = Link::open(&settings.url, &settings.connection_name, RECOVERY_BOUND).await?;
+        match confirm_channel(&link.connection).await {
+            Ok(channel) => Ok(Self { link, channel }),
+            Err(error) => {
+                link.close("start failed").await;
+                retirees.retire(link);
+                Err(error)
+            }
+        }
+    }
+
+    /// Whether the connection and the channel are up.
+    pub(super) fn usable(&self) -> bool {
+        self.link.connection.status().connected() && self.channel.status().connected()
+    }
+
+    /// Publishes `message` as it was staged, persistent and `mandatory`, and waits at most
+    /// `wait` for the broker's confirm.
+    pub(super) async fn publish(
+        &self,
+        message: &PendingMessage,
+        wait: Duration,
+    ) -> Result<(), NotTaken> {
+        let options = PublishOptions {
+            message_id: Some(message.message_id.clone()),
+            content_type: message.content_type.clone(),
+            headers: message
+                .headers
+                .iter()
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect(),
+            ..PublishOptions::default()
+        };
+        publish_confirmed(
+            &self.channel,
+            &message.exchange,
+            &message.routing_key,
+            &message.payload,
+            properties(&message.message_id, &options),
+            wait,
+        )
+        .await
+    }
+
+    /// Gives the connection up: closed if it is connected, refused any reconnection by lapin.
+    pub(super) fn retire(self, retirees: &Retirees) {
+        retirees.retire(self.link);
+    }
+
+    /// Closes the connection for good.
+    pub(super) async fn close(self, retirees: &Retirees) {
+        self.link.close("relay stopped").await;
+        retirees.retire(self.link);
+    }
+}

@@ -1,0 +1,672 @@
+//! The outbox relay against the real RabbitMQ and databases: what handlers stage is published
+//! once each, in order, with its derived id, promptly after the commit (in this process, and
+//! through PostgreSQL `LISTEN` from another); relays share a table; a closed broker connection,
+//! a database outage or an unroutable message loses nothing; a rollback publishes nothing.
+//! This binary installs a global metrics recorder; tests read it by their own table.
+//!
+//! Run: `cargo test -p idem-tests --test outbox_relay` with RabbitMQ, PostgreSQL and MariaDB up
+//! (see README).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use idem_rabbitmq::lapin::ExchangeKind;
+use idem_rabbitmq::{Relay, RelayBuilder, RelayHandle};
+use idem_runtime::sea_orm::{DbErr, TransactionTrait};
+use idem_runtime::{
+    Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
+    OutboxMessage, derived_id,
+};
+use idem_tests::proxy::behind_proxy;
+use idem_tests::rabbit::{DeadLetter, amqp_url, close_connections};
+use idem_tests::{Backend, Msg, TestBroker, TestDb, inbox_key, on_each_backend, unique};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata as MetricMetadata};
+use metrics::{SharedString, Unit};
+use tokio::time::Instant;
+
+on_each_backend!(
+    staged_messages_are_published_promptly_in_order_and_marked_sent,
+    a_rolled_back_handler_publishes_nothing,
+    messages_committed_before_any_relay_runs_are_published_once,
+);
+
+mod postgres_only {
+    use super::Backend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_relay_in_another_process_is_woken_by_notify() {
+        super::a_relay_in_another_process_is_woken_by_notify().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_unroutable_message_holds_back_the_ones_after_it() {
+        super::an_unroutable_message_holds_back_the_ones_after_it().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_database_outage_is_ridden_out_and_listening_resumes() {
+        super::a_database_outage_is_ridden_out_and_listening_resumes(Backend::Postgres).await
+    }
+}
+
+mod shared {
+    use super::Backend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::two_relays_on_one_table_publish_each_message_once(Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::two_relays_on_one_table_publish_each_message_once(Backend::MySql).await
+    }
+}
+
+mod broker_lost {
+    use super::Backend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_closed_broker_connection_loses_nothing(Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::a_closed_broker_connection_loses_nothing(Backend::MySql).await
+    }
+}
+
+const CONSUMER: &str = "relay-test";
+/// The routing key the test queue is bound with.
+const ROUTED: &str = "routed";
+/// The relays' poll interval: longer than any wait below, so that a message that arrives in
+/// time was woken for.
+const POLL: Duration = Duration::from_secs(30);
+/// Well under [`POLL`]: how soon a staged message must arrive.
+const PROMPT: Duration = Duration::from_secs(5);
+/// How long a test waits for work that involves outages.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Stages `count` messages to the test exchange, then fails when the body says `fail`.
+#[derive(Debug, Clone)]
+struct Stager {
+    exchange: String,
+    count: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct StageError(String);
+
+impl From<DbErr> for StageError {
+    fn from(error: DbErr) -> Self {
+        Self(error.to_string())
+    }
+}
+
+impl Handler for Stager {
+    type Message = Msg;
+    type Output = ();
+    type Error = StageError;
+
+    fn consumer(&self) -> &str {
+        CONSUMER
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(&self, _: &Msg, _: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(None)
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<(), StageError> {
+        for i in 0..self.count {
+            let message = OutboxMessage::new(&self.exchange, ROUTED, body(&msg.id, i))
+                .content_type("text/plain")
+                .header("run", msg.id.as_str());
+            cx.stage(message).await?;
+        }
+        if msg.body == "fail" {
+            return Err(StageError("failing after staging".into()));
+        }
+        Ok(())
+    }
+}
+
+fn body(run: &str, i: u32) -> String {
+    format!("{run}:{i}")
+}
+
+/// The ids a run of [`Stager`] stages, in order.
+fn ids_of(run: &str, count: u32) -> Vec<String> {
+    (0..count)
+        .map(|i| derived_id(&inbox_key(CONSUMER, run), i))
+        .collect()
+}
+
+/// A database with an outbox and an inbox that stages into it, and a queue bound to a fresh
+/// exchange with [`ROUTED`].
+struct Fixture {
+    db: TestDb,
+    inbox: Inbox,
+    outbox: Outbox,
+    broker: TestBroker,
+    queue: String,
+    exchange: String,
+}
+
+impl Fixture {
+    async fn new(backend: Backend) -> Self {
+        let db = TestDb::connect(backend).await;
+        Self::on(db).await
+    }
+
+    async fn on(db: TestDb) -> Self {
+        // Installed before any relay counts.
+        recorded();
+        let outbox = Outbox::builder(db.db.clone())
+            .table(db.table("outbox"))
+            .build()
+            .await
+            .expect("outbox builds");
+        let inbox = Inbox::builder(db.db.clone())
+            .table(db.table("inbox"))
+            .outbox(outbox.clone())
+            .build()
+            .await
+            .expect("inbox builds");
+        let broker = TestBroker::connect().await;
+        let topology = broker.classic_queue();
+        broker.declare(&topology).await;
+        let exchange = unique("idem_x");
+        broker
+            .declare_exchange(&exchange, ExchangeKind::Direct)
+            .await;
+        broker.bind(topology.queue(), &exchange, ROUTED).await;
+        Self {
+            db,
+            inbox,
+            outbox,
+            broker,
+            queue: topology.queue().to_owned(),
+            exchange,
+        }
+    }
+
+    fn stager(&self, count: u32) -> Stager {
+        Stager {
+            exchange: self.exchange.clone(),
+            count,
+        }
+    }
+
+    /// Runs the stager for message `run` and commits.
+    async fn stage(&self, run: &str, count: u32) {
+        self.inbox
+            .process(
+                &self.stager(count),
+                Msg::new(run, "ok"),
+                &Metadata::default(),
+            )
+            .await
+            .expect("the handler commits");
+    }
+
+    /// Another process's outbox on the same table: its own pool and its own wake-ups.
+    async fn other_outbox(&self) -> Outbox {
+        Outbox::builder(self.db.another_pool(4).await)
+            .table(self.outbox.table().as_str())
+            .build()
+            .await
+            .expect("outbox builds")
+    }
+
+    /// Takes from the queue until `n` messages arrived, failing the test after `timeout`.
+    async fn receive(&self, n: usize, timeout: Duration) -> Vec<DeadLetter> {
+        let deadline = Instant::now() + timeout;
+        let mut got = Vec::new();
+        loop {
+            got.extend(self.broker.drain(&self.queue).await);
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n} messages arrived within {timeout:?}",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Fails if a message arrives within half a second.
+    async fn assert_quiet(&self) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let late = self.broker.drain(&self.queue).await;
+        assert!(late.is_empty(), "{} unexpected messages", late.len());
+    }
+
+    async fn unsent(&self) -> i64 {
+        self.db
+            .count(self.outbox.table().as_str(), "sent_at IS NULL")
+            .await
+    }
+}
+
+/// A relay of `outbox` for a test: its connection named `name`, polling only every [`POLL`],
+/// backing off briefly.
+fn relay_of(outbox: &Outbox, name: &str) -> RelayBuilder {
+    Relay::builder(amqp_url(), outbox.clone())
+        .connection_name(name)
+        .poll_interval(POLL)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(300))
+}
+
+async fn start(builder: RelayBuilder) -> RelayHandle {
+    let handle = builder.start().await.expect("the relay starts");
+    // Let its first look at the table pass, so that what follows is published on a wake-up.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    handle
+}
+
+fn ids(messages: &[DeadLetter]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| m.message_id.clone().expect("a message id"))
+        .collect()
+}
+
+async fn staged_messages_are_published_promptly_in_order_and_marked_sent(backend: Backend) {
+    let f = Fixture::new(backend).await;
+    let relay = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    let staged = Instant::now();
+    for run in ["o-1", "o-2", "o-3"] {
+        f.stage(run, 3).await;
+    }
+    let got = f.receive(9, PROMPT).await;
+    assert!(staged.elapsed() < PROMPT, "woken, not polled");
+    let expected: Vec<String> = ["o-1", "o-2", "o-3"]
+        .iter()
+        .flat_map(|run| ids_of(run, 3))
+        .collect();
+    assert_eq!(ids(&got), expected, "once each, in the order staged");
+    for (message, (run, i)) in got.iter().zip(
+        ["o-1", "o-2", "o-3"]
+            .iter()
+            .flat_map(|r| (0..3).map(move |i| (*r, i))),
+    ) {
+        assert_eq!(message.body, body(run, i).into_bytes());
+        assert_eq!(message.headers.get("run").map(String::as_str), Some(run));
+        assert_eq!(message.content_type.as_deref(), Some("text/plain"));
+        assert_eq!(message.delivery_mode, Some(2), "persistent");
+    }
+    f.broker
+        .eventually("the messages marked sent", PROMPT, || async {
+            f.unsent().await == 0
+        })
+        .await;
+    assert!(
+        f.outbox
+            .take_pending(100)
+            .await
+            .unwrap()
+            .messages()
+            .is_empty()
+    );
+    let stats = relay.shutdown().await;
+    assert_eq!(stats.published, 9, "{stats:?}");
+    assert_eq!(stats.failed, 0, "{stats:?}");
+    let table = f.outbox.table().as_str();
+    assert_eq!(counter("idem_outbox_published_total", table, None), 9);
+    f.assert_quiet().await;
+}
+
+async fn a_relay_in_another_process_is_woken_by_notify() {
+    let f = Fixture::new(Backend::Postgres).await;
+    // Its relay shares no in-process signal with the inbox that stages.
+    let other = f.other_outbox().await;
+    let relay = start(relay_of(&other, &unique("idem-relay"))).await;
+    let staged = Instant::now();
+    f.stage("o-1", 2).await;
+    let got = f.receive(2, PROMPT).await;
+    assert!(staged.elapsed() < PROMPT, "woken by NOTIFY, not polled");
+    assert_eq!(ids(&got), ids_of("o-1", 2));
+    // Again: one notification does not use the listener up.
+    f.stage("o-2", 1).await;
+    assert_eq!(ids(&f.receive(1, PROMPT).await), ids_of("o-2", 1));
+    let stats = relay.shutdown().await;
+    assert_eq!(stats.published, 3, "{stats:?}");
+}
+
+async fn two_relays_on_one_table_publish_each_message_once(backend: Backend) {
+    let f = Fixture::new(backend).await;
+    let runs: Vec<String> = (0..60).map(|i| format!("o-{i}")).collect();
+    for run in &runs {
+        f.stage(run, 2).await;
+    }
+    let (first, second) = (f.other_outbox().await, f.other_outbox().await);
+    let builder = |outbox: &Outbox| {
+        relay_of(outbox, &unique("idem-relay"))
+            .batch_size(4)
+            .poll_interval(Duration::from_millis(100))
+    };
+    let (a, b) = tokio::join!(builder(&first).start(), builder(&second).start());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let got = f.receive(120, WAIT).await;
+    f.assert_quiet().await;
+    let (a, b) = (a.shutdown().await, b.shutdown().await);
+    let got = ids(&got);
+    assert_eq!(got.len(), 120, "each message once");
+    let distinct: BTreeSet<&String> = got.iter().collect();
+    let expected: Vec<String> = runs.iter().flat_map(|run| ids_of(run, 2)).collect();
+    assert_eq!(distinct, expected.iter().collect());
+    for run in &runs {
+        let [first, second] = &ids_of(run, 2)[..] else {
+            unreachable!()
+        };
+        let at = |id: &String| got.iter().position(|g| g == id).unwrap();
+        assert!(at(first) < at(second), "run {run} out of order");
+    }
+    assert!(
+        a.published > 0 && b.published > 0,
+        "both relays worked: {a:?} {b:?}"
+    );
+    assert_eq!(a.published + b.published, 120, "{a:?} {b:?}");
+    assert_eq!(f.unsent().await, 0);
+}
+
+async fn a_closed_broker_connection_loses_nothing(backend: Backend) {
+    let f = Arc::new(Fixture::new(backend).await);
+    let name = unique("idem-relay");
+    let relay = start(relay_of(&f.outbox, &name).batch_size(10)).await;
+    // Handlers keep committing while the connection is closed under the relay.
+    let done = Arc::new(AtomicBool::new(false));
+    let stager = {
+        let (f, done) = (Arc::clone(&f), Arc::clone(&done));
+        tokio::spawn(async move {
+            let mut runs = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let run = format!("o-{}", runs.len());
+                f.stage(&run, 2).await;
+                runs.push(run);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            runs
+        })
+    };
+    let mut got = f.receive(20, WAIT).await;
+    assert!(close_connections(&name).await >= 1, "no relay connection");
+    f.broker
+        .eventually("a new connection", WAIT, || async {
+            relay.stats().reconnections >= 1
+        })
+        .await;
+    got.extend(f.receive(20, WAIT).await);
+    done.store(true, Ordering::SeqCst);
+    let runs = stager.await.unwrap();
+    let expected: BTreeSet<String> = runs.iter().flat_map(|run| ids_of(run, 2)).collect();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let arrived: BTreeSet<String> = ids(&got).into_iter().collect();
+        if arrived == expected {
+            break;
+        }
+        assert!(
+            arrived.is_subset(&expected),
+            "ids that were never staged arrived"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} messages arrived",
+            arrived.len(),
+            expected.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        got.extend(f.broker.drain(&f.queue).await);
+    }
+    // Copies only of a publish whose confirm the closed connection lost.
+    let copies = got.len() - expected.len();
+    let stats = relay.shutdown().await;
+    assert!(copies as u64 <= stats.failed, "{copies} copies, {stats:?}");
+    assert_eq!(f.unsent().await, 0);
+}
+
+async fn a_rolled_back_handler_publishes_nothing(backend: Backend) {
+    let f = Fixture::new(backend).await;
+    let relay = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    let failed = f
+        .inbox
+        .process(&f.stager(3), Msg::new("bad", "fail"), &Metadata::default())
+        .await;
+    assert!(failed.is_err());
+    // Staged after the failed run: what it had staged would have gone out first.
+    f.stage("good", 1).await;
+    assert_eq!(ids(&f.receive(1, PROMPT).await), ids_of("good", 1));
+    f.assert_quiet().await;
+    assert_eq!(f.db.count(f.outbox.table().as_str(), "1=1").await, 1);
+    assert_eq!(relay.shutdown().await.published, 1);
+}
+
+async fn messages_committed_before_any_relay_runs_are_published_once(backend: Backend) {
+    let f = Fixture::new(backend).await;
+    f.stage("o-1", 2).await;
+    f.stage("o-2", 2).await;
+    // A relay took them and died before publishing: its transaction rolls back.
+    let taken = f.outbox.take_pending(10).await.unwrap();
+    assert_eq!(taken.messages().len(), 4);
+    drop(taken);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+        .start()
+        .await
+        .unwrap();
+    let got = f.receive(4, PROMPT).await;
+    let expected: Vec<String> = ["o-1", "o-2"].iter().flat_map(|r| ids_of(r, 2)).collect();
+    assert_eq!(ids(&got), expected);
+    f.broker
+        .eventually("the messages marked sent", PROMPT, || async {
+            f.unsent().await == 0
+        })
+        .await;
+    // The next relay (after a restart) finds nothing to publish.
+    assert_eq!(relay.shutdown().await.published, 4);
+    let again = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    f.assert_quiet().await;
+    assert_eq!(again.shutdown().await.published, 0);
+
+    let table = f.outbox.table().as_str();
+    let (last, max) = gauge("idem_outbox_pending_age_seconds", table);
+    assert!(max >= 1.0, "the first batch was over a second old: {max}");
+    assert_eq!(last, 0.0, "no message pending since");
+}
+
+async fn an_unroutable_message_holds_back_the_ones_after_it() {
+    let f = Fixture::new(Backend::Postgres).await;
+    let message = |id: &str, routing_key: &str| {
+        OutboxMessage::new(&f.exchange, routing_key, id.as_bytes().to_vec()).message_id(id)
+    };
+    let tx = f.db.db.begin().await.unwrap();
+    f.outbox
+        .stage(&tx, message("m-1", "unbound"))
+        .await
+        .unwrap();
+    f.outbox.stage(&tx, message("m-2", ROUTED)).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+        .start()
+        .await
+        .unwrap();
+    f.broker
+        .eventually("publishes retried", WAIT, || async {
+            relay.stats().failed >= 3
+        })
+        .await;
+    assert_eq!(f.broker.depth(&f.queue).await, 0, "m-2 overtook m-1");
+    assert_eq!(relay.stats().published, 0);
+    let table = f.outbox.table().as_str();
+    assert!(
+        counter(
+            "idem_outbox_publish_failures_total",
+            table,
+            Some("unroutable")
+        ) >= 3
+    );
+
+    // Once routed, m-1 goes out, then m-2.
+    f.broker.bind(&f.queue, &f.exchange, "unbound").await;
+    assert_eq!(ids(&f.receive(2, WAIT).await), ["m-1", "m-2"]);
+    assert_eq!(relay.shutdown().await.published, 2);
+}
+
+async fn a_database_outage_is_ridden_out_and_listening_resumes(backend: Backend) {
+    // The relay reaches the database through a proxy; handlers, in another process, do not.
+    let (proxied, proxy) = behind_proxy(backend).await;
+    let relayed = Outbox::builder(proxied.db.clone())
+        .table(proxied.table("outbox"))
+        .build()
+        .await
+        .unwrap();
+    let direct = TestDb::connect(backend).await;
+    let f = Fixture::on(direct).await;
+    let staging = Outbox::builder(f.db.db.clone())
+        .table(relayed.table().as_str())
+        .build()
+        .await
+        .unwrap();
+    let inbox = Inbox::builder(f.db.db.clone())
+        .table(f.db.table("inbox"))
+        .outbox(staging)
+        .build()
+        .await
+        .unwrap();
+    let stage = |run: &'static str| {
+        let (inbox, stager) = (inbox.clone(), f.stager(1));
+        async move {
+            inbox
+                .process(&stager, Msg::new(run, "ok"), &Metadata::default())
+                .await
+                .unwrap();
+        }
+    };
+    let relay = start(relay_of(&relayed, &unique("idem-relay"))).await;
+
+    proxy.cut().await;
+    // Woken in its own process, the relay finds no database.
+    relayed.notify_staged();
+    stage("during").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.restore();
+    assert_eq!(ids(&f.receive(1, WAIT).await), ids_of("during", 1));
+
+    // Listening again: a commit elsewhere wakes it long before its next poll.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let staged = Instant::now();
+    stage("after").await;
+    assert_eq!(ids(&f.receive(1, PROMPT).await), ids_of("after", 1));
+    assert!(staged.elapsed() < PROMPT);
+    let stats = relay.shutdown().await;
+    assert_eq!(stats.published, 2, "{stats:?}");
+}
+
+// ---- a metrics recorder for this binary ---------------------------------------------------
+
+/// Counters and gauges by name and sorted labels.
+#[derive(Debug, Default)]
+struct Recorded {
+    counters: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
+    gauges: Mutex<BTreeMap<String, Arc<GaugeCell>>>,
+}
+
+struct CounterCell(Arc<AtomicU64>);
+
+impl metrics::CounterFn for CounterCell {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::SeqCst);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.fetch_max(value, Ordering::SeqCst);
+    }
+}
+
+/// A gauge's last value and the highest it was set to.
+#[derive(Debug, Default)]
+struct GaugeCell(Mutex<(f64, f64)>);
+
+impl metrics::GaugeFn for GaugeCell {
+    fn increment(&self, value: f64) {
+        let last = self.0.lock().unwrap().0;
+        self.set(last + value);
+    }
+    fn decrement(&self, value: f64) {
+        let last = self.0.lock().unwrap().0;
+        self.set(last - value);
+    }
+    fn set(&self, value: f64) {
+        let mut cell = self.0.lock().unwrap();
+        *cell = (value, cell.1.max(value));
+    }
+}
+
+fn label(key: &Key) -> String {
+    let mut labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    labels.sort();
+    format!("{}{{{}}}", key.name(), labels.join(","))
+}
+
+impl metrics::Recorder for Recorded {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &MetricMetadata<'_>) -> Counter {
+        let mut counters = self.counters.lock().unwrap();
+        let cell = counters.entry(label(key)).or_default().clone();
+        Counter::from_arc(Arc::new(CounterCell(cell)))
+    }
+    fn register_gauge(&self, key: &Key, _: &MetricMetadata<'_>) -> Gauge {
+        let mut gauges = self.gauges.lock().unwrap();
+        Gauge::from_arc(gauges.entry(label(key)).or_default().clone())
+    }
+    fn register_histogram(&self, _: &Key, _: &MetricMetadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+fn recorded() -> &'static Recorded {
+    static RECORDED: OnceLock<&'static Recorded> = OnceLock::new();
+    RECORDED.get_or_init(|| {
+        let recorded: &'static Recorded = Box::leak(Box::default());
+        metrics::set_global_recorder(recorded).expect("the only recorder");
+        recorded
+    })
+}
+
+fn counter(name: &str, table: &str, reason: Option<&str>) -> u64 {
+    let key = match reason {
+        Some(reason) => format!("{name}{{reason={reason},table={table}}}"),
+        None => format!("{name}{{table={table}}}"),
+    };
+    recorded()
+        .counters
+        .lock()
+        .unwrap()
+        .get(&key)
+        .map_or(0, |c| c.load(Ordering::SeqCst))
+}
+
+/// A gauge's last value and its highest.
+fn gauge(name: &str, table: &str) -> (f64, f64) {
+    let key = format!("{name}{{table={table}}}");
+    recorded()
+        .gauges
+        .lock()
+        .unwrap()
+        .get(&key)
+        .map_or((f64::NAN, f64::NAN), |g| *g.0.lock().unwrap())
+}
