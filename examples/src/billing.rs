@@ -1,15 +1,16 @@
 //! The billing service: charges each placed order once, in the same transaction as its inbox
-//! record.
+//! record, and announces the invoice through its outbox.
 
 use std::time::Duration;
 
 use idem_rabbitmq::QueueTopology;
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_runtime::idempotent;
+use idem_runtime::{Outbound, OutboxMessage, idempotent};
 use sea_orm::sea_query::{Asterisk, Expr, ExprTrait, Func, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
 
+use crate::notifications::InvoiceIssued;
 use crate::orders::{EXCHANGE, OrderPlaced, ROUTING_KEY};
 
 /// The queue billing consumes.
@@ -50,33 +51,56 @@ pub fn is_permanent(error: &BillingError) -> bool {
     matches!(error, BillingError::InvalidAmount(_))
 }
 
-/// Charges an order: writes its invoice through the inbox's transaction, so the invoice and the
-/// record that the order was charged commit together or not at all.
-#[idempotent(
-    key = order.order_id,
-    consumer = "billing.charge",
-    retention = "14d",
-    permanent = is_permanent
-)]
-pub async fn charge(tx: &DatabaseTransaction, order: OrderPlaced) -> Result<Receipt, BillingError> {
-    if order.amount_cents <= 0 {
-        return Err(BillingError::InvalidAmount(order.amount_cents));
+/// The billing service: where it publishes its events.
+#[derive(Debug, Clone)]
+pub struct Billing {
+    /// The exchange `InvoiceIssued` events go to.
+    pub events_exchange: String,
+}
+
+impl Billing {
+    /// Charges an order: writes its invoice through the inbox's transaction and stages an
+    /// `InvoiceIssued` event in the outbox, so the invoice, the event and the record that the
+    /// order was charged commit together or not at all.
+    #[idempotent(
+        key = order.order_id,
+        consumer = "billing.charge",
+        retention = "14d",
+        permanent = is_permanent
+    )]
+    pub async fn charge(
+        &self,
+        tx: &DatabaseTransaction,
+        outbound: &Outbound<'_>,
+        order: OrderPlaced,
+    ) -> Result<Receipt, BillingError> {
+        if order.amount_cents <= 0 {
+            return Err(BillingError::InvalidAmount(order.amount_cents));
+        }
+        let insert = Query::insert()
+            .into_table("invoices")
+            .columns(["order_id", "customer", "amount_cents"])
+            .values_panic([
+                order.order_id.clone().into(),
+                order.customer.clone().into(),
+                order.amount_cents.into(),
+            ])
+            .to_owned();
+        tx.execute(&insert).await?;
+        let event = InvoiceIssued {
+            order_id: order.order_id.clone(),
+            customer: order.customer,
+            amount_cents: order.amount_cents,
+        };
+        let message = OutboxMessage::json(&self.events_exchange, INVOICE_ISSUED, &event)
+            .map_err(|error| DbErr::Custom(error.to_string()))?;
+        outbound.stage(message).await?;
+        tracing::debug!(order_id = %order.order_id, amount_cents = order.amount_cents, "charged");
+        Ok(Receipt {
+            order_id: order.order_id,
+            amount_cents: order.amount_cents,
+        })
     }
-    let insert = Query::insert()
-        .into_table("invoices")
-        .columns(["order_id", "customer", "amount_cents"])
-        .values_panic([
-            order.order_id.clone().into(),
-            order.customer.into(),
-            order.amount_cents.into(),
-        ])
-        .to_owned();
-    tx.execute(&insert).await?;
-    tracing::debug!(order_id = %order.order_id, amount_cents = order.amount_cents, "charged");
-    Ok(Receipt {
-        order_id: order.order_id,
-        amount_cents: order.amount_cents,
-    })
 }
 
 /// The queue, its dead-letter queue and its binding to the orders exchange.

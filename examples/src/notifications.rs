@@ -69,6 +69,30 @@ pub fn topology_on(queue: &str, events_exchange: &str) -> QueueTopology {
     )
 }
 
+/// Starts the notifications service in this process: it consumes `queue`, bound to
+/// `events_exchange`, through `inbox`, and calls the provider at `provider_url`.
+///
+/// # Errors
+///
+/// The broker cannot be reached or the topology declared.
+pub async fn start(
+    amqp_url: &str,
+    inbox: idem_runtime::Inbox,
+    queue: &str,
+    events_exchange: &str,
+    provider_url: String,
+    connection_name: &str,
+) -> Result<idem_rabbitmq::Consumer, idem_rabbitmq::Error> {
+    let service = std::sync::Arc::new(Notifications { provider_url });
+    idem_rabbitmq::Consumer::builder(amqp_url, inbox)
+        .connection_name(connection_name)
+        // The billing consumer beside it runs the inbox's cleaner.
+        .without_cleaner()
+        .bind(topology_on(queue, events_exchange), service.notify_handler())
+        .start()
+        .await
+}
+
 /// [`topology_on`] with the default names.
 pub fn topology() -> QueueTopology {
     topology_on(QUEUE, EVENTS_EXCHANGE)

@@ -14,14 +14,17 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use idem_examples::billing::{self, CONSUMER_TIMEOUT, DELIVERY_LIMIT, charge_handler};
+use idem_examples::billing::{self, Billing, CONSUMER_TIMEOUT, DELIVERY_LIMIT};
+use idem_examples::notifications;
+use idem_examples::stub::Stub;
 use idem_examples::cli::{
     BrokerArgs, DEFAULT_DATABASE_URL, parse_batch, parse_count, parse_millis,
 };
-use idem_examples::orders::{self, DemoPlan};
+use idem_examples::orders;
 use idem_examples::progress::Progress;
-use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Publisher};
-use idem_runtime::{Inbox, MAX_BATCH, RedeliveryWindow, RetentionPolicy};
+use idem_rabbitmq::lapin::ExchangeKind;
+use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Publisher, Relay, RelayHandle};
+use idem_runtime::{Inbox, MAX_BATCH, Outbox, RedeliveryWindow, RetentionPolicy};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -86,6 +89,28 @@ struct Args {
         value_parser = parse_batch,
     )]
     batch: Option<usize>,
+
+    /// The exchange billing publishes `InvoiceIssued` events to, through its outbox
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "BILLING_EVENTS_EXCHANGE",
+        default_value = billing::EVENTS_EXCHANGE
+    )]
+    events_exchange: String,
+
+    /// Also run the notifications service in this process, calling the provider at URL
+    /// (`http://host:port/path`); the demo runs it against a loopback stub of its own
+    #[arg(long, value_name = "URL", env = "NOTIFICATIONS_PROVIDER_URL")]
+    provider_url: Option<String>,
+
+    /// The quorum queue the notifications service consumes, bound to the events exchange
+    #[arg(long, value_name = "QUEUE", env = "NOTIFICATIONS_QUEUE", default_value = notifications::QUEUE)]
+    notifications_queue: String,
+
+    /// With --demo: print the report as one JSON object on standard output
+    #[arg(long)]
+    json: bool,
 }
 
 #[tokio::main]
@@ -112,6 +137,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
         connection_name,
         stats_every,
         batch,
+        events_exchange,
+        provider_url,
+        notifications_queue,
+        json,
     } = args;
     tracing::info!(
         broker = %idem_rabbitmq::redact_url(&amqp_url),
@@ -134,13 +163,31 @@ async fn run(args: Args) -> Result<(), BoxError> {
     // timeout, plus three days in which an operator may resubmit from the dead-letter queue.
     let window = RedeliveryWindow::new(DELIVERY_LIMIT, CONSUMER_TIMEOUT)
         .with_dead_letter_resubmission(Duration::from_secs(3 * 24 * 3600));
+    // Events are staged in the outbox with the invoices, and the relay publishes them.
+    let outbox = Outbox::builder(db.clone()).build().await?;
     let inbox = Inbox::builder(db.clone())
         .retention(RetentionPolicy::default())
         .redelivery_window(window)
+        .outbox(outbox.clone())
         .build()
         .await?;
+    let publisher = Publisher::connect(amqp_url.as_str()).await?;
+    publisher
+        .declare_exchange(&events_exchange, ExchangeKind::Topic)
+        .await?;
+    publisher.close().await;
+    let relay = Relay::builder(amqp_url.as_str(), outbox)
+        .connection_name(format!("{connection_name} relay"))
+        .start()
+        .await?;
     // The consumer also runs the inbox's cleaner, until it stops.
-    let binding = Binding::new(billing::topology_on(&queue, &exchange), charge_handler());
+    let service = Arc::new(Billing {
+        events_exchange: events_exchange.clone(),
+    });
+    let binding = Binding::new(
+        billing::topology_on(&queue, &exchange),
+        service.charge_handler(),
+    );
     let (binding, prefetch) = match batch {
         // Room for the next batch to gather while one commits.
         Some(size) => (
@@ -149,16 +196,44 @@ async fn run(args: Args) -> Result<(), BoxError> {
         ),
         None => (binding, 32),
     };
-    let consumer = Consumer::builder(amqp_url.as_str(), inbox)
-        .connection_name(connection_name)
+    let consumer = Consumer::builder(amqp_url.as_str(), inbox.clone())
+        .connection_name(connection_name.clone())
         .prefetch(prefetch)
         .bind_with(binding)
         .start()
         .await?;
+    // The notifications hop: against the given provider, or in the demo a stub of its own.
+    let stub = match (&provider_url, demo) {
+        (None, Some(_)) => Some(Stub::start("127.0.0.1:0").await?),
+        _ => None,
+    };
+    let provider = provider_url.or_else(|| stub.as_ref().map(Stub::notify_url));
+    let notifier = match provider {
+        Some(provider) => Some(
+            notifications::start(
+                &amqp_url,
+                inbox,
+                &notifications_queue,
+                &events_exchange,
+                provider,
+                &format!("{connection_name} notifications"),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     tracing::info!(queue, database = %idem_rabbitmq::redact_url(&database_url), "billing is consuming");
 
     let result = match demo {
-        Some(count) => run_demo(&consumer, &db, &amqp_url, &exchange, &queue, count).await,
+        Some(count) => {
+            let hops = Hops {
+                consumer: &consumer,
+                relay: &relay,
+                notifier: notifier.as_ref(),
+                stub: stub.as_ref(),
+            };
+            run_demo(&hops, &db, &amqp_url, &exchange, &queue, count, json).await
+        }
         None => {
             let mut logged = ConsumerStats::default();
             let mut every = tokio::time::interval(stats_every);
@@ -181,7 +256,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
     };
     let stats = consumer.stats();
     let report = consumer.shutdown().await;
+    if let Some(notifier) = notifier {
+        notifier.shutdown().await;
+    }
+    let relayed = relay.shutdown().await;
     log_stats(&stats);
+    tracing::info!(events_published = relayed.published, "relay stopped");
     tracing::info!(
         completed = report.completed,
         abandoned = report.abandoned,
@@ -205,15 +285,46 @@ fn log_stats(stats: &ConsumerStats) {
     );
 }
 
+/// What a demo run watches: billing's consumer, its relay, and the notifications hop.
+struct Hops<'a> {
+    consumer: &'a Consumer,
+    relay: &'a RelayHandle,
+    notifier: Option<&'a Consumer>,
+    stub: Option<&'a Stub>,
+}
+
+/// What a demo run did, hop by hop: printed, or as JSON with `--json`.
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    run: String,
+    orders: usize,
+    messages_published: usize,
+    producer_retries: usize,
+    reused_ids: usize,
+    invalid: usize,
+    invoices: i64,
+    duplicates: u64,
+    events_published: u64,
+    notified: u64,
+    stub_calls: u64,
+    stub_calls_distinct_keys: u64,
+    dead_lettered: u64,
+    lost: u64,
+}
+
 async fn run_demo(
-    consumer: &Consumer,
+    hops: &Hops<'_>,
     db: &DatabaseConnection,
     amqp_url: &str,
     exchange: &str,
     queue: &str,
     count: usize,
+    json: bool,
 ) -> Result<(), BoxError> {
-    let before = consumer.stats();
+    let before = hops.consumer.stats();
+    let relayed_before = hops.relay.stats().published;
+    let notified_before = hops.notifier.map_or(0, |n| n.stats().acked);
+    let stub_before = hops.stub.map(Stub::stats).unwrap_or_default();
     let demo = Arc::new(DemoProgress::default());
     let progress = Progress::start({
         let demo = Arc::clone(&demo);
@@ -223,24 +334,29 @@ async fn run_demo(
     let plan = orders::publish_demo(&publisher, exchange, count, &demo.published).await?;
     publisher.close().await;
 
-    // Done when every valid order of this run is invoiced and as many deliveries as this run
-    // published are settled (messages left on the queue by an earlier run may be among them).
+    // Done when every valid order of this run is invoiced, as many deliveries as this run
+    // published are settled (messages left on the queue by an earlier run may be among them),
+    // and, with the notifications hop, every invoice is notified.
     let expected = (plan.orders - plan.invalid) as i64;
     demo.expected.store(expected, Ordering::Relaxed);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let invoices = loop {
         let invoices = billing::count_invoices(db, &plan.run).await?;
         demo.invoiced.store(invoices, Ordering::Relaxed);
-        let now = consumer.stats();
+        let now = hops.consumer.stats();
         let settled = (now.acked + now.duplicates + now.dead_lettered)
             - (before.acked + before.duplicates + before.dead_lettered);
-        if invoices >= expected && settled >= plan.deliveries as u64 {
+        let notified = hops.stub.map_or(expected as u64, |stub| {
+            stub.stats().distinct_keys - stub_before.distinct_keys
+        });
+        if invoices >= expected && settled >= plan.deliveries as u64 && notified >= expected as u64
+        {
             break invoices;
         }
         if tokio::time::Instant::now() > deadline {
             return Err(format!(
-                "after 120 s, {invoices} of {expected} orders are invoiced and {settled} of {} \
-                 deliveries settled",
+                "after 120 s, {invoices} of {expected} orders are invoiced, {settled} of {} \
+                 deliveries settled and {notified} invoices notified",
                 plan.deliveries
             )
             .into());
@@ -248,16 +364,35 @@ async fn run_demo(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     progress.finish();
-    let stats = consumer.stats();
-    print_summary(
-        queue,
-        &plan,
+    let stats = hops.consumer.stats();
+    let stub = hops.stub.map(Stub::stats).unwrap_or_default();
+    let distinct_keys = stub.distinct_keys - stub_before.distinct_keys;
+    let report = Report {
+        run: plan.run.clone(),
+        orders: plan.orders,
+        messages_published: plan.deliveries,
+        producer_retries: plan.producer_retries,
+        reused_ids: plan.reused_ids,
+        invalid: plan.invalid,
         invoices,
-        stats.duplicates - before.duplicates,
-        stats.dead_lettered - before.dead_lettered,
-    );
+        duplicates: stats.duplicates - before.duplicates,
+        events_published: hops.relay.stats().published - relayed_before,
+        notified: hops.notifier.map_or(0, |n| n.stats().acked) - notified_before,
+        stub_calls: stub.calls - stub_before.calls,
+        stub_calls_distinct_keys: distinct_keys,
+        dead_lettered: stats.dead_lettered - before.dead_lettered,
+        lost: (expected as u64).saturating_sub(distinct_keys.min(invoices as u64)),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_summary(queue, &report);
+    }
     if invoices != expected {
         return Err(format!("expected {expected} invoices, found {invoices}").into());
+    }
+    if hops.stub.is_some() && distinct_keys != expected as u64 {
+        return Err(format!("expected {expected} notifications, the provider saw {distinct_keys}").into());
     }
     Ok(())
 }
@@ -286,22 +421,32 @@ impl DemoProgress {
     }
 }
 
-fn print_summary(queue: &str, plan: &DemoPlan, invoices: i64, duplicates: u64, dead_lettered: u64) {
+fn print_summary(queue: &str, report: &Report) {
     println!(
         "billing demo {}: {} orders published as {} messages \
          ({} producer retries, {} reused order id, {} invalid order)",
-        plan.run,
-        plan.orders,
-        plan.deliveries,
-        plan.producer_retries,
-        plan.reused_ids,
-        plan.invalid
+        report.run,
+        report.orders,
+        report.messages_published,
+        report.producer_retries,
+        report.reused_ids,
+        report.invalid
     );
-    println!("  invoices written     {invoices:>6}   (one per valid order)");
-    println!("  duplicates skipped   {duplicates:>6}");
+    println!("  invoices written     {:>6}   (one per valid order)", report.invoices);
+    println!("  duplicates skipped   {:>6}", report.duplicates);
     println!(
-        "  dead-lettered        {dead_lettered:>6}   (queue {queue}.dlq, reason in x-idem-reason)"
+        "  dead-lettered        {:>6}   (queue {queue}.dlq, reason in x-idem-reason)",
+        report.dead_lettered
     );
+    println!(
+        "  events published     {:>6}   (InvoiceIssued, through the outbox)",
+        report.events_published
+    );
+    println!(
+        "  notified             {:>6}   (provider calls {}, distinct idempotency keys {})",
+        report.notified, report.stub_calls, report.stub_calls_distinct_keys
+    );
+    println!("  lost                 {:>6}", report.lost);
 }
 
 async fn wait_for_signal() {
