@@ -88,7 +88,10 @@ pub async fn start(
         .connection_name(connection_name)
         // The billing consumer beside it runs the inbox's cleaner.
         .without_cleaner()
-        .bind(topology_on(queue, events_exchange), service.notify_handler())
+        .bind(
+            topology_on(queue, events_exchange),
+            service.notify_handler(),
+        )
         .start()
         .await
 }

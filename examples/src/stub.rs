@@ -74,6 +74,12 @@ impl Stub {
         self.addr
     }
 
+    /// The distinct `Idempotency-Key`s it has seen.
+    pub fn keys(&self) -> HashSet<String> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.keys.clone()
+    }
+
     /// What it has seen so far.
     pub fn stats(&self) -> StubStats {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());

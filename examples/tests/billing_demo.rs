@@ -163,6 +163,10 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
         assert_eq!(figure(&summary, "invoices written"), 39, "{summary}");
         assert!(figure(&summary, "duplicates skipped") >= 4, "{summary}");
         assert!(figure(&summary, "dead-lettered") >= 2, "{summary}");
+        // Each invoice announced through the outbox and notified once with its own key.
+        assert!(figure(&summary, "events published") >= 39, "{summary}");
+        assert!(figure(&summary, "notified") >= 39, "{summary}");
+        assert_eq!(figure(&summary, "lost"), 0, "{summary}");
         runs.push(run_id(&summary));
     }
     // Each run's invalid order and reused order id are in the dead-letter queue, with reasons.

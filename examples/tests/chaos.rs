@@ -3,7 +3,9 @@
 //! side (`rabbitmqctl close_connection`), and a producer sends every order two or three times
 //! (retries with the same message id) along with a few bad messages. Then, by SQL and on the
 //! queues: every order is charged exactly once, with its own amount; the queue is empty; the
-//! dead-letter queue holds the bad messages and nothing else, each with its `x-idem-reason`. A
+//! dead-letter queue holds the bad messages and nothing else, each with its `x-idem-reason`; every
+//! invoice went out through the processes' outbox relays and each order was notified, through a
+//! two-phase handler calling a provider stub, with exactly the key derived from it. A
 //! summary line per run gives the kills, closes, duplicates and effects. On PostgreSQL and on
 //! MariaDB, one after the other.
 //!
@@ -47,6 +49,7 @@ use std::time::{Duration, Instant, SystemTime};
 use common::{Billing, Stats};
 use futures_util::StreamExt;
 use idem_examples::orders::{self, OrderPlaced, ROUTING_KEY};
+use idem_examples::stub::Stub;
 use idem_rabbitmq::PublishOptions;
 use idem_tests::{Backend, TestBroker, rabbit, unique};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
@@ -498,6 +501,15 @@ async fn chaos(backend: Backend, batch: Option<usize>) {
     ));
     broker.track_exchange(&exchange);
     broker.declare(&topology).await;
+    // The notifications hop: billing's events exchange, the queue bound to it, and the provider.
+    let events = format!("{name}.events");
+    let notifications = broker.track(idem_examples::notifications::topology_on(
+        &format!("{name}.notifications"),
+        &events,
+    ));
+    broker.track_exchange(&events);
+    broker.declare(&notifications).await;
+    let provider = Stub::start("127.0.0.1:0").await.unwrap();
 
     let mut env = vec![
         ("AMQP_URL", rabbit::amqp_url()),
@@ -505,6 +517,9 @@ async fn chaos(backend: Backend, batch: Option<usize>) {
         ("ORDERS_EXCHANGE", exchange.clone()),
         ("BILLING_QUEUE", topology.queue().to_owned()),
         ("BILLING_STATS_EVERY_MS", "20".to_owned()),
+        ("BILLING_EVENTS_EXCHANGE", events.clone()),
+        ("NOTIFICATIONS_QUEUE", notifications.queue().to_owned()),
+        ("NOTIFICATIONS_PROVIDER_URL", provider.notify_url()),
     ];
     if let Some(size) = batch {
         env.push(("BILLING_BATCH", size.to_string()));
@@ -529,6 +544,8 @@ async fn chaos(backend: Backend, batch: Option<usize>) {
             quiet_since = (Instant::now(), settled);
         }
         if charged as usize >= size.orders
+            && provider.stats().distinct_keys as usize >= size.orders
+            && broker.depth(notifications.queue()).await == 0
             && broker.depth(topology.queue()).await == 0
             && broker.depth(topology.dead_letter_queue()).await >= 3
             && quiet_since.0.elapsed() > Duration::from_secs(1)
@@ -537,8 +554,9 @@ async fn chaos(backend: Backend, batch: Option<usize>) {
         }
         assert!(
             Instant::now() < deadline,
-            "not settled: {charged} of {} orders charged, {} messages ready",
+            "not settled: {charged} of {} orders charged, {} notified, {} messages ready",
             size.orders,
+            provider.stats().distinct_keys,
             broker.depth(topology.queue()).await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -603,6 +621,33 @@ async fn chaos(backend: Backend, batch: Option<usize>) {
         "invoices for orders that were not placed"
     );
     assert_eq!(left, 0, "messages left on the queue");
+    // Every order notified, each with the key derived from it, whatever was killed meanwhile:
+    // the provider saw exactly these keys (a repeated call carries a key it already has).
+    let expected_keys: BTreeSet<String> = plan
+        .orders
+        .iter()
+        .map(|order| {
+            let origin = idem_runtime::InboxKey {
+                consumer: idem_runtime::ConsumerName::new("notifications.invoice").unwrap(),
+                message_key: idem_runtime::MessageKey::new(order.order_id.as_str()).unwrap(),
+            };
+            idem_runtime::derived_id(&origin, 0)
+        })
+        .collect();
+    let keys: BTreeSet<String> = provider.keys().into_iter().collect();
+    let calls = provider.stats().calls;
+    println!(
+        "chaos on {backend:?}: {} notifications, {calls} provider calls ({} repeated after a \
+         kill or close)",
+        keys.len(),
+        calls - keys.len() as u64
+    );
+    // Events still in flight when the processes were stopped are copies of notified ones (a
+    // relay killed between publish and mark republishes): the keys above say so.
+    assert_eq!(
+        keys, expected_keys,
+        "each order notified with its own derived key"
+    );
     assert_eq!(
         distinct_letters,
         plan.expected_dead_letters(),

@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use clap::Parser;
 use idem_examples::billing::{self, Billing, CONSUMER_TIMEOUT, DELIVERY_LIMIT};
-use idem_examples::notifications;
-use idem_examples::stub::Stub;
 use idem_examples::cli::{
     BrokerArgs, DEFAULT_DATABASE_URL, parse_batch, parse_count, parse_millis,
 };
+use idem_examples::notifications;
 use idem_examples::orders;
 use idem_examples::progress::Progress;
+use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Publisher, Relay, RelayHandle};
 use idem_runtime::{Inbox, MAX_BATCH, Outbox, RedeliveryWindow, RetentionPolicy};
@@ -392,7 +392,9 @@ async fn run_demo(
         return Err(format!("expected {expected} invoices, found {invoices}").into());
     }
     if hops.stub.is_some() && distinct_keys != expected as u64 {
-        return Err(format!("expected {expected} notifications, the provider saw {distinct_keys}").into());
+        return Err(
+            format!("expected {expected} notifications, the provider saw {distinct_keys}").into(),
+        );
     }
     Ok(())
 }
@@ -432,7 +434,10 @@ fn print_summary(queue: &str, report: &Report) {
         report.reused_ids,
         report.invalid
     );
-    println!("  invoices written     {:>6}   (one per valid order)", report.invoices);
+    println!(
+        "  invoices written     {:>6}   (one per valid order)",
+        report.invoices
+    );
     println!("  duplicates skipped   {:>6}", report.duplicates);
     println!(
         "  dead-lettered        {:>6}   (queue {queue}.dlq, reason in x-idem-reason)",
