@@ -1,5 +1,6 @@
 //! A broker restart while a message is in flight: the consumer comes back by itself, the message
-//! whose ack was lost is redelivered and recognised, and new messages are processed.
+//! whose ack was lost is redelivered and recognised, and new messages are processed; an outbox
+//! relay publishes what was staged while the broker was down, once it is back.
 //!
 //! It stops and starts the RabbitMQ application (`rabbitmqctl stop_app` / `start_app`), which cuts
 //! every connection: it is the only test in this binary, and cargo runs test binaries one at a time
@@ -8,8 +9,9 @@
 
 use std::time::Duration;
 
-use idem_rabbitmq::PublishOptions;
-use idem_tests::rabbit::{consumer_builder, rabbitmqctl};
+use idem_rabbitmq::{PublishOptions, Relay};
+use idem_runtime::{Outbox, OutboxMessage};
+use idem_tests::rabbit::{amqp_url, consumer_builder, rabbitmqctl};
 use idem_tests::{Backend, Msg, Recorder, TestBroker, inbox_and_effects, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -28,6 +30,20 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
         .start()
         .await
         .unwrap();
+    // A relay beside it, publishing to a queue of its own through the default exchange.
+    let events = broker.classic_queue();
+    broker.declare(&events).await;
+    let outbox = Outbox::builder(db.db.clone())
+        .table(db.table("outbox"))
+        .build()
+        .await
+        .unwrap();
+    let relay = Relay::builder(amqp_url(), outbox.clone())
+        .connection_name(unique("idem-restart-relay"))
+        .retry_backoff(Duration::from_millis(200), Duration::from_secs(1))
+        .start()
+        .await
+        .unwrap();
 
     broker
         .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
@@ -41,6 +57,13 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
 
     // The broker goes away while the handler runs: its transaction commits, its ack is lost.
     rabbitmqctl(&["stop_app"]).await;
+    // Messages committed while the broker is away wait in the outbox.
+    let staged: Vec<String> = (0..5).map(|i| format!("event-{i}")).collect();
+    for id in &staged {
+        let event = OutboxMessage::new("", events.queue(), id.clone().into_bytes()).message_id(id);
+        outbox.stage(&db.db, event).await.unwrap();
+    }
+    outbox.notify_staged();
     tokio::time::sleep(Duration::from_secs(3)).await;
     rabbitmqctl(&["start_app"]).await;
 
@@ -68,6 +91,23 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
     let stats = consumer.stats();
     assert!(stats.reconnections >= 1, "{stats:?}");
     consumer.shutdown().await;
+    after
+        .eventually(
+            "the staged events published after the restart",
+            Duration::from_secs(60),
+            || async { after.depth(events.queue()).await >= 5 },
+        )
+        .await;
+    let mut published: Vec<String> = after
+        .drain(events.queue())
+        .await
+        .into_iter()
+        .filter_map(|event| event.message_id)
+        .collect();
+    published.sort();
+    published.dedup();
+    assert_eq!(published, staged, "every staged event, each once");
+    relay.shutdown().await;
     drop(after);
     drop(broker);
 }
