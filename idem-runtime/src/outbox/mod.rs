@@ -119,7 +119,11 @@ impl Outbox {
             "message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
         let values = format!("?, ?, ?, ?, ?, ?, ?, {now}");
         let sql = match self.backend() {
-            DbBackend::MySql => format!("INSERT IGNORE INTO {t} ({columns}) VALUES ({values})"),
+            // Not `INSERT IGNORE`, which would also store a value too long for its column
+            // truncated, with a warning.
+            DbBackend::MySql => format!(
+                "INSERT INTO {t} ({columns}) VALUES ({values}) ON DUPLICATE KEY UPDATE seq = seq"
+            ),
             _ => format!(
                 "INSERT INTO {t} ({columns}) VALUES ({values}) ON CONFLICT (message_id) DO NOTHING"
             ),
