@@ -130,6 +130,23 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// Makes the inbox `table` refuse outputs of `length` characters or more, as a packet limit
+    /// would: a check constraint, or a trigger on SQLite.
+    pub async fn refuse_outputs_from(&self, table: &str, length: usize) {
+        let sql = match self.backend {
+            Backend::Sqlite => format!(
+                "CREATE TRIGGER {table}_small BEFORE UPDATE ON {table} \
+                 WHEN length(NEW.output) >= {length} \
+                 BEGIN SELECT RAISE(ABORT, 'output too large'); END"
+            ),
+            _ => format!(
+                "ALTER TABLE {table} ADD CONSTRAINT {table}_small \
+                 CHECK (output IS NULL OR LENGTH(output) < {length})"
+            ),
+        };
+        self.exec(&sql).await;
+    }
+
     /// Counts the rows of `table` matching `filter` (a SQL condition, `1=1` for all).
     pub async fn count(&self, table: &str, filter: &str) -> i64 {
         let sql = format!("SELECT COUNT(*) FROM {table} WHERE {filter}");

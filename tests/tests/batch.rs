@@ -373,22 +373,7 @@ async fn an_output_the_database_refuses_fails_only_its_message(backend: Backend)
     let (db, inbox, effects) = setup(backend).await;
     let table = inbox.table().as_str().to_owned();
     // The database refuses outputs of 100 characters or more, as a packet limit would.
-    match backend {
-        Backend::Sqlite => {
-            db.exec(&format!(
-                "CREATE TRIGGER {table}_small BEFORE UPDATE ON {table} \
-                 WHEN length(NEW.output) >= 100 BEGIN SELECT RAISE(ABORT, 'output too large'); END"
-            ))
-            .await
-        }
-        _ => {
-            db.exec(&format!(
-                "ALTER TABLE {table} ADD CONSTRAINT {table}_small \
-                 CHECK (output IS NULL OR LENGTH(output) < 100)"
-            ))
-            .await
-        }
-    }
+    db.refuse_outputs_from(&table, 100).await;
     let handler = Scripted::new(&effects);
     let results = inbox
         .process_batch(

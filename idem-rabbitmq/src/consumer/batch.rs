@@ -7,30 +7,19 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 use futures_util::future::join_all;
-use idem_runtime::Inbox;
-use idem_runtime::delivery::RetryMemory;
-use lapin::Channel;
 use lapin::message::Delivery;
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use super::Settings;
-use super::binding::{Dispatch, Handled};
-use super::settle::{Retry, Settler, Verdict};
-use super::stats::{Settled, Stats};
+use super::binding::Handled;
+use super::settle::{Retry, Verdict};
 use super::unsettled::Unsettled;
+use super::worker::Settling;
 use crate::metadata::metadata_of;
 
 /// A batch of deliveries of one binding, with what settling them needs.
 pub(crate) struct BatchJob {
-    pub(crate) binding: Arc<dyn Dispatch>,
-    pub(crate) inbox: Inbox,
-    pub(crate) settings: Arc<Settings>,
-    pub(crate) stats: Arc<Stats>,
-    pub(crate) retries: Arc<RetryMemory>,
-    pub(crate) publisher: Channel,
-    pub(crate) quorum: bool,
-    pub(crate) shutdown: watch::Receiver<bool>,
+    pub(crate) settling: Settling,
     pub(crate) unsettled: Arc<Unsettled>,
     pub(crate) deliveries: Vec<Delivery>,
     pub(crate) permit: OwnedSemaphorePermit,
@@ -38,10 +27,9 @@ pub(crate) struct BatchJob {
 
 impl BatchJob {
     pub(crate) async fn run(self) {
-        let topology = self.binding.topology();
         let span = tracing::info_span!(
             "idem.batch_delivery",
-            queue = topology.queue(),
+            queue = self.settling.binding.topology().queue(),
             size = self.deliveries.len(),
             first_tag = self.deliveries.first().map(|d| d.delivery_tag),
         );
@@ -49,43 +37,40 @@ impl BatchJob {
     }
 
     async fn settle_all(self) {
-        let deliveries = &self.deliveries;
+        let BatchJob {
+            settling,
+            unsettled,
+            deliveries,
+            permit,
+        } = self;
         let metadata = deliveries
             .iter()
             .map(|delivery| metadata_of(&delivery.properties, delivery.redelivered))
             .collect();
         // A panic outside the handlers (a key expression, a codec) must still settle every
         // delivery, or they would hold their places until the channel closes.
-        let handled =
-            AssertUnwindSafe(self.binding.handle_batch(&self.inbox, deliveries, metadata))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| {
-                    let detail = idem_runtime::panic_message(panic.as_ref());
-                    deliveries
-                        .iter()
-                        .map(|_| Handled {
-                            verdict: Verdict::Requeue {
-                                code: "panicked",
-                                detail: detail.clone(),
-                                retry: Retry::Failed,
-                            },
-                            key: None,
-                        })
-                        .collect()
-                });
-        let topology = self.binding.topology();
-        let settler = Settler {
-            queue: topology.queue(),
-            consumer: self.binding.consumer(),
-            dead_letter_exchange: topology.dead_letter_exchange(),
-            dead_letter_routing_key: topology.dead_letter_key(),
-            publisher: &self.publisher,
-            retry: self.settings.retry,
-            retries: &self.retries,
-            quorum: self.quorum,
-            shutdown: &self.shutdown,
-        };
+        let handled = AssertUnwindSafe(settling.binding.handle_batch(
+            &settling.inbox,
+            &deliveries,
+            metadata,
+        ))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            let detail = idem_runtime::panic_message(panic.as_ref());
+            deliveries
+                .iter()
+                .map(|_| Handled {
+                    verdict: Verdict::Requeue {
+                        code: "panicked",
+                        detail: detail.clone(),
+                        retry: Retry::Failed,
+                    },
+                    key: None,
+                })
+                .collect()
+        });
+        let settler = settling.settler();
         let mut acks = Vec::new();
         let mut others = Vec::new();
         for (delivery, handled) in deliveries.iter().zip(handled) {
@@ -94,11 +79,11 @@ impl BatchJob {
                 verdict => others.push((delivery, verdict, handled.key)),
             }
         }
-        let acked = settler.ack_batch(&acks, &self.unsettled).await;
+        let acked = settler.ack_batch(&acks, &unsettled).await;
         // The batch's slot goes back before any back-off of the others.
-        drop(self.permit);
+        drop(permit);
         let settled = join_all(others.into_iter().map(|(delivery, verdict, key)| {
-            let (settler, unsettled) = (&settler, &self.unsettled);
+            let (settler, unsettled) = (&settler, &unsettled);
             async move {
                 let settled = settler
                     .settle(delivery, verdict, key.as_deref(), None)
@@ -109,18 +94,7 @@ impl BatchJob {
         }))
         .await;
         for settled in acked.into_iter().chain(settled) {
-            count(&self.stats, topology.queue(), settled);
+            settling.count(settled);
         }
     }
-}
-
-/// Counts a settled delivery in the consumer's stats and metrics.
-pub(crate) fn count(stats: &Stats, queue: &str, settled: Settled) {
-    stats.count(settled);
-    metrics::counter!(
-        crate::DELIVERIES_TOTAL,
-        "queue" => queue.to_owned(),
-        "settle" => settled.label()
-    )
-    .increment(1);
 }

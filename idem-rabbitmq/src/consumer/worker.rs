@@ -24,10 +24,10 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::Settings;
-use super::batch::{BatchJob, count};
+use super::batch::BatchJob;
 use super::binding::{Dispatch, Handled};
 use super::settle::{Retry, Settler, Verdict};
-use super::stats::Stats;
+use super::stats::{Settled, Stats};
 use super::unsettled::Unsettled;
 use crate::connect::{Link, Retirees};
 use crate::error::{Error, Result};
@@ -430,6 +430,20 @@ impl Worker {
         recovered
     }
 
+    /// What this session's jobs need to settle their deliveries.
+    fn settling(&self, session: &Session) -> Settling {
+        Settling {
+            binding: Arc::clone(&self.binding),
+            inbox: self.inbox.clone(),
+            settings: Arc::clone(&self.settings),
+            stats: Arc::clone(&self.stats),
+            retries: Arc::clone(&self.retries),
+            publisher: session.publisher.clone(),
+            quorum: session.kind == QueueKind::Quorum,
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
     fn batch_job(
         &self,
         session: &Session,
@@ -438,14 +452,7 @@ impl Worker {
         permit: OwnedSemaphorePermit,
     ) -> BatchJob {
         BatchJob {
-            binding: Arc::clone(&self.binding),
-            inbox: self.inbox.clone(),
-            settings: Arc::clone(&self.settings),
-            stats: Arc::clone(&self.stats),
-            retries: Arc::clone(&self.retries),
-            publisher: session.publisher.clone(),
-            quorum: session.kind == QueueKind::Quorum,
-            shutdown: self.shutdown.clone(),
+            settling: self.settling(session),
             unsettled: Arc::clone(unsettled),
             deliveries,
             permit,
@@ -454,14 +461,7 @@ impl Worker {
 
     fn job(&self, session: &Session, delivery: Delivery, permit: OwnedSemaphorePermit) -> Job {
         Job {
-            binding: Arc::clone(&self.binding),
-            inbox: self.inbox.clone(),
-            settings: Arc::clone(&self.settings),
-            stats: Arc::clone(&self.stats),
-            retries: Arc::clone(&self.retries),
-            publisher: session.publisher.clone(),
-            quorum: session.kind == QueueKind::Quorum,
-            shutdown: self.shutdown.clone(),
+            settling: self.settling(session),
             delivery,
             permit,
         }
@@ -535,16 +535,50 @@ async fn close(session: &Session) {
     session.publishing.close("shutdown").await;
 }
 
+/// What settling the deliveries of one session needs, shared by its jobs.
+pub(crate) struct Settling {
+    pub(crate) binding: Arc<dyn Dispatch>,
+    pub(crate) inbox: Inbox,
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) retries: Arc<RetryMemory>,
+    pub(crate) publisher: Channel,
+    pub(crate) quorum: bool,
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+impl Settling {
+    /// The settler of this session's deliveries.
+    pub(crate) fn settler(&self) -> Settler<'_> {
+        let topology = self.binding.topology();
+        Settler {
+            queue: topology.queue(),
+            consumer: self.binding.consumer(),
+            dead_letter_exchange: topology.dead_letter_exchange(),
+            dead_letter_routing_key: topology.dead_letter_key(),
+            publisher: &self.publisher,
+            retry: self.settings.retry,
+            retries: &self.retries,
+            quorum: self.quorum,
+            shutdown: &self.shutdown,
+        }
+    }
+
+    /// Counts a settled delivery in the consumer's stats and metrics.
+    pub(crate) fn count(&self, settled: Settled) {
+        self.stats.count(settled);
+        metrics::counter!(
+            crate::DELIVERIES_TOTAL,
+            "queue" => self.binding.topology().queue().to_owned(),
+            "settle" => settled.label()
+        )
+        .increment(1);
+    }
+}
+
 /// One delivery's processing and settlement, run in its own task.
 struct Job {
-    binding: Arc<dyn Dispatch>,
-    inbox: Inbox,
-    settings: Arc<Settings>,
-    stats: Arc<Stats>,
-    retries: Arc<RetryMemory>,
-    publisher: Channel,
-    quorum: bool,
-    shutdown: watch::Receiver<bool>,
+    settling: Settling,
     delivery: Delivery,
     permit: OwnedSemaphorePermit,
 }
@@ -552,17 +586,11 @@ struct Job {
 impl Job {
     async fn run(self) {
         let Job {
-            binding,
-            inbox,
-            settings,
-            stats,
-            retries,
-            publisher,
-            quorum,
-            shutdown,
+            settling,
             delivery,
             permit,
         } = self;
+        let binding = &settling.binding;
         let topology = binding.topology();
         let metadata = metadata_of(&delivery.properties, delivery.redelivered);
         let span = tracing::info_span!(
@@ -579,7 +607,7 @@ impl Job {
             // A panic outside the handler (a key expression, a codec, an output's `Serialize`)
             // must still settle the delivery, or it would hold its place until the channel
             // closes.
-            let handled = AssertUnwindSafe(binding.handle(&inbox, &delivery, metadata))
+            let handled = AssertUnwindSafe(binding.handle(&settling.inbox, &delivery, metadata))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| Handled {
@@ -593,18 +621,8 @@ impl Job {
             if let Some(key) = &handled.key {
                 tracing::Span::current().record("key", key.as_str());
             }
-            let settler = Settler {
-                queue: topology.queue(),
-                consumer: binding.consumer(),
-                dead_letter_exchange: topology.dead_letter_exchange(),
-                dead_letter_routing_key: topology.dead_letter_key(),
-                publisher: &publisher,
-                retry: settings.retry,
-                retries: &retries,
-                quorum,
-                shutdown: &shutdown,
-            };
-            let settled = settler
+            let settled = settling
+                .settler()
                 .settle(
                     &delivery,
                     handled.verdict,
@@ -613,7 +631,7 @@ impl Job {
                 )
                 .await;
             tracing::Span::current().record("settle", settled.label());
-            count(&stats, topology.queue(), settled);
+            settling.count(settled);
         }
         .instrument(span)
         .await;
