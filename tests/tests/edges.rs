@@ -13,7 +13,7 @@ use idem_runtime::sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use idem_runtime::{
     Context, Error, Fingerprint, FingerprintError, Handler, Inbox, InboxBuilder, KeyError,
-    MessageKey, Metadata, Outcome, RetentionPolicy, Settle, Status, idempotent,
+    MessageKey, Metadata, Outbox, Outcome, RetentionPolicy, Settle, Status, idempotent,
 };
 use idem_tests::proxy::behind_proxy;
 use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
@@ -258,15 +258,22 @@ async fn redeliveries_of_an_older_message_version_are_duplicates(backend: Backen
 async fn replicas_starting_together_all_start(backend: Backend) {
     let db = TestDb::connect(backend).await;
     let table = db.table("inbox");
+    let outbox_table = db.table("outbox");
     for create_table in [true, false] {
         let mut starts = Vec::new();
         for _ in 0..8 {
             let pool = db.another_pool(2).await;
-            let table = table.clone();
+            let (table, outbox_table) = (table.clone(), outbox_table.clone());
             starts.push(tokio::spawn(async move {
+                let outbox = Outbox::builder(pool.clone())
+                    .table(outbox_table)
+                    .create_table(create_table)
+                    .build()
+                    .await?;
                 Inbox::builder(pool)
                     .table(table)
                     .create_table(create_table)
+                    .outbox(outbox)
                     .build()
                     .await
                     .map(|_| ())
