@@ -99,6 +99,29 @@ pub enum ConfigError {
         /// The queue.
         queue: String,
     },
+    /// A binding batches more deliveries than one transaction may carry.
+    #[error("queue {queue:?} batches {size} deliveries; at most {max} share a transaction")]
+    BatchTooLarge {
+        /// The queue.
+        queue: String,
+        /// The batch size asked for.
+        size: usize,
+        /// The most a batch may have.
+        max: usize,
+    },
+    /// A two-phase handler bound in batch mode: its side effects cannot share the batch's
+    /// transaction.
+    #[error(
+        "queue {queue:?} batches deliveries for {consumer:?}, a two-phase handler; batches are \
+         for transactional handlers, whose effects share the batch's transaction: bind it \
+         without `batch`"
+    )]
+    TwoPhaseBatch {
+        /// The queue.
+        queue: String,
+        /// The handler's consumer name.
+        consumer: String,
+    },
     /// The queue's type on the broker is not the one its topology states.
     #[error("queue {queue:?} is a {broker} queue on the broker, but its topology says {stated}")]
     QueueKindMismatch {

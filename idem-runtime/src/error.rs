@@ -214,6 +214,16 @@ pub enum Error {
         /// The inbox key.
         key: InboxKey,
     },
+    /// Another message of the same batch broke the batch's transaction (the database rolled it
+    /// back under that message's handler), so this message's work was rolled back with it.
+    /// Requeued without counting against the delivery limit: this message is not at fault.
+    #[error(
+        "the batch holding {key} was rolled back by another of its messages; nothing of it was committed"
+    )]
+    BatchRolledBack {
+        /// The inbox key.
+        key: InboxKey,
+    },
     /// The stored record of a key cannot be read: an unknown status, a fingerprint of the wrong
     /// length. Dead-lettered with an alert; someone changed the table by hand or another program
     /// writes to it. Retrying would fail the same way.
@@ -239,7 +249,8 @@ impl Error {
             | Error::StoreUnavailable(_)
             | Error::Contention(_)
             | Error::Database(_)
-            | Error::TransactionAborted { .. } => Settle::Requeue,
+            | Error::TransactionAborted { .. }
+            | Error::BatchRolledBack { .. } => Settle::Requeue,
             Error::Handler {
                 permanent: false, ..
             } => Settle::Requeue,
@@ -267,7 +278,10 @@ impl Error {
     pub fn counts_as_attempt(&self) -> bool {
         !matches!(
             self,
-            Error::StoreUnavailable(_) | Error::Contention(_) | Error::InProgressElsewhere { .. }
+            Error::StoreUnavailable(_)
+                | Error::Contention(_)
+                | Error::InProgressElsewhere { .. }
+                | Error::BatchRolledBack { .. }
         )
     }
 
@@ -293,6 +307,7 @@ impl Error {
             Error::Contention(_) => "database-contention",
             Error::Database(_) => "database-error",
             Error::TransactionAborted { .. } => "transaction-aborted",
+            Error::BatchRolledBack { .. } => "batch-rolled-back",
             Error::CorruptRecord { .. } => "corrupt-record",
             Error::Config(_) => "configuration",
         }
@@ -341,6 +356,9 @@ mod tests {
             .settle(),
             Settle::Requeue
         );
+        let rolled_back = Error::BatchRolledBack { key: key.clone() };
+        assert_eq!(rolled_back.settle(), Settle::Requeue);
+        assert!(!rolled_back.counts_as_attempt());
         let refused = Error::from(DbErr::Custom("syntax".into()));
         assert_eq!(refused.settle(), Settle::Requeue);
         assert!(!refused.is_store_unavailable() && refused.counts_as_attempt());

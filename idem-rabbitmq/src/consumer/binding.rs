@@ -3,13 +3,15 @@
 use std::any::TypeId;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
-use idem_runtime::{Handler, Inbox, Metadata, Outcome, Settle};
+use idem_runtime::{BatchItem, Handler, Inbox, MAX_BATCH, Metadata, Mode, Outcome, Settle};
 use lapin::message::Delivery;
 use serde::de::DeserializeOwned;
 
 use super::settle::{Retry, Verdict};
 use crate::codec::{Codec, Json};
+use crate::error::ConfigError;
 use crate::topology::QueueTopology;
 
 /// A handler bound to a queue, with the codec that decodes its payloads (JSON by default).
@@ -18,6 +20,16 @@ pub struct Binding<H, C = Json> {
     topology: QueueTopology,
     handler: H,
     codec: C,
+    batch: Option<Batching>,
+}
+
+/// How a binding in batch mode groups its deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Batching {
+    /// The most deliveries in one batch.
+    pub(crate) size: usize,
+    /// How long a batch waits for more deliveries after its first one.
+    pub(crate) max_wait: Duration,
 }
 
 impl<H: Handler> Binding<H, Json> {
@@ -27,6 +39,7 @@ impl<H: Handler> Binding<H, Json> {
             topology,
             handler,
             codec: Json,
+            batch: None,
         }
     }
 }
@@ -38,7 +51,26 @@ impl<H: Handler, C: Codec> Binding<H, C> {
             topology: self.topology,
             handler: self.handler,
             codec,
+            batch: self.batch,
         }
+    }
+
+    /// Processes this queue's deliveries in batches ([`Inbox::process_batch`]): the ready
+    /// deliveries, up to `size` of them, or those that arrived within `max_wait` of the first,
+    /// share one database transaction, and the committed ones are acknowledged together (one
+    /// `basic.ack` with `multiple` where every earlier delivery of the channel is settled, one
+    /// each otherwise). Each message still settles as it would alone: a failing one is rolled
+    /// back to its savepoint and requeued or dead-lettered by itself.
+    ///
+    /// Use it when throughput matters more than latency: a batch commits after its slowest
+    /// message, and each message waits up to `max_wait` for its batch to fill. Give the consumer
+    /// a [`prefetch`](crate::ConsumerBuilder::prefetch) of at least `size`, or batches never
+    /// fill. Each batch counts as one handler in flight. For transactional handlers only: a
+    /// two-phase handler is refused at start. At most [`MAX_BATCH`] per batch; on PostgreSQL,
+    /// see [`Inbox::process_batch`] on batches above 64.
+    pub fn batch(mut self, size: usize, max_wait: Duration) -> Self {
+        self.batch = Some(Batching { size, max_wait });
+        self
     }
 }
 
@@ -51,6 +83,8 @@ pub(crate) struct Handled {
 
 pub(crate) type HandleFuture<'a> = Pin<Box<dyn Future<Output = Handled> + Send + 'a>>;
 
+pub(crate) type BatchFuture<'a> = Pin<Box<dyn Future<Output = Vec<Handled>> + Send + 'a>>;
+
 /// A binding with its handler's types erased, so one consumer drives several.
 pub(crate) trait Dispatch: Send + Sync + 'static {
     fn topology(&self) -> &QueueTopology;
@@ -58,6 +92,16 @@ pub(crate) trait Dispatch: Send + Sync + 'static {
     /// The handler's type, to tell two handlers that claim one consumer name apart.
     fn handler_type(&self) -> (TypeId, &'static str);
     fn check(&self, inbox: &Inbox) -> idem_runtime::Result<()>;
+    /// How the binding batches its deliveries; `None` for one at a time.
+    fn batching(&self) -> Option<Batching>;
+    /// Refuses a batch setting that cannot work.
+    fn check_batching(&self) -> Result<(), ConfigError>;
+    fn handle_batch<'a>(
+        &'a self,
+        inbox: &'a Inbox,
+        deliveries: &'a [Delivery],
+        metadata: Vec<Metadata>,
+    ) -> BatchFuture<'a>;
     fn handle<'a>(
         &'a self,
         inbox: &'a Inbox,
@@ -88,6 +132,34 @@ where
         inbox.check_handler(&self.handler)
     }
 
+    fn batching(&self) -> Option<Batching> {
+        self.batch
+    }
+
+    fn check_batching(&self) -> Result<(), ConfigError> {
+        let Some(batch) = self.batch else {
+            return Ok(());
+        };
+        let queue = self.topology.queue().to_owned();
+        if batch.size == 0 {
+            return Err(ConfigError::Zero("the batch size"));
+        }
+        if batch.size > MAX_BATCH {
+            return Err(ConfigError::BatchTooLarge {
+                queue,
+                size: batch.size,
+                max: MAX_BATCH,
+            });
+        }
+        if self.handler.mode() != Mode::Transactional {
+            return Err(ConfigError::TwoPhaseBatch {
+                queue,
+                consumer: self.handler.consumer().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     fn handle<'a>(
         &'a self,
         inbox: &'a Inbox,
@@ -95,46 +167,105 @@ where
         metadata: Metadata,
     ) -> HandleFuture<'a> {
         Box::pin(async move {
-            let content_type = delivery.properties.content_type().as_ref();
-            let message: H::Message = match self
-                .codec
-                .decode(content_type.map(|ct| ct.as_str()), &delivery.data)
-            {
-                Ok(message) => message,
-                Err(error) => {
-                    return Handled {
-                        verdict: Verdict::DeadLetter(idem_runtime::DeadLetterReason::new(
-                            "undecodable",
-                            error.to_string(),
-                        )),
-                        key: None,
-                    };
-                }
+            let (message, metadata) = match self.decode(delivery, metadata) {
+                Ok(decoded) => decoded,
+                Err(handled) => return handled,
             };
-            let mut metadata = metadata;
-            metadata.payload_fingerprint = self
-                .codec
-                .fingerprint(content_type.map(|ct| ct.as_str()), &delivery.data);
-            let metadata = &metadata;
-            let message_key = self.handler.key(&message, metadata);
+            let message_key = self.handler.key(&message, &metadata);
             let key = message_key.as_ref().ok().map(|key| key.to_string());
-            let verdict = match inbox
-                .process_with_key(&self.handler, message_key, message, metadata)
-                .await
-            {
-                Ok(Outcome::Processed(_)) => Verdict::Ack { duplicate: false },
-                Ok(Outcome::Duplicate(_)) => Verdict::Ack { duplicate: true },
-                Err(error) => match error.settle() {
-                    Settle::Ack => Verdict::Ack { duplicate: true },
-                    Settle::Requeue => Verdict::Requeue {
-                        code: error.code(),
-                        detail: error.to_string(),
-                        retry: Retry::of(&error),
-                    },
-                    Settle::DeadLetter(reason) => Verdict::DeadLetter(reason),
-                },
-            };
-            Handled { verdict, key }
+            let result = inbox
+                .process_with_key(&self.handler, message_key, message, &metadata)
+                .await;
+            Handled {
+                verdict: verdict_of(result),
+                key,
+            }
         })
+    }
+
+    fn handle_batch<'a>(
+        &'a self,
+        inbox: &'a Inbox,
+        deliveries: &'a [Delivery],
+        metadata: Vec<Metadata>,
+    ) -> BatchFuture<'a> {
+        Box::pin(async move {
+            let mut handled: Vec<Option<Handled>> = Vec::with_capacity(deliveries.len());
+            let mut keys = Vec::with_capacity(deliveries.len());
+            let mut items = Vec::with_capacity(deliveries.len());
+            for (index, (delivery, metadata)) in deliveries.iter().zip(metadata).enumerate() {
+                match self.decode(delivery, metadata) {
+                    Ok((message, metadata)) => {
+                        let key = self.handler.key(&message, &metadata);
+                        keys.push((index, key.as_ref().ok().map(|key| key.to_string())));
+                        items.push(BatchItem {
+                            key,
+                            message,
+                            metadata,
+                        });
+                        handled.push(None);
+                    }
+                    Err(undecodable) => handled.push(Some(undecodable)),
+                }
+            }
+            let results = inbox.process_batch(&self.handler, items).await;
+            for ((index, key), result) in keys.into_iter().zip(results) {
+                handled[index] = Some(Handled {
+                    verdict: verdict_of(result),
+                    key,
+                });
+            }
+            handled
+                .into_iter()
+                .map(|handled| handled.expect("every delivery of a batch is handled"))
+                .collect()
+        })
+    }
+}
+
+impl<H, C> Binding<H, C>
+where
+    H: Handler,
+    H::Message: DeserializeOwned,
+    C: Codec,
+{
+    /// Decodes a delivery's payload and fingerprints it as received; an undecodable one is
+    /// dead-lettered.
+    fn decode(
+        &self,
+        delivery: &Delivery,
+        mut metadata: Metadata,
+    ) -> Result<(H::Message, Metadata), Handled> {
+        let content_type = delivery.properties.content_type().as_ref();
+        let content_type = content_type.map(|ct| ct.as_str());
+        let message = self
+            .codec
+            .decode(content_type, &delivery.data)
+            .map_err(|error| Handled {
+                verdict: Verdict::DeadLetter(idem_runtime::DeadLetterReason::new(
+                    "undecodable",
+                    error.to_string(),
+                )),
+                key: None,
+            })?;
+        metadata.payload_fingerprint = self.codec.fingerprint(content_type, &delivery.data);
+        Ok((message, metadata))
+    }
+}
+
+/// How a delivery settles after the inbox processed it.
+fn verdict_of<T>(result: idem_runtime::Result<Outcome<T>>) -> Verdict {
+    match result {
+        Ok(Outcome::Processed(_)) => Verdict::Ack { duplicate: false },
+        Ok(Outcome::Duplicate(_)) => Verdict::Ack { duplicate: true },
+        Err(error) => match error.settle() {
+            Settle::Ack => Verdict::Ack { duplicate: true },
+            Settle::Requeue => Verdict::Requeue {
+                code: error.code(),
+                detail: error.to_string(),
+                retry: Retry::of(&error),
+            },
+            Settle::DeadLetter(reason) => Verdict::DeadLetter(reason),
+        },
     }
 }

@@ -1,9 +1,11 @@
 //! The consumer: handlers bound to queues, every delivery settled as the inbox decides.
 
+mod batch;
 mod binding;
 mod copy;
 mod settle;
 mod stats;
+mod unsettled;
 mod worker;
 
 use std::any::TypeId;
@@ -383,6 +385,12 @@ impl ConsumerBuilder {
             ConfigError::Zero("max_deliveries")
         } else if settings.retry.dead_letter_pause.is_zero() {
             ConfigError::Zero("the dead-letter retry pause")
+        } else if let Some(problem) = self
+            .bindings
+            .iter()
+            .find_map(|binding| binding.check_batching().err())
+        {
+            problem
         } else {
             return Ok(());
         };

@@ -12,6 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use super::copy;
 use super::stats::Settled;
+use super::unsettled::Unsettled;
 use crate::metadata::broker_delivery_count;
 
 /// The headers a dead-lettered message carries, besides its own.
@@ -91,14 +92,15 @@ pub(crate) struct Settler<'a> {
 }
 
 impl Settler<'_> {
-    /// Carries out `verdict` for `delivery`. The in-flight `permit` is given back before any
-    /// back-off, so that waiting messages do not keep others from being processed.
+    /// Carries out `verdict` for `delivery`. The in-flight `permit`, if the delivery holds one
+    /// of its own, is given back before any back-off, so that waiting messages do not keep
+    /// others from being processed.
     pub(crate) async fn settle(
         &self,
         delivery: &Delivery,
         verdict: Verdict,
         key: Option<&str>,
-        permit: OwnedSemaphorePermit,
+        permit: Option<OwnedSemaphorePermit>,
     ) -> Settled {
         let settled = match verdict {
             Verdict::Ack { duplicate } => {
@@ -136,7 +138,7 @@ impl Settler<'_> {
         detail: String,
         retry: Retry,
         key: Option<&str>,
-        permit: OwnedSemaphorePermit,
+        permit: Option<OwnedSemaphorePermit>,
     ) -> Settled {
         let identity = identity(self.queue, delivery);
         let deliveries = self.deliveries(delivery, &identity);
@@ -178,6 +180,59 @@ impl Settler<'_> {
             0
         };
         broker.max(self.retries.failed(identity)) + 1
+    }
+
+    /// Acknowledges the committed deliveries of a batch, `(delivery, duplicate)` each: with one
+    /// `basic.ack` `multiple` when every delivery of the channel up to the last of them is among
+    /// them (`unsettled` tells), one each otherwise.
+    pub(crate) async fn ack_batch(
+        &self,
+        acks: &[(&Delivery, bool)],
+        unsettled: &Unsettled,
+    ) -> Vec<Settled> {
+        if acks.is_empty() {
+            return Vec::new();
+        }
+        self.retries.store_reached();
+        let kind = |duplicate: bool| {
+            if duplicate {
+                Settled::Duplicate
+            } else {
+                Settled::Acked
+            }
+        };
+        let tags: Vec<u64> = acks
+            .iter()
+            .map(|(delivery, _)| delivery.delivery_tag)
+            .collect();
+        let settled = match unsettled.take_through(&tags) {
+            Some(last) => {
+                let (delivery, _) = acks
+                    .iter()
+                    .find(|(delivery, _)| delivery.delivery_tag == last)
+                    .expect("the last tag is one of the batch's");
+                let options = BasicAckOptions { multiple: true };
+                match delivery.acker.ack(options).await {
+                    Ok(true) => acks.iter().map(|(_, duplicate)| kind(*duplicate)).collect(),
+                    Ok(false) | Err(_) => acks
+                        .iter()
+                        .map(|(delivery, _)| lost(delivery, "ack"))
+                        .collect(),
+                }
+            }
+            None => {
+                let mut settled = Vec::with_capacity(acks.len());
+                for (delivery, duplicate) in acks {
+                    settled.push(self.ack(delivery, kind(*duplicate)).await);
+                    unsettled.settled(delivery.delivery_tag);
+                }
+                settled
+            }
+        };
+        for (delivery, _) in acks {
+            self.retries.forget(|| identity(self.queue, delivery));
+        }
+        settled
     }
 
     async fn ack(&self, delivery: &Delivery, settled: Settled) -> Settled {
@@ -245,7 +300,7 @@ impl Settler<'_> {
         reason: &DeadLetterReason,
         key: Option<&str>,
         deliveries: u32,
-        permit: OwnedSemaphorePermit,
+        permit: Option<OwnedSemaphorePermit>,
     ) -> Settled {
         tracing::error!(
             queue = self.queue,

@@ -24,9 +24,11 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::Settings;
+use super::batch::{BatchJob, count};
 use super::binding::{Dispatch, Handled};
 use super::settle::{Retry, Settler, Verdict};
 use super::stats::Stats;
+use super::unsettled::Unsettled;
 use crate::connect::{Link, Retirees};
 use crate::error::{Error, Result};
 use crate::metadata::metadata_of;
@@ -112,6 +114,21 @@ impl Health {
     /// How often to look at the session.
     fn check_period(&self) -> Duration {
         (self.timeout / 4).clamp(Duration::from_millis(1), Duration::from_secs(1))
+    }
+}
+
+/// What a consuming session watches while it waits: shutdown, and the connection's health.
+struct Watch {
+    shutdown: watch::Receiver<bool>,
+    health: Health,
+    check: tokio::time::Interval,
+}
+
+/// Sleeps until `at`; forever when there is nothing to wait for.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -277,53 +294,59 @@ impl Worker {
 
     /// Takes deliveries until shutdown or until the session fails and is not recovered within
     /// the recovery timeout: lapin's automatic recovery is relied on, but a recovery that waits
-    /// forever is not waited for.
+    /// forever is not waited for. A batching binding gathers deliveries into batches.
     async fn consume(&mut self, session: &mut Session, tasks: &mut JoinSet<()>) -> End {
         let mut consumer = session.consumer.clone();
-        let mut shutdown = self.shutdown.clone();
-        let mut health = Health::new(self.settings.recovery_timeout);
-        let mut check = tokio::time::interval(health.check_period());
-        let queue = self.binding.topology().queue().to_owned();
+        let health = Health::new(self.settings.recovery_timeout);
+        let mut watch = Watch {
+            shutdown: self.shutdown.clone(),
+            check: tokio::time::interval(health.check_period()),
+            health,
+        };
+        let batching = self.binding.batching();
+        let unsettled = Arc::new(Unsettled::default());
+        let mut batch: Vec<Delivery> = Vec::new();
+        let mut flush_at: Option<Instant> = None;
         loop {
             while tasks.try_join_next().is_some() {}
-            let next = tokio::select! {
+            let step = tokio::select! {
                 biased;
-                _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
+                _ = watch.shutdown.wait_for(|stop| *stop) => return End::Shutdown,
                 Some(event) = session.events.next() => {
-                    self.note(&mut health, &event, &queue);
+                    if self.note(&mut watch.health, &event) {
+                        // A recovered channel numbers its deliveries afresh.
+                        unsettled.clear();
+                        batch.clear();
+                        flush_at = None;
+                    }
                     continue;
                 }
-                _ = check.tick() => {
-                    if health.expired(session, &queue) {
+                _ = watch.check.tick() => {
+                    if watch.health.expired(session, self.queue()) {
                         return End::Failed("the connection was not recovered in time".into());
                     }
                     continue;
                 }
-                next = consumer.next() => next,
+                () = sleep_until(flush_at), if flush_at.is_some() => None,
+                next = consumer.next() => Some(next),
             };
-            match next {
-                Some(Ok(delivery)) => {
-                    // Room among the handlers in flight is taken once a delivery is in hand, so
-                    // that an idle binding holds none of it; the prefetch bounds what waits.
-                    let permit = loop {
-                        tokio::select! {
-                            biased;
-                            _ = shutdown.wait_for(|stop| *stop) => return End::Shutdown,
-                            Some(event) = session.events.next() => self.note(&mut health, &event, &queue),
-                            _ = check.tick() => {
-                                if health.expired(session, &queue) {
-                                    return End::Failed("the connection was not recovered in time".into());
-                                }
-                            }
-                            permit = Arc::clone(&self.in_flight).acquire_owned() => match permit {
-                                Ok(permit) => break permit,
-                                Err(_) => return End::Shutdown,
-                            },
-                        }
+            let delivery = match step {
+                // The batch waited long enough for more deliveries.
+                None => {
+                    flush_at = None;
+                    let deliveries = std::mem::take(&mut batch);
+                    match self.permit(session, &mut watch).await {
+                        Ok(permit) => tasks.spawn(
+                            self.batch_job(session, &unsettled, deliveries, permit)
+                                .run(),
+                        ),
+                        Err(end) => return end,
                     };
-                    tasks.spawn(self.job(session, delivery, permit).run());
+                    continue;
                 }
-                Some(Err(error)) => {
+                Some(Some(Ok(delivery))) => delivery,
+                Some(Some(Err(error))) => {
+                    let queue = self.queue();
                     tracing::warn!(queue, %error, "consumer error; waiting for recovery");
                     let recovery = tokio::time::timeout(
                         self.settings.recovery_timeout,
@@ -331,20 +354,101 @@ impl Worker {
                     )
                     .await;
                     match recovery {
-                        Ok(Ok(())) => self.note(&mut health, &Event::Connected, &queue),
+                        Ok(Ok(())) => {
+                            self.note(&mut watch.health, &Event::Connected);
+                            unsettled.clear();
+                            batch.clear();
+                            flush_at = None;
+                            continue;
+                        }
                         Ok(Err(error)) => return End::Failed(error.to_string()),
                         Err(_) => return End::Failed("recovery did not complete in time".into()),
                     }
                 }
-                None => return End::Failed("the broker cancelled the consumer".into()),
+                Some(None) => return End::Failed("the broker cancelled the consumer".into()),
+            };
+            let Some(batching) = batching else {
+                // Room among the handlers in flight is taken once a delivery is in hand, so that
+                // an idle binding holds none of it; the prefetch bounds what waits.
+                match self.permit(session, &mut watch).await {
+                    Ok(permit) => tasks.spawn(self.job(session, delivery, permit).run()),
+                    Err(end) => return end,
+                };
+                continue;
+            };
+            unsettled.received(delivery.delivery_tag);
+            batch.push(delivery);
+            if batch.len() < batching.size {
+                flush_at.get_or_insert_with(|| Instant::now() + batching.max_wait);
+                continue;
+            }
+            flush_at = None;
+            let deliveries = std::mem::take(&mut batch);
+            match self.permit(session, &mut watch).await {
+                Ok(permit) => tasks.spawn(
+                    self.batch_job(session, &unsettled, deliveries, permit)
+                        .run(),
+                ),
+                Err(end) => return end,
+            };
+        }
+    }
+
+    /// Waits for room among the handlers in flight, watching the session meanwhile.
+    async fn permit(
+        &self,
+        session: &mut Session,
+        watch: &mut Watch,
+    ) -> std::result::Result<OwnedSemaphorePermit, End> {
+        loop {
+            tokio::select! {
+                biased;
+                _ = watch.shutdown.wait_for(|stop| *stop) => return Err(End::Shutdown),
+                Some(event) = session.events.next() => {
+                    self.note(&mut watch.health, &event);
+                }
+                _ = watch.check.tick() => {
+                    if watch.health.expired(session, self.queue()) {
+                        return Err(End::Failed("the connection was not recovered in time".into()));
+                    }
+                }
+                permit = Arc::clone(&self.in_flight).acquire_owned() => match permit {
+                    Ok(permit) => return Ok(permit),
+                    Err(_) => return Err(End::Shutdown),
+                },
             }
         }
     }
 
-    fn note(&self, health: &mut Health, event: &Event, queue: &str) {
-        if health.on_event(event) {
-            tracing::info!(queue, "connection recovered");
+    /// Notes a connection event; returns whether it is a completed recovery.
+    fn note(&self, health: &mut Health, event: &Event) -> bool {
+        let recovered = health.on_event(event);
+        if recovered {
+            tracing::info!(queue = self.queue(), "connection recovered");
             self.stats.recoveries.fetch_add(1, Ordering::Relaxed);
+        }
+        recovered
+    }
+
+    fn batch_job(
+        &self,
+        session: &Session,
+        unsettled: &Arc<Unsettled>,
+        deliveries: Vec<Delivery>,
+        permit: OwnedSemaphorePermit,
+    ) -> BatchJob {
+        BatchJob {
+            binding: Arc::clone(&self.binding),
+            inbox: self.inbox.clone(),
+            settings: Arc::clone(&self.settings),
+            stats: Arc::clone(&self.stats),
+            retries: Arc::clone(&self.retries),
+            publisher: session.publisher.clone(),
+            quorum: session.kind == QueueKind::Quorum,
+            shutdown: self.shutdown.clone(),
+            unsettled: Arc::clone(unsettled),
+            deliveries,
+            permit,
         }
     }
 
@@ -501,16 +605,15 @@ impl Job {
                 shutdown: &shutdown,
             };
             let settled = settler
-                .settle(&delivery, handled.verdict, handled.key.as_deref(), permit)
+                .settle(
+                    &delivery,
+                    handled.verdict,
+                    handled.key.as_deref(),
+                    Some(permit),
+                )
                 .await;
             tracing::Span::current().record("settle", settled.label());
-            stats.count(settled);
-            metrics::counter!(
-                crate::DELIVERIES_TOTAL,
-                "queue" => topology.queue().to_owned(),
-                "settle" => settled.label()
-            )
-            .increment(1);
+            count(&stats, topology.queue(), settled);
         }
         .instrument(span)
         .await;

@@ -48,7 +48,7 @@ pub(crate) enum Claimed {
 /// A claim token: unique per claim, so that a takeover is a compare-and-swap on it. A random
 /// base per process plus a counter: unique within the process, and colliding across processes
 /// with a probability of about one in 2^64 per pair of claims on the same key.
-fn new_token() -> i64 {
+pub(crate) fn new_token() -> i64 {
     static BASE: OnceLock<u64> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let base = *BASE.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
@@ -176,18 +176,28 @@ fn acquired(token: i64, attempt: u32, previous_claim_at: Option<i64>) -> Claimed
 }
 
 fn check_fingerprint(request: ClaimRequest<'_>, row: &Row) -> Result<()> {
-    let (Some(stored), Some(received)) = (row.fingerprint.as_deref(), request.fingerprint) else {
+    check_stored_fingerprint(request.key, row.fingerprint.as_deref(), request.fingerprint)
+}
+
+/// Checks a message's fingerprint against the one stored with its key's record: a mismatch is
+/// a reused key with other content; a missing one on either side is not checked.
+pub(crate) fn check_stored_fingerprint(
+    key: &InboxKey,
+    stored: Option<&[u8]>,
+    received: Option<&Fingerprint>,
+) -> Result<()> {
+    let (Some(stored), Some(received)) = (stored, received) else {
         return Ok(());
     };
     if stored == received.as_bytes() {
         return Ok(());
     }
     let stored = Fingerprint::from_bytes(stored).ok_or_else(|| Error::CorruptRecord {
-        key: request.key.clone(),
+        key: key.clone(),
         detail: format!("a fingerprint of {} bytes, not 32", stored.len()),
     })?;
     Err(Error::FingerprintMismatch {
-        key: request.key.clone(),
+        key: key.clone(),
         stored,
         received: *received,
     })

@@ -1,5 +1,6 @@
 //! The inbox: runs a handler at most once per key, in transactional or two-phase mode.
 
+mod batch;
 mod builder;
 mod claim;
 mod record;
@@ -29,6 +30,7 @@ use crate::store::Store;
 use crate::store::dialect::{Failure, classify};
 use crate::store::table::TableName;
 
+pub use batch::{BatchItem, MAX_BATCH};
 pub use builder::InboxBuilder;
 pub use record::InboxRecord;
 

@@ -150,6 +150,12 @@ impl Dialect {
         }
     }
 
+    /// Whether `INSERT ... RETURNING` reports the rows a conditional insert wrote: PostgreSQL,
+    /// SQLite and MariaDB; not MySQL.
+    pub(crate) fn has_insert_returning(self) -> bool {
+        self.backend != DbBackend::MySql || self.mariadb
+    }
+
     /// `sql`, written with `?` placeholders, in the backend's placeholder syntax (PostgreSQL
     /// numbers them: `$1`, `$2`, ...). Statements are built from the crate's own text, which has
     /// no `?` inside literals.

@@ -2,6 +2,7 @@
 //! transaction.
 
 pub(crate) mod dialect;
+mod many;
 mod statements;
 pub(crate) mod table;
 
@@ -14,6 +15,7 @@ use sea_orm::{
 use crate::clock::duration_ms;
 use crate::key::{ConsumerName, InboxKey, MessageKey};
 use dialect::Dialect;
+pub(crate) use many::BatchClaim;
 use statements::Statements;
 use table::TableName;
 
@@ -60,6 +62,27 @@ pub(crate) struct Row {
     pub(crate) expires_at: i64,
     /// The database's clock when the row was read.
     pub(crate) now: i64,
+}
+
+impl Row {
+    /// Reads [`statements::READ_COLUMNS`] and the database's clock from `row`, starting at
+    /// column `first`.
+    fn read(row: &sea_orm::QueryResult, first: usize) -> Result<Self, DbErr> {
+        let column = |n: usize| first + n;
+        Ok(Row {
+            status: row.try_get_by_index(column(0))?,
+            fingerprint: row.try_get_by_index(column(1))?,
+            output: row.try_get_by_index(column(2))?,
+            attempts: row.try_get_by_index(column(3))?,
+            claim_token: row.try_get_by_index(column(4))?,
+            created_at: row.try_get_by_index(column(5))?,
+            claimed_at: row.try_get_by_index(column(6))?,
+            lease_until: row.try_get_by_index(column(7))?,
+            completed_at: row.try_get_by_index(column(8))?,
+            expires_at: row.try_get_by_index(column(9))?,
+            now: row.try_get_by_index(column(10))?,
+        })
+    }
 }
 
 /// The values a claim writes, by insert or by takeover. Times are the database's: a claim gives
@@ -115,6 +138,8 @@ pub(crate) struct Store {
     sql: Statements,
     /// PostgreSQL's `lock_timeout` as configured, restored after each claim.
     lock_timeout: String,
+    /// How long a claim waits for another transaction holding its key.
+    claim_wait: Duration,
 }
 
 fn text(value: &str) -> Value {
@@ -133,6 +158,7 @@ impl Store {
             table,
             sql,
             lock_timeout: "0".to_owned(),
+            claim_wait,
         }
     }
 
@@ -280,20 +306,7 @@ impl Store {
         let row = conn
             .query_one_raw(self.statement(&self.sql.select, Self::key_values(key).into()))
             .await?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some(Row {
-            status: row.try_get_by_index(0)?,
-            fingerprint: row.try_get_by_index(1)?,
-            output: row.try_get_by_index(2)?,
-            attempts: row.try_get_by_index(3)?,
-            claim_token: row.try_get_by_index(4)?,
-            created_at: row.try_get_by_index(5)?,
-            claimed_at: row.try_get_by_index(6)?,
-            lease_until: row.try_get_by_index(7)?,
-            completed_at: row.try_get_by_index(8)?,
-            expires_at: row.try_get_by_index(9)?,
-            now: row.try_get_by_index(10)?,
-        }))
+        row.map(|row| Row::read(&row, 0)).transpose()
     }
 
     /// Replaces a record with a new claim, only if it still carries `previous_token`: of two

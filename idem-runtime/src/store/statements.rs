@@ -15,7 +15,7 @@ const KEY: &str = "consumer = ? AND message_key = ?";
 
 /// The columns a record is read with, in the order `Store::find` reads them; the database's
 /// clock comes last.
-const READ_COLUMNS: &str = "status, fingerprint, output, attempts, claim_token, created_at, \
+pub(super) const READ_COLUMNS: &str = "status, fingerprint, output, attempts, claim_token, created_at, \
                             claimed_at, lease_until, completed_at, expires_at";
 
 #[derive(Debug)]

@@ -1,0 +1,634 @@
+//! Batch mode: many messages of one transactional consumer in one transaction, each message
+//! settled as it would be on its own.
+//!
+//! One statement claims every key and tells which are fresh; one reads the known ones; each
+//! fresh message's handler runs under its own savepoint; one statement completes the
+//! successful ones; one commit. A failing message is rolled back to its savepoint and its
+//! claim removed, while the rest commit. Records that need more than a read (expired, or held
+//! by a two-phase claim), and second copies of a key whose first copy was left for later, are
+//! processed on their own after the commit, by the per-message path.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, RuntimeErr};
+use tracing::Instrument;
+
+use super::claim::{check_stored_fingerprint, new_token};
+use super::{Inbox, MAX_CLAIM_DEADLOCKS, decode_stored, outage_or, run};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::handler::{Context, Handler, Mode, Outcome};
+use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
+use crate::metadata::Metadata;
+use crate::observe;
+use crate::store::dialect::{Failure, classify};
+use crate::store::{BatchClaim, Row, Status};
+
+/// One message of a batch: the key [`Handler::key`] gave for it, the message, and what the
+/// transport knows about its delivery.
+#[derive(Debug)]
+pub struct BatchItem<M> {
+    /// The message's key, or why it has none.
+    pub key: Result<MessageKey, KeyError>,
+    /// The decoded message.
+    pub message: M,
+    /// The delivery's metadata.
+    pub metadata: Metadata,
+}
+
+/// The most messages one batch transaction carries: its statements bind a few values per
+/// message, and every backend limits how many one statement may have. Larger batches are split.
+pub const MAX_BATCH: usize = 1000;
+
+/// What became of the first copy of a key in the batch.
+enum Fate<T> {
+    /// Claimed fresh; its handler has not run yet.
+    Fresh,
+    /// Processed here, to be committed: the output and its JSON as stored.
+    Processed(T, Option<String>),
+    /// A completed record: its stored output and fingerprint.
+    Duplicate(Option<String>, Option<Vec<u8>>),
+    /// Left for the per-message path after the commit.
+    Deferred,
+    /// Failed with this error; nothing of it is committed.
+    Failed(Error),
+}
+
+/// The first copy of a key in the batch.
+struct Lead<M, T> {
+    index: usize,
+    key: InboxKey,
+    fingerprint: Option<Fingerprint>,
+    message: Option<M>,
+    fate: Fate<T>,
+    /// Whether this batch inserted its claim.
+    claimed: bool,
+}
+
+/// What a later copy of a key learns from its first copy.
+enum First {
+    /// It is recorded: the output and fingerprint stored.
+    Stored(Option<String>, Option<Vec<u8>>),
+    /// It failed.
+    Failed,
+}
+
+/// A later copy of a key already in the batch.
+struct Copy<M> {
+    index: usize,
+    key: MessageKey,
+    fingerprint: Option<Fingerprint>,
+    message: M,
+}
+
+/// Why a batch's transaction ended without committing.
+enum Lost {
+    /// A statement of the batch failed, or the commit did.
+    Database(DbErr),
+    /// A handler broke the transaction: the database rolled back or aborted more than the
+    /// handler's savepoint.
+    RolledBack,
+}
+
+impl Lost {
+    /// The error a message whose work the lost transaction held gets: retried later, counted as
+    /// an attempt only when the database refused a statement of the batch.
+    fn error_for(&self, key: &InboxKey) -> Error {
+        let Lost::Database(error) = self else {
+            return Error::BatchRolledBack { key: key.clone() };
+        };
+        let detail = format!("the batch's transaction failed: {error}");
+        match classify(error) {
+            Failure::Unreachable => {
+                Error::StoreUnavailable(DbErr::Conn(RuntimeErr::Internal(detail)))
+            }
+            Failure::Deadlock | Failure::LockTimeout => Error::Contention(DbErr::Custom(detail)),
+            Failure::Aborted => Error::BatchRolledBack { key: key.clone() },
+            Failure::Refused => Error::Database(DbErr::Custom(detail)),
+        }
+    }
+}
+
+/// The items of a batch sorted out: first copies of each key (sorted by key, the order their
+/// claims lock in), later copies, and the results already known (an invalid key, a message
+/// that cannot be fingerprinted).
+struct Sorted<M, T> {
+    leads: Vec<Lead<M, T>>,
+    copies: Vec<Copy<M>>,
+    metadata: Vec<Metadata>,
+    results: Vec<Option<Result<Outcome<T>>>>,
+}
+
+impl Inbox {
+    /// Processes `items` with `handler` in one transaction, returning one result per item, in
+    /// order, each what [`Inbox::process`] would have returned for that message.
+    ///
+    /// - Fresh keys are claimed in one statement, and their handlers run one after the other,
+    ///   each under its own savepoint of the batch's transaction: a failing or panicking handler
+    ///   is rolled back to its savepoint, its claim removed, and its error returned, while the
+    ///   others commit.
+    /// - Known keys are read in one statement: a completed record answers as a
+    ///   [`Outcome::Duplicate`] (after the fingerprint check) without running the handler. An
+    ///   expired record, or one a two-phase claim holds, is processed on its own after the
+    ///   commit, as is a second copy of a key in the batch whose first copy was.
+    /// - The outputs are recorded in one statement, and the batch commits once. If the commit
+    ///   fails or its result is unknown, every message it held gets the error, to be requeued.
+    /// - A handler that carries on after a failed statement breaks only its own savepoint on
+    ///   PostgreSQL ([`Error::TransactionAborted`] for it). Where the database rolls back the
+    ///   whole transaction instead (a MySQL/MariaDB deadlock), that message gets its own error
+    ///   and every other message the transaction held gets [`Error::BatchRolledBack`], which
+    ///   does not count as an attempt.
+    ///
+    /// A batch trades latency for throughput: its messages are committed together, after the
+    /// slowest of them. A two-phase handler's messages are processed one by one. At most
+    /// [`MAX_BATCH`] messages share a transaction; larger batches are split. On PostgreSQL each
+    /// handler that writes takes a subtransaction id, and a transaction with more than 64 of
+    /// them slows other sessions' snapshots: keep batches at 64 messages or fewer there when
+    /// other sessions share the server.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future rolls the batch's transaction back: nothing of it is recorded.
+    pub async fn process_batch<H: Handler>(
+        &self,
+        handler: &H,
+        items: Vec<BatchItem<H::Message>>,
+    ) -> Vec<Result<Outcome<H::Output>>> {
+        let mut results = Vec::with_capacity(items.len());
+        if handler.mode() != Mode::Transactional {
+            for item in items {
+                let result = self
+                    .process_with_key(handler, item.key, item.message, &item.metadata)
+                    .await;
+                results.push(result);
+            }
+            return results;
+        }
+        let mut items = items.into_iter().peekable();
+        while items.peek().is_some() {
+            let chunk: Vec<_> = items.by_ref().take(MAX_BATCH).collect();
+            let span = tracing::info_span!(
+                "idem.batch",
+                consumer = handler.consumer(),
+                size = chunk.len()
+            );
+            results.extend(self.one_batch(handler, chunk).instrument(span).await);
+        }
+        results
+    }
+
+    /// One transaction's worth of a batch.
+    async fn one_batch<H: Handler>(
+        &self,
+        handler: &H,
+        items: Vec<BatchItem<H::Message>>,
+    ) -> Vec<Result<Outcome<H::Output>>> {
+        let consumer = match ConsumerName::new(handler.consumer()) {
+            Ok(consumer) => consumer,
+            Err(error) => {
+                let results: Vec<_> = items
+                    .iter()
+                    .map(|_| Err(Error::InvalidConsumer(error.clone())))
+                    .collect();
+                for (item, result) in items.iter().zip(&results) {
+                    record(handler.consumer(), &item.metadata, result);
+                }
+                return results;
+            }
+        };
+        let Sorted {
+            mut leads,
+            copies,
+            metadata,
+            mut results,
+        } = sort_out(handler, &consumer, items);
+        let retention = self
+            .inner
+            .retention
+            .retention_for(consumer.as_str(), handler.retention());
+        if let Err(lost) = self
+            .transact(handler, &consumer, &mut leads, &metadata, retention)
+            .await
+        {
+            for lead in &mut leads {
+                if matches!(
+                    lead.fate,
+                    Fate::Fresh | Fate::Processed(..) | Fate::Deferred
+                ) {
+                    lead.fate = Fate::Failed(lost.error_for(&lead.key));
+                }
+            }
+        }
+        // What a later copy of a key learns from its first copy.
+        let mut firsts: HashMap<MessageKey, First> = HashMap::new();
+        let mut later: Vec<(usize, MessageKey, H::Message)> = Vec::new();
+        for lead in leads {
+            let Lead {
+                index, key, fate, ..
+            } = lead;
+            let result = match fate {
+                Fate::Processed(output, json) => {
+                    let stored = lead.fingerprint.map(|print| print.as_bytes().to_vec());
+                    firsts.insert(key.message_key.clone(), First::Stored(json, stored));
+                    Ok(Outcome::Processed(output))
+                }
+                Fate::Duplicate(output, stored) => {
+                    let result = decode_stored(&key, output.clone()).map(Outcome::Duplicate);
+                    firsts.insert(key.message_key.clone(), First::Stored(output, stored));
+                    result
+                }
+                Fate::Failed(error) => {
+                    firsts.insert(key.message_key.clone(), First::Failed);
+                    Err(error)
+                }
+                Fate::Deferred => {
+                    let message = lead.message.expect("a deferred message was not run");
+                    later.push((index, key.message_key, message));
+                    continue;
+                }
+                Fate::Fresh => unreachable!("a fresh claim either ran or its batch was lost"),
+            };
+            record(consumer.as_str(), &metadata[index], &result);
+            results[index] = Some(result);
+        }
+        for copy in copies {
+            let key = InboxKey {
+                consumer: consumer.clone(),
+                message_key: copy.key,
+            };
+            let result = match firsts.get(&key.message_key) {
+                Some(First::Stored(output, stored)) => {
+                    check_stored_fingerprint(&key, stored.as_deref(), copy.fingerprint.as_ref())
+                        .and_then(|()| decode_stored(&key, output.clone()))
+                        .map(Outcome::Duplicate)
+                }
+                // The first copy failed: this one is retried after it, not beside it.
+                Some(First::Failed) => Err(Error::InProgressElsewhere {
+                    key,
+                    remaining: Duration::ZERO,
+                }),
+                None => {
+                    later.push((copy.index, key.message_key, copy.message));
+                    continue;
+                }
+            };
+            record(consumer.as_str(), &metadata[copy.index], &result);
+            results[copy.index] = Some(result);
+        }
+        // First copies come before their later copies.
+        later.sort_by_key(|(index, ..)| *index);
+        for (index, key, message) in later {
+            let result = self
+                .process_with_key(handler, Ok(key), message, &metadata[index])
+                .await;
+            results[index] = Some(result);
+        }
+        results
+            .into_iter()
+            .map(|result| result.expect("every message of a batch has a result"))
+            .collect()
+    }
+
+    /// The batch's transaction: claims, reads, handlers, completion, commit. Each first copy's
+    /// fate is set as it is decided; an error means nothing was committed.
+    async fn transact<H: Handler>(
+        &self,
+        handler: &H,
+        consumer: &ConsumerName,
+        leads: &mut [Lead<H::Message, H::Output>],
+        metadata: &[Metadata],
+        retention: Duration,
+    ) -> Result<(), Lost> {
+        let store = &self.inner.store;
+        let token = new_token();
+        let mut deadlocks = 0;
+        let (tx, fresh) = loop {
+            let tx = store
+                .dialect()
+                .begin(&self.inner.db)
+                .await
+                .map_err(Lost::Database)?;
+            match self.claim_all(&tx, consumer, leads, token, retention).await {
+                Ok(fresh) => break (tx, fresh),
+                // Batches sharing keys claim them in one order; a deadlock can still come from
+                // elsewhere. Nothing has run yet, so the claims are simply tried again.
+                Err(error)
+                    if classify(&error) == Failure::Deadlock && deadlocks < MAX_CLAIM_DEADLOCKS =>
+                {
+                    deadlocks += 1;
+                }
+                Err(error) if classify(&error) == Failure::LockTimeout => {
+                    // A key of the batch is held by a long transaction elsewhere.
+                    for lead in leads.iter_mut() {
+                        lead.fate = Fate::Failed(Error::InProgressElsewhere {
+                            key: lead.key.clone(),
+                            remaining: self.inner.claim_wait,
+                        });
+                    }
+                    return Ok(());
+                }
+                Err(error) => return Err(Lost::Database(error)),
+            }
+        };
+        if fresh < leads.len() {
+            self.read_known(&tx, consumer, leads)
+                .await
+                .map_err(Lost::Database)?;
+        }
+        store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
+        for lead in leads.iter_mut() {
+            if matches!(lead.fate, Fate::Fresh) {
+                run_fresh(handler, &tx, lead, &metadata[lead.index]).await?;
+            }
+        }
+        let released: Vec<&MessageKey> = leads
+            .iter()
+            .filter(|lead| lead.claimed && matches!(lead.fate, Fate::Failed(_)))
+            .map(|lead| &lead.key.message_key)
+            .collect();
+        if !released.is_empty() {
+            store
+                .release_many(&tx, consumer, token, &released)
+                .await
+                .map_err(Lost::Database)?;
+        }
+        self.complete_all(&tx, consumer, leads, token, retention)
+            .await?;
+        tx.commit().await.map_err(Lost::Database)
+    }
+
+    /// Claims every first copy's key in one statement; the fresh ones are marked so. Returns how
+    /// many were fresh.
+    async fn claim_all<M, T>(
+        &self,
+        tx: &DatabaseTransaction,
+        consumer: &ConsumerName,
+        leads: &mut [Lead<M, T>],
+        token: i64,
+        retention: Duration,
+    ) -> Result<usize, DbErr> {
+        let store = &self.inner.store;
+        store.bound_claim_wait(tx).await?;
+        let claims: Vec<BatchClaim<'_>> = leads
+            .iter()
+            .map(|lead| BatchClaim {
+                key: &lead.key.message_key,
+                fingerprint: lead.fingerprint.as_ref(),
+            })
+            .collect();
+        let fresh: HashSet<String> = store
+            .insert_claims(tx, consumer, &claims, token, retention)
+            .await?;
+        for lead in leads.iter_mut() {
+            lead.claimed = fresh.contains(lead.key.message_key.as_str());
+            lead.fate = if lead.claimed {
+                Fate::Fresh
+            } else {
+                Fate::Deferred
+            };
+        }
+        Ok(fresh.len())
+    }
+
+    /// Reads the records of the keys that were not fresh, in one statement: a completed,
+    /// unexpired record answers as a duplicate; anything else is left for the per-message path.
+    async fn read_known<M, T>(
+        &self,
+        tx: &DatabaseTransaction,
+        consumer: &ConsumerName,
+        leads: &mut [Lead<M, T>],
+    ) -> Result<(), DbErr> {
+        let known: Vec<&MessageKey> = leads
+            .iter()
+            .filter(|lead| matches!(lead.fate, Fate::Deferred))
+            .map(|lead| &lead.key.message_key)
+            .collect();
+        let mut rows = self.inner.store.find_many(tx, consumer, &known).await?;
+        for lead in leads.iter_mut() {
+            if !matches!(lead.fate, Fate::Deferred) {
+                continue;
+            }
+            if let Some(row) = rows.remove(lead.key.message_key.as_str()) {
+                lead.fate = known_fate(lead, row);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the outputs of the messages processed here in one statement, under a savepoint:
+    /// a statement the database refuses (an output too large for it) is tried message by
+    /// message to find which, and the batch is rolled back.
+    async fn complete_all<M, T>(
+        &self,
+        tx: &DatabaseTransaction,
+        consumer: &ConsumerName,
+        leads: &mut [Lead<M, T>],
+        token: i64,
+        retention: Duration,
+    ) -> Result<(), Lost> {
+        let store = &self.inner.store;
+        let outputs: Vec<(&MessageKey, Option<&str>)> = leads
+            .iter()
+            .filter_map(|lead| match &lead.fate {
+                Fate::Processed(_, json) => Some((&lead.key.message_key, json.as_deref())),
+                _ => None,
+            })
+            .collect();
+        if outputs.is_empty() {
+            return Ok(());
+        }
+        let expected = outputs.len() as u64;
+        savepoint(tx, "SAVEPOINT idem_complete").await?;
+        match store
+            .complete_many(tx, consumer, token, &outputs, retention)
+            .await
+        {
+            // Each claim is this batch's, in progress, in this transaction: fewer completed
+            // means the database rolled the transaction back under a handler.
+            Ok(completed) if completed == expected => Ok(()),
+            Ok(_) => Err(Lost::RolledBack),
+            Err(error) if classify(&error) == Failure::Refused => {
+                drop(outputs);
+                savepoint(tx, "ROLLBACK TO SAVEPOINT idem_complete").await?;
+                self.find_refused_outputs(tx, leads, token, retention)
+                    .await?;
+                Err(Lost::RolledBack)
+            }
+            Err(error) => Err(Lost::Database(error)),
+        }
+    }
+
+    /// Completes each processed message on its own, each under a savepoint rolled back at once,
+    /// and marks the ones whose output the database refuses.
+    async fn find_refused_outputs<M, T>(
+        &self,
+        tx: &DatabaseTransaction,
+        leads: &mut [Lead<M, T>],
+        token: i64,
+        retention: Duration,
+    ) -> Result<(), Lost> {
+        for lead in leads.iter_mut() {
+            let Fate::Processed(_, json) = &lead.fate else {
+                continue;
+            };
+            savepoint(tx, "SAVEPOINT idem_probe").await?;
+            let tried = self
+                .inner
+                .store
+                .complete(tx, &lead.key, token, json.as_deref(), retention)
+                .await;
+            savepoint(tx, "ROLLBACK TO SAVEPOINT idem_probe").await?;
+            if let Err(error) = tried
+                && classify(&error) == Failure::Refused
+            {
+                lead.fate = Fate::Failed(Error::OutputNotStorable(Box::new(error)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sorts the items out: their metadata, the results known before any statement, the first copy
+/// of each key (sorted by key) and the later copies.
+fn sort_out<H: Handler>(
+    handler: &H,
+    consumer: &ConsumerName,
+    items: Vec<BatchItem<H::Message>>,
+) -> Sorted<H::Message, H::Output> {
+    let mut sorted = Sorted {
+        leads: Vec::with_capacity(items.len()),
+        copies: Vec::new(),
+        metadata: Vec::with_capacity(items.len()),
+        results: Vec::with_capacity(items.len()),
+    };
+    let mut seen = HashSet::new();
+    for (index, item) in items.into_iter().enumerate() {
+        let early = match item.key {
+            Err(error) => Some(Err(Error::InvalidKey(error))),
+            Ok(key) => match handler.fingerprint(&item.message, &item.metadata) {
+                Err(error) => Some(Err(error.into())),
+                Ok(fingerprint) if seen.contains(&key) => {
+                    sorted.copies.push(Copy {
+                        index,
+                        key,
+                        fingerprint,
+                        message: item.message,
+                    });
+                    None
+                }
+                Ok(fingerprint) => {
+                    seen.insert(key.clone());
+                    sorted.leads.push(Lead {
+                        index,
+                        key: InboxKey {
+                            consumer: consumer.clone(),
+                            message_key: key,
+                        },
+                        fingerprint,
+                        message: Some(item.message),
+                        fate: Fate::Deferred,
+                        claimed: false,
+                    });
+                    None
+                }
+            },
+        };
+        if let Some(result) = &early {
+            record(consumer.as_str(), &item.metadata, result);
+        }
+        sorted.results.push(early);
+        sorted.metadata.push(item.metadata);
+    }
+    sorted
+        .leads
+        .sort_by(|a, b| a.key.message_key.cmp(&b.key.message_key));
+    sorted
+}
+
+/// What a record found for a first copy means: a completed, unexpired record is a duplicate
+/// (or a mismatch); an unreadable one is corrupt; anything else goes the per-message way.
+fn known_fate<M, T>(lead: &Lead<M, T>, row: Row) -> Fate<T> {
+    let Some(status) = Status::parse(&row.status) else {
+        return Fate::Failed(Error::CorruptRecord {
+            key: lead.key.clone(),
+            detail: format!("unknown status {:?}", row.status),
+        });
+    };
+    if status != Status::Completed || row.expires_at <= row.now {
+        return Fate::Deferred;
+    }
+    match check_stored_fingerprint(
+        &lead.key,
+        row.fingerprint.as_deref(),
+        lead.fingerprint.as_ref(),
+    ) {
+        Ok(()) => Fate::Duplicate(row.output, row.fingerprint),
+        Err(error) => Fate::Failed(error),
+    }
+}
+
+/// Runs a fresh message's handler under its own savepoint, and sets its fate: processed, or
+/// failed and rolled back to the savepoint. An error means the transaction is lost.
+async fn run_fresh<H: Handler>(
+    handler: &H,
+    tx: &DatabaseTransaction,
+    lead: &mut Lead<H::Message, H::Output>,
+    metadata: &Metadata,
+) -> Result<(), Lost> {
+    savepoint(tx, "SAVEPOINT idem_message").await?;
+    let message = lead.message.take().expect("a fresh message runs once");
+    let cx = Context::new(&lead.key.message_key, metadata, Some(tx));
+    let failure = match run(handler, &cx, message).await {
+        Ok(output) => match serde_json::to_string(&output) {
+            // Releasing the savepoint fails when the handler broke it: PostgreSQL aborted it
+            // after a failed statement, or the database rolled the whole transaction back.
+            Ok(json) => match tx
+                .execute_unprepared("RELEASE SAVEPOINT idem_message")
+                .await
+            {
+                Ok(_) => {
+                    let stored = (json != "null").then_some(json);
+                    lead.fate = Fate::Processed(output, stored);
+                    return Ok(());
+                }
+                Err(_) => Error::TransactionAborted {
+                    key: lead.key.clone(),
+                },
+            },
+            Err(error) => Error::OutputNotStorable(Box::new(error)),
+        },
+        Err(error) => outage_or(error, tx).await,
+    };
+    let outage = failure.is_store_unavailable();
+    lead.fate = Fate::Failed(failure);
+    if outage {
+        return Err(Lost::Database(DbErr::Conn(RuntimeErr::Internal(
+            "a handler of the batch lost the database".to_owned(),
+        ))));
+    }
+    match tx
+        .execute_unprepared("ROLLBACK TO SAVEPOINT idem_message")
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(error) if classify(&error) == Failure::Unreachable => Err(Lost::Database(error)),
+        // The savepoint is gone with the whole transaction.
+        Err(_) => Err(Lost::RolledBack),
+    }
+}
+
+/// Runs a savepoint statement of the batch; its failure loses the transaction.
+async fn savepoint(tx: &DatabaseTransaction, sql: &str) -> Result<(), Lost> {
+    match tx.execute_unprepared(sql).await {
+        Ok(_) => Ok(()),
+        Err(error) if classify(&error) == Failure::Unreachable => Err(Lost::Database(error)),
+        Err(_) => Err(Lost::RolledBack),
+    }
+}
+
+/// Counts and logs one message's result, as the per-message path does.
+fn record<T>(consumer: &str, metadata: &Metadata, result: &Result<Outcome<T>>) {
+    let span = observe::span(consumer, metadata);
+    observe::record(&span, consumer, result);
+}

@@ -1,0 +1,290 @@
+//! Statements over many keys of one consumer at once, for batches: one multi-row claim that
+//! tells which keys are fresh, one read of the known ones, one completion, one release.
+//!
+//! Their text depends on how many keys they carry, so they are built per batch; a consumer's
+//! batches mostly have the same size, and each connection caches the prepared statement by its
+//! text.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, QueryResult, Value};
+
+use super::statements::READ_COLUMNS;
+use super::{Row, Status, Store, opt_text, text};
+use crate::clock::duration_ms;
+use crate::fingerprint::Fingerprint;
+use crate::key::{ConsumerName, MessageKey};
+
+/// A fresh claim of a batch: its key and the fingerprint recorded with it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchClaim<'a> {
+    pub(crate) key: &'a MessageKey,
+    pub(crate) fingerprint: Option<&'a Fingerprint>,
+}
+
+/// A derived table of `n` rows binding a key `k` each, and an output `o` when `outputs`:
+/// `(SELECT ? AS k UNION ALL SELECT ? ...)`.
+fn key_table(n: usize, outputs: bool) -> String {
+    let first = if outputs {
+        "SELECT ? AS k, ? AS o"
+    } else {
+        "SELECT ? AS k"
+    };
+    let rest = if outputs {
+        " UNION ALL SELECT ?, ?"
+    } else {
+        " UNION ALL SELECT ?"
+    };
+    let mut table = String::with_capacity(n * rest.len() + 2);
+    table.push('(');
+    table.push_str(first);
+    for _ in 1..n {
+        table.push_str(rest);
+    }
+    table.push(')');
+    table
+}
+
+/// `?, ?, ...`: `n` placeholders.
+fn placeholders(n: usize) -> String {
+    let mut list = String::with_capacity(n * 3);
+    for i in 0..n {
+        if i > 0 {
+            list.push_str(", ");
+        }
+        list.push('?');
+    }
+    list
+}
+
+impl Store {
+    /// Claims every key of `claims` for `consumer` in one statement, each recorded in progress
+    /// with `token`, unless a record exists; returns the keys this statement inserted. A
+    /// concurrent claim of a key that has not committed is waited for at most the claim wait
+    /// (see [`Store::bound_claim_wait`] for PostgreSQL). Callers pass the keys sorted, so that
+    /// batches sharing keys take their locks in one order.
+    pub(crate) async fn insert_claims(
+        &self,
+        conn: &impl ConnectionTrait,
+        consumer: &ConsumerName,
+        claims: &[BatchClaim<'_>],
+        token: i64,
+        retention: Duration,
+    ) -> Result<HashSet<String>, DbErr> {
+        let t = self.dialect.quote(self.table.as_str());
+        let now = self.dialect.now_ms();
+        let row = format!("(?, ?, ?, ?, 1, ?, {now}, {now}, NULL, NULL, {now} + ?)");
+        let rows = vec![row.as_str(); claims.len()].join(", ");
+        let columns = "consumer, message_key, status, fingerprint, attempts, claim_token, \
+                       created_at, claimed_at, lease_until, completed_at, expires_at";
+        let returning = self.dialect.has_insert_returning();
+        let sql = match self.backend() {
+            DbBackend::MySql => self.dialect.with_lock_wait(
+                &format!(
+                    "INSERT IGNORE INTO {t} ({columns}) VALUES {rows}{}",
+                    if returning {
+                        " RETURNING message_key"
+                    } else {
+                        ""
+                    }
+                ),
+                self.claim_wait,
+            ),
+            _ => format!(
+                "INSERT INTO {t} ({columns}) VALUES {rows} \
+                 ON CONFLICT (consumer, message_key) DO NOTHING RETURNING message_key"
+            ),
+        };
+        let expiry = Value::from(duration_ms(retention));
+        let mut values = Vec::with_capacity(claims.len() * 6);
+        for claim in claims {
+            values.extend([
+                text(consumer.as_str()),
+                text(claim.key.as_str()),
+                text(Status::InProgress.as_str()),
+                Value::from(claim.fingerprint.map(|print| print.as_bytes().to_vec())),
+                Value::from(token),
+                expiry.clone(),
+            ]);
+        }
+        let statement = self.statement(&self.dialect.placeholders(&sql), values);
+        if !returning {
+            // MySQL proper has no `INSERT ... RETURNING`: the keys this statement inserted are
+            // the ones that now carry its token.
+            conn.execute_raw(statement).await?;
+            let keys: Vec<&MessageKey> = claims.iter().map(|claim| claim.key).collect();
+            let rows = self.find_many(conn, consumer, &keys).await?;
+            return Ok(rows
+                .into_iter()
+                .filter(|(_, row)| row.claim_token == token)
+                .map(|(key, _)| key)
+                .collect());
+        }
+        let inserted = conn.query_all_raw(statement).await?;
+        inserted
+            .iter()
+            .map(|row| self.read_key(row, 0))
+            .collect::<Result<_, _>>()
+    }
+
+    /// Bounds PostgreSQL's lock waits in this transaction to the claim wait, until
+    /// [`Store::end_claim_wait`]; MariaDB bounds each claim statement itself.
+    pub(crate) async fn bound_claim_wait(&self, conn: &impl ConnectionTrait) -> Result<(), DbErr> {
+        if self.backend() == DbBackend::Postgres {
+            let wait = self.claim_wait.as_millis().max(1).to_string();
+            let sql = "SELECT set_config('lock_timeout', $1, true)";
+            conn.query_one_raw(self.statement(sql, vec![text(&wait)]))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Reads the records of `keys` for `consumer`, with the database's clock, by message key.
+    pub(crate) async fn find_many(
+        &self,
+        conn: &impl ConnectionTrait,
+        consumer: &ConsumerName,
+        keys: &[&MessageKey],
+    ) -> Result<HashMap<String, Row>, DbErr> {
+        let t = self.dialect.quote(self.table.as_str());
+        let now = self.dialect.now_ms();
+        let mut values = Vec::with_capacity(keys.len() + 1);
+        let sql = if self.backend() == DbBackend::MySql {
+            // Joined from a table of the keys, so that MySQL/MariaDB look each key up and lock
+            // only its record: with an `IN` list it may scan, and lock, the whole consumer.
+            values.extend(keys.iter().map(|key| text(key.as_str())));
+            values.push(text(consumer.as_str()));
+            let columns = READ_COLUMNS
+                .split(", ")
+                .map(|column| format!("r.{column}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            self.dialect.with_lock_wait(
+                &format!(
+                    "SELECT r.message_key, {columns}, {now} FROM {} AS v JOIN {t} AS r \
+                     ON r.consumer = ? AND r.message_key = v.k LOCK IN SHARE MODE",
+                    key_table(keys.len(), false)
+                ),
+                self.claim_wait,
+            )
+        } else {
+            values.push(text(consumer.as_str()));
+            values.extend(keys.iter().map(|key| text(key.as_str())));
+            format!(
+                "SELECT message_key, {READ_COLUMNS}, {now} FROM {t} \
+                 WHERE consumer = ? AND message_key IN ({})",
+                placeholders(keys.len())
+            )
+        };
+        let rows = conn
+            .query_all_raw(self.statement(&self.dialect.placeholders(&sql), values))
+            .await?;
+        rows.iter()
+            .map(|row| Ok((self.read_key(row, 0)?, Row::read(row, 1)?)))
+            .collect()
+    }
+
+    /// Completes the claims `token` holds on `outputs`' keys, each with its output, in one
+    /// statement; returns how many it completed (fewer than asked when the transaction lost
+    /// some of them).
+    pub(crate) async fn complete_many(
+        &self,
+        conn: &impl ConnectionTrait,
+        consumer: &ConsumerName,
+        token: i64,
+        outputs: &[(&MessageKey, Option<&str>)],
+        retention: Duration,
+    ) -> Result<u64, DbErr> {
+        let t = self.dialect.quote(self.table.as_str());
+        let now = self.dialect.now_ms();
+        let all_null = outputs.iter().all(|(_, output)| output.is_none());
+        let mut values = Vec::with_capacity(outputs.len() * 3 + 3);
+        let retention = Value::from(duration_ms(retention));
+        let sql = if self.backend() == DbBackend::MySql {
+            // Joined from a table of keys and outputs: see `find_many`.
+            for (key, output) in outputs {
+                values.push(text(key.as_str()));
+                if !all_null {
+                    values.push(opt_text(*output));
+                }
+            }
+            values.extend([text(consumer.as_str()), retention, Value::from(token)]);
+            let output = if all_null { "NULL" } else { "v.o" };
+            format!(
+                "UPDATE {t} AS r JOIN {} AS v ON r.consumer = ? AND r.message_key = v.k \
+                 SET r.status = 'completed', r.output = {output}, r.completed_at = {now}, \
+                 r.expires_at = {now} + ?, r.lease_until = NULL \
+                 WHERE r.claim_token = ? AND r.status = 'in_progress'",
+                key_table(outputs.len(), !all_null)
+            )
+        } else {
+            let output = if all_null {
+                "NULL".to_owned()
+            } else {
+                let mut case = "CASE message_key".to_owned();
+                for (key, output) in outputs {
+                    case.push_str(" WHEN ? THEN ?");
+                    values.extend([text(key.as_str()), opt_text(*output)]);
+                }
+                case + " END"
+            };
+            values.extend([retention, text(consumer.as_str()), Value::from(token)]);
+            values.extend(outputs.iter().map(|(key, _)| text(key.as_str())));
+            format!(
+                "UPDATE {t} SET status = 'completed', output = {output}, completed_at = {now}, \
+                 expires_at = {now} + ?, lease_until = NULL \
+                 WHERE consumer = ? AND claim_token = ? AND status = 'in_progress' \
+                 AND message_key IN ({})",
+                placeholders(outputs.len())
+            )
+        };
+        let result = conn
+            .execute_raw(self.statement(&self.dialect.placeholders(&sql), values))
+            .await?;
+        Ok(result.rows_affected())
+    }
+
+    /// Deletes the claims `token` holds on `keys`, so their redeliveries can retry.
+    pub(crate) async fn release_many(
+        &self,
+        conn: &impl ConnectionTrait,
+        consumer: &ConsumerName,
+        token: i64,
+        keys: &[&MessageKey],
+    ) -> Result<u64, DbErr> {
+        let t = self.dialect.quote(self.table.as_str());
+        let mut values = Vec::with_capacity(keys.len() + 2);
+        let sql = if self.backend() == DbBackend::MySql {
+            // Joined from a table of the keys: see `find_many`.
+            values.extend(keys.iter().map(|key| text(key.as_str())));
+            values.extend([text(consumer.as_str()), Value::from(token)]);
+            format!(
+                "DELETE r FROM {t} AS r JOIN {} AS v ON r.consumer = ? AND r.message_key = v.k \
+                 WHERE r.claim_token = ?",
+                key_table(keys.len(), false)
+            )
+        } else {
+            values.extend([text(consumer.as_str()), Value::from(token)]);
+            values.extend(keys.iter().map(|key| text(key.as_str())));
+            format!(
+                "DELETE FROM {t} WHERE consumer = ? AND claim_token = ? AND message_key IN ({})",
+                placeholders(keys.len())
+            )
+        };
+        let result = conn
+            .execute_raw(self.statement(&self.dialect.placeholders(&sql), values))
+            .await?;
+        Ok(result.rows_affected())
+    }
+
+    /// A message key read back from column `index`: MySQL/MariaDB store keys as bytes.
+    fn read_key(&self, row: &QueryResult, index: usize) -> Result<String, DbErr> {
+        if self.backend() != DbBackend::MySql {
+            return row.try_get_by_index(index);
+        }
+        let bytes: Vec<u8> = row.try_get_by_index(index)?;
+        String::from_utf8(bytes)
+            .map_err(|_| DbErr::Custom("a message key that is not UTF-8".to_owned()))
+    }
+}

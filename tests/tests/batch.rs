@@ -1,0 +1,400 @@
+//! Batch mode on each backend: a batch settles every message as per-message processing would,
+//! commits the good ones beside the bad ones, and loses nothing when its transaction is lost.
+//!
+//! Run: `cargo test -p idem-tests --test batch` with PostgreSQL and MariaDB up (see README).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
+use idem_runtime::{
+    BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
+    Metadata, Outcome, Settle, Status,
+};
+use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend};
+use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
+
+on_each_backend!(
+    a_mixed_batch_settles_each_message_as_it_would_alone,
+    a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_batch,
+    concurrent_batches_sharing_keys_have_one_effect_per_key,
+    a_batch_of_duplicates_runs_no_handler,
+    an_output_the_database_refuses_fails_only_its_message,
+);
+
+const CONSUMER: &str = "batch";
+
+/// A handler whose message body says what it does after writing its effect: `ok`, `fail`,
+/// `panic`, `swallow` (a failed statement it ignores), `rollback` (a `ROLLBACK` it ignores, as
+/// a swallowed MySQL deadlock would be), `big` (an output of 200 characters).
+#[derive(Debug, Clone)]
+struct Scripted {
+    effects: String,
+    runs: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Scripted {
+    fn new(effects: &str) -> Self {
+        Self {
+            effects: effects.to_owned(),
+            runs: Arc::default(),
+        }
+    }
+
+    fn runs(&self) -> Vec<String> {
+        self.runs.lock().unwrap().clone()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ScriptError(String);
+
+impl From<DbErr> for ScriptError {
+    fn from(error: DbErr) -> Self {
+        Self(error.to_string())
+    }
+}
+
+impl Handler for Scripted {
+    type Message = Msg;
+    type Output = String;
+    type Error = ScriptError;
+
+    fn consumer(&self) -> &str {
+        CONSUMER
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(
+        &self,
+        msg: &Msg,
+        meta: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        meta.content_fingerprint(msg).map(Some)
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<String, ScriptError> {
+        self.runs.lock().unwrap().push(msg.id.clone());
+        let tx = cx.transaction().expect("transactional");
+        idem_tests::db::insert_effect(tx, &self.effects, CONSUMER, &msg.id, &msg.body).await?;
+        match msg.body.as_str() {
+            "fail" => Err(ScriptError("failing on purpose".into())),
+            "panic" => panic!("panicking on purpose"),
+            "swallow" => {
+                let _ignored = tx
+                    .execute_unprepared("INSERT INTO idem_no_such_table VALUES (1)")
+                    .await;
+                Ok(msg.body)
+            }
+            "rollback" => {
+                let _ignored = tx.execute_unprepared("ROLLBACK").await;
+                Ok(msg.body)
+            }
+            "big" => Ok("x".repeat(200)),
+            _ => Ok(format!("did {}", msg.body)),
+        }
+    }
+}
+
+fn item(id: &str, body: &str) -> BatchItem<Msg> {
+    BatchItem {
+        key: MessageKey::new(id),
+        message: Msg::new(id, body),
+        metadata: Metadata::default(),
+    }
+}
+
+async fn effects_of(db: &TestDb, effects: &str, key: &str) -> i64 {
+    db.count(effects, &format!("message_key = '{key}'")).await
+}
+
+async fn a_mixed_batch_settles_each_message_as_it_would_alone(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Scripted::new(&effects);
+    // Records from earlier deliveries: one completed, one to be reused with other content, one
+    // expired (a recorder with a short retention, on the same consumer).
+    for id in ["dup", "mismatch"] {
+        inbox
+            .process(&handler, Msg::new(id, "a"), &Metadata::default())
+            .await
+            .unwrap();
+    }
+    let mut short = Recorder::new(&db, &effects, CONSUMER);
+    short.retention = Some(Duration::from_millis(50));
+    inbox
+        .process(&short, Msg::new("expired", "a"), &Metadata::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    handler.runs.lock().unwrap().clear();
+
+    let items = vec![
+        item("fresh-1", "a"),
+        item("dup", "a"),
+        item("mismatch", "b"),
+        item("failing", "fail"),
+        item("panicking", "panic"),
+        item("expired", "a"),
+        item("fresh-2", "a"),
+        item("fresh-2", "a"),
+        item("fresh-3", "a"),
+        item("fresh-3", "c"),
+        BatchItem {
+            key: Err(KeyError::Missing("order id")),
+            message: Msg::new("", "a"),
+            metadata: Metadata::default(),
+        },
+    ];
+    let results = inbox.process_batch(&handler, items).await;
+    let settle: Vec<String> = results
+        .iter()
+        .map(|result| match result {
+            Ok(Outcome::Processed(output)) => format!("processed {output}"),
+            Ok(Outcome::Duplicate(output)) => format!("duplicate {output}"),
+            Err(error) => error.code().to_owned(),
+        })
+        .collect();
+    assert_eq!(
+        settle,
+        [
+            "processed did a",
+            "duplicate did a",
+            "fingerprint-mismatch",
+            "handler-error",
+            "handler-panicked",
+            "processed did a",
+            "processed did a",
+            "duplicate did a",
+            "processed did a",
+            "fingerprint-mismatch",
+            "invalid-key",
+        ]
+    );
+    // Only the fresh and expired keys ran, each once; the failing ones rolled back alone.
+    let mut runs = handler.runs();
+    runs.sort();
+    assert_eq!(
+        runs,
+        [
+            "expired",
+            "failing",
+            "fresh-1",
+            "fresh-2",
+            "fresh-3",
+            "panicking"
+        ]
+    );
+    for (key, expected) in [
+        ("fresh-1", 1),
+        ("fresh-2", 1),
+        ("fresh-3", 1),
+        ("dup", 1),
+        ("mismatch", 1),
+        ("expired", 2),
+        ("failing", 0),
+        ("panicking", 0),
+    ] {
+        assert_eq!(effects_of(&db, &effects, key).await, expected, "{key}");
+    }
+    for key in ["failing", "panicking"] {
+        assert_eq!(inbox.lookup(&inbox_key(CONSUMER, key)).await.unwrap(), None);
+    }
+    let record = inbox
+        .lookup(&inbox_key(CONSUMER, "fresh-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.output.as_deref(), Some("\"did a\""));
+
+    // A redelivery of the failed ones, per message or in a batch, processes them.
+    let again = inbox
+        .process_batch(
+            &handler,
+            vec![item("failing", "ok"), item("panicking", "ok")],
+        )
+        .await;
+    assert!(again.iter().all(|r| matches!(r, Ok(Outcome::Processed(_)))));
+    assert_eq!(effects_of(&db, &effects, "failing").await, 1);
+}
+
+async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_batch(
+    backend: Backend,
+) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Scripted::new(&effects);
+    let results = inbox
+        .process_batch(
+            &handler,
+            vec![item("a", "ok"), item("b", "swallow"), item("c", "ok")],
+        )
+        .await;
+    if backend == Backend::Postgres {
+        // PostgreSQL aborted the savepoint only: the others commit.
+        assert!(matches!(results[1], Err(Error::TransactionAborted { .. })));
+        assert!(matches!(results[0], Ok(Outcome::Processed(_))));
+        assert!(matches!(results[2], Ok(Outcome::Processed(_))));
+        assert_eq!(effects_of(&db, &effects, "b").await, 0);
+    } else {
+        // Elsewhere a failed statement leaves the transaction usable.
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Ok(Outcome::Processed(_))))
+        );
+        assert_eq!(effects_of(&db, &effects, "b").await, 1);
+    }
+    assert_eq!(effects_of(&db, &effects, "a").await, 1);
+    assert_eq!(effects_of(&db, &effects, "c").await, 1);
+
+    // A transaction rolled back under a handler takes the whole batch with it: that message
+    // fails as aborted, the others are rolled back and requeued without counting.
+    let results = inbox
+        .process_batch(
+            &handler,
+            vec![
+                item("d", "ok"),
+                item("e", "rollback"),
+                item("f", "ok"),
+                item("a", "ok"),
+            ],
+        )
+        .await;
+    let error = results[1].as_ref().unwrap_err();
+    assert!(
+        matches!(error, Error::TransactionAborted { .. }),
+        "{error:?}"
+    );
+    for other in [&results[0], &results[2]] {
+        let error = other.as_ref().unwrap_err();
+        assert!(matches!(error, Error::BatchRolledBack { .. }), "{error:?}");
+        assert_eq!(error.settle(), Settle::Requeue);
+        assert!(!error.counts_as_attempt());
+    }
+    // A duplicate read from a committed record stands.
+    assert!(matches!(results[3], Ok(Outcome::Duplicate(_))));
+    for key in ["d", "e", "f"] {
+        assert_eq!(effects_of(&db, &effects, key).await, 0, "{key}");
+        assert_eq!(inbox.lookup(&inbox_key(CONSUMER, key)).await.unwrap(), None);
+    }
+}
+
+async fn concurrent_batches_sharing_keys_have_one_effect_per_key(backend: Backend) {
+    let (db, inbox, effects) =
+        setup_with(backend, |inbox| inbox.claim_wait(Duration::from_secs(10))).await;
+    // A second pool stands for a second process.
+    let other = Inbox::builder(if backend == Backend::Sqlite {
+        db.db.clone()
+    } else {
+        db.another_pool(4).await
+    })
+    .table(inbox.table().as_str())
+    .build()
+    .await
+    .unwrap();
+    let handler = Scripted::new(&effects);
+    let keys: Vec<String> = (0..200).map(|i| format!("k{i:03}")).collect();
+    let mut tasks = Vec::new();
+    for worker in 0..4 {
+        let inbox = if worker % 2 == 0 {
+            inbox.clone()
+        } else {
+            other.clone()
+        };
+        let handler = handler.clone();
+        // Each worker sees every key, in its own order and batch boundaries.
+        let mut mine = keys.clone();
+        mine.rotate_left(worker * 37);
+        if worker % 2 == 1 {
+            mine.reverse();
+        }
+        tasks.push(tokio::spawn(async move {
+            let mut pending = mine;
+            while !pending.is_empty() {
+                let mut requeued = Vec::new();
+                for chunk in pending.chunks(25 + worker * 10) {
+                    let items = chunk.iter().map(|key| item(key, "ok")).collect();
+                    let results = inbox.process_batch(&handler, items).await;
+                    for (key, result) in chunk.iter().zip(results) {
+                        match result {
+                            Ok(_) => {}
+                            Err(error) if error.settle() == Settle::Requeue => {
+                                requeued.push(key.clone())
+                            }
+                            Err(error) => panic!("{key}: {error:?}"),
+                        }
+                    }
+                }
+                pending = requeued;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // Every key was processed or found processed by each worker, so each has an effect; 200
+    // in all means one each.
+    assert_eq!(db.count(&effects, "1=1").await, 200);
+}
+
+async fn a_batch_of_duplicates_runs_no_handler(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Scripted::new(&effects);
+    let items = || (0..50).map(|i| item(&format!("o{i}"), "ok")).collect();
+    let first = inbox.process_batch(&handler, items()).await;
+    assert!(first.iter().all(|r| matches!(r, Ok(Outcome::Processed(_)))));
+    let again = inbox.process_batch(&handler, items()).await;
+    assert!(
+        again
+            .iter()
+            .all(|r| matches!(r, Ok(Outcome::Duplicate(output)) if output == "did ok"))
+    );
+    assert_eq!(handler.runs().len(), 50);
+    assert_eq!(db.count(&effects, "1=1").await, 50);
+}
+
+async fn an_output_the_database_refuses_fails_only_its_message(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let table = inbox.table().as_str().to_owned();
+    // The database refuses outputs of 100 characters or more, as a packet limit would.
+    match backend {
+        Backend::Sqlite => {
+            db.exec(&format!(
+                "CREATE TRIGGER {table}_small BEFORE UPDATE ON {table} \
+                 WHEN length(NEW.output) >= 100 BEGIN SELECT RAISE(ABORT, 'output too large'); END"
+            ))
+            .await
+        }
+        _ => {
+            db.exec(&format!(
+                "ALTER TABLE {table} ADD CONSTRAINT {table}_small \
+                 CHECK (output IS NULL OR LENGTH(output) < 100)"
+            ))
+            .await
+        }
+    }
+    let handler = Scripted::new(&effects);
+    let results = inbox
+        .process_batch(
+            &handler,
+            vec![item("a", "ok"), item("b", "big"), item("c", "ok")],
+        )
+        .await;
+    let error = results[1].as_ref().unwrap_err();
+    assert_eq!(error.code(), "output-not-storable", "{error:?}");
+    assert!(matches!(error.settle(), Settle::DeadLetter(_)));
+    for other in [&results[0], &results[2]] {
+        assert!(
+            matches!(other, Err(Error::BatchRolledBack { .. })),
+            "{other:?}"
+        );
+    }
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+    // Their redelivery commits them.
+    let again = inbox
+        .process_batch(&handler, vec![item("a", "ok"), item("c", "ok")])
+        .await;
+    assert!(again.iter().all(|r| matches!(r, Ok(Outcome::Processed(_)))));
+    assert_eq!(db.count(&effects, "1=1").await, 2);
+}

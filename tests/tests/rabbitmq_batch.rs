@@ -1,0 +1,180 @@
+//! Batch mode through the RabbitMQ adapter, on each backend: every delivery settles as it would
+//! alone, a failing one waiting to be requeued is never covered by a later multiple ack, a
+//! crash after the commit replays the batch as duplicates, and settings that cannot work are
+//! refused at start.
+//!
+//! Run: `cargo test -p idem-tests --test rabbitmq_batch` with RabbitMQ, PostgreSQL and MariaDB
+//! up (see README).
+
+use std::time::Duration;
+
+use idem_rabbitmq::{Binding, ConfigError, Consumer, Error, PublishOptions, QueueTopology};
+use idem_runtime::{BatchItem, Inbox, MessageKey, Metadata, Outcome};
+use idem_tests::rabbit::consumer_builder;
+use idem_tests::{Backend, Msg, Recorder, TestBroker, inbox_and_effects, on_each_backend, unique};
+
+on_each_backend!(
+    a_batching_binding_settles_each_delivery_as_it_would_alone,
+    a_crash_between_commit_and_ack_is_replayed_as_duplicates,
+);
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn with_id(id: &str) -> PublishOptions {
+    PublishOptions::default().message_id(id)
+}
+
+async fn start_batching(inbox: &Inbox, topology: QueueTopology, handler: Recorder) -> Consumer {
+    consumer_builder(inbox, &unique("idem-batch"))
+        .prefetch(100)
+        // A failed message waits a second to be requeued: long enough for later batches to
+        // commit and acknowledge meanwhile.
+        .retry_backoff(Duration::from_secs(1), Duration::from_secs(1))
+        .bind_with(Binding::new(topology, handler).batch(25, Duration::from_millis(20)))
+        .start()
+        .await
+        .expect("consumer starts")
+}
+
+async fn a_batching_binding_settles_each_delivery_as_it_would_alone(backend: Backend) {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    let topology = broker.classic_queue();
+    broker.declare(&topology).await;
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    // 300 orders, every tenth a producer's retry of an earlier one; a payload that is not
+    // JSON; a reused key with other content.
+    let mut published = 0;
+    for i in 0..300 {
+        let order = if i % 10 == 9 { i - 4 } else { i };
+        let id = format!("o-{order}");
+        broker
+            .send(&queue, &Msg::new(&id, "charge"), with_id(&id))
+            .await;
+        published += 1;
+    }
+    broker
+        .send_bytes(&queue, b"{not json", with_id("bad"))
+        .await;
+    broker
+        .send(&queue, &Msg::new("o-1", "charge 99"), with_id("o-1"))
+        .await;
+    published += 2;
+    let handler = Recorder::new(&db, &effects, "billing");
+    // The first message processed fails once, after writing its effect.
+    handler.fail_next(1);
+    let consumer = start_batching(&inbox, topology, handler.clone()).await;
+
+    broker
+        .eventually("every delivery settled", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.duplicates + stats.dead_lettered == published
+        })
+        .await;
+    let stats = consumer.stats();
+    assert_eq!(stats.acked, 270, "{stats:?}");
+    assert_eq!(stats.duplicates, 30, "{stats:?}");
+    assert_eq!(stats.dead_lettered, 2, "{stats:?}");
+    // The failed message, and the producer's retry of it if that shared its batch.
+    assert!((1..=2).contains(&stats.requeued), "{stats:?}");
+    // One effect per order: the failed first run rolled back alone, and its requeued delivery
+    // was processed, not swallowed by a later batch's multiple ack.
+    assert_eq!(db.count(&effects, "1=1").await, 270);
+    assert_eq!(handler.attempts().len(), 271);
+    let mut reasons: Vec<String> = broker
+        .drain(&dlq)
+        .await
+        .iter()
+        .map(|copy| copy.reason().to_owned())
+        .collect();
+    reasons.sort();
+    assert_eq!(reasons, ["fingerprint-mismatch", "undecodable"]);
+    assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
+async fn a_crash_between_commit_and_ack_is_replayed_as_duplicates(backend: Backend) {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    let topology = broker.classic_queue();
+    broker.declare(&topology).await;
+    let queue = topology.queue().to_owned();
+    let handler = Recorder::new(&db, &effects, "billing");
+    let orders: Vec<Msg> = (0..60)
+        .map(|i| Msg::new(format!("o-{i}"), "charge"))
+        .collect();
+    for order in &orders {
+        broker.send(&queue, order, with_id(&order.id)).await;
+    }
+    // A consumer that committed the batch and died before acknowledging it: the broker still
+    // holds every delivery.
+    let items = orders
+        .iter()
+        .map(|order| BatchItem {
+            key: MessageKey::new(order.id.as_str()),
+            message: order.clone(),
+            metadata: Metadata::default(),
+        })
+        .collect();
+    let committed = inbox.process_batch(&handler, items).await;
+    assert!(
+        committed
+            .iter()
+            .all(|r| matches!(r, Ok(Outcome::Processed(_))))
+    );
+
+    let consumer = start_batching(&inbox, topology, handler.clone()).await;
+    broker
+        .eventually("the redeliveries acknowledged", WAIT, || async {
+            consumer.stats().duplicates == 60
+        })
+        .await;
+    assert_eq!(consumer.stats().acked, 0);
+    assert_eq!(handler.attempts().len(), 60, "no handler ran again");
+    assert_eq!(db.count(&effects, "1=1").await, 60);
+    assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_settings_that_cannot_work_are_refused_at_start() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Sqlite).await;
+    let handler = Recorder::new(&db, &effects, "billing");
+    let refused = |binding| async {
+        consumer_builder(&inbox, &unique("idem-batch"))
+            .bind_with(binding)
+            .start()
+            .await
+            .expect_err("refused")
+    };
+    let two_phase = handler.clone().two_phase(Duration::from_secs(5));
+    let error = refused(
+        Binding::new(broker.classic_queue(), two_phase).batch(10, Duration::from_millis(5)),
+    )
+    .await;
+    assert!(
+        matches!(error, Error::Config(ConfigError::TwoPhaseBatch { .. })),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("without `batch`"), "{error}");
+    let error =
+        refused(Binding::new(broker.classic_queue(), handler.clone()).batch(0, Duration::ZERO))
+            .await;
+    assert!(
+        matches!(error, Error::Config(ConfigError::Zero(_))),
+        "{error:?}"
+    );
+    let error =
+        refused(Binding::new(broker.classic_queue(), handler).batch(5000, Duration::ZERO)).await;
+    assert!(
+        matches!(
+            error,
+            Error::Config(ConfigError::BatchTooLarge { max: 1000, .. })
+        ),
+        "{error:?}"
+    );
+}
