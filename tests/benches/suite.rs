@@ -170,32 +170,16 @@ impl Mode {
     }
 }
 
-/// idem's binding in batch mode.
-///
-/// PLACEHOLDER: `Binding::batch(size, max_wait)` is not on main yet. Until it is, this returns
-/// `None` and the suite skips `idem-batch` and `idem-batch-during-cleanup`, saying so. Once it
-/// lands this is `Some(Binding::new(topology, handler).batch(size, max_wait))`.
+/// idem's binding in batch mode: batches of `size` deliveries, or those that arrived within
+/// `max_wait` of the first. Each batch counts as one handler in flight, so the consumer's default
+/// `max_in_flight` lets several overlap when the prefetch holds more than one.
 fn idem_batch_binding(
     topology: QueueTopology,
     handler: Charge,
     size: usize,
     max_wait: Duration,
-) -> Option<Binding<Charge>> {
-    let _ = (topology, handler, size, max_wait);
-    None
-}
-
-/// Why the idem batch modes do not run, when they cannot.
-fn idem_batch_unavailable() -> Option<&'static str> {
-    let probe = idem_batch_binding(
-        QueueTopology::classic("probe"),
-        charge("probe"),
-        1,
-        Duration::ZERO,
-    );
-    probe
-        .is_none()
-        .then_some("skipped: Binding::batch is not on main yet")
+) -> Binding<Charge> {
+    Binding::new(topology, handler).batch(size, max_wait)
 }
 
 fn charge(table: &str) -> Charge {
@@ -307,8 +291,6 @@ struct Case {
     charges: String,
     inbox: Option<Inbox>,
     hand: Option<HandInbox>,
-    /// Why it does not run, if it does not.
-    skipped: Option<&'static str>,
     /// Rounds run so far, the warm-up included.
     rounds_run: u64,
     rates: Vec<f64>,
@@ -318,6 +300,8 @@ struct Case {
     deleted: Vec<u64>,
     /// Deliveries requeued (a claim held elsewhere, a database error) over counted rounds.
     requeued: u64,
+    /// Channels or connections the broker closed with an error, over counted rounds.
+    broker_errors: u64,
 }
 
 /// The inbox whose cleaner has a million expired records to delete, shared by a backend's
@@ -381,13 +365,7 @@ impl Case {
         let topology = suite.broker.classic_queue();
         suite.broker.declare(&topology).await;
         let charges = create_charges(db).await;
-        let skipped = if matches!(mode, Mode::IdemBatch | Mode::IdemBatchDuringCleanup) {
-            idem_batch_unavailable()
-        } else {
-            None
-        };
         let inbox = match mode {
-            _ if skipped.is_some() => None,
             Mode::IdemBatchDuringCleanup => expired.map(|expired| expired.inbox.clone()),
             _ if mode.idem() => Some(
                 Inbox::builder(db.db.clone())
@@ -411,13 +389,13 @@ impl Case {
             charges,
             inbox,
             hand,
-            skipped,
             rounds_run: 0,
             rates: Vec::new(),
             latency: Histogram::default(),
             peak_rss_mb: 0.0,
             deleted: Vec::new(),
             requeued: 0,
+            broker_errors: 0,
         }
     }
 
@@ -467,6 +445,7 @@ struct Round {
     latency: Histogram,
     peak_rss_mb: f64,
     requeued: u64,
+    broker_errors: u64,
     deleted: Option<u64>,
 }
 
@@ -507,7 +486,16 @@ async fn run_round(suite: &mut Suite, db: &TestDb, case: &Case) -> Round {
     let mut deleted = None;
     match running {
         Running::Idem(consumer) => {
-            let stats = consumer.stats();
+            // The consumer counts a settlement once lapin has sent it, a moment after the probe
+            // saw it go.
+            let counted = Instant::now();
+            let mut stats = consumer.stats();
+            while stats.acked + stats.duplicates + stats.dead_lettered < n
+                && counted.elapsed() < Duration::from_secs(5)
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                stats = consumer.stats();
+            }
             let report = consumer.shutdown().await;
             assert_eq!(
                 (stats.acked + stats.duplicates, stats.dead_lettered),
@@ -544,6 +532,7 @@ async fn run_round(suite: &mut Suite, db: &TestDb, case: &Case) -> Round {
         latency: observed.latency,
         peak_rss_mb,
         requeued: observed.requeued,
+        broker_errors: observed.broker_errors,
         deleted,
     }
 }
@@ -597,7 +586,6 @@ async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> Running {
                     suite.batch_size(case.prefetch),
                     suite.max_wait(),
                 )
-                .expect("the batch API")
             };
             let mut builder = Consumer::builder(url, inbox)
                 .connection_name("bench")
@@ -720,8 +708,9 @@ async fn hand_per_message(
         let (db, hand, counts) = (db.clone(), hand.clone(), Arc::clone(&counts));
         tokio::spawn(async move {
             let outcome = hand.process(&db, decode(&delivery)).await;
-            settle(&delivery, outcome.as_ref().copied()).await;
+            // Counted before the settlement leaves: the round ends when the probe sees it.
             counts.count(outcome.as_ref().copied());
+            settle(&delivery, outcome.as_ref().copied()).await;
             drop(permit);
         });
     }
@@ -755,6 +744,9 @@ async fn hand_batch(
         let messages: Vec<HandMessage> = batch.iter().map(decode).collect();
         match hand.process_batch(&db, &messages).await {
             Ok(outcomes) => {
+                for outcome in &outcomes {
+                    counts.count(Ok(*outcome));
+                }
                 let all_acked = outcomes
                     .iter()
                     .all(|o| matches!(o, HandOutcome::Processed | HandOutcome::Duplicate));
@@ -769,14 +761,11 @@ async fn hand_batch(
                         settle(delivery, Ok(*outcome)).await;
                     }
                 }
-                for outcome in outcomes {
-                    counts.count(Ok(outcome));
-                }
             }
             Err(error) => {
                 for delivery in &batch {
-                    settle(delivery, Err(&error)).await;
                     counts.count(Err(&error));
+                    settle(delivery, Err(&error)).await;
                 }
             }
         }
@@ -797,6 +786,7 @@ impl Case {
         self.latency.merge(&round.latency);
         self.peak_rss_mb = self.peak_rss_mb.max(round.peak_rss_mb);
         self.requeued += round.requeued;
+        self.broker_errors += round.broker_errors;
         if let Some(deleted) = round.deleted {
             self.deleted.push(deleted);
         }
@@ -819,10 +809,6 @@ impl Case {
             "mode": self.mode.name(),
         });
         let object = line.as_object_mut().expect("an object");
-        if let Some(reason) = self.skipped {
-            object.insert("skipped".into(), reason.into());
-            return line;
-        }
         let summary = self.summary();
         let fields = json!({
             "msgs_per_s": round1(summary.msgs_per_s),
@@ -833,6 +819,7 @@ impl Case {
             "rounds": self.rates.len(),
             "duplicates": 0.1,
             "requeued": self.requeued,
+            "broker_errors": self.broker_errors,
         });
         object.extend(fields.as_object().expect("an object").clone());
         if self.mode.batch() {
@@ -854,9 +841,6 @@ impl Case {
             self.mode.name(),
             self.concurrency
         );
-        if let Some(reason) = self.skipped {
-            return format!("{head}  {reason}");
-        }
         let s = self.summary();
         let mut notes = Vec::new();
         if self.mode.batch() {
@@ -872,6 +856,12 @@ impl Case {
         }
         if self.requeued > 0 {
             notes.push(format!("{} requeued", self.requeued));
+        }
+        if self.broker_errors > 0 {
+            notes.push(format!(
+                "{} channel/connection closed by the broker with an error",
+                self.broker_errors
+            ));
         }
         format!(
             "{head} {:>10.0} {:>8.2} {:>8.2} {:>7.1}  {}",
@@ -984,7 +974,6 @@ impl Target {
             cases.iter().find(|case| {
                 case.mode == mode
                     && concurrency.matches(case.concurrency)
-                    && case.skipped.is_none()
                     && !case.rates.is_empty()
             })
         };
@@ -1038,7 +1027,7 @@ async fn run_suite(suite: &mut Suite) {
         let cleanup = plan
             .iter()
             .any(|(mode, _)| *mode == Mode::IdemBatchDuringCleanup);
-        if cleanup && idem_batch_unavailable().is_none() {
+        if cleanup {
             expired = Some(Expired::create(&db).await);
         }
         for &prefetch in &prefetches {
@@ -1063,7 +1052,7 @@ async fn run_suite(suite: &mut Suite) {
                     backend.name(),
                     if round == 0 { " (warm-up)" } else { "" }
                 );
-                for case in cases.iter_mut().filter(|case| case.skipped.is_none()) {
+                for case in &mut cases {
                     if case.mode == Mode::IdemBatchDuringCleanup {
                         let expired = expired.as_mut().expect("the expired records");
                         expired.top_up(&db, suite.args.expired_rows).await;
@@ -1140,8 +1129,8 @@ fn print_targets(suite: &Suite, groups: &[Vec<Case>]) {
     }
 }
 
-/// `--soak N`: idem's batch consumer (per-message at its default concurrency while batch mode
-/// is not available) on `n` messages, fed while it runs; resident memory every 100 k.
+/// `--soak N`: idem's batch consumer on `n` messages, fed while it runs; resident memory every
+/// 100 k.
 async fn soak(suite: &mut Suite, n: u64) {
     const CHUNK: u64 = 50_000;
     const EVERY: u64 = 100_000;
@@ -1156,25 +1145,13 @@ async fn soak(suite: &mut Suite, n: u64) {
         .build()
         .await
         .expect("inbox");
-    let handler = charge(&charges);
-    let (binding, mode) = match idem_batch_binding(
+    let binding = idem_batch_binding(
         topology.clone(),
-        handler.clone(),
+        charge(&charges),
         suite.batch_size(prefetch),
         suite.max_wait(),
-    ) {
-        Some(binding) => (binding, Mode::IdemBatch),
-        None => {
-            eprintln!(
-                "soak: Binding::batch is not on main yet; running idem-per-message at its default \
-                 concurrency instead"
-            );
-            (
-                Binding::new(topology.clone(), handler),
-                Mode::IdemPerMessage,
-            )
-        }
-    };
+    );
+    let mode = Mode::IdemBatch;
     suite.probe.take();
     let start = Instant::now();
     let consumer = Consumer::builder(suite.probe.url(), inbox)

@@ -32,6 +32,9 @@ pub struct Observed {
     pub finished: u64,
     /// Deliveries sent back to the queue (`requeue = true`).
     pub requeued: u64,
+    /// Channels and connections the broker closed with an error (a soft error such as
+    /// `PRECONDITION_FAILED - unknown delivery tag`, a hard one), as their `close` frames said.
+    pub broker_errors: u64,
     /// When the last settlement left the consumer.
     pub last_settlement: Option<Instant>,
     /// Delivery-to-settlement latency of every settled delivery.
@@ -267,9 +270,26 @@ fn on_method(
         (_, CHANNEL, CLOSE | CLOSE_OK) => {
             // Unsettled deliveries of a closed channel go back to the queue.
             pending.lock().unwrap().remove(&channel);
+            if side == Side::FromServer && id == CLOSE {
+                note_close(args, shared);
+            }
         }
-        (_, CONNECTION, CONNECTION_CLOSE | CONNECTION_CLOSE_OK) => pending.lock().unwrap().clear(),
+        (_, CONNECTION, CONNECTION_CLOSE | CONNECTION_CLOSE_OK) => {
+            pending.lock().unwrap().clear();
+            if side == Side::FromServer && id == CONNECTION_CLOSE {
+                note_close(args, shared);
+            }
+        }
         _ => {}
+    }
+}
+
+/// Counts a `close` from the broker whose reply code is an error (not 200, a normal close).
+fn note_close(args: &[u8], shared: &Shared) {
+    if let Some(code) = args.get(..2) {
+        if u16::from_be_bytes([code[0], code[1]]) != 200 {
+            shared.observed.lock().unwrap().broker_errors += 1;
+        }
     }
 }
 
