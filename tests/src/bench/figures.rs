@@ -120,7 +120,12 @@ pub fn rss_mb() -> f64 {
 fn status_kb(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|line| line.starts_with(field))?;
-    line[field.len()..].trim().trim_end_matches("kB").trim().parse().ok()
+    line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]

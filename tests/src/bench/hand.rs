@@ -176,9 +176,7 @@ impl HandInbox {
             self.share_lock()
         );
         let row = tx
-            .query_one_raw(
-                self.statement(read, vec![CONSUMER.into(), message.key.as_str().into()]),
-            )
+            .query_one_raw(self.statement(read, vec![CONSUMER.into(), message.key.as_str().into()]))
             .await?;
         let Some(row) = row else {
             // Deleted by a cleanup since the claim: try again later.
@@ -239,7 +237,11 @@ impl HandInbox {
             message.key.as_str().into(),
             now.into(),
         ];
-        Ok(tx.execute_raw(self.statement(sql, values)).await?.rows_affected() == 1)
+        Ok(tx
+            .execute_raw(self.statement(sql, values))
+            .await?
+            .rows_affected()
+            == 1)
     }
 
     /// Processes `messages` (in delivery order) in one transaction: one multi-row conditional
@@ -303,7 +305,10 @@ impl HandInbox {
         if !processed.is_empty() {
             let orders: Vec<&Order> = processed.iter().map(|&i| &messages[i].order).collect();
             self.insert_charges(&tx, &orders).await?;
-            let keys: Vec<&str> = processed.iter().map(|&i| messages[i].key.as_str()).collect();
+            let keys: Vec<&str> = processed
+                .iter()
+                .map(|&i| messages[i].key.as_str())
+                .collect();
             self.complete(&tx, &keys, now).await?;
         }
         tx.commit().await?;

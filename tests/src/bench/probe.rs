@@ -111,7 +111,9 @@ impl Probe {
 fn split_authority(url: &str) -> (&str, &str, &str) {
     let start = url.find("://").map_or(0, |i| i + 3);
     let start = url[start..].find('@').map_or(start, |i| start + i + 1);
-    let end = url[start..].find(['/', '?']).map_or(url.len(), |i| start + i);
+    let end = url[start..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| start + i);
     (&url[..start], &url[start..end], &url[end..])
 }
 
@@ -286,10 +288,10 @@ fn on_method(
 
 /// Counts a `close` from the broker whose reply code is an error (not 200, a normal close).
 fn note_close(args: &[u8], shared: &Shared) {
-    if let Some(code) = args.get(..2) {
-        if u16::from_be_bytes([code[0], code[1]]) != 200 {
-            shared.observed.lock().unwrap().broker_errors += 1;
-        }
+    if let Some(code) = args.get(..2)
+        && u16::from_be_bytes([code[0], code[1]]) != 200
+    {
+        shared.observed.lock().unwrap().broker_errors += 1;
     }
 }
 
@@ -324,7 +326,9 @@ fn settle(
     }
     let mut observed = shared.observed.lock().unwrap();
     for delivered in &settled {
-        observed.latency.record(now.saturating_duration_since(*delivered));
+        observed
+            .latency
+            .record(now.saturating_duration_since(*delivered));
     }
     let count = settled.len() as u64;
     if requeue {
@@ -365,7 +369,9 @@ mod tests {
         let mut frames = Frames::new(8);
         let mut seen = Vec::new();
         for chunk in stream.chunks(5) {
-            frames.feed(chunk, |channel, method| seen.push((channel, method.to_vec())));
+            frames.feed(chunk, |channel, method| {
+                seen.push((channel, method.to_vec()))
+            });
         }
         assert_eq!(seen.len(), 2);
         assert_eq!(seen[0].0, 1);
