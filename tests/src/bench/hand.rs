@@ -102,6 +102,11 @@ impl HandInbox {
         }
     }
 
+    /// The inbox table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
     /// Processes one message in one transaction: the conditional claim, then for a fresh key the
     /// business insert and the completion; for a known key one read of its record.
     ///

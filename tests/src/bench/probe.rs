@@ -44,6 +44,9 @@ pub struct Observed {
 #[derive(Debug, Default)]
 struct Shared {
     finished: AtomicU64,
+    /// Deliveries on open channels not settled yet.
+    outstanding: AtomicU64,
+    broker_errors: AtomicU64,
     observed: Mutex<Observed>,
 }
 
@@ -98,11 +101,23 @@ impl Probe {
         self.shared.finished.load(Ordering::SeqCst)
     }
 
+    /// Deliveries on open channels not settled yet.
+    pub fn outstanding(&self) -> u64 {
+        self.shared.outstanding.load(Ordering::SeqCst)
+    }
+
+    /// Channels and connections the broker closed with an error since the last
+    /// [`Probe::take`].
+    pub fn broker_errors(&self) -> u64 {
+        self.shared.broker_errors.load(Ordering::SeqCst)
+    }
+
     /// Returns what was seen since the last call, and starts afresh.
     pub fn take(&self) -> Observed {
         let mut observed = self.shared.observed.lock().unwrap();
         let taken = std::mem::take(&mut *observed);
         self.shared.finished.store(0, Ordering::SeqCst);
+        self.shared.broker_errors.store(0, Ordering::SeqCst);
         taken
     }
 }
@@ -249,12 +264,16 @@ fn on_method(
             let at = 1 + tag_len as usize;
             if let Some(tag) = args.get(at..at + 8) {
                 let tag = u64::from_be_bytes(tag.try_into().expect("8 bytes"));
-                pending
+                let new = pending
                     .lock()
                     .unwrap()
                     .entry(channel)
                     .or_default()
-                    .insert(tag, now);
+                    .insert(tag, now)
+                    .is_none();
+                if new {
+                    shared.outstanding.fetch_add(1, Ordering::SeqCst);
+                }
             }
         }
         (Side::FromClient, BASIC, ACK | REJECT | NACK) => {
@@ -271,13 +290,15 @@ fn on_method(
         }
         (_, CHANNEL, CLOSE | CLOSE_OK) => {
             // Unsettled deliveries of a closed channel go back to the queue.
-            pending.lock().unwrap().remove(&channel);
+            let dropped = pending.lock().unwrap().remove(&channel);
+            forget(dropped.map_or(0, |open| open.len()), shared);
             if side == Side::FromServer && id == CLOSE {
                 note_close(args, shared);
             }
         }
         (_, CONNECTION, CONNECTION_CLOSE | CONNECTION_CLOSE_OK) => {
-            pending.lock().unwrap().clear();
+            let dropped: usize = pending.lock().unwrap().drain().map(|(_, o)| o.len()).sum();
+            forget(dropped, shared);
             if side == Side::FromServer && id == CONNECTION_CLOSE {
                 note_close(args, shared);
             }
@@ -292,7 +313,18 @@ fn note_close(args: &[u8], shared: &Shared) {
         && u16::from_be_bytes([code[0], code[1]]) != 200
     {
         shared.observed.lock().unwrap().broker_errors += 1;
+        shared.broker_errors.fetch_add(1, Ordering::SeqCst);
     }
+}
+
+/// Drops `count` deliveries from the outstanding ones: their channel closed, and the broker
+/// delivers them again.
+fn forget(count: usize, shared: &Shared) {
+    let _ = shared
+        .outstanding
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            Some(n.saturating_sub(count as u64))
+        });
 }
 
 fn settle(
@@ -324,6 +356,7 @@ fn settle(
     if settled.is_empty() {
         return;
     }
+    forget(settled.len(), shared);
     let mut observed = shared.observed.lock().unwrap();
     for delivered in &settled {
         observed
