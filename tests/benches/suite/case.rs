@@ -181,12 +181,15 @@ pub(crate) struct Round {
 /// A consumer running for a round.
 pub(crate) enum Running {
     Idem(Consumer),
-    Hand {
-        connection: Connection,
-        channel: Channel,
-        reader: JoinHandle<()>,
-        counts: Arc<HandCounts>,
-    },
+    Hand(Box<HandRunning>),
+}
+
+/// A consumer written by hand, running: its connection, channel and reading task.
+pub(crate) struct HandRunning {
+    connection: Connection,
+    channel: Channel,
+    reader: JoinHandle<()>,
+    counts: Arc<HandCounts>,
 }
 
 pub(crate) async fn run_round(suite: &mut Suite, db: &TestDb, case: &Case) -> Round {
@@ -253,12 +256,13 @@ pub(crate) async fn run_round(suite: &mut Suite, db: &TestDb, case: &Case) -> Ro
             );
             deleted = report.cleanup.map(|cleanup| cleanup.deleted);
         }
-        Running::Hand {
-            connection,
-            channel,
-            reader,
-            counts,
-        } => {
+        Running::Hand(hand) => {
+            let HandRunning {
+                connection,
+                channel,
+                reader,
+                counts,
+            } = *hand;
             reader.abort();
             let _ = reader.await;
             let _ = channel.close(200, "round done".into()).await;
@@ -400,12 +404,12 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
                     Arc::clone(&counts),
                 )),
             };
-            Running::Hand {
+            Running::Hand(Box::new(HandRunning {
                 connection,
                 channel,
                 reader,
                 counts,
-            }
+            }))
         }
     }
 }
