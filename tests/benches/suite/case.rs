@@ -14,6 +14,7 @@ use idem_tests::bench::figures::{Histogram, peak_rss_mb, reset_peak_rss};
 use idem_tests::bench::hand::HandInbox;
 use idem_tests::bench::{create_charges, seed};
 use idem_tests::{Backend, TestDb};
+use sea_orm::{ConnectionTrait, Statement};
 use tokio::task::JoinHandle;
 
 use crate::args::{BackendArg, Mode};
@@ -43,6 +44,8 @@ pub(crate) struct Case {
     pub(crate) requeued: u64,
     /// Channels or connections the broker closed with an error, over counted rounds.
     pub(crate) broker_errors: u64,
+    /// What went wrong, if a round failed: the case runs no further round.
+    pub(crate) failure: Option<String>,
 }
 
 /// The inbox whose cleaner has a million expired records to delete, shared by a backend's
@@ -150,6 +153,7 @@ impl Case {
             deleted: Vec::new(),
             requeued: 0,
             broker_errors: 0,
+            failure: None,
         }
     }
 
@@ -192,25 +196,46 @@ pub(crate) struct HandRunning {
     counts: Arc<HandCounts>,
 }
 
-pub(crate) async fn run_round(suite: &mut Suite, db: &TestDb, case: &Case) -> Round {
+/// Runs one round of `case`: publishes, starts the consumer, waits for the last settlement,
+/// stops the consumer and checks the outcome. An error says what went wrong: a round that did
+/// not finish, a consumer's counts, a check.
+pub(crate) async fn run_round(
+    suite: &mut Suite,
+    db: &TestDb,
+    case: &Case,
+) -> Result<Round, String> {
     let n = suite.messages(case.mode);
     suite.publish(case.queue(), n).await;
     suite.probe.take();
     reset_peak_rss();
     let start = Instant::now();
     let running = start_consumer(suite, db, case).await;
+    let settled = settlements(suite, case, n, start).await;
+    let observed = suite.probe.take();
+    let peak_rss_mb = peak_rss_mb();
+    let stopped = stop(running, case, n).await;
+    settled?;
+    let deleted = stopped?;
+    check(suite, db, case, n - n / 10).await?;
+    analyze(db, case).await;
+    let last = observed.last_settlement.ok_or("no settlement")?;
+    Ok(Round {
+        rate: n as f64 / last.duration_since(start).as_secs_f64(),
+        latency: observed.latency,
+        peak_rss_mb,
+        requeued: observed.requeued,
+        broker_errors: observed.broker_errors,
+        deleted,
+    })
+}
+
+/// Waits until the probe has seen `n` deliveries settled for good, and, when the broker closed a
+/// channel meanwhile, until its messages came back and were settled too.
+async fn settlements(suite: &Suite, case: &Case, n: u64, start: Instant) -> Result<(), String> {
     let deadline = Duration::from_secs(60) + Duration::from_millis(5 * n);
-    let overdue = || {
-        panic!(
-            "{}: {} of {n} deliveries settled after {:?}",
-            case.label(),
-            suite.probe.finished(),
-            start.elapsed()
-        )
-    };
     while suite.probe.finished() < n {
         if start.elapsed() > deadline {
-            overdue();
+            return Err(overdue(suite, case, n, start).await);
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -221,7 +246,7 @@ pub(crate) async fn run_round(suite: &mut Suite, db: &TestDb, case: &Case) -> Ro
         let mut quiet = 0;
         while quiet < 2 {
             if start.elapsed() > deadline {
-                overdue();
+                return Err(overdue(suite, case, n, start).await);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
             let drained =
@@ -229,12 +254,24 @@ pub(crate) async fn run_round(suite: &mut Suite, db: &TestDb, case: &Case) -> Ro
             quiet = if drained { quiet + 1 } else { 0 };
         }
     }
-    let observed = suite.probe.take();
-    let peak_rss_mb = peak_rss_mb();
-    let last = observed.last_settlement.expect("a settlement");
-    let rate = n as f64 / last.duration_since(start).as_secs_f64();
-    let distinct = n - n / 10;
-    let mut deleted = None;
+    Ok(())
+}
+
+/// What a round that did not finish in time left behind.
+async fn overdue(suite: &Suite, case: &Case, n: u64, start: Instant) -> String {
+    format!(
+        "{}: {} of {n} deliveries settled after {:.0?}; {} outstanding, {} ready in the queue",
+        case.label(),
+        suite.probe.finished(),
+        start.elapsed(),
+        suite.probe.outstanding(),
+        suite.broker.depth(case.queue()).await
+    )
+}
+
+/// Stops the round's consumer and checks its own counts; returns how many expired records
+/// idem's cleaner deleted meanwhile, if it ran.
+async fn stop(running: Running, case: &Case, n: u64) -> Result<Option<u64>, String> {
     match running {
         Running::Idem(consumer) => {
             // The consumer counts a settlement once lapin has sent it, a moment after the probe
@@ -249,12 +286,13 @@ pub(crate) async fn run_round(suite: &mut Suite, db: &TestDb, case: &Case) -> Ro
             }
             let report = consumer.shutdown().await;
             // More than `n` when a channel was lost: its messages came back as duplicates.
-            assert!(
-                stats.acked + stats.duplicates >= n && stats.dead_lettered == 0,
-                "{}: idem's consumer settled {stats:?} of {n} messages",
-                case.label()
-            );
-            deleted = report.cleanup.map(|cleanup| cleanup.deleted);
+            if stats.acked + stats.duplicates < n || stats.dead_lettered > 0 {
+                return Err(format!(
+                    "{}: idem's consumer settled {stats:?} of {n} messages",
+                    case.label()
+                ));
+            }
+            Ok(report.cleanup.map(|cleanup| cleanup.deleted))
         }
         Running::Hand(hand) => {
             let HandRunning {
@@ -267,28 +305,18 @@ pub(crate) async fn run_round(suite: &mut Suite, db: &TestDb, case: &Case) -> Ro
             let _ = reader.await;
             let _ = channel.close(200, "round done".into()).await;
             let _ = connection.close(200, "round done".into()).await;
-            if let Some(_hand) = &case.hand {
-                let processed = counts.processed.load(Ordering::Relaxed);
-                let mismatches = counts.mismatches.load(Ordering::Relaxed);
-                assert_eq!(
-                    (processed, mismatches),
-                    (distinct, 0),
-                    "{}: hand-written side processed {processed} fresh orders of {distinct}, \
-                     {mismatches} mismatches",
+            let distinct = n - n / 10;
+            let processed = counts.processed.load(Ordering::Relaxed);
+            let mismatches = counts.mismatches.load(Ordering::Relaxed);
+            if case.hand.is_some() && (processed, mismatches) != (distinct, 0) {
+                return Err(format!(
+                    "{}: the hand-written side processed {processed} fresh orders of \
+                     {distinct}, {mismatches} mismatches",
                     case.label()
-                );
+                ));
             }
+            Ok(None)
         }
-    }
-    check(suite, db, case, distinct).await;
-    analyze(db, case).await;
-    Round {
-        rate,
-        latency: observed.latency,
-        peak_rss_mb,
-        requeued: observed.requeued,
-        broker_errors: observed.broker_errors,
-        deleted,
     }
 }
 
@@ -304,41 +332,44 @@ async fn analyze(db: &TestDb, case: &Case) {
     }
 }
 
-/// Fails loudly unless every distinct order of the rounds so far was charged once and the
-/// queue and its dead-letter queue are empty.
-pub(crate) async fn check(suite: &Suite, db: &TestDb, case: &Case, distinct_per_round: u64) {
+/// Checks that every distinct order of the rounds so far was charged once and that the queue
+/// and its dead-letter queue are empty.
+pub(crate) async fn check(
+    suite: &Suite,
+    db: &TestDb,
+    case: &Case,
+    distinct_per_round: u64,
+) -> Result<(), String> {
     let label = case.label();
     let (ready, dead) = (
         suite.broker.depth(case.queue()).await,
         suite.broker.depth(case.topology.dead_letter_queue()).await,
     );
-    assert_eq!(
-        (ready, dead),
-        (0, 0),
-        "{label}: messages left in the queue, dead-lettered"
-    );
+    if (ready, dead) != (0, 0) {
+        return Err(format!(
+            "{label}: {ready} messages left in the queue, {dead} dead-lettered"
+        ));
+    }
     if case.mode == Mode::Raw {
-        return;
+        return Ok(());
     }
     let expected = distinct_per_round * (case.rounds_run + 1);
     let charges = db.count(&case.charges, "1=1").await as u64;
     let sql = format!("SELECT COUNT(DISTINCT order_id) FROM {}", case.charges);
-    let row = sea_orm::ConnectionTrait::query_one_raw(
-        &db.db,
-        sea_orm::Statement::from_string(
-            sea_orm::ConnectionTrait::get_database_backend(&db.db),
-            sql,
-        ),
-    )
-    .await
-    .expect("count")
-    .expect("a row");
-    let distinct = row.try_get_by_index::<i64>(0).expect("a count") as u64;
-    assert_eq!(
-        (charges, distinct),
-        (expected, expected),
-        "{label}: charges (all, distinct orders) instead of one per distinct order"
-    );
+    let row = db
+        .db
+        .query_one_raw(Statement::from_string(db.db.get_database_backend(), sql))
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("no count")?;
+    let distinct = row.try_get_by_index::<i64>(0).map_err(|e| e.to_string())? as u64;
+    if (charges, distinct) != (expected, expected) {
+        return Err(format!(
+            "{label}: {charges} charges of {distinct} distinct orders, instead of one for each \
+             of the {expected} distinct orders published"
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> Running {
@@ -359,6 +390,7 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
             };
             let mut builder = Consumer::builder(url, inbox)
                 .connection_name("bench")
+                .shutdown_timeout(Duration::from_secs(10))
                 .prefetch(case.prefetch);
             // The default concurrency is left to the consumer.
             if case.concurrency != DEFAULT_CONCURRENCY {

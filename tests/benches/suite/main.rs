@@ -182,15 +182,22 @@ async fn run_suite(suite: &mut Suite) {
                     backend.name(),
                     if round == 0 { " (warm-up)" } else { "" }
                 );
-                for case in &mut cases {
+                for case in cases.iter_mut().filter(|case| case.failure.is_none()) {
                     if case.mode == Mode::IdemBatchDuringCleanup {
                         let expired = expired.as_mut().expect("the expired records");
                         expired.top_up(&db, suite.args.expired_rows).await;
                     }
-                    let figures = run_round(suite, &db, case).await;
-                    case.rounds_run += 1;
-                    if round > 0 {
-                        case.record(figures);
+                    match run_round(suite, &db, case).await {
+                        Ok(figures) => {
+                            case.rounds_run += 1;
+                            if round > 0 {
+                                case.record(figures);
+                            }
+                        }
+                        Err(failure) => {
+                            eprintln!("FAILED: {failure}");
+                            case.failure = Some(failure);
+                        }
                     }
                 }
             }
@@ -205,6 +212,18 @@ async fn run_suite(suite: &mut Suite) {
         }
     }
     print_targets(suite, &done);
+    let failures: Vec<&String> = done
+        .iter()
+        .flatten()
+        .filter_map(|case| case.failure.as_ref())
+        .collect();
+    if !failures.is_empty() {
+        eprintln!("\n{} case(s) FAILED:", failures.len());
+        for failure in failures {
+            eprintln!("  {failure}");
+        }
+        std::process::exit(1);
+    }
 }
 
 #[tokio::main]

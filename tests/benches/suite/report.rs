@@ -64,6 +64,9 @@ impl Case {
             let deleted: Vec<f64> = self.deleted.iter().map(|&d| d as f64).collect();
             object.insert("cleanup_deleted_per_round".into(), median(deleted).into());
         }
+        if let Some(failure) = &self.failure {
+            object.insert("failed".into(), failure.as_str().into());
+        }
         line
     }
 
@@ -95,6 +98,12 @@ impl Case {
             notes.push(format!(
                 "{} channel/connection closed by the broker with an error",
                 self.broker_errors
+            ));
+        }
+        if self.failure.is_some() {
+            notes.push(format!(
+                "FAILED after {} counted rounds (see the end)",
+                self.rates.len()
             ));
         }
         format!(
@@ -206,7 +215,10 @@ impl Target {
     pub(crate) fn ratio(&self, cases: &[Case]) -> Option<f64> {
         let find = |(mode, concurrency): (Mode, Concurrency)| {
             cases.iter().find(|case| {
-                case.mode == mode && concurrency.matches(case.concurrency) && !case.rates.is_empty()
+                case.mode == mode
+                    && case.failure.is_none()
+                    && concurrency.matches(case.concurrency)
+                    && !case.rates.is_empty()
             })
         };
         let (top, bottom) = (find(self.numerator)?, find(self.denominator)?);
@@ -254,7 +266,7 @@ pub(crate) fn print_targets(suite: &Suite, groups: &[Vec<Case>]) {
                         "ratio": ratio.map(round3),
                         "min": target.min,
                         "applies": applies,
-                        "met": ratio.map(|r| applies && r >= target.min),
+                        "met": ratio.filter(|_| applies).map(|r| r >= target.min),
                     })
                 );
             } else {

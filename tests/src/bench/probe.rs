@@ -160,8 +160,17 @@ async fn link(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
         Arc::clone(&pending),
         Arc::clone(&shared),
     );
-    let to_client = pump(server_read, client_write, Side::FromServer, pending, shared);
+    let to_client = pump(
+        server_read,
+        client_write,
+        Side::FromServer,
+        Arc::clone(&pending),
+        Arc::clone(&shared),
+    );
     tokio::join!(to_server, to_client);
+    // A connection that ended without closing its channels: the broker requeues what it had.
+    let left: usize = pending.lock().unwrap().drain().map(|(_, o)| o.len()).sum();
+    forget(left, &shared);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
