@@ -1,5 +1,16 @@
 //! What the benchmarks share: the orders, idem's handler, the same work written by hand, and
 //! the figures.
+//!
+//! - [`hand`]: the hand-written inbox of the suite, per message and per batch, with idem's
+//!   guarantees;
+//! - [`probe`]: a proxy in front of the broker that times each delivery to its settlement;
+//! - [`figures`]: latency histograms, medians, resident memory;
+//! - [`seed`]: a million expired records for the cleaner, made by the database.
+
+pub mod figures;
+pub mod hand;
+pub mod probe;
+pub mod seed;
 
 use idem_runtime::{
     Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata,
@@ -12,6 +23,7 @@ use sea_orm::{
 use serde::{Deserialize, Serialize};
 
 use crate::db::TestDb;
+use figures::median;
 
 /// A benchmark message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -49,14 +61,9 @@ impl Tables {
     /// Creates both in `db`.
     pub async fn create(db: &TestDb) -> Self {
         let tables = Self {
-            charges: db.table("charges"),
+            charges: create_charges(db).await,
             hand_inbox: db.table("hand_inbox"),
         };
-        db.exec(&format!(
-            "CREATE TABLE {} (order_id VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)",
-            tables.charges
-        ))
-        .await;
         db.exec(&format!(
             "CREATE TABLE {} (consumer VARCHAR(128) NOT NULL, message_key VARCHAR(255) NOT NULL, \
              PRIMARY KEY (consumer, message_key))",
@@ -76,6 +83,16 @@ impl Tables {
             "one charge per distinct order"
         );
     }
+}
+
+/// Creates a business table `(order_id, amount)` in `db` and returns its name.
+pub async fn create_charges(db: &TestDb) -> String {
+    let charges = db.table("charges");
+    db.exec(&format!(
+        "CREATE TABLE {charges} (order_id VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)"
+    ))
+    .await;
+    charges
 }
 
 /// idem's side: the business insert, through the inbox's transaction.
@@ -202,9 +219,4 @@ impl Rates {
             median(ratios),
         )
     }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }

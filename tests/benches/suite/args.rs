@@ -1,0 +1,114 @@
+//! The command line.
+
+use clap::{Parser, ValueEnum};
+use idem_tests::Backend;
+
+#[derive(Debug, Parser)]
+#[command(about = "idem's benchmark suite (issue 9): side by side on RabbitMQ with each database")]
+pub(crate) struct Args {
+    /// Messages per round for `raw` and the batch modes.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
+    pub(crate) messages: u64,
+    /// Messages per round for the per-message modes (one commit per message, 10 to 30 times
+    /// slower); default a fifth of `--messages`.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(10..))]
+    pub(crate) per_message_messages: Option<u64>,
+    /// Counted rounds per mode, after one warm-up round.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) rounds: u64,
+    /// Databases to run on.
+    #[arg(long, value_delimiter = ',', default_values = ["postgres", "mysql", "sqlite"])]
+    pub(crate) backends: Vec<BackendArg>,
+    /// Prefetch windows to run at.
+    #[arg(long, value_delimiter = ',', default_values = ["100", "500"], value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) prefetch: Vec<u16>,
+    /// Modes to run.
+    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "idem-batch", "idem-batch-during-cleanup"])]
+    pub(crate) modes: Vec<Mode>,
+    /// Largest batch of the batch modes (capped by the prefetch).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) batch_size: u64,
+    /// Longest wait for a batch to fill, in milliseconds.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) max_wait_ms: u64,
+    /// Expired records in the inbox table when each round of `idem-batch-during-cleanup`
+    /// starts.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) expired_rows: u64,
+    /// Prints one JSON object per line instead of tables.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Runs idem's batch consumer on this many messages instead of the suite, on the first
+    /// backend and prefetch, printing resident memory every 100 k messages.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) soak: Option<u64>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    pub(crate) bench: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BackendArg {
+    Postgres,
+    Mysql,
+    Sqlite,
+}
+
+impl BackendArg {
+    pub(crate) fn backend(self) -> Backend {
+        match self {
+            BackendArg::Postgres => Backend::Postgres,
+            BackendArg::Mysql => Backend::MySql,
+            BackendArg::Sqlite => Backend::Sqlite,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            BackendArg::Postgres => "postgres",
+            BackendArg::Mysql => "mysql",
+            BackendArg::Sqlite => "sqlite",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Mode {
+    Raw,
+    HandPerMessage,
+    IdemPerMessage,
+    HandBatch,
+    IdemBatch,
+    IdemBatchDuringCleanup,
+}
+
+impl Mode {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Mode::Raw => "raw",
+            Mode::HandPerMessage => "hand-per-message",
+            Mode::IdemPerMessage => "idem-per-message",
+            Mode::HandBatch => "hand-batch",
+            Mode::IdemBatch => "idem-batch",
+            Mode::IdemBatchDuringCleanup => "idem-batch-during-cleanup",
+        }
+    }
+
+    pub(crate) fn per_message(self) -> bool {
+        matches!(self, Mode::HandPerMessage | Mode::IdemPerMessage)
+    }
+
+    pub(crate) fn idem(self) -> bool {
+        matches!(
+            self,
+            Mode::IdemPerMessage | Mode::IdemBatch | Mode::IdemBatchDuringCleanup
+        )
+    }
+
+    pub(crate) fn batch(self) -> bool {
+        matches!(
+            self,
+            Mode::HandBatch | Mode::IdemBatch | Mode::IdemBatchDuringCleanup
+        )
+    }
+}

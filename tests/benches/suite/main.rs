@@ -1,0 +1,251 @@
+//! The benchmark suite of issue 9: consumers side by side on RabbitMQ with PostgreSQL, MariaDB and
+//! SQLite, at prefetch 100 and 500, 10 % duplicates, in one run.
+//!
+//! Run: `cargo bench -p idem-tests --bench suite [-- --json --messages 10000 --rounds 3
+//! --backends postgres,mysql,sqlite --prefetch 100,500 --modes raw,hand-batch,...]`, with
+//! PostgreSQL, MariaDB and RabbitMQ up (see README); `-- --help` lists every option. `--soak N`
+//! runs idem's batch consumer on N messages instead, printing its resident memory every 100 k.
+//!
+//! Modes:
+//! - `raw`: consume and ack, no database: the broker's limit on this machine;
+//! - `hand-per-message`: per delivery, one transaction written by hand with idem's guarantees
+//!   (claim row with status and SHA-256 fingerprint, fingerprint checked on a known key,
+//!   business insert, completion and output), then the ack; at concurrency 1 and 16;
+//! - `idem-per-message`: idem's consumer with the `Charge` handler, at concurrency 1 and at the
+//!   consumer's default (`max_in_flight` 16);
+//! - `hand-batch`: ready deliveries up to a batch size or a short wait, one transaction written
+//!   by hand (multi-row conditional insert returning the fresh keys, one read of the known ones,
+//!   multi-row business insert and completion, one commit), then one `multiple` ack;
+//! - `idem-batch`: idem's consumer with the binding in batch mode
+//!   (`Binding::batch(size, max_wait)`), its `max_in_flight` left at the default: each batch is
+//!   one handler in flight, so at prefetch 500 several batches may overlap, where `hand-batch`
+//!   runs one at a time;
+//! - `idem-batch-during-cleanup`: the same while the consumer's cleaner deletes expired records
+//!   from the inbox table: a million of them when each round starts (made by the database before
+//!   the round), deleted with idem's defaults (batches of 1000, 10 ms apart) from the consumer's
+//!   start; the rows it deleted during each round are shown.
+//!
+//! Each round of a mode publishes its messages first (persistent, message id = order id; a fifth
+//! as many for the per-message modes, which are 10 to 30 times slower), then times from the
+//! consumer's start (connections included) to its last settlement. Modes take turns round by round, so
+//! that slow drift of the machine hits them alike; round 0 warms up and is not counted; figures
+//! are medians. Latencies are measured at the wire by a probe in front of the broker, from a
+//! delivery reaching the consumer to the frame that settles it leaving it, the same way for every
+//! mode. After each round the suite checks one charge per distinct order, an empty queue and an
+//! empty dead-letter queue, and stops loudly if not.
+
+mod args;
+mod case;
+mod feeder;
+mod hand;
+mod report;
+mod soak;
+
+use std::time::Duration;
+
+use clap::Parser;
+use idem_rabbitmq::{Binding, QueueTopology};
+use idem_tests::bench::probe::Probe;
+use idem_tests::bench::{Charge, orders};
+use idem_tests::rabbit::amqp_url;
+use idem_tests::{TestBroker, TestDb};
+
+use args::{Args, Mode};
+use case::{Case, Expired, run_round};
+use feeder::Feeder;
+use report::{header, print_targets};
+
+/// idem-rabbitmq's default `max_in_flight` (`Consumer::builder`): the per-message modes also run
+/// at this concurrency, with idem's consumer left at its default.
+pub(crate) const DEFAULT_CONCURRENCY: usize = 16;
+/// Connections per database pool: the consumer's default concurrency and the cleaner's two,
+/// with room to spare.
+pub(crate) const POOL: u32 = 24;
+
+/// idem's binding in batch mode: batches of `size` deliveries, or those that arrived within
+/// `max_wait` of the first. Each batch counts as one handler in flight, so the consumer's default
+/// `max_in_flight` lets several overlap when the prefetch holds more than one.
+pub(crate) fn idem_batch_binding(
+    topology: QueueTopology,
+    handler: Charge,
+    size: usize,
+    max_wait: Duration,
+) -> Binding<Charge> {
+    Binding::new(topology, handler).batch(size, max_wait)
+}
+
+pub(crate) fn charge(table: &str) -> Charge {
+    Charge {
+        table: table.to_owned(),
+        key_from_message_id: true,
+    }
+}
+
+/// What the whole run shares.
+pub(crate) struct Suite {
+    pub(crate) args: Args,
+    pub(crate) probe: Probe,
+    pub(crate) broker: TestBroker,
+    feeder: Feeder,
+    /// Numbers the published rounds, so that every order id of the run is new.
+    published: u64,
+}
+
+impl Suite {
+    pub(crate) fn messages(&self, mode: Mode) -> u64 {
+        if mode.per_message() {
+            self.args
+                .per_message_messages
+                .unwrap_or((self.args.messages / 5).max(10))
+        } else {
+            self.args.messages
+        }
+    }
+
+    pub(crate) fn max_wait(&self) -> Duration {
+        Duration::from_millis(self.args.max_wait_ms)
+    }
+
+    pub(crate) fn batch_size(&self, prefetch: u16) -> usize {
+        (self.args.batch_size as usize).min(usize::from(prefetch))
+    }
+
+    /// Publishes `n` new orders (10 % duplicates) to `queue`.
+    pub(crate) async fn publish(&mut self, queue: &str, n: u64) {
+        self.published += 1;
+        let orders = orders(n as usize, self.published as usize);
+        self.feeder.publish(queue, &orders).await;
+    }
+}
+
+/// The cases of one backend and prefetch, in the order they take turns.
+fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
+    let mut plan = Vec::new();
+    let wanted = |mode| modes.contains(&mode);
+    if wanted(Mode::Raw) {
+        plan.push((Mode::Raw, 1));
+    }
+    for concurrency in [1, DEFAULT_CONCURRENCY] {
+        for mode in [Mode::HandPerMessage, Mode::IdemPerMessage] {
+            if wanted(mode) {
+                plan.push((mode, concurrency));
+            }
+        }
+    }
+    if wanted(Mode::HandBatch) {
+        plan.push((Mode::HandBatch, 1));
+    }
+    for mode in [Mode::IdemBatch, Mode::IdemBatchDuringCleanup] {
+        if wanted(mode) {
+            plan.push((mode, DEFAULT_CONCURRENCY));
+        }
+    }
+    plan
+}
+
+async fn run_suite(suite: &mut Suite) {
+    let mut done: Vec<Vec<Case>> = Vec::new();
+    let backends = suite.args.backends.clone();
+    let prefetches = suite.args.prefetch.clone();
+    let plan = plan(&suite.args.modes);
+    if !suite.args.json {
+        println!("{}", header());
+    }
+    for backend in backends {
+        let db = TestDb::connect_with_pool(backend.backend(), POOL).await;
+        let mut expired = None;
+        let cleanup = plan
+            .iter()
+            .any(|(mode, _)| *mode == Mode::IdemBatchDuringCleanup);
+        if cleanup {
+            expired = Some(Expired::create(&db).await);
+        }
+        for &prefetch in &prefetches {
+            let mut cases = Vec::new();
+            for &(mode, concurrency) in &plan {
+                cases.push(
+                    Case::create(
+                        suite,
+                        &db,
+                        backend,
+                        prefetch,
+                        mode,
+                        concurrency,
+                        expired.as_ref(),
+                    )
+                    .await,
+                );
+            }
+            for round in 0..=suite.args.rounds {
+                eprintln!(
+                    "{} prefetch {prefetch}: round {round}{}",
+                    backend.name(),
+                    if round == 0 { " (warm-up)" } else { "" }
+                );
+                for case in cases.iter_mut().filter(|case| case.failure.is_none()) {
+                    if case.mode == Mode::IdemBatchDuringCleanup {
+                        let expired = expired.as_mut().expect("the expired records");
+                        expired.top_up(&db, suite.args.expired_rows).await;
+                    }
+                    match run_round(suite, &db, case).await {
+                        Ok(figures) => {
+                            case.rounds_run += 1;
+                            if round > 0 {
+                                case.record(figures);
+                            }
+                        }
+                        Err(failure) => {
+                            eprintln!("FAILED: {failure}");
+                            case.failure = Some(failure);
+                        }
+                    }
+                }
+            }
+            for case in &cases {
+                if suite.args.json {
+                    println!("{}", case.json(suite));
+                } else {
+                    println!("{}", case.row(suite));
+                }
+            }
+            done.push(cases);
+        }
+    }
+    print_targets(suite, &done);
+    let failures: Vec<&String> = done
+        .iter()
+        .flatten()
+        .filter_map(|case| case.failure.as_ref())
+        .collect();
+    if !failures.is_empty() {
+        eprintln!("\n{} case(s) FAILED:", failures.len());
+        for failure in failures {
+            eprintln!("  {failure}");
+        }
+        std::process::exit(1);
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_writer(std::io::stderr)
+        .init();
+    let probe = Probe::start(&amqp_url());
+    let broker = TestBroker::connect().await;
+    let feeder = Feeder::connect().await;
+    let soak_messages = args.soak;
+    let mut suite = Suite {
+        args,
+        probe,
+        broker,
+        feeder,
+        published: 0,
+    };
+    match soak_messages {
+        Some(n) => soak::soak(&mut suite, n).await,
+        None => run_suite(&mut suite).await,
+    }
+}

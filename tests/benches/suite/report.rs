@@ -1,0 +1,285 @@
+//! What the suite prints: a row or a JSON object per case, then the targets of issue 9.
+
+use idem_tests::bench::figures::median;
+use serde_json::json;
+
+use crate::args::{BackendArg, Mode};
+use crate::case::{Case, Round};
+use crate::{DEFAULT_CONCURRENCY, Suite};
+
+/// The figures of a case, as printed.
+pub(crate) struct Summary {
+    pub(crate) msgs_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+impl Case {
+    pub(crate) fn record(&mut self, round: Round) {
+        self.rates.push(round.rate);
+        self.latency.merge(&round.latency);
+        self.peak_rss_mb = self.peak_rss_mb.max(round.peak_rss_mb);
+        self.requeued += round.requeued;
+        self.broker_errors += round.broker_errors;
+        if let Some(deleted) = round.deleted {
+            self.deleted.push(deleted);
+        }
+    }
+
+    pub(crate) fn summary(&self) -> Summary {
+        Summary {
+            msgs_per_s: median(self.rates.clone()),
+            p50_ms: self.latency.quantile_ms(0.5),
+            p99_ms: self.latency.quantile_ms(0.99),
+        }
+    }
+
+    pub(crate) fn json(&self, suite: &Suite) -> serde_json::Value {
+        let mut line = json!({
+            "bench": "suite",
+            "backend": self.backend.name(),
+            "prefetch": self.prefetch,
+            "concurrency": self.concurrency,
+            "mode": self.mode.name(),
+        });
+        let object = line.as_object_mut().expect("an object");
+        let summary = self.summary();
+        let fields = json!({
+            "msgs_per_s": round1(summary.msgs_per_s),
+            "p50_ms": round3(summary.p50_ms),
+            "p99_ms": round3(summary.p99_ms),
+            "peak_rss_mb": round1(self.peak_rss_mb),
+            "messages": suite.messages(self.mode),
+            "rounds": self.rates.len(),
+            "duplicates": 0.1,
+            "requeued": self.requeued,
+            "broker_errors": self.broker_errors,
+        });
+        object.extend(fields.as_object().expect("an object").clone());
+        if self.mode.batch() {
+            object.insert("batch_size".into(), suite.batch_size(self.prefetch).into());
+            object.insert("max_wait_ms".into(), suite.args.max_wait_ms.into());
+        }
+        if self.mode == Mode::IdemBatchDuringCleanup {
+            let deleted: Vec<f64> = self.deleted.iter().map(|&d| d as f64).collect();
+            object.insert("cleanup_deleted_per_round".into(), median(deleted).into());
+        }
+        if let Some(failure) = &self.failure {
+            object.insert("failed".into(), failure.as_str().into());
+        }
+        line
+    }
+
+    pub(crate) fn row(&self, suite: &Suite) -> String {
+        let head = format!(
+            "{:<9} {:>8}  {:<26} {:>4}",
+            self.backend.name(),
+            self.prefetch,
+            self.mode.name(),
+            self.concurrency
+        );
+        let s = self.summary();
+        let mut notes = Vec::new();
+        if self.mode.batch() {
+            notes.push(format!(
+                "batch {} / {} ms",
+                suite.batch_size(self.prefetch),
+                suite.args.max_wait_ms
+            ));
+        }
+        if self.mode == Mode::IdemBatchDuringCleanup {
+            let deleted: Vec<f64> = self.deleted.iter().map(|&d| d as f64).collect();
+            notes.push(format!("cleaner deleted {:.0}/round", median(deleted)));
+        }
+        if self.requeued > 0 {
+            notes.push(format!("{} requeued", self.requeued));
+        }
+        if self.broker_errors > 0 {
+            notes.push(format!(
+                "{} channel/connection closed by the broker with an error",
+                self.broker_errors
+            ));
+        }
+        if self.failure.is_some() {
+            notes.push(format!(
+                "FAILED after {} counted rounds (see the end)",
+                self.rates.len()
+            ));
+        }
+        format!(
+            "{head} {:>10.0} {:>8.2} {:>8.2} {:>7.1}  {}",
+            s.msgs_per_s,
+            s.p50_ms,
+            s.p99_ms,
+            self.peak_rss_mb,
+            notes.join(", ")
+        )
+    }
+}
+
+pub(crate) fn round1(value: f64) -> f64 {
+    (value * 10.0).round() / 10.0
+}
+
+pub(crate) fn round3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}
+
+/// A target of issue 9: `numerator / denominator >= min`, per round, median.
+pub(crate) struct Target {
+    pub(crate) numerator: (Mode, Concurrency),
+    pub(crate) denominator: (Mode, Concurrency),
+    pub(crate) min: f64,
+    /// Whether the issue sets it on every backend or on PostgreSQL only.
+    pub(crate) postgres_only: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Concurrency {
+    One,
+    Default,
+    /// Whatever the mode runs at (the batch modes, `raw`).
+    Any,
+}
+
+impl Concurrency {
+    pub(crate) fn matches(self, concurrency: usize) -> bool {
+        match self {
+            Concurrency::One => concurrency == 1,
+            Concurrency::Default => concurrency == DEFAULT_CONCURRENCY,
+            Concurrency::Any => true,
+        }
+    }
+
+    pub(crate) fn suffix(self) -> &'static str {
+        match self {
+            Concurrency::One => " c=1",
+            Concurrency::Default => " c=16",
+            Concurrency::Any => "",
+        }
+    }
+}
+
+pub(crate) const TARGETS: [Target; 6] = [
+    Target {
+        numerator: (Mode::IdemBatch, Concurrency::Any),
+        denominator: (Mode::HandBatch, Concurrency::Any),
+        min: 0.8,
+        postgres_only: false,
+    },
+    Target {
+        numerator: (Mode::IdemBatch, Concurrency::Any),
+        denominator: (Mode::IdemPerMessage, Concurrency::One),
+        min: 15.0,
+        postgres_only: true,
+    },
+    Target {
+        numerator: (Mode::IdemBatch, Concurrency::Any),
+        denominator: (Mode::IdemPerMessage, Concurrency::Default),
+        min: 5.0,
+        postgres_only: true,
+    },
+    Target {
+        numerator: (Mode::IdemBatchDuringCleanup, Concurrency::Any),
+        denominator: (Mode::IdemBatch, Concurrency::Any),
+        min: 0.8,
+        postgres_only: false,
+    },
+    Target {
+        numerator: (Mode::IdemPerMessage, Concurrency::One),
+        denominator: (Mode::HandPerMessage, Concurrency::One),
+        min: 0.9,
+        postgres_only: false,
+    },
+    Target {
+        numerator: (Mode::IdemPerMessage, Concurrency::Default),
+        denominator: (Mode::HandPerMessage, Concurrency::Default),
+        min: 0.9,
+        postgres_only: false,
+    },
+];
+
+impl Target {
+    pub(crate) fn name(&self) -> String {
+        format!(
+            "{}{} / {}{}",
+            self.numerator.0.name(),
+            self.numerator.1.suffix(),
+            self.denominator.0.name(),
+            self.denominator.1.suffix()
+        )
+    }
+
+    /// The median over rounds of the per-round ratio, among `cases` of one backend and
+    /// prefetch; `None` if either side did not run.
+    pub(crate) fn ratio(&self, cases: &[Case]) -> Option<f64> {
+        let find = |(mode, concurrency): (Mode, Concurrency)| {
+            cases.iter().find(|case| {
+                case.mode == mode
+                    && case.failure.is_none()
+                    && concurrency.matches(case.concurrency)
+                    && !case.rates.is_empty()
+            })
+        };
+        let (top, bottom) = (find(self.numerator)?, find(self.denominator)?);
+        Some(median(
+            top.rates
+                .iter()
+                .zip(&bottom.rates)
+                .map(|(a, b)| a / b)
+                .collect(),
+        ))
+    }
+}
+
+pub(crate) fn header() -> String {
+    format!(
+        "{:<9} {:>8}  {:<26} {:>4} {:>10} {:>8} {:>8} {:>7}  notes",
+        "backend", "prefetch", "mode", "conc", "msg/s", "p50 ms", "p99 ms", "RSS MB"
+    )
+}
+
+pub(crate) fn print_targets(suite: &Suite, groups: &[Vec<Case>]) {
+    if !suite.args.json {
+        println!("\nTargets of issue 9 (median of per-round ratios):");
+    }
+    for cases in groups {
+        let Some(first) = cases.first() else { continue };
+        let (backend, prefetch) = (first.backend, first.prefetch);
+        for target in &TARGETS {
+            let applies = !target.postgres_only || backend == BackendArg::Postgres;
+            let ratio = target.ratio(cases);
+            let verdict = match (ratio, applies) {
+                (None, _) => "not measured",
+                (Some(_), false) => "no target here",
+                (Some(r), true) if r >= target.min => "met",
+                (Some(_), true) => "NOT MET",
+            };
+            if suite.args.json {
+                println!(
+                    "{}",
+                    json!({
+                        "bench": "suite-target",
+                        "backend": backend.name(),
+                        "prefetch": prefetch,
+                        "target": target.name(),
+                        "ratio": ratio.map(round3),
+                        "min": target.min,
+                        "applies": applies,
+                        "met": ratio.filter(|_| applies).map(|r| r >= target.min),
+                    })
+                );
+            } else {
+                let shown = ratio.map_or("-".to_owned(), |r| format!("{r:.2}"));
+                println!(
+                    "{:<9} {:>4}  {:<48} {:>7}  >= {:<4}  {verdict}",
+                    backend.name(),
+                    prefetch,
+                    target.name(),
+                    shown,
+                    target.min
+                );
+            }
+        }
+    }
+}
