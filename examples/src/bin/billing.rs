@@ -54,7 +54,7 @@ struct Args {
     #[arg(hide_env_values = true)]
     database_url: String,
 
-    /// The quorum queue to consume; its dead letters go to <QUEUE>.dlq
+    /// The quorum queue to consume; its dead letters go to `<QUEUE>.dlq`
     #[arg(long, env = "BILLING_QUEUE", default_value = billing::QUEUE)]
     queue: String,
 
