@@ -21,6 +21,8 @@ use crate::metadata::metadata_of;
 pub(crate) struct BatchJob {
     pub(crate) settling: Settling,
     pub(crate) unsettled: Arc<Unsettled>,
+    /// The channel's epoch the deliveries were received in.
+    pub(crate) epoch: u64,
     pub(crate) deliveries: Vec<Delivery>,
     pub(crate) permit: OwnedSemaphorePermit,
 }
@@ -40,6 +42,7 @@ impl BatchJob {
         let BatchJob {
             settling,
             unsettled,
+            epoch,
             deliveries,
             permit,
         } = self;
@@ -79,7 +82,7 @@ impl BatchJob {
                 verdict => others.push((delivery, verdict, handled.key)),
             }
         }
-        let acked = settler.ack_batch(&acks, &unsettled).await;
+        let acked = settler.ack_batch(&acks, &unsettled, epoch).await;
         // The batch's slot goes back before any back-off of the others.
         drop(permit);
         let settled = join_all(others.into_iter().map(|(delivery, verdict, key)| {
@@ -88,7 +91,7 @@ impl BatchJob {
                 let settled = settler
                     .settle(delivery, verdict, key.as_deref(), None)
                     .await;
-                unsettled.settled(delivery.delivery_tag);
+                unsettled.settled(epoch, delivery.delivery_tag);
                 settled
             }
         }))

@@ -184,11 +184,13 @@ impl Settler<'_> {
 
     /// Acknowledges the committed deliveries of a batch, `(delivery, duplicate)` each: with one
     /// `basic.ack` `multiple` when every delivery of the channel up to the last of them is among
-    /// them (`unsettled` tells), one each otherwise.
+    /// them (`unsettled` tells, for the channel's `epoch` they were received in), one each
+    /// otherwise.
     pub(crate) async fn ack_batch(
         &self,
         acks: &[(&Delivery, bool)],
         unsettled: &Unsettled,
+        epoch: u64,
     ) -> Vec<Settled> {
         if acks.is_empty() {
             return Vec::new();
@@ -205,7 +207,7 @@ impl Settler<'_> {
             .iter()
             .map(|(delivery, _)| delivery.delivery_tag)
             .collect();
-        let settled = match unsettled.take_through(&tags) {
+        let settled = match unsettled.take_through(epoch, &tags) {
             Some(last) => {
                 let (delivery, _) = acks
                     .iter()
@@ -224,7 +226,7 @@ impl Settler<'_> {
                 let mut settled = Vec::with_capacity(acks.len());
                 for (delivery, duplicate) in acks {
                     settled.push(self.ack(delivery, kind(*duplicate)).await);
-                    unsettled.settled(delivery.delivery_tag);
+                    unsettled.settled(epoch, delivery.delivery_tag);
                 }
                 settled
             }

@@ -306,6 +306,7 @@ impl Worker {
         let batching = self.binding.batching();
         let unsettled = Arc::new(Unsettled::default());
         let mut batch: Vec<Delivery> = Vec::new();
+        let mut epoch = 0;
         let mut flush_at: Option<Instant> = None;
         loop {
             while tasks.try_join_next().is_some() {}
@@ -313,12 +314,7 @@ impl Worker {
                 biased;
                 _ = watch.shutdown.wait_for(|stop| *stop) => return End::Shutdown,
                 Some(event) = session.events.next() => {
-                    if self.note(&mut watch.health, &event) {
-                        // A recovered channel numbers its deliveries afresh.
-                        unsettled.clear();
-                        batch.clear();
-                        flush_at = None;
-                    }
+                    self.note(&mut watch.health, &event);
                     continue;
                 }
                 _ = watch.check.tick() => {
@@ -337,7 +333,7 @@ impl Worker {
                     let deliveries = std::mem::take(&mut batch);
                     match self.permit(session, &mut watch).await {
                         Ok(permit) => tasks.spawn(
-                            self.batch_job(session, &unsettled, deliveries, permit)
+                            self.batch_job(session, &unsettled, epoch, deliveries, permit)
                                 .run(),
                         ),
                         Err(end) => return end,
@@ -356,9 +352,6 @@ impl Worker {
                     match recovery {
                         Ok(Ok(())) => {
                             self.note(&mut watch.health, &Event::Connected);
-                            unsettled.clear();
-                            batch.clear();
-                            flush_at = None;
                             continue;
                         }
                         Ok(Err(error)) => return End::Failed(error.to_string()),
@@ -376,7 +369,13 @@ impl Worker {
                 };
                 continue;
             };
-            unsettled.received(delivery.delivery_tag);
+            let received = unsettled.received(delivery.delivery_tag);
+            if received != epoch {
+                // The channel was recovered: the deliveries gathered before went back to the
+                // queue with it, and can no longer be settled.
+                epoch = received;
+                batch.clear();
+            }
             batch.push(delivery);
             if batch.len() < batching.size {
                 flush_at.get_or_insert_with(|| Instant::now() + batching.max_wait);
@@ -386,7 +385,7 @@ impl Worker {
             let deliveries = std::mem::take(&mut batch);
             match self.permit(session, &mut watch).await {
                 Ok(permit) => tasks.spawn(
-                    self.batch_job(session, &unsettled, deliveries, permit)
+                    self.batch_job(session, &unsettled, epoch, deliveries, permit)
                         .run(),
                 ),
                 Err(end) => return end,
@@ -420,14 +419,12 @@ impl Worker {
         }
     }
 
-    /// Notes a connection event; returns whether it is a completed recovery.
-    fn note(&self, health: &mut Health, event: &Event) -> bool {
-        let recovered = health.on_event(event);
-        if recovered {
+    /// Notes a connection event, counting a completed recovery.
+    fn note(&self, health: &mut Health, event: &Event) {
+        if health.on_event(event) {
             tracing::info!(queue = self.queue(), "connection recovered");
             self.stats.recoveries.fetch_add(1, Ordering::Relaxed);
         }
-        recovered
     }
 
     /// What this session's jobs need to settle their deliveries.
@@ -448,12 +445,14 @@ impl Worker {
         &self,
         session: &Session,
         unsettled: &Arc<Unsettled>,
+        epoch: u64,
         deliveries: Vec<Delivery>,
         permit: OwnedSemaphorePermit,
     ) -> BatchJob {
         BatchJob {
             settling: self.settling(session),
             unsettled: Arc::clone(unsettled),
+            epoch,
             deliveries,
             permit,
         }
