@@ -207,6 +207,7 @@ impl Settler<'_> {
             .iter()
             .map(|(delivery, _)| delivery.delivery_tag)
             .collect();
+        let turn = unsettled.multiple_ack_turn().await;
         let settled = match unsettled.take_through(epoch, &tags) {
             Some(last) => {
                 let (delivery, _) = acks
@@ -214,7 +215,9 @@ impl Settler<'_> {
                     .find(|(delivery, _)| delivery.delivery_tag == last)
                     .expect("the last tag is one of the batch's");
                 let options = BasicAckOptions { multiple: true };
-                match delivery.acker.ack(options).await {
+                let sent = delivery.acker.ack(options).await;
+                drop(turn);
+                match sent {
                     Ok(true) => acks.iter().map(|(_, duplicate)| kind(*duplicate)).collect(),
                     Ok(false) | Err(_) => acks
                         .iter()
@@ -223,6 +226,7 @@ impl Settler<'_> {
                 }
             }
             None => {
+                drop(turn);
                 let mut settled = Vec::with_capacity(acks.len());
                 for (delivery, duplicate) in acks {
                     settled.push(self.ack(delivery, kind(*duplicate)).await);

@@ -13,6 +13,10 @@ use std::sync::Mutex;
 #[derive(Debug, Default)]
 pub(crate) struct Unsettled {
     state: Mutex<State>,
+    /// Held from taking tags for a multiple ack until that ack is sent, so that multiple acks
+    /// reach the broker in the order their tags were taken: a later one sent first would cover
+    /// the earlier one's tags, and the broker refuses an ack of a tag already acknowledged.
+    multiple_acks: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +65,11 @@ impl Unsettled {
         let later = state.tags.split_off(&(last + 1));
         state.tags = later;
         Some(last)
+    }
+
+    /// Waits for the turn to take tags and send one multiple ack; hold it until the ack is sent.
+    pub(crate) async fn multiple_ack_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.multiple_acks.lock().await
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
