@@ -14,6 +14,18 @@ use crate::billing::{EVENTS_EXCHANGE, INVOICE_ISSUED};
 /// The queue notifications consumes.
 pub const QUEUE: &str = "notifications.invoices";
 
+/// The consumer name of the notifications handler.
+pub const CONSUMER: &str = "notifications.invoice";
+
+/// The `Idempotency-Key` the notification of `order_id`'s invoice carries, on every attempt.
+pub fn idempotency_key(order_id: &str) -> Option<String> {
+    let origin = idem_runtime::InboxKey {
+        consumer: idem_runtime::ConsumerName::new(CONSUMER).ok()?,
+        message_key: idem_runtime::MessageKey::new(order_id).ok()?,
+    };
+    Some(idem_runtime::derived_id(&origin, 0))
+}
+
 /// An invoice was issued: billing publishes it through its outbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InvoiceIssued {

@@ -36,6 +36,8 @@ pub struct DemoPlan {
     pub invalid: usize,
     /// Order ids reused for different content.
     pub reused_ids: usize,
+    /// The ids of the valid orders, each to be charged once.
+    pub valid: Vec<String>,
 }
 
 /// Publishes `count` orders to `exchange`: every tenth twice (a producer retry), one with an
@@ -55,6 +57,7 @@ pub async fn publish_demo(
         producer_retries: 0,
         invalid: 0,
         reused_ids: 0,
+        valid: Vec::with_capacity(count),
     };
     for i in 0..count {
         let order = OrderPlaced {
@@ -62,7 +65,11 @@ pub async fn publish_demo(
             customer: format!("customer-{}", i % 7),
             amount_cents: if i == 7 { 0 } else { 1_000 + i as i64 },
         };
-        plan.invalid += usize::from(order.amount_cents <= 0);
+        if order.amount_cents > 0 {
+            plan.valid.push(order.order_id.clone());
+        } else {
+            plan.invalid += 1;
+        }
         let copies = if i % 10 == 9 { 2 } else { 1 };
         for _ in 0..copies {
             publish_to(publisher, exchange, &order).await?;
