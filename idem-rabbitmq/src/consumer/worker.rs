@@ -331,13 +331,10 @@ impl Worker {
                 None => {
                     flush_at = None;
                     let deliveries = std::mem::take(&mut batch);
-                    match self.permit(session, &mut watch).await {
-                        Ok(permit) => tasks.spawn(
-                            self.batch_job(session, &unsettled, epoch, deliveries, permit)
-                                .run(),
-                        ),
-                        Err(end) => return end,
-                    };
+                    let gathered = (&unsettled, epoch, deliveries);
+                    if let Err(end) = self.spawn_batch(session, &mut watch, tasks, gathered).await {
+                        return end;
+                    }
                     continue;
                 }
                 Some(Some(Ok(delivery))) => delivery,
@@ -383,14 +380,26 @@ impl Worker {
             }
             flush_at = None;
             let deliveries = std::mem::take(&mut batch);
-            match self.permit(session, &mut watch).await {
-                Ok(permit) => tasks.spawn(
-                    self.batch_job(session, &unsettled, epoch, deliveries, permit)
-                        .run(),
-                ),
-                Err(end) => return end,
-            };
+            let gathered = (&unsettled, epoch, deliveries);
+            if let Err(end) = self.spawn_batch(session, &mut watch, tasks, gathered).await {
+                return end;
+            }
         }
+    }
+
+    /// Waits for room among the handlers in flight, then processes a gathered batch (its
+    /// channel's unsettled tags, its epoch, its deliveries) in a task of its own.
+    async fn spawn_batch(
+        &self,
+        session: &mut Session,
+        watch: &mut Watch,
+        tasks: &mut JoinSet<()>,
+        (unsettled, epoch, deliveries): (&Arc<Unsettled>, u64, Vec<Delivery>),
+    ) -> std::result::Result<(), End> {
+        let permit = self.permit(session, watch).await?;
+        let job = self.batch_job(session, unsettled, epoch, deliveries, permit);
+        tasks.spawn(job.run());
+        Ok(())
     }
 
     /// Waits for room among the handlers in flight, watching the session meanwhile.

@@ -93,18 +93,20 @@ impl Outbox {
             .message_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().hyphenated().to_string());
-        self.stage_as(conn, &id, None, &message).await?;
+        self.stage_as(conn, &id, None, &message, true).await?;
         Ok(id)
     }
 
     /// Stages `message` as `id`, from the handler run of `origin` (which orders the relay's
-    /// publishes), unless a message with that id is staged already.
+    /// publishes), unless a message with that id is staged already; on PostgreSQL, with
+    /// `notify`, also announces the commit to listening relays (once per transaction is enough).
     pub(crate) async fn stage_as(
         &self,
         conn: &impl ConnectionTrait,
         id: &str,
         origin: Option<&str>,
         message: &OutboxMessage,
+        notify: bool,
     ) -> Result<(), DbErr> {
         if let Some(problem) = message.problem() {
             return Err(DbErr::Custom(format!(
@@ -138,7 +140,7 @@ impl Outbox {
             Value::from(origin.map(str::to_owned)),
         ];
         conn.execute_raw(self.statement(&sql, values)).await?;
-        if self.backend() == DbBackend::Postgres {
+        if notify && self.backend() == DbBackend::Postgres {
             // Delivered to listening relays when the transaction commits; never if it rolls back.
             let notify = "SELECT pg_notify(?, '')";
             conn.query_one_raw(self.statement(notify, vec![Value::from(self.channel())]))

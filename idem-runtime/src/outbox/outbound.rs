@@ -78,7 +78,11 @@ impl<'a> Outbound<'a> {
         };
         let id = self.downstream_key();
         let origin = self.origin_text();
-        outbox.stage_as(tx, &id, Some(&origin), &message).await?;
+        // Relays in other processes are told once per run: one announcement wakes them for all.
+        let notify = self.staged() == 0;
+        outbox
+            .stage_as(tx, &id, Some(&origin), &message, notify)
+            .await?;
         self.staged.fetch_add(1, Ordering::Relaxed);
         Ok(id)
     }
