@@ -1,9 +1,9 @@
 //! Statements over many keys of one consumer at once, for batches: one multi-row claim that
 //! tells which keys are fresh, one read of the known ones, one completion, one release.
 //!
-//! Their text depends on how many keys they carry, so they are built per batch; a consumer's
-//! batches mostly have the same size, and each connection caches the prepared statement by its
-//! text.
+//! Here, their text depends on how many keys they carry, so they are built per batch; a
+//! consumer's batches mostly have the same size, and each connection caches the prepared
+//! statement by its text. PostgreSQL's bind arrays instead (`many_pg`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -72,6 +72,10 @@ impl Store {
         token: i64,
         retention: Duration,
     ) -> Result<HashSet<String>, DbErr> {
+        #[cfg(feature = "postgres")]
+        if self.backend() == DbBackend::Postgres {
+            return self.pg_insert_claims(conn, consumer, claims, token, retention).await;
+        }
         let t = self.dialect.quote(self.table.as_str());
         let now = self.dialect.now_ms();
         let row = format!("(?, ?, ?, ?, 1, ?, {now}, {now}, NULL, NULL, {now} + ?)");
@@ -147,6 +151,10 @@ impl Store {
         consumer: &ConsumerName,
         keys: &[&MessageKey],
     ) -> Result<HashMap<String, Row>, DbErr> {
+        #[cfg(feature = "postgres")]
+        if self.backend() == DbBackend::Postgres {
+            return self.pg_find_many(conn, consumer, keys).await;
+        }
         let t = self.dialect.quote(self.table.as_str());
         let now = self.dialect.now_ms();
         let mut values = Vec::with_capacity(keys.len() + 1);
@@ -196,6 +204,10 @@ impl Store {
         outputs: &[(&MessageKey, Option<&str>)],
         retention: Duration,
     ) -> Result<u64, DbErr> {
+        #[cfg(feature = "postgres")]
+        if self.backend() == DbBackend::Postgres {
+            return self.pg_complete_many(conn, consumer, token, outputs, retention).await;
+        }
         let t = self.dialect.quote(self.table.as_str());
         let now = self.dialect.now_ms();
         let all_null = outputs.iter().all(|(_, output)| output.is_none());
@@ -253,6 +265,10 @@ impl Store {
         token: i64,
         keys: &[&MessageKey],
     ) -> Result<u64, DbErr> {
+        #[cfg(feature = "postgres")]
+        if self.backend() == DbBackend::Postgres {
+            return self.pg_release_many(conn, consumer, token, keys).await;
+        }
         let t = self.dialect.quote(self.table.as_str());
         let mut values = Vec::with_capacity(keys.len() + 2);
         let sql = if self.backend() == DbBackend::MySql {

@@ -3,6 +3,8 @@
 
 pub(crate) mod dialect;
 mod many;
+#[cfg(feature = "postgres")]
+mod many_pg;
 mod statements;
 pub(crate) mod table;
 
