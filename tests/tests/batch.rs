@@ -186,9 +186,12 @@ async fn a_mixed_batch_settles_each_message_as_it_would_alone(backend: Backend) 
             "invalid-key",
         ]
     );
-    // Only the fresh and expired keys ran, each once; the failing ones rolled back alone.
+    // Only the fresh and expired keys ran; the failing ones rolled back alone. On PostgreSQL
+    // the handlers first run without savepoints, and after a failure the batch runs again with
+    // them: a handler may run twice, its effects committed once.
     let mut runs = handler.runs();
     runs.sort();
+    runs.dedup();
     assert_eq!(
         runs,
         [

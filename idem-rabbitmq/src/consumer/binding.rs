@@ -5,6 +5,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+
 use idem_runtime::{BatchItem, Handler, Inbox, MAX_BATCH, Metadata, Mode, Outcome, Settle};
 use lapin::message::Delivery;
 use serde::de::DeserializeOwned;
@@ -16,11 +18,33 @@ use crate::topology::QueueTopology;
 
 /// A handler bound to a queue, with the codec that decodes its payloads (JSON by default).
 #[derive(Debug, Clone)]
-pub struct Binding<H, C = Json> {
+pub struct Binding<H: Handler, C = Json> {
     topology: QueueTopology,
     handler: H,
     codec: C,
-    batch: Option<Batching>,
+    batch: Option<(Batching, BatchFn<H>)>,
+}
+
+/// Results of a batch, one per message.
+type BatchResults<H> = Vec<idem_runtime::Result<Outcome<<H as Handler>::Output>>>;
+
+/// [`Inbox::process_batch`] for one handler type, taken where its bound (messages that can be
+/// cloned) is known to hold, so that bindings not in batch mode do not need it.
+type BatchFn<H> = for<'a> fn(
+    &'a Inbox,
+    &'a H,
+    Vec<BatchItem<<H as Handler>::Message>>,
+) -> BoxFuture<'a, BatchResults<H>>;
+
+fn process_batch<'a, H: Handler>(
+    inbox: &'a Inbox,
+    handler: &'a H,
+    items: Vec<BatchItem<H::Message>>,
+) -> BoxFuture<'a, BatchResults<H>>
+where
+    H::Message: Clone,
+{
+    Box::pin(inbox.process_batch(handler, items))
 }
 
 /// How a binding in batch mode groups its deliveries.
@@ -67,9 +91,13 @@ impl<H: Handler, C: Codec> Binding<H, C> {
     /// a [`prefetch`](crate::ConsumerBuilder::prefetch) of at least `size`, or batches never
     /// fill. Each batch counts as one handler in flight. For transactional handlers only: a
     /// two-phase handler is refused at start. At most [`MAX_BATCH`] per batch; on PostgreSQL,
-    /// see [`Inbox::process_batch`] on batches above 64.
-    pub fn batch(mut self, size: usize, max_wait: Duration) -> Self {
-        self.batch = Some(Batching { size, max_wait });
+    /// see [`Inbox::process_batch`] on batches above 64. Messages are cloned: a batch may run a
+    /// handler again when another of its messages failed.
+    pub fn batch(mut self, size: usize, max_wait: Duration) -> Self
+    where
+        H::Message: Clone,
+    {
+        self.batch = Some((Batching { size, max_wait }, process_batch::<H>));
         self
     }
 }
@@ -133,11 +161,11 @@ where
     }
 
     fn batching(&self) -> Option<Batching> {
-        self.batch
+        self.batch.map(|(batching, _)| batching)
     }
 
     fn check_batching(&self) -> Result<(), ConfigError> {
-        let Some(batch) = self.batch else {
+        let Some((batch, _)) = self.batch else {
             return Ok(());
         };
         let queue = self.topology.queue().to_owned();
@@ -208,7 +236,10 @@ where
                     Err(undecodable) => handled.push(Some(undecodable)),
                 }
             }
-            let results = inbox.process_batch(&self.handler, items).await;
+            let results = match self.batch {
+                Some((_, process)) => process(inbox, &self.handler, items).await,
+                None => unreachable!("a binding not in batch mode processes no batch"),
+            };
             for ((index, key), result) in keys.into_iter().zip(results) {
                 handled[index] = Some(Handled {
                     verdict: verdict_of(result),

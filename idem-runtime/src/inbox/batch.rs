@@ -24,7 +24,7 @@ use crate::metadata::Metadata;
 use crate::observe;
 use crate::outbox::Outbox;
 use crate::store::dialect::{Failure, classify};
-use crate::store::{BatchClaim, Row, Status};
+use crate::store::{BatchClaim, Row, Status, Store};
 
 /// One message of a batch: the key [`Handler::key`] gave for it, the message, and what the
 /// transport knows about its delivery.
@@ -113,6 +113,31 @@ impl Lost {
     }
 }
 
+/// Whether a batch's handlers run under savepoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// One savepoint per message: a failing message is rolled back alone.
+    Savepoints,
+    /// None: the first failure rolls the whole transaction back.
+    Unguarded,
+}
+
+/// How one try at a batch's transaction ended, short of losing it.
+enum Tried {
+    /// Committed, or nothing to commit (every message left for the per-message path).
+    Ended,
+    /// A handler failed without a savepoint; the transaction was rolled back.
+    HandlerFailed,
+}
+
+/// What every try at one batch shares.
+struct Attempt<'a, H> {
+    handler: &'a H,
+    consumer: &'a ConsumerName,
+    metadata: &'a [Metadata],
+    retention: Duration,
+}
+
 /// The items of a batch sorted out: first copies of each key (sorted by key, the order their
 /// claims lock in), later copies, and the results already known (an invalid key, a message
 /// that cannot be fingerprinted).
@@ -157,7 +182,10 @@ impl Inbox {
         &self,
         handler: &H,
         items: Vec<BatchItem<H::Message>>,
-    ) -> Vec<Result<Outcome<H::Output>>> {
+    ) -> Vec<Result<Outcome<H::Output>>>
+    where
+        H::Message: Clone,
+    {
         let mut results = Vec::with_capacity(items.len());
         if handler.mode() != Mode::Transactional {
             for item in items {
@@ -186,7 +214,10 @@ impl Inbox {
         &self,
         handler: &H,
         items: Vec<BatchItem<H::Message>>,
-    ) -> Vec<Result<Outcome<H::Output>>> {
+    ) -> Vec<Result<Outcome<H::Output>>>
+    where
+        H::Message: Clone,
+    {
         let consumer = match ConsumerName::new(handler.consumer()) {
             Ok(consumer) => consumer,
             Err(error) => {
@@ -295,6 +326,13 @@ impl Inbox {
 
     /// The batch's transaction: claims, reads, handlers, completion, commit. Each first copy's
     /// fate is set as it is decided; an error means nothing was committed.
+    ///
+    /// Where a failed statement aborts the whole transaction (PostgreSQL), the handlers first
+    /// run without savepoints, which cost two round trips and a subtransaction each: if one
+    /// fails, nothing can be kept apart from it, so the transaction is rolled back and the batch
+    /// runs again with a savepoint per message. Elsewhere a handler could carry on past a
+    /// transaction the database ended under it, its later writes committed on their own, so
+    /// each message always has its savepoint there.
     async fn transact<H: Handler>(
         &self,
         handler: &H,
@@ -302,7 +340,51 @@ impl Inbox {
         leads: &mut [Lead<H::Message, H::Output>],
         metadata: &[Metadata],
         retention: Duration,
-    ) -> Result<(), Lost> {
+    ) -> Result<(), Lost>
+    where
+        H::Message: Clone,
+    {
+        let batch = Attempt {
+            handler,
+            consumer,
+            metadata,
+            retention,
+        };
+        if self.inner.store.dialect().aborts_on_error() {
+            match self.attempt(&batch, leads, Guard::Unguarded).await? {
+                Tried::Ended => return Ok(()),
+                Tried::HandlerFailed => {
+                    tracing::debug!(
+                        consumer = consumer.as_str(),
+                        "a handler of the batch failed; running the batch again with a \
+                         savepoint per message"
+                    );
+                    for lead in leads.iter_mut() {
+                        lead.staged = 0;
+                    }
+                }
+            }
+        }
+        self.attempt(&batch, leads, Guard::Savepoints).await?;
+        Ok(())
+    }
+
+    /// One try at the batch's transaction.
+    async fn attempt<H: Handler>(
+        &self,
+        batch: &Attempt<'_, H>,
+        leads: &mut [Lead<H::Message, H::Output>],
+        guard: Guard,
+    ) -> Result<Tried, Lost>
+    where
+        H::Message: Clone,
+    {
+        let (handler, consumer, metadata, retention) = (
+            batch.handler,
+            batch.consumer,
+            batch.metadata,
+            batch.retention,
+        );
         let store = &self.inner.store;
         let token = new_token();
         let mut deadlocks = 0;
@@ -327,7 +409,7 @@ impl Inbox {
                     for lead in leads.iter_mut() {
                         lead.fate = Fate::Deferred;
                     }
-                    return Ok(());
+                    return Ok(Tried::Ended);
                 }
                 Err(error) => return Err(Lost::Database(error)),
             }
@@ -337,11 +419,38 @@ impl Inbox {
                 .await
                 .map_err(Lost::Database)?;
         }
-        store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
+        // Unguarded handlers are checked to leave the transaction they were given.
+        let transaction_id = match guard {
+            Guard::Savepoints => {
+                store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
+                None
+            }
+            Guard::Unguarded => Some(
+                store
+                    .end_claim_wait_with_id(&tx)
+                    .await
+                    .map_err(Lost::Database)?,
+            ),
+        };
+        let outbox = self.inner.outbox.as_ref();
         for lead in leads.iter_mut() {
-            if matches!(lead.fate, Fate::Fresh) {
-                let outbox = self.inner.outbox.as_ref();
-                run_fresh(handler, &tx, lead, &metadata[lead.index], outbox).await?;
+            if !matches!(lead.fate, Fate::Fresh) {
+                continue;
+            }
+            let metadata = &metadata[lead.index];
+            let Some(id) = transaction_id else {
+                run_fresh(handler, &tx, lead, metadata, outbox).await?;
+                continue;
+            };
+            let ran = Unguarded {
+                store,
+                tx: &tx,
+                transaction_id: id,
+                outbox,
+            };
+            if !ran.run(handler, lead, metadata).await? {
+                roll_back(tx).await?;
+                return Ok(Tried::HandlerFailed);
             }
         }
         let released: Vec<&MessageKey> = leads
@@ -355,8 +464,20 @@ impl Inbox {
                 .await
                 .map_err(Lost::Database)?;
         }
-        self.complete_all(&tx, consumer, leads, token, retention)
-            .await?;
+        match self
+            .complete_all(&tx, consumer, leads, token, retention)
+            .await
+        {
+            // A handler that swallowed its failed statement left the transaction aborted: which
+            // one, only savepoints tell.
+            Err(Lost::Database(error))
+                if guard == Guard::Unguarded && classify(&error) == Failure::Aborted =>
+            {
+                roll_back(tx).await?;
+                return Ok(Tried::HandlerFailed);
+            }
+            completed => completed?,
+        }
         tx.commit().await.map_err(Lost::Database)?;
         let staged = leads
             .iter()
@@ -364,7 +485,7 @@ impl Inbox {
             .map(|lead| lead.staged)
             .sum();
         self.staged(staged);
-        Ok(())
+        Ok(Tried::Ended)
     }
 
     /// Claims every first copy's key in one statement; the fresh ones are marked so. Returns how
@@ -578,6 +699,82 @@ fn known_fate<M, T>(lead: &Lead<M, T>, row: Row) -> Fate<T> {
     }
 }
 
+/// What running a handler with no savepoint needs.
+struct Unguarded<'a> {
+    store: &'a Store,
+    tx: &'a DatabaseTransaction,
+    /// The batch's transaction, which the handler must leave open.
+    transaction_id: i64,
+    outbox: Option<&'a Outbox>,
+}
+
+impl Unguarded<'_> {
+    /// Runs a fresh message's handler on a copy of its message, and sets its fate when it
+    /// succeeds; returns whether it did. On a failure nothing of the transaction can be kept:
+    /// the caller rolls it back and the batch runs again with savepoints, where the failure is
+    /// found out to be this message's or an earlier one's (a failed statement it swallowed).
+    /// An error means the transaction is lost: the database, or a handler that ended it.
+    async fn run<H: Handler>(
+        &self,
+        handler: &H,
+        lead: &mut Lead<H::Message, H::Output>,
+        metadata: &Metadata,
+    ) -> Result<bool, Lost>
+    where
+        H::Message: Clone,
+    {
+        let message = lead
+            .message
+            .clone()
+            .expect("a fresh message is kept until it commits");
+        let cx = Context::new(&lead.key.message_key, metadata, Some(self.tx))
+            .with_origin(&lead.key, self.outbox);
+        let output = match run(handler, &cx, message).await {
+            Ok(output) => output,
+            Err(error) => {
+                if outage_or(error, self.tx).await.is_store_unavailable() {
+                    return Err(lost_database());
+                }
+                return Ok(false);
+            }
+        };
+        let Ok(json) = serde_json::to_string(&output) else {
+            return Ok(false);
+        };
+        match self.store.transaction_id(self.tx).await {
+            Ok(Some(id)) if id == self.transaction_id => {}
+            // The handler ended the transaction: whatever it wrote after committed on its own,
+            // as it would have alone; nothing else may run outside the transaction.
+            Ok(_) => {
+                lead.fate = Fate::Failed(Error::TransactionAborted {
+                    key: lead.key.clone(),
+                });
+                return Err(Lost::RolledBack);
+            }
+            Err(error) if classify(&error) == Failure::Unreachable => {
+                return Err(Lost::Database(error));
+            }
+            // A failed statement the handler swallowed aborted the transaction.
+            Err(_) => return Ok(false),
+        }
+        lead.staged = cx.outbound().staged();
+        lead.fate = Fate::Processed(output, (json != "null").then_some(json));
+        Ok(true)
+    }
+}
+
+/// Rolls back a batch's transaction to run it again.
+async fn roll_back(tx: DatabaseTransaction) -> Result<(), Lost> {
+    tx.rollback().await.map_err(Lost::Database)
+}
+
+/// A handler of the batch lost the database.
+fn lost_database() -> Lost {
+    Lost::Database(DbErr::Conn(RuntimeErr::Internal(
+        "a handler of the batch lost the database".to_owned(),
+    )))
+}
+
 /// Runs a fresh message's handler under its own savepoint, and sets its fate: processed, or
 /// failed and rolled back to the savepoint. An error means the transaction is lost.
 async fn run_fresh<H: Handler>(
@@ -615,9 +812,7 @@ async fn run_fresh<H: Handler>(
     let outage = failure.is_store_unavailable();
     lead.fate = Fate::Failed(failure);
     if outage {
-        return Err(Lost::Database(DbErr::Conn(RuntimeErr::Internal(
-            "a handler of the batch lost the database".to_owned(),
-        ))));
+        return Err(lost_database());
     }
     match tx
         .execute_unprepared("ROLLBACK TO SAVEPOINT idem_message")

@@ -150,6 +150,14 @@ impl Dialect {
         }
     }
 
+    /// Whether a failed statement aborts the whole transaction until it is rolled back
+    /// (PostgreSQL): nothing past a failure a handler swallowed can commit. MySQL/MariaDB and
+    /// SQLite undo the failed statement only, and may end the transaction under a handler (a
+    /// deadlock), its later statements then committing on their own.
+    pub(crate) fn aborts_on_error(self) -> bool {
+        self.backend == DbBackend::Postgres
+    }
+
     /// Whether `INSERT ... RETURNING` reports the rows a conditional insert wrote: PostgreSQL,
     /// SQLite and MariaDB; not MySQL.
     pub(crate) fn has_insert_returning(self) -> bool {

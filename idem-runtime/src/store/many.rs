@@ -74,7 +74,9 @@ impl Store {
     ) -> Result<HashSet<String>, DbErr> {
         #[cfg(feature = "postgres")]
         if self.backend() == DbBackend::Postgres {
-            return self.pg_insert_claims(conn, consumer, claims, token, retention).await;
+            return self
+                .pg_insert_claims(conn, consumer, claims, token, retention)
+                .await;
         }
         let t = self.dialect.quote(self.table.as_str());
         let now = self.dialect.now_ms();
@@ -206,7 +208,9 @@ impl Store {
     ) -> Result<u64, DbErr> {
         #[cfg(feature = "postgres")]
         if self.backend() == DbBackend::Postgres {
-            return self.pg_complete_many(conn, consumer, token, outputs, retention).await;
+            return self
+                .pg_complete_many(conn, consumer, token, outputs, retention)
+                .await;
         }
         let t = self.dialect.quote(self.table.as_str());
         let now = self.dialect.now_ms();

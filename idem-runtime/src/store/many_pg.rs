@@ -6,8 +6,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DbErr, Value};
 use sea_orm::sea_query::ArrayType;
+use sea_orm::{ConnectionTrait, DbErr, Value};
 
 use super::statements::READ_COLUMNS;
 use super::{BatchClaim, Row, Status, Store, text};
@@ -18,7 +18,7 @@ use crate::key::{ConsumerName, MessageKey};
 fn texts(items: impl Iterator<Item = String>) -> Value {
     Value::Array(
         ArrayType::String,
-        Some(Box::new(items.map(|item| Value::from(item)).collect())),
+        Some(Box::new(items.map(Value::from).collect())),
     )
 }
 
@@ -98,10 +98,7 @@ impl Store {
             "SELECT message_key, {READ_COLUMNS}, {now} FROM {t} \
              WHERE consumer = $1 AND message_key = ANY($2::text[])"
         );
-        let values = vec![
-            text(consumer.as_str()),
-            keys_array(keys.iter().copied()),
-        ];
+        let values = vec![text(consumer.as_str()), keys_array(keys.iter().copied())];
         let rows = conn.query_all_raw(self.statement(&sql, values)).await?;
         rows.iter()
             .map(|row| Ok((row.try_get_by_index(0)?, Row::read(row, 1)?)))

@@ -299,6 +299,35 @@ impl Store {
         Ok(())
     }
 
+    /// [`Store::end_claim_wait`] on PostgreSQL only, returning the id of the transaction `conn` is
+    /// in, to compare [`Store::transaction_id`] with later.
+    pub(crate) async fn end_claim_wait_with_id(
+        &self,
+        conn: &impl ConnectionTrait,
+    ) -> Result<i64, DbErr> {
+        let sql = "SELECT set_config('lock_timeout', $1, true), txid_current()";
+        let row = conn
+            .query_one_raw(self.statement(sql, vec![text(&self.lock_timeout)]))
+            .await?
+            .ok_or_else(|| DbErr::Custom("set_config returned no row".to_owned()))?;
+        row.try_get_by_index(1)
+    }
+
+    /// The id of the transaction `conn` is in, if it has written: a handler that ended the
+    /// batch's transaction (a `COMMIT` or `ROLLBACK` of its own) left `conn` outside it, where
+    /// every statement commits on its own.
+    pub(crate) async fn transaction_id(
+        &self,
+        conn: &impl ConnectionTrait,
+    ) -> Result<Option<i64>, DbErr> {
+        let sql = "SELECT txid_current_if_assigned()";
+        let row = conn
+            .query_one_raw(self.statement(sql, Vec::new()))
+            .await?
+            .ok_or_else(|| DbErr::Custom("txid_current_if_assigned returned no row".to_owned()))?;
+        row.try_get_by_index(0)
+    }
+
     /// Reads a record, with the database's clock.
     pub(crate) async fn find(
         &self,

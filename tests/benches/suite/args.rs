@@ -23,7 +23,7 @@ pub(crate) struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["100", "500"], value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) prefetch: Vec<u16>,
     /// Modes to run.
-    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "idem-batch", "idem-batch-during-cleanup"])]
+    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "hand-batch-multirow", "idem-batch", "idem-batch-during-cleanup"])]
     pub(crate) modes: Vec<Mode>,
     /// Largest batch of the batch modes (capped by the prefetch).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
@@ -78,6 +78,7 @@ pub(crate) enum Mode {
     HandPerMessage,
     IdemPerMessage,
     HandBatch,
+    HandBatchMultirow,
     IdemBatch,
     IdemBatchDuringCleanup,
 }
@@ -89,6 +90,7 @@ impl Mode {
             Mode::HandPerMessage => "hand-per-message",
             Mode::IdemPerMessage => "idem-per-message",
             Mode::HandBatch => "hand-batch",
+            Mode::HandBatchMultirow => "hand-batch-multirow",
             Mode::IdemBatch => "idem-batch",
             Mode::IdemBatchDuringCleanup => "idem-batch-during-cleanup",
         }
@@ -108,7 +110,10 @@ impl Mode {
     pub(crate) fn batch(self) -> bool {
         matches!(
             self,
-            Mode::HandBatch | Mode::IdemBatch | Mode::IdemBatchDuringCleanup
+            Mode::HandBatch
+                | Mode::HandBatchMultirow
+                | Mode::IdemBatch
+                | Mode::IdemBatchDuringCleanup
         )
     }
 }

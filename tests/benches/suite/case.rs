@@ -18,8 +18,9 @@ use sea_orm::{ConnectionTrait, Statement};
 use tokio::task::JoinHandle;
 
 use crate::args::{BackendArg, Mode};
-use crate::hand::{HandCounts, hand_batch, hand_per_message, raw};
+use crate::hand::{HandBatching, HandCounts, hand_batch, hand_per_message, raw};
 use crate::{DEFAULT_CONCURRENCY, Suite, charge, idem_batch_binding};
+use idem_tests::bench::hand::BusinessInserts;
 
 /// One mode at one concurrency on one backend and prefetch: its tables, queue and figures.
 pub(crate) struct Case {
@@ -129,7 +130,7 @@ impl Case {
             _ => None,
         };
         let hand = match mode {
-            Mode::HandPerMessage | Mode::HandBatch => {
+            Mode::HandPerMessage | Mode::HandBatch | Mode::HandBatchMultirow => {
                 let hand = HandInbox::create(db, &charges).await;
                 tables.push(hand.table().to_owned());
                 Some(hand)
@@ -399,7 +400,7 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
             let consumer = builder.bind_with(binding).start().await.expect("start");
             Running::Idem(consumer)
         }
-        Mode::Raw | Mode::HandPerMessage | Mode::HandBatch => {
+        Mode::Raw | Mode::HandPerMessage | Mode::HandBatch | Mode::HandBatchMultirow => {
             let connection = Connection::connect(url, ConnectionProperties::default())
                 .await
                 .expect("connect");
@@ -431,8 +432,15 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
                     consumer,
                     db.db.clone(),
                     case.hand.clone().expect("a hand inbox"),
-                    suite.batch_size(case.prefetch),
-                    suite.max_wait(),
+                    HandBatching {
+                        size: suite.batch_size(case.prefetch),
+                        max_wait: suite.max_wait(),
+                        business: if case.mode == Mode::HandBatchMultirow {
+                            BusinessInserts::MultiRow
+                        } else {
+                            BusinessInserts::PerMessage
+                        },
+                    },
                     Arc::clone(&counts),
                 )),
             };

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idem_rabbitmq::lapin::message::Delivery;
 use idem_rabbitmq::lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
-use idem_tests::bench::hand::{HandInbox, HandMessage, HandOutcome, fingerprint};
+use idem_tests::bench::hand::{BusinessInserts, HandInbox, HandMessage, HandOutcome, fingerprint};
 use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::Semaphore;
 
@@ -106,17 +106,29 @@ pub(crate) async fn hand_per_message(
     }
 }
 
-/// `hand-batch`: the deliveries ready within `max_wait` of the first, up to `size`, in one
-/// transaction, then one `multiple` ack when all of them are acked (every earlier delivery of
-/// the channel is settled by then: one batch at a time).
+/// How `hand_batch` gathers deliveries and runs their business work.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HandBatching {
+    pub(crate) size: usize,
+    pub(crate) max_wait: Duration,
+    pub(crate) business: BusinessInserts,
+}
+
+/// `hand-batch` and `hand-batch-multirow`: the deliveries ready within `max_wait` of the first,
+/// up to `size`, in one transaction, then one `multiple` ack when all of them are acked (every
+/// earlier delivery of the channel is settled by then: one batch at a time).
 pub(crate) async fn hand_batch(
     mut consumer: idem_rabbitmq::lapin::Consumer,
     db: DatabaseConnection,
     hand: HandInbox,
-    size: usize,
-    max_wait: Duration,
+    batching: HandBatching,
     counts: Arc<HandCounts>,
 ) {
+    let HandBatching {
+        size,
+        max_wait,
+        business,
+    } = batching;
     let mut batch = Vec::with_capacity(size);
     loop {
         let Some(Ok(first)) = consumer.next().await else {
@@ -132,7 +144,7 @@ pub(crate) async fn hand_batch(
             }
         }
         let messages: Vec<HandMessage> = batch.iter().map(decode).collect();
-        match hand.process_batch(&db, &messages).await {
+        match hand.process_batch(&db, &messages, business).await {
             Ok(outcomes) => {
                 for outcome in &outcomes {
                     counts.count(Ok(*outcome));

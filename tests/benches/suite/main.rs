@@ -15,7 +15,11 @@
 //!   consumer's default (`max_in_flight` 16);
 //! - `hand-batch`: ready deliveries up to a batch size or a short wait, one transaction written
 //!   by hand (multi-row conditional insert returning the fresh keys, one read of the known ones,
-//!   multi-row business insert and completion, one commit), then one `multiple` ack;
+//!   the business insert of each fresh message, multi-row completion, one commit), then one
+//!   `multiple` ack. The business work is one statement per message, as idem's handler, a
+//!   function of one message, runs it: the same work, which issue 9 compares idem with;
+//! - `hand-batch-multirow`: the same with one multi-row business insert for the whole batch, a
+//!   different program (its work written for the batch at once), shown for reference;
 //! - `idem-batch`: idem's consumer with the binding in batch mode
 //!   (`Binding::batch(size, max_wait)`), its `max_in_flight` left at the default: each batch is
 //!   one handler in flight, so at prefetch 500 several batches may overlap, where `hand-batch`
@@ -132,8 +136,10 @@ fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
             }
         }
     }
-    if wanted(Mode::HandBatch) {
-        plan.push((Mode::HandBatch, 1));
+    for mode in [Mode::HandBatch, Mode::HandBatchMultirow] {
+        if wanted(mode) {
+            plan.push((mode, 1));
+        }
     }
     for mode in [Mode::IdemBatch, Mode::IdemBatchDuringCleanup] {
         if wanted(mode) {

@@ -38,6 +38,16 @@ pub struct HandMessage {
     pub order: Order,
 }
 
+/// How a hand-written batch runs its business work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusinessInserts {
+    /// One statement per fresh message, as a handler, a function of one message, runs it.
+    PerMessage,
+    /// One multi-row statement for the batch: a different program, which knows every message's
+    /// work at once.
+    MultiRow,
+}
+
 /// How the hand-written side settles a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandOutcome {
@@ -250,8 +260,8 @@ impl HandInbox {
     }
 
     /// Processes `messages` (in delivery order) in one transaction: one multi-row conditional
-    /// insert that returns the fresh keys, one read of the known keys' records, one multi-row
-    /// business insert for the fresh ones, one multi-row completion, one commit. A key that
+    /// insert that returns the fresh keys, one read of the known keys' records, the business
+    /// inserts for the fresh ones (`business`), one multi-row completion, one commit. A key that
     /// appears twice in the batch is processed once; its later copies are judged against the
     /// first one's fingerprint. Returns an outcome per message, in order.
     ///
@@ -261,6 +271,7 @@ impl HandInbox {
         &self,
         db: &DatabaseConnection,
         messages: &[HandMessage],
+        business: BusinessInserts,
     ) -> Result<Vec<HandOutcome>, DbErr> {
         // The first message of each key; the others are copies within the batch.
         let mut first: HashMap<&str, usize> = HashMap::with_capacity(messages.len());
@@ -309,7 +320,14 @@ impl HandInbox {
         }
         if !processed.is_empty() {
             let orders: Vec<&Order> = processed.iter().map(|&i| &messages[i].order).collect();
-            self.insert_charges(&tx, &orders).await?;
+            match business {
+                BusinessInserts::PerMessage => {
+                    for order in orders {
+                        self.insert_charges(&tx, &[order]).await?;
+                    }
+                }
+                BusinessInserts::MultiRow => self.insert_charges(&tx, &orders).await?,
+            }
             let keys: Vec<&str> = processed
                 .iter()
                 .map(|&i| messages[i].key.as_str())
