@@ -266,6 +266,21 @@ async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_bat
     assert_eq!(effects_of(&db, &effects, "a").await, 1);
     assert_eq!(effects_of(&db, &effects, "c").await, 1);
 
+    // The last handler of a batch is checked as the others are.
+    let results = inbox
+        .process_batch(&handler, vec![item("g", "ok"), item("h", "swallow")])
+        .await;
+    assert!(matches!(results[0], Ok(Outcome::Processed(_))));
+    let broken = backend == Backend::Postgres;
+    assert_eq!(
+        matches!(results[1], Err(Error::TransactionAborted { .. })),
+        broken,
+        "{:?}",
+        results[1]
+    );
+    assert_eq!(effects_of(&db, &effects, "g").await, 1);
+    assert_eq!(effects_of(&db, &effects, "h").await, i64::from(!broken));
+
     // A transaction rolled back under a handler takes the whole batch with it: that message
     // fails as aborted, the others are rolled back and requeued without counting.
     let results = inbox

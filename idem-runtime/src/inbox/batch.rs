@@ -433,13 +433,20 @@ impl Inbox {
             ),
         };
         let outbox = self.inner.outbox.as_ref();
-        for lead in leads.iter_mut() {
-            if !matches!(lead.fate, Fate::Fresh) {
+        let mut savepoints = Savepoints {
+            tx: &tx,
+            open: None,
+        };
+        for at in 0..leads.len() {
+            if !matches!(leads[at].fate, Fate::Fresh) {
                 continue;
             }
-            let metadata = &metadata[lead.index];
+            let metadata = &metadata[leads[at].index];
             let Some(id) = transaction_id else {
-                run_fresh(handler, &tx, lead, metadata, outbox).await?;
+                savepoints.take(leads).await?;
+                if run_fresh(handler, &tx, &mut leads[at], metadata, outbox).await? {
+                    savepoints.open = Some(at);
+                }
                 continue;
             };
             let ran = Unguarded {
@@ -448,11 +455,12 @@ impl Inbox {
                 transaction_id: id,
                 outbox,
             };
-            if !ran.run(handler, lead, metadata).await? {
+            if !ran.run(handler, &mut leads[at], metadata).await? {
                 roll_back(tx).await?;
                 return Ok(Tried::HandlerFailed);
             }
         }
+        savepoints.release(leads).await?;
         let released: Vec<&MessageKey> = leads
             .iter()
             .filter(|lead| lead.claimed && matches!(lead.fate, Fate::Failed(_)))
@@ -775,36 +783,78 @@ fn lost_database() -> Lost {
     )))
 }
 
-/// Runs a fresh message's handler under its own savepoint, and sets its fate: processed, or
-/// failed and rolled back to the savepoint. An error means the transaction is lost.
+/// The savepoints of a guarded batch, one per message. A message's savepoint is released in the
+/// same round trip as the next one is taken: releasing fails when the handler broke it
+/// (PostgreSQL aborted it after a failed statement, or the database rolled the whole
+/// transaction back), and that message is then failed and rolled back to it.
+struct Savepoints<'a> {
+    tx: &'a DatabaseTransaction,
+    /// The lead whose handler succeeded under the savepoint still open.
+    open: Option<usize>,
+}
+
+impl Savepoints<'_> {
+    /// Takes the next message's savepoint, releasing the open one.
+    async fn take<M, T>(&mut self, leads: &mut [Lead<M, T>]) -> Result<(), Lost> {
+        if let Some(open) = self.open.take() {
+            let both = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message";
+            match self.tx.execute_unprepared(both).await {
+                Ok(_) => return Ok(()),
+                Err(error) if classify(&error) == Failure::Unreachable => {
+                    return Err(Lost::Database(error));
+                }
+                Err(_) => self.broken(&mut leads[open]).await?,
+            }
+        }
+        savepoint(self.tx, "SAVEPOINT idem_message").await
+    }
+
+    /// Releases the open savepoint, after the last message.
+    async fn release<M, T>(&mut self, leads: &mut [Lead<M, T>]) -> Result<(), Lost> {
+        let Some(open) = self.open.take() else {
+            return Ok(());
+        };
+        match self
+            .tx
+            .execute_unprepared("RELEASE SAVEPOINT idem_message")
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error) if classify(&error) == Failure::Unreachable => Err(Lost::Database(error)),
+            Err(_) => self.broken(&mut leads[open]).await,
+        }
+    }
+
+    /// Fails a message whose handler broke its savepoint, and rolls its work back.
+    async fn broken<M, T>(&self, lead: &mut Lead<M, T>) -> Result<(), Lost> {
+        lead.staged = 0;
+        lead.fate = Fate::Failed(Error::TransactionAborted {
+            key: lead.key.clone(),
+        });
+        roll_back_to_savepoint(self.tx).await
+    }
+}
+
+/// Runs a fresh message's handler under the savepoint just taken, and sets its fate:
+/// processed, or failed and rolled back to the savepoint; returns whether it was processed.
+/// An error means the transaction is lost.
 async fn run_fresh<H: Handler>(
     handler: &H,
     tx: &DatabaseTransaction,
     lead: &mut Lead<H::Message, H::Output>,
     metadata: &Metadata,
     outbox: Option<&Outbox>,
-) -> Result<(), Lost> {
-    savepoint(tx, "SAVEPOINT idem_message").await?;
+) -> Result<bool, Lost> {
     let message = lead.message.take().expect("a fresh message runs once");
     let cx = Context::new(&lead.key.message_key, metadata, Some(tx)).with_origin(&lead.key, outbox);
     let failure = match run(handler, &cx, message).await {
         Ok(output) => match serde_json::to_string(&output) {
-            // Releasing the savepoint fails when the handler broke it: PostgreSQL aborted it
-            // after a failed statement, or the database rolled the whole transaction back.
-            Ok(json) => match tx
-                .execute_unprepared("RELEASE SAVEPOINT idem_message")
-                .await
-            {
-                Ok(_) => {
-                    let stored = (json != "null").then_some(json);
-                    lead.staged = cx.outbound().staged();
-                    lead.fate = Fate::Processed(output, stored);
-                    return Ok(());
-                }
-                Err(_) => Error::TransactionAborted {
-                    key: lead.key.clone(),
-                },
-            },
+            Ok(json) => {
+                let stored = (json != "null").then_some(json);
+                lead.staged = cx.outbound().staged();
+                lead.fate = Fate::Processed(output, stored);
+                return Ok(true);
+            }
             Err(error) => Error::OutputNotStorable(Box::new(error)),
         },
         Err(error) => outage_or(error, tx).await,
@@ -814,13 +864,18 @@ async fn run_fresh<H: Handler>(
     if outage {
         return Err(lost_database());
     }
+    roll_back_to_savepoint(tx).await?;
+    Ok(false)
+}
+
+/// Rolls back to the message's savepoint, which the whole transaction may have gone with.
+async fn roll_back_to_savepoint(tx: &DatabaseTransaction) -> Result<(), Lost> {
     match tx
         .execute_unprepared("ROLLBACK TO SAVEPOINT idem_message")
         .await
     {
         Ok(_) => Ok(()),
         Err(error) if classify(&error) == Failure::Unreachable => Err(Lost::Database(error)),
-        // The savepoint is gone with the whole transaction.
         Err(_) => Err(Lost::RolledBack),
     }
 }
