@@ -187,10 +187,14 @@ async fn a_mixed_batch_settles_each_message_as_it_would_alone(backend: Backend) 
         ]
     );
     // Only the fresh and expired keys ran; the failing ones rolled back alone. On PostgreSQL
-    // the handlers first run without savepoints, and after a failure the batch runs again with
-    // them: a handler may run twice, its effects committed once.
+    // the handlers first run without savepoints, and after a failure the others run again with
+    // them: a handler that ran before a failing one runs twice, its effects committed once.
     let mut runs = handler.runs();
     runs.sort();
+    for failed in ["failing", "panicking"] {
+        let times = runs.iter().filter(|run| *run == failed).count();
+        assert_eq!(times, 1, "a failure stands: {failed} ran {times} times");
+    }
     runs.dedup();
     assert_eq!(
         runs,

@@ -65,6 +65,9 @@ struct Lead<M, T> {
     fate: Fate<T>,
     /// Whether this batch inserted its claim.
     claimed: bool,
+    /// Whether its handler failed in an unguarded try: its error stands, and the next try
+    /// leaves it out.
+    failed_alone: bool,
     /// How many messages its handler staged in the outbox.
     staged: u32,
 }
@@ -328,9 +331,10 @@ impl Inbox {
     /// fate is set as it is decided; an error means nothing was committed.
     ///
     /// Where a failed statement aborts the whole transaction (PostgreSQL), the handlers first
-    /// run without savepoints, which cost two round trips and a subtransaction each: if one
-    /// fails, nothing can be kept apart from it, so the transaction is rolled back and the batch
-    /// runs again with a savepoint per message. Elsewhere a handler could carry on past a
+    /// run without savepoints, which cost a subtransaction each (and slow every statement once
+    /// a transaction has more than 64), with one check of the transaction after each handler:
+    /// if one fails, its error stands, but nothing can be kept apart from it, so the
+    /// transaction is rolled back and the others run again with a savepoint per message. Elsewhere a handler could carry on past a
     /// transaction the database ended under it, its later writes committed on their own, so
     /// each message always has its savepoint there.
     async fn transact<H: Handler>(
@@ -356,7 +360,7 @@ impl Inbox {
                 Tried::HandlerFailed => {
                     tracing::debug!(
                         consumer = consumer.as_str(),
-                        "a handler of the batch failed; running the batch again with a \
+                        "a handler of the batch failed; running the others again with a \
                          savepoint per message"
                     );
                     for lead in leads.iter_mut() {
@@ -456,6 +460,9 @@ impl Inbox {
                 outbox,
             };
             if !ran.run(handler, &mut leads[at], metadata).await? {
+                // Its claim goes with the transaction.
+                leads[at].claimed = false;
+                leads[at].failed_alone = true;
                 roll_back(tx).await?;
                 return Ok(Tried::HandlerFailed);
             }
@@ -510,15 +517,19 @@ impl Inbox {
         store.bound_claim_wait(tx).await?;
         let claims: Vec<BatchClaim<'_>> = leads
             .iter()
+            .filter(|lead| !lead.failed_alone)
             .map(|lead| BatchClaim {
                 key: &lead.key.message_key,
                 fingerprint: lead.fingerprint.as_ref(),
             })
             .collect();
+        if claims.is_empty() {
+            return Ok(0);
+        }
         let fresh: HashSet<String> = store
             .insert_claims(tx, consumer, &claims, token, retention)
             .await?;
-        for lead in leads.iter_mut() {
+        for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
             lead.claimed = fresh.contains(lead.key.message_key.as_str());
             lead.fate = if lead.claimed {
                 Fate::Fresh
@@ -542,6 +553,9 @@ impl Inbox {
             .filter(|lead| matches!(lead.fate, Fate::Deferred))
             .map(|lead| &lead.key.message_key)
             .collect();
+        if known.is_empty() {
+            return Ok(());
+        }
         let mut rows = self.inner.store.find_many(tx, consumer, &known).await?;
         for lead in leads.iter_mut() {
             if !matches!(lead.fate, Fate::Deferred) {
@@ -667,6 +681,7 @@ fn sort_out<H: Handler>(
                         message: Some(item.message),
                         fate: Fate::Deferred,
                         claimed: false,
+                        failed_alone: false,
                         staged: 0,
                     });
                     None
@@ -717,11 +732,11 @@ struct Unguarded<'a> {
 }
 
 impl Unguarded<'_> {
-    /// Runs a fresh message's handler on a copy of its message, and sets its fate when it
-    /// succeeds; returns whether it did. On a failure nothing of the transaction can be kept:
-    /// the caller rolls it back and the batch runs again with savepoints, where the failure is
-    /// found out to be this message's or an earlier one's (a failed statement it swallowed).
-    /// An error means the transaction is lost: the database, or a handler that ended it.
+    /// Runs a fresh message's handler on a copy of its message, and sets its fate: processed,
+    /// or failed; returns whether it was processed. The transaction is checked after each
+    /// handler, so a failure is the message's own; but nothing of the transaction can be kept
+    /// apart from it: the caller rolls it back and runs the others again. An error means the
+    /// transaction is lost: the database, or a handler that ended it.
     async fn run<H: Handler>(
         &self,
         handler: &H,
@@ -737,37 +752,39 @@ impl Unguarded<'_> {
             .expect("a fresh message is kept until it commits");
         let cx = Context::new(&lead.key.message_key, metadata, Some(self.tx))
             .with_origin(&lead.key, self.outbox);
-        let output = match run(handler, &cx, message).await {
-            Ok(output) => output,
-            Err(error) => {
-                if outage_or(error, self.tx).await.is_store_unavailable() {
-                    return Err(lost_database());
-                }
-                return Ok(false);
-            }
+        let failure = match run(handler, &cx, message).await {
+            Ok(output) => match serde_json::to_string(&output) {
+                Ok(json) => match self.store.transaction_id(self.tx).await {
+                    Ok(Some(id)) if id == self.transaction_id => {
+                        lead.staged = cx.outbound().staged();
+                        lead.fate = Fate::Processed(output, (json != "null").then_some(json));
+                        return Ok(true);
+                    }
+                    // The handler ended the transaction: whatever it wrote after committed on
+                    // its own, as it would have alone; nothing else may run outside it.
+                    Ok(_) => {
+                        lead.fate = Fate::Failed(Error::TransactionAborted {
+                            key: lead.key.clone(),
+                        });
+                        return Err(Lost::RolledBack);
+                    }
+                    Err(error) if classify(&error) == Failure::Unreachable => {
+                        return Err(Lost::Database(error));
+                    }
+                    // A failed statement the handler swallowed aborted the transaction.
+                    Err(_) => Error::TransactionAborted {
+                        key: lead.key.clone(),
+                    },
+                },
+                Err(error) => Error::OutputNotStorable(Box::new(error)),
+            },
+            Err(error) => outage_or(error, self.tx).await,
         };
-        let Ok(json) = serde_json::to_string(&output) else {
-            return Ok(false);
-        };
-        match self.store.transaction_id(self.tx).await {
-            Ok(Some(id)) if id == self.transaction_id => {}
-            // The handler ended the transaction: whatever it wrote after committed on its own,
-            // as it would have alone; nothing else may run outside the transaction.
-            Ok(_) => {
-                lead.fate = Fate::Failed(Error::TransactionAborted {
-                    key: lead.key.clone(),
-                });
-                return Err(Lost::RolledBack);
-            }
-            Err(error) if classify(&error) == Failure::Unreachable => {
-                return Err(Lost::Database(error));
-            }
-            // A failed statement the handler swallowed aborted the transaction.
-            Err(_) => return Ok(false),
+        if failure.is_store_unavailable() {
+            return Err(lost_database());
         }
-        lead.staged = cx.outbound().staged();
-        lead.fate = Fate::Processed(output, (json != "null").then_some(json));
-        Ok(true)
+        lead.fate = Fate::Failed(failure);
+        Ok(false)
     }
 }
 
