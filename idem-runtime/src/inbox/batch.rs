@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, RuntimeErr};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, RuntimeErr};
 use tracing::Instrument;
 
 use super::claim::{check_stored_fingerprint, new_token};
@@ -353,6 +353,10 @@ impl Inbox {
             consumer,
             metadata,
             retention,
+        };
+        let _turn = match self.inner.store.backend() {
+            DbBackend::Sqlite => Some(self.inner.sqlite_batches.lock().await),
+            _ => None,
         };
         if self.inner.store.dialect().aborts_on_error() {
             match self.attempt(&batch, leads, Guard::Unguarded).await? {

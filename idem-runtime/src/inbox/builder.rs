@@ -171,6 +171,7 @@ impl InboxBuilder {
                 claim_wait: self.claim_wait,
                 leases: self.leases,
                 outbox: self.outbox,
+                sqlite_batches: tokio::sync::Mutex::new(()),
             }),
         })
     }

@@ -86,6 +86,10 @@ pub(crate) struct Inner {
     leases: HashMap<String, Duration>,
     /// Where handlers stage outgoing messages.
     pub(crate) outbox: Option<Outbox>,
+    /// Taken by each batch's transaction on SQLite, which writes one transaction at a time:
+    /// batches waiting here take their turn at once, where SQLite's busy handler would have
+    /// them sleep and poll.
+    pub(crate) sqlite_batches: tokio::sync::Mutex<()>,
 }
 
 impl Inbox {
