@@ -84,15 +84,15 @@ impl<H: Handler, C: Codec> Binding<H, C> {
     /// share one database transaction, and the committed ones are acknowledged together (one
     /// `basic.ack` with `multiple` where every earlier delivery of the channel is settled, one
     /// each otherwise). Each message still settles as it would alone: a failing one is rolled
-    /// back to its savepoint and requeued or dead-lettered by itself.
+    /// back and requeued or dead-lettered by itself.
     ///
     /// Use it when throughput matters more than latency: a batch commits after its slowest
     /// message, and each message waits up to `max_wait` for its batch to fill. Give the consumer
     /// a [`prefetch`](crate::ConsumerBuilder::prefetch) of at least `size`, or batches never
     /// fill. Each batch counts as one handler in flight. For transactional handlers only: a
-    /// two-phase handler is refused at start. At most [`MAX_BATCH`] per batch; on PostgreSQL,
-    /// see [`Inbox::process_batch`] on batches above 64. Messages are cloned: a batch may run a
-    /// handler again when another of its messages failed.
+    /// two-phase handler is refused at start. At most [`MAX_BATCH`] per batch. Messages are
+    /// cloned: on PostgreSQL a batch runs a handler again when another of its messages failed
+    /// (see [`Inbox::process_batch`]).
     pub fn batch(mut self, size: usize, max_wait: Duration) -> Self
     where
         H::Message: Clone,

@@ -155,28 +155,31 @@ impl Inbox {
     /// Processes `items` with `handler` in one transaction, returning one result per item, in
     /// order, each what [`Inbox::process`] would have returned for that message.
     ///
-    /// - Fresh keys are claimed in one statement, and their handlers run one after the other,
-    ///   each under its own savepoint of the batch's transaction: a failing or panicking handler
-    ///   is rolled back to its savepoint, its claim removed, and its error returned, while the
-    ///   others commit.
+    /// - Fresh keys are claimed in one statement, and their handlers run one after the other in
+    ///   the batch's transaction: a failing or panicking handler is rolled back, its claim
+    ///   removed, and its error returned, while the others commit.
     /// - Known keys are read in one statement: a completed record answers as a
     ///   [`Outcome::Duplicate`] (after the fingerprint check) without running the handler. An
     ///   expired record, or one a two-phase claim holds, is processed on its own after the
     ///   commit, as is a second copy of a key in the batch whose first copy was.
     /// - The outputs are recorded in one statement, and the batch commits once. If the commit
     ///   fails or its result is unknown, every message it held gets the error, to be requeued.
-    /// - A handler that carries on after a failed statement breaks only its own savepoint on
-    ///   PostgreSQL ([`Error::TransactionAborted`] for it). Where the database rolls back the
-    ///   whole transaction instead (a MySQL/MariaDB deadlock), that message gets its own error
-    ///   and every other message the transaction held gets [`Error::BatchRolledBack`], which
-    ///   does not count as an attempt.
+    /// - On MySQL/MariaDB and SQLite each handler runs under its own savepoint. On PostgreSQL,
+    ///   where a savepoint costs a subtransaction (and a transaction with more than 64 of them
+    ///   slows every statement), the handlers first run without one, the transaction checked
+    ///   after each: when one fails, its error stands, the transaction is rolled back, and the
+    ///   others run again under savepoints. A handler may thus run twice, its effects committed
+    ///   once; messages are cloned for it.
+    /// - A handler that carries on after a failed statement breaks the transaction on
+    ///   PostgreSQL ([`Error::TransactionAborted`] for it, the others unharmed). Where the
+    ///   database rolls back the whole transaction instead (a MySQL/MariaDB deadlock), or the
+    ///   handler ends it itself, that message gets its own error and every other message the
+    ///   transaction held gets [`Error::BatchRolledBack`], which does not count as an attempt.
     ///
     /// A batch trades latency for throughput: its messages are committed together, after the
     /// slowest of them. A two-phase handler's messages are processed one by one. At most
-    /// [`MAX_BATCH`] messages share a transaction; larger batches are split. On PostgreSQL each
-    /// handler that writes takes a subtransaction id, and a transaction with more than 64 of
-    /// them slows other sessions' snapshots: keep batches at 64 messages or fewer there when
-    /// other sessions share the server.
+    /// [`MAX_BATCH`] messages share a transaction; larger batches are split. On SQLite, which
+    /// writes one transaction at a time, an inbox's batches take turns.
     ///
     /// # Cancel safety
     ///
