@@ -305,27 +305,33 @@ impl Store {
         &self,
         conn: &impl ConnectionTrait,
     ) -> Result<i64, DbErr> {
-        let sql = "SELECT set_config('lock_timeout', $1, true), txid_current()";
-        let row = conn
-            .query_one_raw(self.statement(sql, vec![text(&self.lock_timeout)]))
-            .await?
-            .ok_or_else(|| DbErr::Custom("set_config returned no row".to_owned()))?;
-        row.try_get_by_index(1)
+        let sql = "SELECT txid_current(), set_config('lock_timeout', $1, true)";
+        self.first_column(conn, sql, vec![text(&self.lock_timeout)])
+            .await
     }
 
-    /// The id of the transaction `conn` is in, if it has written: a handler that ended the
-    /// batch's transaction (a `COMMIT` or `ROLLBACK` of its own) left `conn` outside it, where
-    /// every statement commits on its own.
+    /// The id of the transaction `conn` is in, if it has written (PostgreSQL): a handler that
+    /// ended the batch's transaction (a `COMMIT` or `ROLLBACK` of its own) left `conn` outside
+    /// it, where every statement commits on its own.
     pub(crate) async fn transaction_id(
         &self,
         conn: &impl ConnectionTrait,
     ) -> Result<Option<i64>, DbErr> {
-        let sql = "SELECT txid_current_if_assigned()";
-        let row = conn
-            .query_one_raw(self.statement(sql, Vec::new()))
+        self.first_column(conn, "SELECT txid_current_if_assigned()", Vec::new())
+            .await
+    }
+
+    /// The first column of the one row `sql` returns.
+    async fn first_column<T: sea_orm::TryGetable>(
+        &self,
+        conn: &impl ConnectionTrait,
+        sql: &str,
+        values: Vec<Value>,
+    ) -> Result<T, DbErr> {
+        conn.query_one_raw(self.statement(sql, values))
             .await?
-            .ok_or_else(|| DbErr::Custom("txid_current_if_assigned returned no row".to_owned()))?;
-        row.try_get_by_index(0)
+            .ok_or_else(|| DbErr::Custom(format!("{sql} returned no row")))?
+            .try_get_by_index(0)
     }
 
     /// Reads a record, with the database's clock.
