@@ -13,6 +13,7 @@ use super::Outbox;
 
 /// A staged message waiting to be published.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PendingMessage {
     /// Its place in the order of staging.
     pub seq: i64,
@@ -30,6 +31,10 @@ pub struct PendingMessage {
     pub payload: Vec<u8>,
     /// How long ago it was staged, by the database's clock.
     pub age: Duration,
+    /// The handler run that staged it (its consumer and message key), whose messages go out in
+    /// the order it staged them; `None` for a message staged outside handlers
+    /// ([`Outbox::stage`]).
+    pub run: Option<String>,
 }
 
 /// Pending messages taken by one relay, in the order they were staged, locked until
@@ -77,8 +82,12 @@ impl Outbox {
         let held_back = self.runs_held_elsewhere(&tx, &taken).await?;
         let messages = taken
             .into_iter()
-            .filter(|(_, origin)| origin.as_ref().is_none_or(|o| !held_back.contains_key(o)))
-            .map(|(message, _)| message)
+            .filter(|message| {
+                message
+                    .run
+                    .as_ref()
+                    .is_none_or(|o| !held_back.contains_key(o))
+            })
             .collect();
         Ok(PendingBatch {
             tx,
@@ -92,11 +101,11 @@ impl Outbox {
     async fn runs_held_elsewhere(
         &self,
         tx: &DatabaseTransaction,
-        taken: &[(PendingMessage, Option<String>)],
+        taken: &[PendingMessage],
     ) -> Result<HashMap<String, i64>, DbErr> {
         let mut first: HashMap<String, i64> = HashMap::new();
-        for (message, origin) in taken {
-            if let Some(origin) = origin {
+        for message in taken {
+            if let Some(origin) = &message.run {
                 first.entry(origin.clone()).or_insert(message.seq);
             }
         }
@@ -123,7 +132,7 @@ impl Outbox {
         Ok(held)
     }
 
-    fn read_pending(&self, row: &QueryResult) -> Result<(PendingMessage, Option<String>), DbErr> {
+    fn read_pending(&self, row: &QueryResult) -> Result<PendingMessage, DbErr> {
         let message_id = if self.backend() == DbBackend::MySql {
             let bytes: Vec<u8> = row.try_get_by_index(1)?;
             String::from_utf8(bytes)
@@ -139,7 +148,7 @@ impl Outbox {
         };
         let staged_at: i64 = row.try_get_by_index(8)?;
         let now: i64 = row.try_get_by_index(9)?;
-        let message = PendingMessage {
+        Ok(PendingMessage {
             seq: row.try_get_by_index(0)?,
             message_id,
             exchange: row.try_get_by_index(2)?,
@@ -148,8 +157,8 @@ impl Outbox {
             headers,
             payload: row.try_get_by_index(6)?,
             age: Duration::from_millis(u64::try_from(now - staged_at).unwrap_or(0)),
-        };
-        Ok((message, row.try_get_by_index(7)?))
+            run: row.try_get_by_index(7)?,
+        })
     }
 }
 
