@@ -50,6 +50,11 @@ mod postgres_only {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn handlers_announce_nothing_while_a_relay_runs_in_their_process() {
+        super::handlers_announce_nothing_while_a_relay_runs_in_their_process().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn an_unroutable_message_holds_back_its_own_run_only() {
         super::an_unroutable_message_holds_back_its_own_run_only().await
     }
@@ -418,6 +423,30 @@ async fn a_relay_in_another_process_is_woken_by_notify() {
     assert_eq!(ids(&f.receive(1, PROMPT).await), ids_of("o-2", 1));
     let stats = relay.shutdown().await;
     assert_eq!(stats.published, 3, "{stats:?}");
+}
+
+async fn handlers_announce_nothing_while_a_relay_runs_in_their_process() {
+    use idem_runtime::sea_orm::sqlx::postgres::PgListener;
+    let f = Fixture::new(Backend::Postgres).await;
+    let mut listener = PgListener::connect_with(f.db.db.get_postgres_connection_pool())
+        .await
+        .unwrap();
+    listener.listen(&f.outbox.channel()).await.unwrap();
+    let relay = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    let staged = Instant::now();
+    f.stage("o-1", 2).await;
+    assert_eq!(ids(&f.receive(2, PROMPT).await), ids_of("o-1", 2));
+    assert!(
+        staged.elapsed() < PROMPT,
+        "woken in its process, not polled"
+    );
+    let heard = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
+    assert!(heard.is_err(), "announced to other processes: {heard:?}");
+    assert_eq!(relay.shutdown().await.published, 2);
+    // With no relay here, a run announces its stagings to relays elsewhere again.
+    f.stage("o-2", 1).await;
+    let heard = tokio::time::timeout(PROMPT, listener.recv()).await;
+    assert!(matches!(heard, Ok(Ok(_))), "not announced: {heard:?}");
 }
 
 async fn two_relays_on_one_table_publish_each_message_once(backend: Backend) {

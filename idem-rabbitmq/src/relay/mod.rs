@@ -59,7 +59,10 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 ///   at once in this process ([`Outbox::notify_staged`], which the inbox calls), through
 ///   PostgreSQL `LISTEN` on [`Outbox::channel`] across processes (with this crate's `postgres`
 ///   feature; the listening connection is reconnected when it drops), and every
-///   [`poll_interval`](RelayBuilder::poll_interval) whatever happens.
+///   [`poll_interval`](RelayBuilder::poll_interval) whatever happens. While it runs, handlers
+///   in its process leave the announcement out ([`Outbox::local_relay`]): it is woken
+///   in-process, and the announcement would cost every handler's commit its turn behind the
+///   others'.
 /// - **Several relays.** Relays in several processes can share one table on PostgreSQL and
 ///   MySQL/MariaDB: each batch is locked with `FOR UPDATE SKIP LOCKED`, so a message goes out
 ///   through one of them. A SQLite outbox is for one process.

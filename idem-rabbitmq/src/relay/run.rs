@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::Outbox;
 use idem_runtime::sea_orm::DbErr;
+use idem_runtime::{LocalRelay, Outbox};
 use tokio::sync::{Notify, watch};
 
 use super::Settings;
@@ -58,6 +58,8 @@ pub(super) struct Runner {
     wake: Arc<Notify>,
     stop: watch::Receiver<bool>,
     table: String,
+    /// Tells handlers in this process that this relay runs, until it stops.
+    _local: LocalRelay,
 }
 
 impl Runner {
@@ -71,6 +73,7 @@ impl Runner {
         stop: watch::Receiver<bool>,
     ) -> Self {
         let table = outbox.table().as_str().to_owned();
+        let local = outbox.local_relay();
         Self {
             outbox,
             settings,
@@ -80,6 +83,7 @@ impl Runner {
             wake,
             stop,
             table,
+            _local: local,
         }
     }
 
