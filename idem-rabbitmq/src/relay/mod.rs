@@ -65,7 +65,8 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 ///   others'.
 /// - **Several relays.** Relays in several processes can share one table on PostgreSQL and
 ///   MySQL/MariaDB: each batch is locked with `FOR UPDATE SKIP LOCKED`, so a message goes out
-///   through one of them. A SQLite outbox is for one process.
+///   through one of them. A SQLite outbox is for one process, whose relays take turns; a batch
+///   holds no write lock while it is published, so handlers commit meanwhile.
 /// - **Outages.** A lost broker connection is replaced; a database or broker failure is retried
 ///   with the back-off, messages staying in the table meanwhile. Messages in flight when a
 ///   process dies are published again by the next relay.

@@ -52,6 +52,8 @@ struct Inner {
     staged: Notify,
     /// Relays of this outbox running in this process ([`Outbox::local_relay`]).
     local_relays: AtomicUsize,
+    /// On SQLite, held by the relay of this process that has a batch in hand.
+    relay_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A relay of an [`Outbox`] running in this process, until dropped: see
@@ -296,6 +298,7 @@ impl OutboxBuilder {
                 retention: self.retention,
                 staged: Notify::new(),
                 local_relays: AtomicUsize::new(0),
+                relay_turn: Arc::default(),
             }),
         };
         if self.create_table {
