@@ -66,12 +66,15 @@ impl Downstream {
 /// A relay running for a round.
 pub(crate) enum Relaying {
     Idem(RelayHandle),
-    Hand {
-        connection: Connection,
-        channel: Channel,
-        stop: watch::Sender<bool>,
-        task: JoinHandle<Result<u64, String>>,
-    },
+    Hand(Box<HandRelaying>),
+}
+
+/// The hand-written relay, running: its connection, channel, stop signal and task.
+pub(crate) struct HandRelaying {
+    connection: Connection,
+    channel: Channel,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<u64, String>>,
 }
 
 /// Starts the relay of `case`, if it has an outbox: connected to the broker directly (not
@@ -104,12 +107,12 @@ pub(crate) async fn start_relay(db: &TestDb, case: &Case) -> Option<Relaying> {
                 RELAY_BATCH,
                 stopped,
             );
-            Relaying::Hand {
+            Relaying::Hand(Box::new(HandRelaying {
                 connection,
                 channel,
                 stop,
                 task: tokio::spawn(relay),
-            }
+            }))
         }
     })
 }
@@ -124,12 +127,13 @@ impl Relaying {
                     return Err(format!("{}: idem's relay {stats:?}", case.label()));
                 }
             }
-            Relaying::Hand {
-                connection,
-                channel,
-                stop,
-                task,
-            } => {
+            Relaying::Hand(hand) => {
+                let HandRelaying {
+                    connection,
+                    channel,
+                    stop,
+                    task,
+                } = *hand;
                 stop.send_replace(true);
                 let relayed = task.await.map_err(|error| error.to_string());
                 // The channel first, as the hand consumers do: lapin logs an error otherwise.
