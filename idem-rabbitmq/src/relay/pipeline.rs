@@ -40,8 +40,9 @@ pub(super) async fn publish(
             }
         }
         if let Err(why) = pipeline.send(session, message, wait).await {
+            pipeline.settle(&mut settled).await;
             settled.not_taken.push((message.message_id.clone(), why));
-            break;
+            return settled;
         }
     }
     pipeline.settle(&mut settled).await;
