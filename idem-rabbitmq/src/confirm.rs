@@ -5,7 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use tokio::time::{Instant, Timeout};
 
 /// Why the broker did not take a message.
 #[derive(Debug)]
@@ -59,30 +60,69 @@ pub(crate) async fn publish_confirmed(
     properties: BasicProperties,
     wait: Duration,
 ) -> Result<(), NotTaken> {
+    let sent = send(channel, exchange, routing_key, payload, properties, wait).await?;
+    match sent.confirmation().await? {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(returned)) => Err(NotTaken::Unroutable {
+            reply_text: returned.reply_text.to_string(),
+        }),
+        Confirmation::Nack(_) => Err(NotTaken::Refused),
+        Confirmation::NotRequested => Err(NotTaken::NotConfirmMode),
+    }
+}
+
+/// A publish sent, its confirm not awaited yet: several can be in flight on one channel.
+///
+/// lapin hands a message the broker returned (`basic.return`, unroutable) to whichever confirm
+/// it completes next, and completes the confirms of one `multiple` ack in no set order: with
+/// several publishes in flight, a return may come with another publish's confirm. Whoever
+/// pipelines must match returns to publishes by message id, never by the confirm they came with.
+#[derive(Debug)]
+pub(crate) struct Sent {
+    confirm: Timeout<PublisherConfirm>,
+    wait: Duration,
+}
+
+/// Publishes `payload` with `properties` to `exchange`, `mandatory`, on a channel in confirm
+/// mode, without waiting for the confirm: [`Sent::confirmation`] waits for it, at most `wait`
+/// after this call.
+pub(crate) async fn send(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    payload: &[u8],
+    properties: BasicProperties,
+    wait: Duration,
+) -> Result<Sent, NotTaken> {
     let options = BasicPublishOptions {
         mandatory: true,
         ..BasicPublishOptions::default()
     };
-    let published = async {
-        channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                options,
-                payload,
-                properties,
-            )
-            .await?
-            .await
-    };
-    match tokio::time::timeout(wait, published).await {
-        Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-        Ok(Ok(Confirmation::Ack(Some(returned)))) => Err(NotTaken::Unroutable {
-            reply_text: returned.reply_text.to_string(),
+    let deadline = Instant::now() + wait;
+    let publish = channel.basic_publish(
+        exchange.into(),
+        routing_key.into(),
+        options,
+        payload,
+        properties,
+    );
+    match tokio::time::timeout_at(deadline, publish).await {
+        Ok(Ok(confirm)) => Ok(Sent {
+            confirm: tokio::time::timeout_at(deadline, confirm),
+            wait,
         }),
-        Ok(Ok(Confirmation::Nack(_))) => Err(NotTaken::Refused),
-        Ok(Ok(Confirmation::NotRequested)) => Err(NotTaken::NotConfirmMode),
         Ok(Err(error)) => Err(NotTaken::Channel(error)),
         Err(_) => Err(NotTaken::NoConfirm(wait)),
+    }
+}
+
+impl Sent {
+    /// The broker's confirm, as lapin gives it (see [`Sent`] about returned messages).
+    pub(crate) async fn confirmation(self) -> Result<Confirmation, NotTaken> {
+        match self.confirm.await {
+            Ok(Ok(confirmation)) => Ok(confirmation),
+            Ok(Err(error)) => Err(NotTaken::Channel(error)),
+            Err(_) => Err(NotTaken::NoConfirm(self.wait)),
+        }
     }
 }

@@ -177,7 +177,7 @@ pub use inbox::{BatchItem, Inbox, InboxBuilder, InboxRecord, MAX_BATCH, panic_me
 pub use key::{ConsumerName, InboxKey, KeyError, KeySource, MessageKey};
 pub use metadata::{CloudEvent, Metadata};
 pub use outbox::{
-    OUTBOX_STAGED_TOTAL, Outbound, Outbox, OutboxBuilder, OutboxMessage, PendingBatch,
+    LocalRelay, OUTBOX_STAGED_TOTAL, Outbound, Outbox, OutboxBuilder, OutboxMessage, PendingBatch,
     PendingMessage, create_outbox_statements, derived_id,
 };
 pub use report::{Report, ReportSource};

@@ -1,12 +1,17 @@
 //! A TCP proxy in front of a database or the broker that a test can cut and restore: a real
-//! outage as the application sees it, without touching the server other tests use.
+//! outage as the application sees it, without touching the server other tests use. It can also
+//! hold back what the server sends, as a distant server's answers are.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 /// A proxy listening on a free local port and forwarding to `target`.
 #[derive(Debug, Clone)]
@@ -19,6 +24,17 @@ pub struct Proxy {
 impl Proxy {
     /// Starts a proxy to `target` (`host:port`).
     pub async fn start(target: &str) -> Self {
+        Self::start_with(target, None).await
+    }
+
+    /// Starts a proxy to `target` that passes on what the server sends `delay` after it came
+    /// (what the client sends goes at once): every answer of the server takes `delay` longer,
+    /// and answers to requests sent together still come together.
+    pub async fn start_with_delay(target: &str, delay: Duration) -> Self {
+        Self::start_with(target, Some(delay)).await
+    }
+
+    async fn start_with(target: &str, delay: Option<Duration>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let proxy = Self {
@@ -35,9 +51,8 @@ impl Proxy {
                 }
                 let target = target.clone();
                 links.lock().await.spawn(async move {
-                    if let Ok(mut server) = TcpStream::connect(&target).await {
-                        let mut client = client;
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    if let Ok(server) = TcpStream::connect(&target).await {
+                        link(client, server, delay).await;
                     }
                 });
             }
@@ -62,6 +77,48 @@ impl Proxy {
     pub fn restore(&self) {
         self.up.store(true, Ordering::SeqCst);
     }
+}
+
+/// Forwards between `client` and `server` until either closes, holding what the server sends
+/// for `delay`.
+async fn link(mut client: TcpStream, mut server: TcpStream, delay: Option<Duration>) {
+    let Some(delay) = delay else {
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        return;
+    };
+    let (mut client_read, client_write) = client.into_split();
+    let (server_read, mut server_write) = server.into_split();
+    tokio::select! {
+        _ = tokio::io::copy(&mut client_read, &mut server_write) => {}
+        () = delayed(server_read, client_write, delay) => {}
+    }
+}
+
+/// Copies `from` to `to`, each chunk `delay` after it was read, in order.
+async fn delayed(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Duration) {
+    let (chunks, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buffer = vec![0u8; 64 * 1024];
+        while let Ok(read) = from.read(&mut buffer).await {
+            if read == 0
+                || chunks
+                    .send((Instant::now() + delay, buffer[..read].to_vec()))
+                    .is_err()
+            {
+                break;
+            }
+        }
+    };
+    let write = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
 }
 
 /// A database of `backend` (PostgreSQL or MariaDB) reached through a proxy that a test cuts,

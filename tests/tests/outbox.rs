@@ -1,6 +1,7 @@
 //! The outbox on each backend: handlers stage in their transaction with ids that replay
 //! identically, duplicates and rollbacks stage nothing, relays take pending messages in order
-//! without sharing them, and sent rows are cleaned up.
+//! without sharing them (on SQLite, taking turns, while handlers go on committing), and sent rows
+//! are cleaned up.
 //!
 //! Run: `cargo test -p idem-tests --test outbox` with PostgreSQL and MariaDB up (see README).
 
@@ -24,6 +25,13 @@ on_each_backend!(
     a_two_phase_takeover_derives_the_same_downstream_keys,
     an_idempotent_function_stages_through_its_outbound_parameter,
 );
+
+mod sqlite_only {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_batch_in_hand_holds_up_no_handler_and_relays_take_turns() {
+        super::a_batch_in_hand_holds_up_no_handler_and_relays_take_turns().await
+    }
+}
 
 const CONSUMER: &str = "billing";
 
@@ -237,6 +245,42 @@ async fn relays_take_pending_messages_in_order_and_never_share_them(backend: Bac
     let seqs: Vec<i64> = first.messages().iter().map(|m| m.seq).collect();
     first.mark_sent(&seqs).await.unwrap();
     assert_eq!(pending_ids(&outbox).await, all[3..4]);
+}
+
+async fn a_batch_in_hand_holds_up_no_handler_and_relays_take_turns() {
+    let (_db, inbox, outbox, effects) = setup(Backend::Sqlite).await;
+    let handler = Invoicer { effects };
+    let metadata = meta();
+    let process = |id: &'static str| inbox.process(&handler, Msg::new(id, "a"), &metadata);
+    process("o-0").await.unwrap();
+    let first = outbox.take_pending(100).await.unwrap();
+    assert_eq!(first.messages().len(), 2);
+    // While the relay publishes it, handlers commit: no write lock is held meanwhile.
+    let committed = tokio::time::timeout(Duration::from_secs(2), process("o-1")).await;
+    assert!(
+        matches!(committed, Ok(Ok(_))),
+        "a handler waited for the relay's batch: {committed:?}"
+    );
+    // Another relay of this outbox waits for its turn, then finds only what is left.
+    let other = outbox.clone();
+    let second = tokio::spawn(async move {
+        let batch = other.take_pending(100).await.unwrap();
+        let ids: Vec<String> = batch
+            .messages()
+            .iter()
+            .map(|m| m.message_id.clone())
+            .collect();
+        ids
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!second.is_finished(), "two batches in hand at once");
+    let seqs: Vec<i64> = first.messages().iter().map(|m| m.seq).collect();
+    first.mark_sent(&seqs).await.unwrap();
+    let origin = inbox_key(CONSUMER, "o-1");
+    assert_eq!(
+        second.await.unwrap(),
+        [derived_id(&origin, 0), derived_id(&origin, 1)]
+    );
 }
 
 async fn code_outside_handlers_stages_in_its_own_transaction(backend: Backend) {

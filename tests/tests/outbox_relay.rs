@@ -1,7 +1,9 @@
 //! The outbox relay against the real RabbitMQ and databases: what handlers stage is published
 //! once each, in order, with its derived id, promptly after the commit (in this process, and
-//! through PostgreSQL `LISTEN` from another); relays share a table; a closed broker connection,
-//! a database outage or an unroutable message loses nothing; a rollback publishes nothing.
+//! through PostgreSQL `LISTEN` from another); a batch's publishes are in flight together;
+//! relays share a table; a closed broker connection, a database outage or an unroutable
+//! message loses nothing, and an unroutable message holds back its own run only; a rollback
+//! publishes nothing.
 //! This binary installs a global metrics recorder; tests read it by their own table.
 //!
 //! Run: `cargo test -p idem-tests --test outbox_relay` with RabbitMQ, PostgreSQL and MariaDB up
@@ -19,15 +21,17 @@ use idem_runtime::{
     Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
     OutboxMessage, derived_id,
 };
-use idem_tests::proxy::behind_proxy;
+use idem_tests::proxy::{Proxy, behind_proxy};
 use idem_tests::rabbit::{DeadLetter, amqp_url, close_connections};
 use idem_tests::{Backend, Msg, TestBroker, TestDb, inbox_key, on_each_backend, unique};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata as MetricMetadata};
 use metrics::{SharedString, Unit};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 on_each_backend!(
     staged_messages_are_published_promptly_in_order_and_marked_sent,
+    a_batch_is_published_without_waiting_for_each_confirm,
     a_rolled_back_handler_publishes_nothing,
     messages_committed_before_any_relay_runs_are_published_once,
 );
@@ -43,6 +47,16 @@ mod postgres_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn an_unroutable_message_holds_back_the_ones_after_it() {
         super::an_unroutable_message_holds_back_the_ones_after_it().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn handlers_announce_nothing_while_a_relay_runs_in_their_process() {
+        super::handlers_announce_nothing_while_a_relay_runs_in_their_process().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_unroutable_message_holds_back_its_own_run_only() {
+        super::an_unroutable_message_holds_back_its_own_run_only().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -130,6 +144,43 @@ impl Handler for Stager {
         }
         if msg.body == "fail" {
             return Err(StageError("failing after staging".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Stages one message to each of `routing_keys` in turn, and after the first one waits for
+/// `go_on`, having said so through `paused`: other runs commit meanwhile.
+#[derive(Debug, Clone)]
+struct Pausing {
+    exchange: String,
+    routing_keys: Vec<&'static str>,
+    paused: Arc<Notify>,
+    go_on: Arc<Notify>,
+}
+
+impl Handler for Pausing {
+    type Message = Msg;
+    type Output = ();
+    type Error = StageError;
+
+    fn consumer(&self) -> &str {
+        CONSUMER
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(&self, _: &Msg, _: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(None)
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<(), StageError> {
+        for (i, routing_key) in self.routing_keys.iter().enumerate() {
+            if i == 1 {
+                self.paused.notify_one();
+                self.go_on.notified().await;
+            }
+            let message = OutboxMessage::new(&self.exchange, *routing_key, body(&msg.id, i as u32));
+            cx.stage(message).await?;
         }
         Ok(())
     }
@@ -323,6 +374,40 @@ async fn staged_messages_are_published_promptly_in_order_and_marked_sent(backend
     f.assert_quiet().await;
 }
 
+async fn a_batch_is_published_without_waiting_for_each_confirm(backend: Backend) {
+    const DELAY: Duration = Duration::from_millis(100);
+    let f = Fixture::new(backend).await;
+    let runs: Vec<String> = (0..50).map(|i| format!("o-{i}")).collect();
+    for run in &runs {
+        f.stage(run, 1).await;
+    }
+    // The broker's answers, its confirms among them, reach the relay 100 ms late.
+    let target = std::env::var("IDEM_TEST_AMQP_ADDR").unwrap_or("127.0.0.1:5672".into());
+    let proxy = Proxy::start_with_delay(&target, DELAY).await;
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let relay = Relay::builder(url, f.outbox.clone())
+        .connection_name(unique("idem-relay"))
+        .poll_interval(POLL)
+        .start()
+        .await
+        .expect("the relay starts");
+    let started = Instant::now();
+    let got = f.receive(50, WAIT).await;
+    let took = started.elapsed();
+    // One confirm at a time, the last message would go out 49 delays after the first.
+    assert!(took < DELAY * 20, "50 messages took {took:?}");
+    let expected: Vec<String> = runs.iter().flat_map(|run| ids_of(run, 1)).collect();
+    assert_eq!(ids(&got), expected, "once each, in the order staged");
+    f.broker
+        .eventually("the messages marked sent", WAIT, || async {
+            f.unsent().await == 0
+        })
+        .await;
+    let stats = relay.shutdown().await;
+    assert_eq!((stats.published, stats.failed), (50, 0), "{stats:?}");
+    f.assert_quiet().await;
+}
+
 async fn a_relay_in_another_process_is_woken_by_notify() {
     let f = Fixture::new(Backend::Postgres).await;
     // Its relay shares no in-process signal with the inbox that stages.
@@ -338,6 +423,30 @@ async fn a_relay_in_another_process_is_woken_by_notify() {
     assert_eq!(ids(&f.receive(1, PROMPT).await), ids_of("o-2", 1));
     let stats = relay.shutdown().await;
     assert_eq!(stats.published, 3, "{stats:?}");
+}
+
+async fn handlers_announce_nothing_while_a_relay_runs_in_their_process() {
+    use idem_runtime::sea_orm::sqlx::postgres::PgListener;
+    let f = Fixture::new(Backend::Postgres).await;
+    let mut listener = PgListener::connect_with(f.db.db.get_postgres_connection_pool())
+        .await
+        .unwrap();
+    listener.listen(&f.outbox.channel()).await.unwrap();
+    let relay = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    let staged = Instant::now();
+    f.stage("o-1", 2).await;
+    assert_eq!(ids(&f.receive(2, PROMPT).await), ids_of("o-1", 2));
+    assert!(
+        staged.elapsed() < PROMPT,
+        "woken in its process, not polled"
+    );
+    let heard = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
+    assert!(heard.is_err(), "announced to other processes: {heard:?}");
+    assert_eq!(relay.shutdown().await.published, 2);
+    // With no relay here, a run announces its stagings to relays elsewhere again.
+    f.stage("o-2", 1).await;
+    let heard = tokio::time::timeout(PROMPT, listener.recv()).await;
+    assert!(matches!(heard, Ok(Ok(_))), "not announced: {heard:?}");
 }
 
 async fn two_relays_on_one_table_publish_each_message_once(backend: Backend) {
@@ -520,6 +629,53 @@ async fn an_unroutable_message_holds_back_the_ones_after_it() {
     f.broker.bind(&f.queue, &f.exchange, "unbound").await;
     assert_eq!(ids(&f.receive(2, WAIT).await), ["m-1", "m-2"]);
     assert_eq!(relay.shutdown().await.published, 2);
+}
+
+async fn an_unroutable_message_holds_back_its_own_run_only() {
+    let f = Fixture::new(Backend::Postgres).await;
+    let (paused, go_on) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let pausing = Pausing {
+        exchange: f.exchange.clone(),
+        routing_keys: vec!["unbound", ROUTED],
+        paused: Arc::clone(&paused),
+        go_on: Arc::clone(&go_on),
+    };
+    let inbox = f.inbox.clone();
+    let a = tokio::spawn(async move {
+        let msg = Msg::new("a", "ok");
+        inbox.process(&pausing, msg, &Metadata::default()).await
+    });
+    // Run a stages an unroutable message; runs b, c and d commit; then a stages a routed one:
+    // one batch holds a-0, b-0, c-0, d-0, a-1 in this order.
+    paused.notified().await;
+    for run in ["b", "c", "d"] {
+        f.stage(run, 1).await;
+    }
+    go_on.notify_one();
+    a.await.unwrap().expect("run a commits");
+
+    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+        .start()
+        .await
+        .unwrap();
+    let others: Vec<String> = ["b", "c", "d"].iter().flat_map(|r| ids_of(r, 1)).collect();
+    assert_eq!(ids(&f.receive(3, WAIT).await), others, "other runs go out");
+    f.broker
+        .eventually("publishes retried", WAIT, || async {
+            relay.stats().failed >= 3
+        })
+        .await;
+    // a-1 never overtakes a-0.
+    f.assert_quiet().await;
+    assert_eq!(f.unsent().await, 2);
+
+    // Once routed, a's messages go out in order, and nothing else again.
+    f.broker.bind(&f.queue, &f.exchange, "unbound").await;
+    assert_eq!(ids(&f.receive(2, WAIT).await), ids_of("a", 2));
+    f.assert_quiet().await;
+    let stats = relay.shutdown().await;
+    assert_eq!(stats.published, 5, "{stats:?}");
+    assert_eq!(f.unsent().await, 0);
 }
 
 async fn a_database_outage_is_ridden_out_and_listening_resumes(backend: Backend) {

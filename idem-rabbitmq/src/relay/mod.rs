@@ -2,6 +2,7 @@
 //! committed, with publisher confirms, in the order each handler run staged it.
 
 mod listen;
+mod pipeline;
 mod run;
 mod session;
 mod stats;
@@ -34,16 +35,23 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 /// ([`Context::stage`](idem_runtime::Context::stage)); they commit with the handler's effects and
 /// its inbox record, or not at all. A relay takes committed, unsent messages in batches
 /// ([`Outbox::take_pending`]), publishes each one with the message id it was staged with, its
-/// headers and content type, persistent and `mandatory`, waits for the broker's confirm, and
+/// headers and content type, persistent and `mandatory`, waits for the broker's confirms, and
 /// marks the confirmed ones sent in the batch's transaction.
 ///
-/// - **Order.** Messages go out in the order they were staged, one confirm at a time. The first
-///   publish the broker does not take (unroutable: no queue bound for its routing key; refused;
-///   no confirm in time; the connection lost) ends the batch: the messages after it wait, so
-///   that none overtakes it, and the relay retries from it after a back-off
+/// - **Order.** Messages are published in the order they were staged, without waiting for each
+///   confirm: a batch's publishes are in flight together, except that a message whose handler
+///   run ([`PendingMessage::run`](idem_runtime::PendingMessage::run)) has an earlier message in
+///   flight waits until every confirm in flight came (messages staged outside handlers count as
+///   one run). A message is marked sent only once the broker confirmed it. The first publish
+///   the broker does not take (unroutable: no queue bound for its routing key; refused; no
+///   confirm in time; the connection lost) ends the batch: nothing more is sent, so no later
+///   message of its run overtakes it (messages of other runs already in flight may: runs are
+///   not ordered among themselves), and the relay retries from it after a back-off
 ///   ([`retry_backoff`](RelayBuilder::retry_backoff)). An unroutable message therefore holds up
-///   the relay until a queue is bound for it: it is logged and counted
-///   (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every try.
+///   its run, and the relay when it fills a batch, until a queue is bound for it: it is logged
+///   and counted (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every try.
+///   Returned messages are matched to publishes by message id, not by the confirm lapin hands
+///   them with.
 /// - **At least once, deduplicated downstream.** A message whose confirm is lost, or whose
 ///   "sent" mark does not commit, is published again with the same id; the next hop's inbox
 ///   recognises it.
@@ -51,10 +59,14 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 ///   at once in this process ([`Outbox::notify_staged`], which the inbox calls), through
 ///   PostgreSQL `LISTEN` on [`Outbox::channel`] across processes (with this crate's `postgres`
 ///   feature; the listening connection is reconnected when it drops), and every
-///   [`poll_interval`](RelayBuilder::poll_interval) whatever happens.
+///   [`poll_interval`](RelayBuilder::poll_interval) whatever happens. While it runs, handlers
+///   in its process leave the announcement out ([`Outbox::local_relay`]): it is woken
+///   in-process, and the announcement would cost every handler's commit its turn behind the
+///   others'.
 /// - **Several relays.** Relays in several processes can share one table on PostgreSQL and
 ///   MySQL/MariaDB: each batch is locked with `FOR UPDATE SKIP LOCKED`, so a message goes out
-///   through one of them. A SQLite outbox is for one process.
+///   through one of them. A SQLite outbox is for one process, whose relays take turns; a batch
+///   holds no write lock while it is published, so handlers commit meanwhile.
 /// - **Outages.** A lost broker connection is replaced; a database or broker failure is retried
 ///   with the back-off, messages staying in the table meanwhile. Messages in flight when a
 ///   process dies are published again by the next relay.

@@ -1,14 +1,15 @@
-//! The relay's loop: wait for work, take a batch, publish it in order with confirms, mark what
-//! was confirmed sent; back off after a failure.
+//! The relay's loop: wait for work, take a batch, publish it with confirms (pipelined, each run
+//! in order), mark what was confirmed sent; back off after a failure.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::Outbox;
 use idem_runtime::sea_orm::DbErr;
+use idem_runtime::{LocalRelay, Outbox};
 use tokio::sync::{Notify, watch};
 
 use super::Settings;
+use super::pipeline;
 use super::session::Session;
 use super::stats::Stats;
 use crate::confirm::NotTaken;
@@ -57,6 +58,8 @@ pub(super) struct Runner {
     wake: Arc<Notify>,
     stop: watch::Receiver<bool>,
     table: String,
+    /// Tells handlers in this process that this relay runs, until it stops.
+    _local: LocalRelay,
 }
 
 impl Runner {
@@ -70,6 +73,7 @@ impl Runner {
         stop: watch::Receiver<bool>,
     ) -> Self {
         let table = outbox.table().as_str().to_owned();
+        let local = outbox.local_relay();
         Self {
             outbox,
             settings,
@@ -79,6 +83,7 @@ impl Runner {
             wake,
             stop,
             table,
+            _local: local,
         }
     }
 
@@ -120,8 +125,8 @@ impl Runner {
         tracing::info!(table = self.table, "outbox relay stopped");
     }
 
-    /// Takes a batch, publishes it in order until the first publish the broker does not take,
-    /// and marks the confirmed ones sent.
+    /// Takes a batch, publishes it ([`pipeline::publish`]) until the first publish the broker
+    /// does not take, and marks the confirmed ones sent.
     async fn round(&mut self) -> Result<Round, Problem> {
         let mut stop = self.stop.clone();
         let taking = async {
@@ -147,30 +152,13 @@ impl Runner {
             return Ok(Round::Idle);
         }
         let session = self.session.as_ref().expect("connected above");
-        let mut sent = Vec::with_capacity(messages.len());
-        let mut failed = None;
-        for message in messages {
-            match session
-                .publish(message, self.settings.confirm_timeout)
-                .await
-            {
-                Ok(()) => {
-                    sent.push(message.seq);
-                    Stats::add(&self.stats.published, 1);
-                    metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone())
-                        .increment(1);
-                }
-                Err(why) => {
-                    failed = Some(Problem::Publish {
-                        message_id: message.message_id.clone(),
-                        why,
-                    });
-                    break;
-                }
-            }
-        }
-        let marked = batch.mark_sent(&sent).await;
-        if let Some(Problem::Publish { why, .. }) = &failed {
+        let settled = pipeline::publish(session, messages, self.settings.confirm_timeout).await;
+        let sent = settled.sent.len() as u64;
+        Stats::add(&self.stats.published, sent);
+        metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone()).increment(sent);
+        let marked = batch.mark_sent(&settled.sent).await;
+        let mut replace = false;
+        for (_, why) in &settled.not_taken {
             Stats::add(&self.stats.failed, 1);
             metrics::counter!(
                 OUTBOX_PUBLISH_FAILURES_TOTAL,
@@ -178,10 +166,21 @@ impl Runner {
                 "reason" => why.label()
             )
             .increment(1);
-            if matches!(why, NotTaken::Channel(_) | NotTaken::NotConfirmMode) {
-                self.replace_session();
-            }
+            // A confirm that never came may still come, on a channel now used for other
+            // publishes: a new channel keeps confirms and returns apart.
+            replace |= matches!(
+                why,
+                NotTaken::Channel(_) | NotTaken::NotConfirmMode | NotTaken::NoConfirm(_)
+            );
         }
+        if replace {
+            self.replace_session();
+        }
+        let failed = settled
+            .not_taken
+            .into_iter()
+            .next()
+            .map(|(message_id, why)| Problem::Publish { message_id, why });
         if let Err(error) = marked {
             let problem = self.database_error(error);
             tracing::warn!(

@@ -6,7 +6,7 @@ use idem_runtime::PendingMessage;
 use lapin::Channel;
 
 use super::Settings;
-use crate::confirm::{NotTaken, publish_confirmed};
+use crate::confirm::{NotTaken, Sent, send};
 use crate::connect::{Link, Retirees};
 use crate::error::Result;
 use crate::publisher::{PublishOptions, confirm_channel, properties};
@@ -40,13 +40,13 @@ impl Session {
         self.link.connection.status().connected() && self.channel.status().connected()
     }
 
-    /// Publishes `message` as it was staged, persistent and `mandatory`, and waits at most
-    /// `wait` for the broker's confirm.
-    pub(super) async fn publish(
+    /// Publishes `message` as it was staged, persistent and `mandatory`, without waiting for
+    /// the broker's confirm ([`Sent::confirmation`] waits for it, at most `wait` from now).
+    pub(super) async fn send(
         &self,
         message: &PendingMessage,
         wait: Duration,
-    ) -> Result<(), NotTaken> {
+    ) -> Result<Sent, NotTaken> {
         let options = PublishOptions {
             message_id: Some(message.message_id.clone()),
             content_type: message.content_type.clone(),
@@ -57,7 +57,7 @@ impl Session {
                 .collect(),
             ..PublishOptions::default()
         };
-        publish_confirmed(
+        send(
             &self.channel,
             &message.exchange,
             &message.routing_key,

@@ -8,6 +8,7 @@ mod pending;
 mod table;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value};
@@ -49,6 +50,27 @@ struct Inner {
     retention: Duration,
     /// Wakes relays in this process after a commit that staged messages.
     staged: Notify,
+    /// Relays of this outbox running in this process ([`Outbox::local_relay`]).
+    local_relays: AtomicUsize,
+    /// On SQLite, held by the relay of this process that has a batch in hand.
+    relay_turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A relay of an [`Outbox`] running in this process, until dropped: see
+/// [`Outbox::local_relay`].
+#[derive(Debug)]
+#[must_use = "the relay counts as running only while the guard lives"]
+pub struct LocalRelay {
+    outbox: Outbox,
+}
+
+impl Drop for LocalRelay {
+    fn drop(&mut self) {
+        self.outbox
+            .inner
+            .local_relays
+            .fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Configures an [`Outbox`].
@@ -161,6 +183,28 @@ impl Outbox {
         self.inner.staged.notified().await;
     }
 
+    /// Says that a relay of this outbox (this value or a clone) runs in this process, until the
+    /// returned guard is dropped; a relay calls it when it starts.
+    ///
+    /// Meanwhile handler runs in this process do not announce their stagings on PostgreSQL
+    /// (`pg_notify` on [`Outbox::channel`]): the inbox wakes the local relay after each commit,
+    /// and an announcement would only send relays in other processes after the same rows, at a
+    /// price every handler pays: PostgreSQL serializes the commits of transactions that notify,
+    /// one flush after another. Relays elsewhere still find these rows when they poll, should
+    /// this process's relay fail. [`Outbox::stage`] announces whatever runs here (the wake-up
+    /// in this process is up to its caller).
+    pub fn local_relay(&self) -> LocalRelay {
+        self.inner.local_relays.fetch_add(1, Ordering::SeqCst);
+        LocalRelay {
+            outbox: self.clone(),
+        }
+    }
+
+    /// Whether a relay of this outbox runs in this process.
+    pub(crate) fn has_local_relay(&self) -> bool {
+        self.inner.local_relays.load(Ordering::SeqCst) > 0
+    }
+
     /// The PostgreSQL channel on which committed stagings are announced (`LISTEN` on it to wake
     /// a relay in another process).
     pub fn channel(&self) -> String {
@@ -253,6 +297,8 @@ impl OutboxBuilder {
                 table,
                 retention: self.retention,
                 staged: Notify::new(),
+                local_relays: AtomicUsize::new(0),
+                relay_turn: Arc::default(),
             }),
         };
         if self.create_table {

@@ -78,8 +78,9 @@ impl<'a> Outbound<'a> {
         };
         let id = self.downstream_key();
         let origin = self.origin_text();
-        // Relays in other processes are told once per run: one announcement wakes them for all.
-        let notify = self.staged() == 0;
+        // Relays in other processes are told once per run (one announcement wakes them for
+        // all), and only when none runs here: the inbox wakes that one after the commit.
+        let notify = self.staged() == 0 && !outbox.has_local_relay();
         outbox
             .stage_as(tx, &id, Some(&origin), &message, notify)
             .await?;

@@ -2,6 +2,7 @@
 //! other processes skip them, and marked sent once their publishes are confirmed.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sea_orm::{
@@ -9,10 +10,13 @@ use sea_orm::{
     TransactionTrait, Value,
 };
 
+use tokio::sync::OwnedMutexGuard;
+
 use super::Outbox;
 
 /// A staged message waiting to be published.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PendingMessage {
     /// Its place in the order of staging.
     pub seq: i64,
@@ -30,23 +34,53 @@ pub struct PendingMessage {
     pub payload: Vec<u8>,
     /// How long ago it was staged, by the database's clock.
     pub age: Duration,
+    /// The handler run that staged it (its consumer and message key), whose messages go out in
+    /// the order it staged them; `None` for a message staged outside handlers
+    /// ([`Outbox::stage`]).
+    pub run: Option<String>,
 }
 
 /// Pending messages taken by one relay, in the order they were staged, locked until
 /// [`PendingBatch::mark_sent`] or until dropped (another relay may then take them).
 #[derive(Debug)]
 pub struct PendingBatch {
-    tx: DatabaseTransaction,
+    /// The transaction whose row locks hold the messages (PostgreSQL, MySQL/MariaDB).
+    tx: Option<DatabaseTransaction>,
+    /// On SQLite, the turn of this outbox's relays in this process.
+    _turn: Option<OwnedMutexGuard<()>>,
     messages: Vec<PendingMessage>,
     outbox: Outbox,
 }
 
 impl Outbox {
     /// Takes up to `limit` committed, unsent messages, oldest first, skipping those another
-    /// relay holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB; SQLite serves one
-    /// process). Messages staged by one handler run go out in their order: a run whose earlier
-    /// message another relay holds is left for later.
+    /// relay holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB). Messages staged
+    /// by one handler run go out in their order: a run whose earlier message another relay
+    /// holds is left for later.
+    ///
+    /// SQLite serves one process, whose relays of this outbox (this value and its clones) take
+    /// turns: a batch waits for the one in hand to be marked sent or dropped. No transaction is
+    /// held meanwhile, so handlers can write while the batch is published: a write lock held
+    /// across the broker's confirms would stop every handler for as long.
     pub async fn take_pending(&self, limit: u32) -> Result<PendingBatch, DbErr> {
+        if self.backend() == DbBackend::Sqlite {
+            let turn = Arc::clone(&self.inner.relay_turn).lock_owned().await;
+            let rows = self
+                .inner
+                .db
+                .query_all_raw(self.pending_statement(limit, ""))
+                .await?;
+            let messages = rows
+                .iter()
+                .map(|row| self.read_pending(row))
+                .collect::<Result<_, _>>()?;
+            return Ok(PendingBatch {
+                tx: None,
+                _turn: Some(turn),
+                messages,
+                outbox: self.clone(),
+            });
+        }
         let tx = if self.backend() == DbBackend::MySql {
             // Without gap locks: under REPEATABLE READ, marking rows sent would wait for the
             // gaps another relay's skip-locked scan holds.
@@ -57,18 +91,8 @@ impl Outbox {
         } else {
             self.inner.dialect.begin(&self.inner.db).await?
         };
-        let t = self.quoted();
-        let now = self.inner.dialect.now_ms();
-        let lock = match self.backend() {
-            DbBackend::Sqlite => "",
-            _ => " FOR UPDATE SKIP LOCKED",
-        };
-        let sql = format!(
-            "SELECT seq, message_id, exchange, routing_key, content_type, headers, payload, \
-             origin, staged_at, {now} FROM {t} WHERE sent_at IS NULL ORDER BY seq LIMIT ?{lock}"
-        );
         let rows = tx
-            .query_all_raw(self.statement(&sql, vec![Value::from(i64::from(limit))]))
+            .query_all_raw(self.pending_statement(limit, " FOR UPDATE SKIP LOCKED"))
             .await?;
         let mut taken = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -77,14 +101,30 @@ impl Outbox {
         let held_back = self.runs_held_elsewhere(&tx, &taken).await?;
         let messages = taken
             .into_iter()
-            .filter(|(_, origin)| origin.as_ref().is_none_or(|o| !held_back.contains_key(o)))
-            .map(|(message, _)| message)
+            .filter(|message| {
+                message
+                    .run
+                    .as_ref()
+                    .is_none_or(|o| !held_back.contains_key(o))
+            })
             .collect();
         Ok(PendingBatch {
-            tx,
+            tx: Some(tx),
+            _turn: None,
             messages,
             outbox: self.clone(),
         })
+    }
+
+    /// The oldest `limit` unsent messages, with `lock`.
+    fn pending_statement(&self, limit: u32, lock: &str) -> Statement {
+        let t = self.quoted();
+        let now = self.inner.dialect.now_ms();
+        let sql = format!(
+            "SELECT seq, message_id, exchange, routing_key, content_type, headers, payload, \
+             origin, staged_at, {now} FROM {t} WHERE sent_at IS NULL ORDER BY seq LIMIT ?{lock}"
+        );
+        self.statement(&sql, vec![Value::from(i64::from(limit))])
     }
 
     /// The handler runs among `taken` whose earlier messages are still unsent and not taken
@@ -92,11 +132,11 @@ impl Outbox {
     async fn runs_held_elsewhere(
         &self,
         tx: &DatabaseTransaction,
-        taken: &[(PendingMessage, Option<String>)],
+        taken: &[PendingMessage],
     ) -> Result<HashMap<String, i64>, DbErr> {
         let mut first: HashMap<String, i64> = HashMap::new();
-        for (message, origin) in taken {
-            if let Some(origin) = origin {
+        for message in taken {
+            if let Some(origin) = &message.run {
                 first.entry(origin.clone()).or_insert(message.seq);
             }
         }
@@ -123,7 +163,7 @@ impl Outbox {
         Ok(held)
     }
 
-    fn read_pending(&self, row: &QueryResult) -> Result<(PendingMessage, Option<String>), DbErr> {
+    fn read_pending(&self, row: &QueryResult) -> Result<PendingMessage, DbErr> {
         let message_id = if self.backend() == DbBackend::MySql {
             let bytes: Vec<u8> = row.try_get_by_index(1)?;
             String::from_utf8(bytes)
@@ -139,7 +179,7 @@ impl Outbox {
         };
         let staged_at: i64 = row.try_get_by_index(8)?;
         let now: i64 = row.try_get_by_index(9)?;
-        let message = PendingMessage {
+        Ok(PendingMessage {
             seq: row.try_get_by_index(0)?,
             message_id,
             exchange: row.try_get_by_index(2)?,
@@ -148,8 +188,8 @@ impl Outbox {
             headers,
             payload: row.try_get_by_index(6)?,
             age: Duration::from_millis(u64::try_from(now - staged_at).unwrap_or(0)),
-        };
-        Ok((message, row.try_get_by_index(7)?))
+            run: row.try_get_by_index(7)?,
+        })
     }
 }
 
@@ -163,23 +203,29 @@ impl PendingBatch {
     /// rest, in one commit. Should the commit fail, they are all published again later, with
     /// the same ids: the next hop's inbox recognises them.
     pub async fn mark_sent(self, seqs: &[i64]) -> Result<(), DbErr> {
-        if !seqs.is_empty() {
-            let outbox = &self.outbox;
-            let now = outbox.inner.dialect.now_ms();
-            let list = vec!["?"; seqs.len()].join(", ");
-            let sql = format!(
-                "UPDATE {} SET sent_at = {now} WHERE seq IN ({list})",
-                outbox.quoted()
-            );
-            let values: Vec<Value> = seqs.iter().map(|seq| Value::from(*seq)).collect();
-            self.tx
-                .execute_raw(Statement::from_sql_and_values(
-                    outbox.backend(),
-                    outbox.inner.dialect.placeholders(&sql),
-                    values,
-                ))
-                .await?;
+        let outbox = &self.outbox;
+        let now = outbox.inner.dialect.now_ms();
+        let list = vec!["?"; seqs.len()].join(", ");
+        let sql = format!(
+            "UPDATE {} SET sent_at = {now} WHERE seq IN ({list})",
+            outbox.quoted()
+        );
+        let values: Vec<Value> = seqs.iter().map(|seq| Value::from(*seq)).collect();
+        let update = Statement::from_sql_and_values(
+            outbox.backend(),
+            outbox.inner.dialect.placeholders(&sql),
+            values,
+        );
+        match self.tx {
+            Some(tx) => {
+                if !seqs.is_empty() {
+                    tx.execute_raw(update).await?;
+                }
+                tx.commit().await
+            }
+            // SQLite: one statement, atomic by itself.
+            None if !seqs.is_empty() => outbox.inner.db.execute_raw(update).await.map(drop),
+            None => Ok(()),
         }
-        self.tx.commit().await
     }
 }

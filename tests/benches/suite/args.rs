@@ -4,13 +4,15 @@ use clap::{Parser, ValueEnum};
 use idem_tests::Backend;
 
 #[derive(Debug, Parser)]
-#[command(about = "idem's benchmark suite (issue 9): side by side on RabbitMQ with each database")]
+#[command(
+    about = "idem's benchmark suite (issues 9 and 10): side by side on RabbitMQ with each database"
+)]
 pub(crate) struct Args {
     /// Messages per round for `raw` and the batch modes.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
     pub(crate) messages: u64,
-    /// Messages per round for the per-message modes (one commit per message, 10 to 30 times
-    /// slower); default a fifth of `--messages`.
+    /// Messages per round for the per-message modes, the outbox modes included (one commit per
+    /// message, 10 to 30 times slower); default a fifth of `--messages`.
     #[arg(long, value_parser = clap::value_parser!(u64).range(10..))]
     pub(crate) per_message_messages: Option<u64>,
     /// Counted rounds per mode, after one warm-up round.
@@ -23,7 +25,7 @@ pub(crate) struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["100", "500"], value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) prefetch: Vec<u16>,
     /// Modes to run.
-    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "hand-batch-multirow", "idem-batch", "idem-batch-during-cleanup"])]
+    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "hand-batch-multirow", "idem-batch", "idem-batch-during-cleanup", "hand-outbox", "idem-outbox"])]
     pub(crate) modes: Vec<Mode>,
     /// Largest batch of the batch modes (capped by the prefetch).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
@@ -81,6 +83,8 @@ pub(crate) enum Mode {
     HandBatchMultirow,
     IdemBatch,
     IdemBatchDuringCleanup,
+    HandOutbox,
+    IdemOutbox,
 }
 
 impl Mode {
@@ -93,18 +97,31 @@ impl Mode {
             Mode::HandBatchMultirow => "hand-batch-multirow",
             Mode::IdemBatch => "idem-batch",
             Mode::IdemBatchDuringCleanup => "idem-batch-during-cleanup",
+            Mode::HandOutbox => "hand-outbox",
+            Mode::IdemOutbox => "idem-outbox",
         }
     }
 
     pub(crate) fn per_message(self) -> bool {
-        matches!(self, Mode::HandPerMessage | Mode::IdemPerMessage)
+        matches!(
+            self,
+            Mode::HandPerMessage | Mode::IdemPerMessage | Mode::HandOutbox | Mode::IdemOutbox
+        )
     }
 
     pub(crate) fn idem(self) -> bool {
         matches!(
             self,
-            Mode::IdemPerMessage | Mode::IdemBatch | Mode::IdemBatchDuringCleanup
+            Mode::IdemPerMessage
+                | Mode::IdemBatch
+                | Mode::IdemBatchDuringCleanup
+                | Mode::IdemOutbox
         )
+    }
+
+    /// Whether the mode relays an event per fresh order through an outbox.
+    pub(crate) fn outbox(self) -> bool {
+        matches!(self, Mode::HandOutbox | Mode::IdemOutbox)
     }
 
     pub(crate) fn batch(self) -> bool {

@@ -8,17 +8,18 @@ use std::time::{Duration, Instant};
 use idem_rabbitmq::lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use idem_rabbitmq::lapin::types::FieldTable;
 use idem_rabbitmq::lapin::{Channel, Connection, ConnectionProperties};
-use idem_rabbitmq::{Binding, Consumer, QueueTopology};
+use idem_rabbitmq::{Binding, Consumer, ConsumerBuilder, QueueTopology};
 use idem_runtime::{Inbox, RetentionPolicy};
 use idem_tests::bench::figures::{Histogram, peak_rss_mb, reset_peak_rss};
 use idem_tests::bench::hand::HandInbox;
-use idem_tests::bench::{create_charges, seed};
+use idem_tests::bench::{ChargeAndStage, create_charges, seed};
 use idem_tests::{Backend, TestDb};
 use sea_orm::{ConnectionTrait, Statement};
 use tokio::task::JoinHandle;
 
 use crate::args::{BackendArg, Mode};
 use crate::hand::{HandBatching, HandCounts, hand_batch, hand_per_message, raw};
+use crate::outbox::{Downstream, Staging, arrivals, check_events, start_relay};
 use crate::{DEFAULT_CONCURRENCY, Suite, charge, idem_batch_binding};
 use idem_tests::bench::hand::BusinessInserts;
 
@@ -32,6 +33,8 @@ pub(crate) struct Case {
     pub(crate) charges: String,
     pub(crate) inbox: Option<Inbox>,
     pub(crate) hand: Option<HandInbox>,
+    /// Where the outbox modes' events go.
+    pub(crate) downstream: Option<Downstream>,
     /// The tables its consumer writes.
     pub(crate) tables: Vec<String>,
     /// Rounds run so far, the warm-up included.
@@ -111,6 +114,10 @@ impl Case {
         suite.broker.declare(&topology).await;
         let charges = create_charges(db).await;
         let mut tables = vec![charges.clone()];
+        let downstream = Downstream::create(suite, db, mode).await;
+        if let Some(downstream) = &downstream {
+            tables.push(downstream.table());
+        }
         let inbox = match mode {
             Mode::IdemBatchDuringCleanup => expired.map(|expired| {
                 tables.push(expired.table.clone());
@@ -119,20 +126,21 @@ impl Case {
             _ if mode.idem() => {
                 let table = db.table("inbox");
                 tables.push(table.clone());
-                Some(
-                    Inbox::builder(db.db.clone())
-                        .table(table)
-                        .build()
-                        .await
-                        .expect("inbox"),
-                )
+                let mut builder = Inbox::builder(db.db.clone()).table(table);
+                if let Some(Staging::Idem(outbox)) = downstream.as_ref().map(|d| &d.outbox) {
+                    builder = builder.outbox(outbox.clone());
+                }
+                Some(builder.build().await.expect("inbox"))
             }
             _ => None,
         };
         let hand = match mode {
-            Mode::HandPerMessage | Mode::HandBatch | Mode::HandBatchMultirow => {
-                let hand = HandInbox::create(db, &charges).await;
+            Mode::HandPerMessage | Mode::HandBatch | Mode::HandBatchMultirow | Mode::HandOutbox => {
+                let mut hand = HandInbox::create(db, &charges).await;
                 tables.push(hand.table().to_owned());
+                if let Some(Staging::Hand(outbox)) = downstream.as_ref().map(|d| &d.outbox) {
+                    hand = hand.with_outbox(outbox.clone());
+                }
                 Some(hand)
             }
             _ => None,
@@ -146,6 +154,7 @@ impl Case {
             charges,
             inbox,
             hand,
+            downstream,
             tables,
             rounds_run: 0,
             rates: Vec::new(),
@@ -197,31 +206,46 @@ pub(crate) struct HandRunning {
     counts: Arc<HandCounts>,
 }
 
-/// Runs one round of `case`: publishes, starts the consumer, waits for the last settlement,
-/// stops the consumer and checks the outcome. An error says what went wrong: a round that did
-/// not finish, a consumer's counts, a check.
+/// Runs one round of `case`: publishes, starts the consumer (and the relay of an outbox mode),
+/// waits for the last settlement (and for every event to reach the downstream queue), stops
+/// them and checks the outcome. An error says what went wrong: a round that did not finish, a
+/// consumer's counts, a check.
 pub(crate) async fn run_round(
     suite: &mut Suite,
     db: &TestDb,
     case: &Case,
 ) -> Result<Round, String> {
     let n = suite.messages(case.mode);
-    suite.publish(case.queue(), n).await;
+    let published = suite.publish(case.queue(), n).await;
     suite.probe.take();
     reset_peak_rss();
     let start = Instant::now();
+    let relaying = start_relay(db, case).await;
     let running = start_consumer(suite, db, case).await;
-    let settled = settlements(suite, case, n, start).await;
+    let distinct = n - n / 10;
+    let (settled, arrived) = tokio::join!(
+        settlements(suite, case, n, start),
+        arrivals(suite, case, distinct, start)
+    );
     let observed = suite.probe.take();
     let peak_rss_mb = peak_rss_mb();
     let stopped = stop(running, case, n).await;
+    let relayed = match relaying {
+        Some(relaying) => relaying.stop(case).await,
+        None => Ok(()),
+    };
     settled?;
     let deleted = stopped?;
-    check(suite, db, case, n - n / 10).await?;
+    let arrived = arrived?;
+    relayed?;
+    check(suite, db, case, distinct).await?;
+    check_events(suite, db, case, n, published).await?;
     analyze(db, case).await;
     let last = observed.last_settlement.ok_or("no settlement")?;
+    // End to end for the outbox modes: until the last event, if it came after the last ack.
+    let end = arrived.map_or(last, |arrived| arrived.max(last));
     Ok(Round {
-        rate: n as f64 / last.duration_since(start).as_secs_f64(),
+        rate: n as f64 / end.duration_since(start).as_secs_f64(),
         latency: observed.latency,
         peak_rss_mb,
         requeued: observed.requeued,
@@ -376,8 +400,21 @@ pub(crate) async fn check(
 pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> Running {
     let url = suite.probe.url();
     match case.mode {
+        Mode::IdemOutbox => {
+            let downstream = case.downstream.as_ref().expect("a downstream queue");
+            let handler = ChargeAndStage {
+                charge: charge(&case.charges),
+                events: downstream.queue.clone(),
+            };
+            let binding = Binding::new(case.topology.clone(), handler);
+            let consumer = idem_consumer(url, case)
+                .bind_with(binding)
+                .start()
+                .await
+                .expect("start");
+            Running::Idem(consumer)
+        }
         Mode::IdemPerMessage | Mode::IdemBatch | Mode::IdemBatchDuringCleanup => {
-            let inbox = case.inbox.clone().expect("an inbox");
             let handler = charge(&case.charges);
             let binding = if case.mode == Mode::IdemPerMessage {
                 Binding::new(case.topology.clone(), handler)
@@ -389,18 +426,18 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
                     suite.max_wait(),
                 )
             };
-            let mut builder = Consumer::builder(url, inbox)
-                .connection_name("bench")
-                .shutdown_timeout(Duration::from_secs(10))
-                .prefetch(case.prefetch);
-            // The default concurrency is left to the consumer.
-            if case.concurrency != DEFAULT_CONCURRENCY {
-                builder = builder.max_in_flight(case.concurrency);
-            }
-            let consumer = builder.bind_with(binding).start().await.expect("start");
+            let consumer = idem_consumer(url, case)
+                .bind_with(binding)
+                .start()
+                .await
+                .expect("start");
             Running::Idem(consumer)
         }
-        Mode::Raw | Mode::HandPerMessage | Mode::HandBatch | Mode::HandBatchMultirow => {
+        Mode::Raw
+        | Mode::HandPerMessage
+        | Mode::HandBatch
+        | Mode::HandBatchMultirow
+        | Mode::HandOutbox => {
             let connection = Connection::connect(url, ConnectionProperties::default())
                 .await
                 .expect("connect");
@@ -421,7 +458,7 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
             let counts = Arc::new(HandCounts::default());
             let reader = match case.mode {
                 Mode::Raw => tokio::spawn(raw(consumer)),
-                Mode::HandPerMessage => tokio::spawn(hand_per_message(
+                Mode::HandPerMessage | Mode::HandOutbox => tokio::spawn(hand_per_message(
                     consumer,
                     db.db.clone(),
                     case.hand.clone().expect("a hand inbox"),
@@ -451,5 +488,20 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
                 counts,
             }))
         }
+    }
+}
+
+/// idem's consumer for `case`, through the probe at `url`, with nothing bound yet.
+fn idem_consumer(url: &str, case: &Case) -> ConsumerBuilder {
+    let inbox = case.inbox.clone().expect("an inbox");
+    let builder = Consumer::builder(url, inbox)
+        .connection_name("bench")
+        .shutdown_timeout(Duration::from_secs(10))
+        .prefetch(case.prefetch);
+    // The default concurrency is left to the consumer.
+    if case.concurrency == DEFAULT_CONCURRENCY {
+        builder
+    } else {
+        builder.max_in_flight(case.concurrency)
     }
 }

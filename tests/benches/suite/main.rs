@@ -1,5 +1,5 @@
-//! The benchmark suite of issue 9: consumers side by side on RabbitMQ with PostgreSQL, MariaDB and
-//! SQLite, at prefetch 100 and 500, 10 % duplicates, in one run.
+//! The benchmark suite of issues 9 and 10: consumers side by side on RabbitMQ with PostgreSQL,
+//! MariaDB and SQLite, at prefetch 100 and 500, 10 % duplicates, in one run.
 //!
 //! Run: `cargo bench -p idem-tests --bench suite [-- --json --messages 10000 --rounds 3
 //! --backends postgres,mysql,sqlite --prefetch 100,500 --modes raw,hand-batch,...]`, with
@@ -27,7 +27,17 @@
 //! - `idem-batch-during-cleanup`: the same while the consumer's cleaner deletes expired records
 //!   from the inbox table: a million of them when each round starts (made by the database before
 //!   the round), deleted with idem's defaults (batches of 1000, 10 ms apart) from the consumer's
-//!   start; the rows it deleted during each round are shown.
+//!   start; the rows it deleted during each round are shown;
+//! - `idem-outbox` (issue 10): idem's consumer at its default concurrency, its handler
+//!   ([`ChargeAndStage`](idem_tests::bench::ChargeAndStage)) charging the order as `Charge` does
+//!   and staging one event per fresh order through idem's outbox in the same transaction; idem's
+//!   `Relay` publishes the events to a downstream queue the case declares;
+//! - `hand-outbox` (issue 10): the same written by hand, at the same concurrency:
+//!   `hand-per-message` plus one insert into a hand-written outbox table in its transaction, and
+//!   a hand-written relay loop (unsent rows in order, `FOR UPDATE SKIP LOCKED` on PostgreSQL and
+//!   MariaDB; all published, then their confirms awaited; the confirmed marked sent; commit).
+//!   Both relays take batches of 100, connect to the broker directly, and start with the
+//!   consumer.
 //!
 //! Each round of a mode publishes its messages first (persistent, message id = order id; a fifth
 //! as many for the per-message modes, which are 10 to 30 times slower), then times from the
@@ -37,11 +47,19 @@
 //! delivery reaching the consumer to the frame that settles it leaving it, the same way for every
 //! mode. After each round the suite checks one charge per distinct order, an empty queue and an
 //! empty dead-letter queue, and stops loudly if not.
+//!
+//! The outbox modes are timed end to end: a round lasts until the last settlement and until
+//! every distinct order's event is in the downstream queue (its depth, polled every
+//! millisecond), whichever comes later; their msg/s is the round's messages over that time, and
+//! their latencies are still delivery to ack. Their check also takes the events out of the
+//! downstream queue, one per distinct order of the round (none missing, no copy), and finds no
+//! unsent outbox row.
 
 mod args;
 mod case;
 mod feeder;
 mod hand;
+mod outbox;
 mod report;
 mod soak;
 
@@ -114,11 +132,13 @@ impl Suite {
         (self.args.batch_size as usize).min(usize::from(prefetch))
     }
 
-    /// Publishes `n` new orders (10 % duplicates) to `queue`.
-    pub(crate) async fn publish(&mut self, queue: &str, n: u64) {
+    /// Publishes `n` new orders (10 % duplicates) to `queue`; returns the round number their
+    /// ids carry (see [`orders`]).
+    pub(crate) async fn publish(&mut self, queue: &str, n: u64) -> u64 {
         self.published += 1;
         let orders = orders(n as usize, self.published as usize);
         self.feeder.publish(queue, &orders).await;
+        self.published
     }
 }
 
@@ -141,7 +161,12 @@ fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
             plan.push((mode, 1));
         }
     }
-    for mode in [Mode::IdemBatch, Mode::IdemBatchDuringCleanup] {
+    for mode in [
+        Mode::IdemBatch,
+        Mode::IdemBatchDuringCleanup,
+        Mode::HandOutbox,
+        Mode::IdemOutbox,
+    ] {
         if wanted(mode) {
             plan.push((mode, DEFAULT_CONCURRENCY));
         }

@@ -1,10 +1,11 @@
-//! What the suite prints: a row or a JSON object per case, then the targets of issue 9.
+//! What the suite prints: a row or a JSON object per case, then the targets of issues 9 and 10.
 
 use idem_tests::bench::figures::median;
 use serde_json::json;
 
 use crate::args::{BackendArg, Mode};
 use crate::case::{Case, Round};
+use crate::outbox::RELAY_BATCH;
 use crate::{DEFAULT_CONCURRENCY, Suite};
 
 /// The figures of a case, as printed.
@@ -64,6 +65,10 @@ impl Case {
             let deleted: Vec<f64> = self.deleted.iter().map(|&d| d as f64).collect();
             object.insert("cleanup_deleted_per_round".into(), median(deleted).into());
         }
+        if self.mode.outbox() {
+            object.insert("end_to_end".into(), true.into());
+            object.insert("relay_batch_size".into(), RELAY_BATCH.into());
+        }
         if let Some(failure) = &self.failure {
             object.insert("failed".into(), failure.as_str().into());
         }
@@ -90,6 +95,11 @@ impl Case {
         if self.mode == Mode::IdemBatchDuringCleanup {
             let deleted: Vec<f64> = self.deleted.iter().map(|&d| d as f64).collect();
             notes.push(format!("cleaner deleted {:.0}/round", median(deleted)));
+        }
+        if self.mode.outbox() {
+            notes.push(format!(
+                "end to end: events relayed, batches of {RELAY_BATCH}; latency to the ack"
+            ));
         }
         if self.requeued > 0 {
             notes.push(format!("{} requeued", self.requeued));
@@ -125,7 +135,7 @@ pub(crate) fn round3(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
 }
 
-/// A target of issue 9: `numerator / denominator >= min`, per round, median.
+/// A target of issue 9 or 10: `numerator / denominator >= min`, per round, median.
 pub(crate) struct Target {
     pub(crate) numerator: (Mode, Concurrency),
     pub(crate) denominator: (Mode, Concurrency),
@@ -138,7 +148,7 @@ pub(crate) struct Target {
 pub(crate) enum Concurrency {
     One,
     Default,
-    /// Whatever the mode runs at (the batch modes, `raw`).
+    /// Whatever the mode runs at (the batch modes, `raw`, the outbox modes).
     Any,
 }
 
@@ -160,7 +170,7 @@ impl Concurrency {
     }
 }
 
-pub(crate) const TARGETS: [Target; 6] = [
+pub(crate) const TARGETS: [Target; 7] = [
     Target {
         numerator: (Mode::IdemBatch, Concurrency::Any),
         denominator: (Mode::HandBatch, Concurrency::Any),
@@ -195,6 +205,13 @@ pub(crate) const TARGETS: [Target; 6] = [
         numerator: (Mode::IdemPerMessage, Concurrency::Default),
         denominator: (Mode::HandPerMessage, Concurrency::Default),
         min: 0.9,
+        postgres_only: false,
+    },
+    // Issue 10: consume, stage and relay, end to end.
+    Target {
+        numerator: (Mode::IdemOutbox, Concurrency::Any),
+        denominator: (Mode::HandOutbox, Concurrency::Any),
+        min: 0.8,
         postgres_only: false,
     },
 ];
@@ -241,7 +258,7 @@ pub(crate) fn header() -> String {
 
 pub(crate) fn print_targets(suite: &Suite, groups: &[Vec<Case>]) {
     if !suite.args.json {
-        println!("\nTargets of issue 9 (median of per-round ratios):");
+        println!("\nTargets of issues 9 and 10 (median of per-round ratios):");
     }
     for cases in groups {
         let Some(first) = cases.first() else { continue };

@@ -18,6 +18,7 @@ use sea_orm::{
 use sha2::{Digest, Sha256};
 
 use super::Order;
+use super::hand_outbox::HandOutbox;
 use crate::db::TestDb;
 
 /// The consumer name the hand-written side records.
@@ -66,12 +67,14 @@ pub fn fingerprint(payload: &[u8]) -> [u8; 32] {
     Sha256::digest(payload).into()
 }
 
-/// A hand-written inbox table and the business table it guards.
+/// A hand-written inbox table and the business table it guards, and the outbox in which each
+/// fresh message stages one event, if it has one.
 #[derive(Debug, Clone)]
 pub struct HandInbox {
     backend: DbBackend,
     table: String,
     charges: String,
+    outbox: Option<HandOutbox>,
 }
 
 impl HandInbox {
@@ -109,7 +112,15 @@ impl HandInbox {
             backend,
             table,
             charges: charges.to_owned(),
+            outbox: None,
         }
+    }
+
+    /// The same inbox, staging one event per fresh message in `outbox`, in the transaction that
+    /// charges it, and waking the outbox's relay after the commit.
+    pub fn with_outbox(mut self, outbox: HandOutbox) -> Self {
+        self.outbox = Some(outbox);
+        self
     }
 
     /// The inbox table's name.
@@ -169,8 +180,14 @@ impl HandInbox {
             }
         }
         self.insert_charges(&tx, &[&message.order]).await?;
+        if let Some(outbox) = &self.outbox {
+            outbox.stage(&tx, &[&message]).await?;
+        }
         self.complete(&tx, &[message.key.as_str()], now).await?;
         tx.commit().await?;
+        if let Some(outbox) = &self.outbox {
+            outbox.notify();
+        }
         Ok(HandOutcome::Processed)
     }
 
@@ -322,11 +339,15 @@ impl HandInbox {
             let orders: Vec<&Order> = processed.iter().map(|&i| &messages[i].order).collect();
             match business {
                 BusinessInserts::PerMessage => {
-                    for order in orders {
+                    for order in &orders {
                         self.insert_charges(&tx, &[order]).await?;
                     }
                 }
                 BusinessInserts::MultiRow => self.insert_charges(&tx, &orders).await?,
+            }
+            if let Some(outbox) = &self.outbox {
+                let staged: Vec<&HandMessage> = processed.iter().map(|&i| &messages[i]).collect();
+                outbox.stage(&tx, &staged).await?;
             }
             let keys: Vec<&str> = processed
                 .iter()
@@ -335,6 +356,9 @@ impl HandInbox {
             self.complete(&tx, &keys, now).await?;
         }
         tx.commit().await?;
+        if let Some(outbox) = self.outbox.as_ref().filter(|_| !processed.is_empty()) {
+            outbox.notify();
+        }
         // Later copies of a key within the batch.
         Ok(messages
             .iter()
@@ -540,20 +564,20 @@ enum Known {
 }
 
 /// Placeholders in order: `$1, $2...` on PostgreSQL, `?` elsewhere.
-struct Params {
+pub(super) struct Params {
     numbered: bool,
     next: usize,
 }
 
 impl Params {
-    fn new(backend: DbBackend) -> Self {
+    pub(super) fn new(backend: DbBackend) -> Self {
         Self {
             numbered: backend == DbBackend::Postgres,
             next: 0,
         }
     }
 
-    fn next(&mut self) -> String {
+    pub(super) fn next(&mut self) -> String {
         self.next += 1;
         if self.numbered {
             format!("${}", self.next)
@@ -565,7 +589,7 @@ impl Params {
 
 /// Begins a transaction; on SQLite an immediate one, which takes the write lock at once rather
 /// than failing to upgrade a read lock when writers meet.
-async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+pub(super) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
     if db.get_database_backend() == DbBackend::Sqlite {
         db.begin_with_options(TransactionOptions {
             sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
@@ -577,7 +601,7 @@ async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
     }
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)

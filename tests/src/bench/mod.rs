@@ -3,17 +3,20 @@
 //!
 //! - [`hand`]: the hand-written inbox of the suite, per message and per batch, with idem's
 //!   guarantees;
+//! - [`hand_outbox`]: the hand-written outbox and relay that the suite's `hand-outbox` mode
+//!   sets against idem's outbox and relay ([`ChargeAndStage`]);
 //! - [`probe`]: a proxy in front of the broker that times each delivery to its settlement;
 //! - [`figures`]: latency histograms, medians, resident memory;
 //! - [`seed`]: a million expired records for the cleaner, made by the database.
 
 pub mod figures;
 pub mod hand;
+pub mod hand_outbox;
 pub mod probe;
 pub mod seed;
 
 use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata,
+    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, OutboxMessage,
 };
 use sea_orm::sea_query::{Alias, Query};
 use sea_orm::{
@@ -128,6 +131,62 @@ impl Handler for Charge {
     }
     async fn handle(&self, cx: &Context<'_>, order: Order) -> Result<(), DbErr> {
         insert_charge(cx.transaction().expect("transactional"), &self.table, order).await
+    }
+}
+
+/// The event both outbox modes of the suite publish for each fresh order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charged {
+    /// The order charged.
+    pub order_id: String,
+    /// Its amount.
+    pub amount: i64,
+}
+
+impl From<&Order> for Charged {
+    fn from(order: &Order) -> Self {
+        Self {
+            order_id: order.id.clone(),
+            amount: order.amount,
+        }
+    }
+}
+
+/// idem's side of the outbox modes: [`Charge`]'s work, then one [`Charged`] event staged in the
+/// same transaction, to the queue `events` through the default exchange.
+#[derive(Debug, Clone)]
+pub struct ChargeAndStage {
+    /// The business insert, its key and fingerprint.
+    pub charge: Charge,
+    /// The queue the events go to.
+    pub events: String,
+}
+
+impl Handler for ChargeAndStage {
+    type Message = Order;
+    type Output = ();
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        self.charge.consumer()
+    }
+    fn key(&self, order: &Order, meta: &Metadata) -> Result<MessageKey, KeyError> {
+        self.charge.key(order, meta)
+    }
+    fn fingerprint(
+        &self,
+        order: &Order,
+        meta: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        self.charge.fingerprint(order, meta)
+    }
+    async fn handle(&self, cx: &Context<'_>, order: Order) -> Result<(), DbErr> {
+        let event = OutboxMessage::json("", self.events.as_str(), &Charged::from(&order))
+            .map_err(|error| DbErr::Custom(error.to_string()))?;
+        let tx = cx.transaction().expect("transactional");
+        insert_charge(tx, &self.charge.table, order).await?;
+        cx.stage(event).await?;
+        Ok(())
     }
 }
 

@@ -1,0 +1,148 @@
+//! A batch's publishes: sent one after another without waiting for each confirm, then settled
+//! together; a message whose run has a message in flight waits until that one is settled, so
+//! that nothing of a run overtakes a message of it the broker did not take.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use idem_runtime::PendingMessage;
+use lapin::Confirmation;
+use lapin::message::BasicReturnMessage;
+
+use super::session::Session;
+use crate::confirm::{NotTaken, Sent};
+
+/// What a batch's publishes came to.
+#[derive(Debug, Default)]
+pub(super) struct Settled {
+    /// The seqs of the messages the broker took, to mark sent.
+    pub(super) sent: Vec<i64>,
+    /// The messages it did not take (their ids), in the order they were sent, and why.
+    pub(super) not_taken: Vec<(String, NotTaken)>,
+}
+
+/// Publishes `messages` (a batch, in the order staged) on `session`, each confirm awaited at
+/// most `wait`: all of them in flight at once, except that a message whose run already has one
+/// in flight first waits for every confirm in flight. Stops sending at the first message the
+/// broker does not take; those in flight then are settled all the same.
+pub(super) async fn publish(
+    session: &Session,
+    messages: &[PendingMessage],
+    wait: Duration,
+) -> Settled {
+    let mut pipeline = Pipeline::default();
+    let mut settled = Settled::default();
+    for message in messages {
+        if pipeline.holds_run_of(message) {
+            pipeline.settle(&mut settled).await;
+            if !settled.not_taken.is_empty() {
+                return settled;
+            }
+        }
+        if let Err(why) = pipeline.send(session, message, wait).await {
+            pipeline.settle(&mut settled).await;
+            settled.not_taken.push((message.message_id.clone(), why));
+            return settled;
+        }
+    }
+    pipeline.settle(&mut settled).await;
+    settled
+}
+
+/// Publishes in flight on the relay's channel, in the order they were sent.
+#[derive(Debug, Default)]
+struct Pipeline<'a> {
+    in_flight: Vec<(&'a PendingMessage, Sent)>,
+    /// The runs with a message in flight; `None` stands for the messages staged outside
+    /// handlers, which keep their order among themselves.
+    runs: HashSet<Option<&'a str>>,
+}
+
+impl<'a> Pipeline<'a> {
+    /// Whether a message of `message`'s run is in flight.
+    fn holds_run_of(&self, message: &PendingMessage) -> bool {
+        self.runs.contains(&message.run.as_deref())
+    }
+
+    async fn send(
+        &mut self,
+        session: &Session,
+        message: &'a PendingMessage,
+        wait: Duration,
+    ) -> Result<(), NotTaken> {
+        let sent = session.send(message, wait).await?;
+        self.runs.insert(message.run.as_deref());
+        self.in_flight.push((message, sent));
+        Ok(())
+    }
+
+    /// Waits for every confirm in flight and adds what they say to `settled`.
+    ///
+    /// A message the broker returned (unroutable) is found by its message id among the returns
+    /// that came with any of these confirms (see [`Sent`]): every return precedes its own
+    /// publish's ack, so it comes with a confirm of the same ack, which is in flight here. A
+    /// return that matches none of them leaves no ack of the lot to be trusted: none of them is
+    /// marked sent, and they are published again with the same ids.
+    async fn settle(&mut self, settled: &mut Settled) {
+        self.runs.clear();
+        let mut answers = Vec::with_capacity(self.in_flight.len());
+        let mut returns = Vec::new();
+        for (message, sent) in self.in_flight.drain(..) {
+            let answer = match sent.confirmation().await {
+                Ok(Confirmation::Ack(returned)) => {
+                    returns.extend(returned);
+                    Ok(true)
+                }
+                Ok(Confirmation::Nack(returned)) => {
+                    returns.extend(returned);
+                    Ok(false)
+                }
+                Ok(Confirmation::NotRequested) => Err(NotTaken::NotConfirmMode),
+                Err(why) => Err(why),
+            };
+            answers.push((message, answer));
+        }
+        let ids: HashSet<&str> = answers.iter().map(|(m, _)| m.message_id.as_str()).collect();
+        let (returned, stray) = match_returns(returns, &ids);
+        for (message, answer) in answers {
+            let unroutable = stray
+                .clone()
+                .or_else(|| returned.get(message.message_id.as_str()).cloned());
+            let outcome = match (answer, unroutable) {
+                (Err(why), _) => Err(why),
+                (Ok(_), Some(reply_text)) => Err(NotTaken::Unroutable { reply_text }),
+                (Ok(true), None) => Ok(()),
+                (Ok(false), None) => Err(NotTaken::Refused),
+            };
+            match outcome {
+                Ok(()) => settled.sent.push(message.seq),
+                Err(why) => settled.not_taken.push((message.message_id.clone(), why)),
+            }
+        }
+    }
+}
+
+/// The broker's explanation of each returned message, by message id, among `ids`; and, if a
+/// return matches none of them, what to say of every message.
+fn match_returns(
+    returns: Vec<BasicReturnMessage>,
+    ids: &HashSet<&str>,
+) -> (HashMap<String, String>, Option<String>) {
+    let mut returned = HashMap::new();
+    let mut stray = None;
+    for message in returns {
+        let reply_text = message.reply_text.to_string();
+        match message.delivery.properties.message_id() {
+            Some(id) if ids.contains(id.as_str()) => {
+                returned.insert(id.to_string(), reply_text);
+            }
+            _ => {
+                stray = Some(format!(
+                    "{reply_text}; a returned message matched no publish in flight, so no confirm \
+                     of them is trusted"
+                ));
+            }
+        }
+    }
+    (returned, stray)
+}
