@@ -79,6 +79,20 @@ mod shared {
     }
 }
 
+mod killed {
+    use super::Backend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_process_killed_after_its_commit_loses_and_repeats_nothing(Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::a_process_killed_after_its_commit_loses_and_repeats_nothing(Backend::MySql).await
+    }
+}
+
 mod broker_lost {
     use super::Backend;
 
@@ -590,6 +604,106 @@ async fn messages_committed_before_any_relay_runs_are_published_once(backend: Ba
     let (last, max) = gauge("idem_outbox_pending_age_seconds", table);
     assert!(max >= 1.0, "the first batch was over a second old: {max}");
     assert_eq!(last, 0.0, "no message pending since");
+}
+
+/// What the child process of [`a_process_killed_after_its_commit_loses_and_repeats_nothing`]
+/// is told, through its environment.
+const CHILD_URL: &str = "IDEM_RELAY_CHILD_URL";
+const CHILD_BACKEND: &str = "IDEM_RELAY_CHILD_BACKEND";
+const CHILD_TABLES: &str = "IDEM_RELAY_CHILD_TABLES";
+const CHILD_EXCHANGE: &str = "IDEM_RELAY_CHILD_EXCHANGE";
+/// What the child prints once it holds the batch its relay took.
+const TAKEN: &str = "taken";
+
+/// A consumer process commits a handler's run with three staged messages, its relay takes them
+/// (their rows locked in its transaction), and the process is killed (SIGKILL) before it
+/// publishes: another process's relay publishes each of them once, in order.
+async fn a_process_killed_after_its_commit_loses_and_repeats_nothing(backend: Backend) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let f = Fixture::new(backend).await;
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "killed_relay_child", "--ignored", "--nocapture"])
+        .env(CHILD_URL, backend.url(""))
+        .env(CHILD_BACKEND, format!("{backend:?}"))
+        .env(
+            CHILD_TABLES,
+            format!("{} {}", f.inbox.table().as_str(), f.outbox.table().as_str()),
+        )
+        .env(CHILD_EXCHANGE, &f.exchange)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the child process starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let taken = tokio::time::timeout(WAIT, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line == TAKEN {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(taken, Ok(true), "the child never took its batch");
+    assert_eq!(f.unsent().await, 3, "committed, not published");
+    child.kill().await.expect("SIGKILL");
+
+    let relay = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    let got = f.receive(3, PROMPT).await;
+    assert_eq!(ids(&got), ids_of("killed", 3));
+    f.assert_quiet().await;
+    f.broker
+        .eventually("the messages marked sent", PROMPT, || async {
+            f.unsent().await == 0
+        })
+        .await;
+    assert_eq!(relay.shutdown().await.published, 3);
+}
+
+/// The process killed by the test above; it does nothing when run on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a process started, and killed, by the relay tests"]
+async fn killed_relay_child() {
+    let (Ok(url), Ok(backend), Ok(tables), Ok(exchange)) = (
+        std::env::var(CHILD_URL),
+        std::env::var(CHILD_BACKEND),
+        std::env::var(CHILD_TABLES),
+        std::env::var(CHILD_EXCHANGE),
+    ) else {
+        return;
+    };
+    let backend = match backend.as_str() {
+        "Postgres" => Backend::Postgres,
+        "MySql" => Backend::MySql,
+        other => panic!("no child on {other}"),
+    };
+    let (inbox_table, outbox_table) = tables.split_once(' ').expect("two tables");
+    let db = TestDb::connect_url(backend, url, 4).await;
+    let outbox = Outbox::builder(db.db.clone())
+        .table(outbox_table)
+        .create_table(false)
+        .build()
+        .await
+        .unwrap();
+    let inbox = Inbox::builder(db.db.clone())
+        .table(inbox_table)
+        .create_table(false)
+        .outbox(outbox.clone())
+        .build()
+        .await
+        .unwrap();
+    let stager = Stager { exchange, count: 3 };
+    inbox
+        .process(&stager, Msg::new("killed", "ok"), &Metadata::default())
+        .await
+        .unwrap();
+    let batch = outbox.take_pending(10).await.unwrap();
+    assert_eq!(batch.messages().len(), 3);
+    println!("{TAKEN}");
+    // Killed here, its batch in hand.
+    tokio::time::sleep(WAIT).await;
+    drop(batch);
 }
 
 async fn an_unroutable_message_holds_back_the_ones_after_it() {
