@@ -11,8 +11,7 @@ pub(crate) mod table;
 use std::time::Duration;
 
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, IsolationLevel, Statement,
-    TransactionTrait, Value,
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, TransactionTrait, Value,
 };
 
 use crate::clock::duration_ms;
@@ -449,23 +448,15 @@ impl Store {
     /// Deletes at most `limit` records that expired before `before`; returns how many.
     pub(crate) async fn delete_expired(
         &self,
-        db: &DatabaseConnection,
+        conn: &impl ConnectionTrait,
         before: i64,
         limit: u32,
     ) -> Result<u64, DbErr> {
         let values = vec![Value::from(before), Value::from(i64::from(limit))];
-        let statement = self.statement(&self.sql.delete_expired, values);
-        if self.backend() != DbBackend::MySql {
-            return Ok(db.execute_raw(statement).await?.rows_affected());
-        }
-        // Under READ COMMITTED the range scan locks the records it deletes, not the gaps
-        // around them, where claims insert meanwhile.
-        let tx = db
-            .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
+        let result = conn
+            .execute_raw(self.statement(&self.sql.delete_expired, values))
             .await?;
-        let deleted = tx.execute_raw(statement).await?.rows_affected();
-        tx.commit().await?;
-        Ok(deleted)
+        Ok(result.rows_affected())
     }
 
     /// Tries to take the cleaner lock for this table, held until the transaction `conn` ends
