@@ -106,6 +106,10 @@ impl Handler for Scripted {
                 let _ignored = tx.execute_unprepared("ROLLBACK").await;
                 Ok(msg.body)
             }
+            "commit-fail" => {
+                let _ignored = tx.execute_unprepared("COMMIT").await;
+                Err(ScriptError("failing after committing on its own".into()))
+            }
             "big" => Ok("x".repeat(200)),
             _ => Ok(format!("did {}", msg.body)),
         }
@@ -314,6 +318,44 @@ async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_bat
     for key in ["d", "e", "f"] {
         assert_eq!(effects_of(&db, &effects, key).await, 0, "{key}");
         assert_eq!(inbox.lookup(&inbox_key(CONSUMER, key)).await.unwrap(), None);
+    }
+
+    // A handler that ends the transaction and then fails: its error stands, and the batch is
+    // lost with the transaction, no later handler running outside it.
+    let results = inbox
+        .process_batch(
+            &handler,
+            vec![item("p", "ok"), item("q", "commit-fail"), item("r", "ok")],
+        )
+        .await;
+    assert_eq!(
+        results[1].as_ref().unwrap_err().code(),
+        "handler-error",
+        "{:?}",
+        results[1]
+    );
+    for other in [&results[0], &results[2]] {
+        let error = other.as_ref().unwrap_err();
+        assert!(matches!(error, Error::BatchRolledBack { .. }), "{error:?}");
+    }
+    assert_eq!(effects_of(&db, &effects, "r").await, 0);
+
+    // The last handler of a batch ending the transaction is found as the others are.
+    let results = inbox
+        .process_batch(&handler, vec![item("x", "ok"), item("y", "rollback")])
+        .await;
+    assert!(
+        matches!(results[1], Err(Error::TransactionAborted { .. })),
+        "{:?}",
+        results[1]
+    );
+    assert!(
+        matches!(results[0], Err(Error::BatchRolledBack { .. })),
+        "{:?}",
+        results[0]
+    );
+    for key in ["x", "y"] {
+        assert_eq!(effects_of(&db, &effects, key).await, 0, "{key}");
     }
 }
 

@@ -417,7 +417,7 @@ impl Inbox {
                 Err(error) if classify(&error) == Failure::LockTimeout => {
                     // A key of the batch is held by a long transaction elsewhere: each message
                     // goes the per-message way, so that only that key waits for it.
-                    for lead in leads.iter_mut() {
+                    for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
                         lead.fate = Fate::Deferred;
                     }
                     return Ok(Tried::Ended);
@@ -432,16 +432,16 @@ impl Inbox {
         }
         // Unguarded handlers are checked to leave the transaction they were given.
         let transaction_id = match guard {
-            Guard::Savepoints => {
-                store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
-                None
-            }
-            Guard::Unguarded => Some(
+            Guard::Unguarded if fresh > 0 => Some(
                 store
                     .end_claim_wait_with_id(&tx)
                     .await
                     .map_err(Lost::Database)?,
             ),
+            _ => {
+                store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
+                None
+            }
         };
         let outbox = self.inner.outbox.as_ref();
         let mut savepoints = Savepoints {
@@ -486,20 +486,9 @@ impl Inbox {
                 .await
                 .map_err(Lost::Database)?;
         }
-        match self
-            .complete_all(&tx, consumer, leads, token, retention)
-            .await
-        {
-            // A handler that swallowed its failed statement left the transaction aborted: which
-            // one, only savepoints tell.
-            Err(Lost::Database(error))
-                if guard == Guard::Unguarded && classify(&error) == Failure::Aborted =>
-            {
-                roll_back(tx).await?;
-                return Ok(Tried::HandlerFailed);
-            }
-            completed => completed?,
-        }
+        // Unguarded, each handler was checked to leave the transaction open and unbroken.
+        self.complete_all(&tx, consumer, leads, token, retention)
+            .await?;
         tx.commit().await.map_err(Lost::Database)?;
         let staged = leads
             .iter()
@@ -790,7 +779,20 @@ impl Unguarded<'_> {
         if failure.is_store_unavailable() {
             return Err(lost_database());
         }
+        let ended = match self.store.transaction_id(self.tx).await {
+            Ok(id) => id != Some(self.transaction_id),
+            Err(error) if classify(&error) == Failure::Unreachable => {
+                return Err(Lost::Database(error));
+            }
+            // Aborted by the handler's own failed statement: still the batch's transaction.
+            Err(_) => false,
+        };
         lead.fate = Fate::Failed(failure);
+        if ended {
+            // The handler ended the transaction before it failed: what it committed stays, and
+            // nothing else may run outside the transaction.
+            return Err(Lost::RolledBack);
+        }
         Ok(false)
     }
 }
@@ -892,10 +894,11 @@ async fn run_fresh<H: Handler>(
     Ok(false)
 }
 
-/// Rolls back to the message's savepoint, which the whole transaction may have gone with.
+/// Rolls back to the message's savepoint, which the whole transaction may have gone with, and
+/// releases it: no older savepoint of the same name is left for a later rollback to reach.
 async fn roll_back_to_savepoint(tx: &DatabaseTransaction) -> Result<(), Lost> {
     match tx
-        .execute_unprepared("ROLLBACK TO SAVEPOINT idem_message")
+        .execute_unprepared("ROLLBACK TO SAVEPOINT idem_message; RELEASE SAVEPOINT idem_message")
         .await
     {
         Ok(_) => Ok(()),
