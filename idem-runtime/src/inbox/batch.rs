@@ -175,6 +175,8 @@ impl Inbox {
     ///   database rolls back the whole transaction instead (a MySQL/MariaDB deadlock), or the
     ///   handler ends it itself, that message gets its own error and every other message the
     ///   transaction held gets [`Error::BatchRolledBack`], which does not count as an attempt.
+    ///   A handler must not commit the transaction it is given: what it commits by itself
+    ///   (other messages' claims and writes included) is outside these guarantees.
     ///
     /// A batch trades latency for throughput: its messages are committed together, after the
     /// slowest of them. A two-phase handler's messages are processed one by one. At most
