@@ -372,9 +372,6 @@ impl Inbox {
                         "a handler of the batch failed; running the others again with a \
                          savepoint per message"
                     );
-                    for lead in leads.iter_mut() {
-                        lead.staged = 0;
-                    }
                 }
             }
         }
@@ -729,6 +726,16 @@ struct Unguarded<'a> {
     outbox: Option<&'a Outbox>,
 }
 
+/// What the check after an unguarded handler found of the batch's transaction.
+enum Checked {
+    /// Open and unbroken.
+    Open,
+    /// Aborted by a failed statement (the handler's own: the one before was checked).
+    Aborted,
+    /// Ended by the handler's own `COMMIT` or `ROLLBACK`.
+    Ended,
+}
+
 impl Unguarded<'_> {
     /// Runs a fresh message's handler on a copy of its message, and sets its fate: processed,
     /// or failed; returns whether it was processed. The transaction is checked after each
@@ -748,54 +755,80 @@ impl Unguarded<'_> {
             .message
             .clone()
             .expect("a fresh message is kept until it commits");
-        let cx = Context::new(&lead.key.message_key, metadata, Some(self.tx))
-            .with_origin(&lead.key, self.outbox);
-        let failure = match run(handler, &cx, message).await {
-            Ok(output) => match serde_json::to_string(&output) {
-                Ok(json) => match self.store.transaction_id(self.tx).await {
-                    Ok(Some(id)) if id == self.transaction_id => {
-                        lead.staged = cx.outbound().staged();
-                        lead.fate = Fate::Processed(output, (json != "null").then_some(json));
-                        return Ok(true);
-                    }
-                    // The handler ended the transaction: whatever it wrote after committed on
-                    // its own, as it would have alone; nothing else may run outside it.
-                    Ok(_) => {
-                        lead.fate = Fate::Failed(Error::TransactionAborted {
-                            key: lead.key.clone(),
-                        });
-                        return Err(Lost::RolledBack);
-                    }
-                    Err(error) if classify(&error) == Failure::Unreachable => {
-                        return Err(Lost::Database(error));
-                    }
-                    // A failed statement the handler swallowed aborted the transaction.
-                    Err(_) => Error::TransactionAborted {
+        let ran = handle(handler, self.tx, &lead.key, metadata, self.outbox, message).await;
+        let (failure, checked) = match ran {
+            Err(failure) if failure.is_store_unavailable() => return Err(lost_database()),
+            Err(failure) => (failure, self.check().await?),
+            Ok(handled) => match self.check().await? {
+                Checked::Open => {
+                    lead.processed(handled);
+                    return Ok(true);
+                }
+                // A failed statement the handler swallowed, or a transaction it ended.
+                checked => (
+                    Error::TransactionAborted {
                         key: lead.key.clone(),
                     },
-                },
-                Err(error) => Error::OutputNotStorable(Box::new(error)),
+                    checked,
+                ),
             },
-            Err(error) => outage_or(error, self.tx).await,
-        };
-        if failure.is_store_unavailable() {
-            return Err(lost_database());
-        }
-        let ended = match self.store.transaction_id(self.tx).await {
-            Ok(id) => id != Some(self.transaction_id),
-            Err(error) if classify(&error) == Failure::Unreachable => {
-                return Err(Lost::Database(error));
-            }
-            // Aborted by the handler's own failed statement: still the batch's transaction.
-            Err(_) => false,
         };
         lead.fate = Fate::Failed(failure);
-        if ended {
-            // The handler ended the transaction before it failed: what it committed stays, and
-            // nothing else may run outside the transaction.
+        if matches!(checked, Checked::Ended) {
+            // Whatever the handler wrote after ending the transaction committed on its own, as
+            // it would have alone; nothing else may run outside the transaction.
             return Err(Lost::RolledBack);
         }
         Ok(false)
+    }
+
+    /// Looks at the batch's transaction after a handler.
+    async fn check(&self) -> Result<Checked, Lost> {
+        match self.store.transaction_id(self.tx).await {
+            Ok(id) if id == Some(self.transaction_id) => Ok(Checked::Open),
+            Ok(_) => Ok(Checked::Ended),
+            Err(error) if classify(&error) == Failure::Unreachable => Err(Lost::Database(error)),
+            Err(_) => Ok(Checked::Aborted),
+        }
+    }
+}
+
+/// What a handler that succeeded gave: its output, the JSON stored for it, and how many
+/// messages it staged in the outbox.
+struct Handled<T> {
+    output: T,
+    stored: Option<String>,
+    staged: u32,
+}
+
+impl<M, T> Lead<M, T> {
+    fn processed(&mut self, handled: Handled<T>) {
+        self.staged = handled.staged;
+        self.fate = Fate::Processed(handled.output, handled.stored);
+    }
+}
+
+/// Runs a fresh message's handler on `message` in the batch's transaction: what it gave, or
+/// why it failed (an outage of the store when the handler lost the database).
+async fn handle<H: Handler>(
+    handler: &H,
+    tx: &DatabaseTransaction,
+    key: &InboxKey,
+    metadata: &Metadata,
+    outbox: Option<&Outbox>,
+    message: H::Message,
+) -> Result<Handled<H::Output>> {
+    let cx = Context::new(&key.message_key, metadata, Some(tx)).with_origin(key, outbox);
+    match run(handler, &cx, message).await {
+        Ok(output) => match serde_json::to_string(&output) {
+            Ok(json) => Ok(Handled {
+                output,
+                stored: (json != "null").then_some(json),
+                staged: cx.outbound().staged(),
+            }),
+            Err(error) => Err(Error::OutputNotStorable(Box::new(error))),
+        },
+        Err(error) => Err(outage_or(error, tx).await),
     }
 }
 
@@ -874,18 +907,12 @@ async fn run_fresh<H: Handler>(
     outbox: Option<&Outbox>,
 ) -> Result<bool, Lost> {
     let message = lead.message.take().expect("a fresh message runs once");
-    let cx = Context::new(&lead.key.message_key, metadata, Some(tx)).with_origin(&lead.key, outbox);
-    let failure = match run(handler, &cx, message).await {
-        Ok(output) => match serde_json::to_string(&output) {
-            Ok(json) => {
-                let stored = (json != "null").then_some(json);
-                lead.staged = cx.outbound().staged();
-                lead.fate = Fate::Processed(output, stored);
-                return Ok(true);
-            }
-            Err(error) => Error::OutputNotStorable(Box::new(error)),
-        },
-        Err(error) => outage_or(error, tx).await,
+    let failure = match handle(handler, tx, &lead.key, metadata, outbox, message).await {
+        Ok(handled) => {
+            lead.processed(handled);
+            return Ok(true);
+        }
+        Err(failure) => failure,
     };
     let outage = failure.is_store_unavailable();
     lead.fate = Fate::Failed(failure);
