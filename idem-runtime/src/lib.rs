@@ -173,7 +173,9 @@ pub use configured::Configured;
 pub use error::{BoxError, ConfigError, DeadLetterReason, Error, Result, Settle};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use handler::{Context, Handler, Mode, Outcome};
-pub use inbox::{BatchItem, Inbox, InboxBuilder, InboxRecord, MAX_BATCH, panic_message};
+pub use inbox::{
+    BatchChecks, BatchItem, Inbox, InboxBuilder, InboxRecord, MAX_BATCH, panic_message,
+};
 pub use key::{ConsumerName, InboxKey, KeyError, KeySource, MessageKey};
 pub use metadata::{CloudEvent, Metadata};
 pub use outbox::{

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
 use idem_runtime::{
-    BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
-    Metadata, Outcome, Settle, Status,
+    BatchChecks, BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox,
+    KeyError, MessageKey, Metadata, Outcome, Settle, Status,
 };
 use idem_tests::proxy::behind_proxy;
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend};
@@ -17,7 +17,9 @@ use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_wit
 
 on_each_backend!(
     a_mixed_batch_settles_each_message_as_it_would_alone,
+    a_mixed_batch_checked_before_commit_settles_the_same,
     a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_batch,
+    a_handler_that_breaks_the_trust_of_checks_before_commit_loses_no_message,
     concurrent_batches_sharing_keys_have_one_effect_per_key,
     a_batch_of_duplicates_runs_no_handler,
     an_output_the_database_refuses_fails_only_its_message,
@@ -129,6 +131,14 @@ async fn effects_of(db: &TestDb, effects: &str, key: &str) -> i64 {
 }
 
 async fn a_mixed_batch_settles_each_message_as_it_would_alone(backend: Backend) {
+    mixed_batch(backend, BatchChecks::EachMessage).await;
+}
+
+async fn a_mixed_batch_checked_before_commit_settles_the_same(backend: Backend) {
+    mixed_batch(backend, BatchChecks::BeforeCommit).await;
+}
+
+async fn mixed_batch(backend: Backend, checks: BatchChecks) {
     let (db, inbox, effects) = setup(backend).await;
     let handler = Scripted::new(&effects);
     // Records from earlier deliveries: one completed, one to be reused with other content, one
@@ -165,7 +175,7 @@ async fn a_mixed_batch_settles_each_message_as_it_would_alone(backend: Backend) 
             metadata: Metadata::default(),
         },
     ];
-    let results = inbox.process_batch(&handler, items).await;
+    let results = inbox.process_batch_with(&handler, items, checks).await;
     let settle: Vec<String> = results
         .iter()
         .map(|result| match result {
@@ -190,9 +200,10 @@ async fn a_mixed_batch_settles_each_message_as_it_would_alone(backend: Backend) 
             "invalid-key",
         ]
     );
-    // Only the fresh and expired keys ran; the failing ones rolled back alone. On PostgreSQL
-    // the handlers first run without savepoints, and after a failure the others run again with
-    // them: a handler that ran before a failing one runs twice, its effects committed once.
+    // Only the fresh and expired keys ran; the failing ones rolled back alone. Where the
+    // handlers first run without savepoints (PostgreSQL, or checked before the commit), after a
+    // failure the others run again with them: a handler that ran before a failing one runs
+    // twice, its effects committed once.
     let mut runs = handler.runs();
     runs.sort();
     for failed in ["failing", "panicking"] {
@@ -236,9 +247,10 @@ async fn a_mixed_batch_settles_each_message_as_it_would_alone(backend: Backend) 
 
     // A redelivery of the failed ones, per message or in a batch, processes them.
     let again = inbox
-        .process_batch(
+        .process_batch_with(
             &handler,
             vec![item("failing", "ok"), item("panicking", "ok")],
+            checks,
         )
         .await;
     assert!(again.iter().all(|r| matches!(r, Ok(Outcome::Processed(_)))));
@@ -357,6 +369,57 @@ async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_bat
     for key in ["x", "y"] {
         assert_eq!(effects_of(&db, &effects, key).await, 0, "{key}");
     }
+}
+
+async fn a_handler_that_breaks_the_trust_of_checks_before_commit_loses_no_message(
+    backend: Backend,
+) {
+    let (db, inbox, effects) = setup(backend).await;
+    let handler = Scripted::new(&effects);
+    let trusted = |items| inbox.process_batch_with(&handler, items, BatchChecks::BeforeCommit);
+
+    // A failed statement the handler swallowed: PostgreSQL aborted the transaction, which the
+    // check before the commit finds; the batch runs again checked, and only that message fails.
+    // Elsewhere the transaction stays usable, and every message is processed.
+    let results = trusted(vec![item("a", "ok"), item("b", "swallow"), item("c", "ok")]).await;
+    let broken = backend == Backend::Postgres;
+    assert_eq!(
+        matches!(results[1], Err(Error::TransactionAborted { .. })),
+        broken,
+        "{:?}",
+        results[1]
+    );
+    assert!(matches!(results[0], Ok(Outcome::Processed(_))));
+    assert!(matches!(results[2], Ok(Outcome::Processed(_))));
+    for (key, expected) in [("a", 1), ("b", i64::from(!broken)), ("c", 1)] {
+        assert_eq!(effects_of(&db, &effects, key).await, expected, "{key}");
+    }
+
+    // A handler that rolls the transaction back: nothing of the batch is recorded, and every
+    // message is requeued uncounted, to be processed again.
+    let results = trusted(vec![
+        item("d", "ok"),
+        item("e", "rollback"),
+        item("f", "ok"),
+    ])
+    .await;
+    for result in &results {
+        let error = result.as_ref().unwrap_err();
+        assert!(matches!(error, Error::BatchRolledBack { .. }), "{error:?}");
+        assert_eq!(error.settle(), Settle::Requeue);
+        assert!(!error.counts_as_attempt());
+    }
+    for key in ["d", "e", "f"] {
+        assert_eq!(inbox.lookup(&inbox_key(CONSUMER, key)).await.unwrap(), None);
+    }
+    assert_eq!(effects_of(&db, &effects, "d").await, 0);
+    let results = trusted(vec![item("d", "ok"), item("e", "ok")]).await;
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Ok(Outcome::Processed(_))))
+    );
+    assert_eq!(effects_of(&db, &effects, "d").await, 1);
 }
 
 async fn concurrent_batches_sharing_keys_have_one_effect_per_key(backend: Backend) {

@@ -9,12 +9,13 @@
 use std::time::Duration;
 
 use idem_rabbitmq::{Binding, ConfigError, Consumer, Error, PublishOptions, QueueTopology};
-use idem_runtime::{BatchItem, Inbox, MessageKey, Metadata, Outcome};
+use idem_runtime::{BatchChecks, BatchItem, Inbox, MessageKey, Metadata, Outcome};
 use idem_tests::rabbit::consumer_builder;
 use idem_tests::{Backend, Msg, Recorder, TestBroker, inbox_and_effects, on_each_backend, unique};
 
 on_each_backend!(
     a_batching_binding_settles_each_delivery_as_it_would_alone,
+    a_batching_binding_checked_before_commit_settles_the_same,
     a_crash_between_commit_and_ack_is_replayed_as_duplicates,
 );
 
@@ -24,19 +25,36 @@ fn with_id(id: &str) -> PublishOptions {
     PublishOptions::default().message_id(id)
 }
 
-async fn start_batching(inbox: &Inbox, topology: QueueTopology, handler: Recorder) -> Consumer {
+async fn start_batching(
+    inbox: &Inbox,
+    topology: QueueTopology,
+    handler: Recorder,
+    checks: BatchChecks,
+) -> Consumer {
     consumer_builder(inbox, &unique("idem-batch"))
         .prefetch(100)
         // A failed message waits a second to be requeued: long enough for later batches to
         // commit and acknowledge meanwhile.
         .retry_backoff(Duration::from_secs(1), Duration::from_secs(1))
-        .bind_with(Binding::new(topology, handler).batch(25, Duration::from_millis(20)))
+        .bind_with(
+            Binding::new(topology, handler)
+                .batch(25, Duration::from_millis(20))
+                .batch_checks(checks),
+        )
         .start()
         .await
         .expect("consumer starts")
 }
 
 async fn a_batching_binding_settles_each_delivery_as_it_would_alone(backend: Backend) {
+    batching_binding(backend, BatchChecks::EachMessage).await;
+}
+
+async fn a_batching_binding_checked_before_commit_settles_the_same(backend: Backend) {
+    batching_binding(backend, BatchChecks::BeforeCommit).await;
+}
+
+async fn batching_binding(backend: Backend, checks: BatchChecks) {
     let broker = TestBroker::connect().await;
     let (db, inbox, effects) = inbox_and_effects(backend).await;
     let topology = broker.classic_queue();
@@ -66,7 +84,7 @@ async fn a_batching_binding_settles_each_delivery_as_it_would_alone(backend: Bac
     let handler = Recorder::new(&db, &effects, "billing");
     // The first message processed fails once, after writing its effect.
     handler.fail_next(1);
-    let consumer = start_batching(&inbox, topology, handler.clone()).await;
+    let consumer = start_batching(&inbox, topology, handler.clone(), checks).await;
 
     broker
         .eventually("every delivery settled", WAIT, || async {
@@ -126,7 +144,8 @@ async fn a_crash_between_commit_and_ack_is_replayed_as_duplicates(backend: Backe
             .all(|r| matches!(r, Ok(Outcome::Processed(_))))
     );
 
-    let consumer = start_batching(&inbox, topology, handler.clone()).await;
+    let consumer =
+        start_batching(&inbox, topology, handler.clone(), BatchChecks::EachMessage).await;
     broker
         .eventually("the redeliveries acknowledged", WAIT, || async {
             consumer.stats().duplicates == 60

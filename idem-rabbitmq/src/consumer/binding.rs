@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use idem_runtime::{BatchItem, Handler, Inbox, MAX_BATCH, Metadata, Mode, Outcome, Settle};
+use idem_runtime::{
+    BatchChecks, BatchItem, Handler, Inbox, MAX_BATCH, Metadata, Mode, Outcome, Settle,
+};
 use lapin::message::Delivery;
 use serde::de::DeserializeOwned;
 
@@ -23,6 +25,7 @@ pub struct Binding<H: Handler, C = Json> {
     handler: H,
     codec: C,
     batch: Option<(Batching, BatchFn<H>)>,
+    checks: BatchChecks,
 }
 
 /// Results of a batch, one per message.
@@ -34,17 +37,19 @@ type BatchFn<H> = for<'a> fn(
     &'a Inbox,
     &'a H,
     Vec<BatchItem<<H as Handler>::Message>>,
+    BatchChecks,
 ) -> BoxFuture<'a, BatchResults<H>>;
 
 fn process_batch<'a, H: Handler>(
     inbox: &'a Inbox,
     handler: &'a H,
     items: Vec<BatchItem<H::Message>>,
+    checks: BatchChecks,
 ) -> BoxFuture<'a, BatchResults<H>>
 where
     H::Message: Clone,
 {
-    Box::pin(inbox.process_batch(handler, items))
+    Box::pin(inbox.process_batch_with(handler, items, checks))
 }
 
 /// How a binding in batch mode groups its deliveries.
@@ -64,6 +69,7 @@ impl<H: Handler> Binding<H, Json> {
             handler,
             codec: Json,
             batch: None,
+            checks: BatchChecks::default(),
         }
     }
 }
@@ -76,6 +82,7 @@ impl<H: Handler, C: Codec> Binding<H, C> {
             handler: self.handler,
             codec,
             batch: self.batch,
+            checks: self.checks,
         }
     }
 
@@ -98,6 +105,15 @@ impl<H: Handler, C: Codec> Binding<H, C> {
         H::Message: Clone,
     {
         self.batch = Some((Batching { size, max_wait }, process_batch::<H>));
+        self
+    }
+
+    /// How batches check what each handler did to their transaction
+    /// ([`BatchChecks::EachMessage`] unless set): [`BatchChecks::BeforeCommit`] saves a round
+    /// trip per message for handlers that return every failed statement's error and never
+    /// commit or roll back the transaction themselves. No effect outside batch mode.
+    pub fn batch_checks(mut self, checks: BatchChecks) -> Self {
+        self.checks = checks;
         self
     }
 }
@@ -237,7 +253,7 @@ where
                 }
             }
             let results = match self.batch {
-                Some((_, process)) => process(inbox, &self.handler, items).await,
+                Some((_, process)) => process(inbox, &self.handler, items, self.checks).await,
                 None => unreachable!("a binding not in batch mode processes no batch"),
             };
             for ((index, key), result) in keys.into_iter().zip(results) {

@@ -116,13 +116,38 @@ impl Lost {
     }
 }
 
-/// Whether a batch's handlers run under savepoints.
+/// How a batch checks what its handlers did to the transaction they share.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BatchChecks {
+    /// After each handler: a savepoint per message on MySQL/MariaDB and SQLite, a look at the
+    /// transaction on PostgreSQL. A handler that swallows a failed statement, or ends the
+    /// transaction itself, fails alone or loses the batch, and no later handler's writes commit
+    /// outside it. One round trip per message.
+    #[default]
+    EachMessage,
+    /// Once, before the commit: for handlers that return the error of every statement that
+    /// fails and never commit or roll back the transaction they are given, as hand-written
+    /// batch code trusts its own. A failing handler still fails alone (the batch is rolled back
+    /// and the others run again, checked after each); a swallowed failure that aborted the
+    /// transaction (PostgreSQL) is found before the commit and the batch runs again, checked
+    /// after each. A handler that breaks that trust where the database rolls the transaction
+    /// back (its own `ROLLBACK`, a swallowed MySQL/MariaDB deadlock) lets the handlers after it
+    /// write outside the transaction, beyond the inbox's guarantees; the batch itself is then
+    /// requeued.
+    BeforeCommit,
+}
+
+/// How one try at a batch runs its handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Guard {
     /// One savepoint per message: a failing message is rolled back alone.
     Savepoints,
-    /// None: the first failure rolls the whole transaction back.
-    Unguarded,
+    /// None, the transaction checked after each handler: the first failure rolls the whole
+    /// transaction back.
+    CheckEach,
+    /// None, the transaction checked once before the commit ([`BatchChecks::BeforeCommit`]).
+    Trusted,
 }
 
 /// How one try at a batch's transaction ended, short of losing it.
@@ -170,6 +195,8 @@ impl Inbox {
     ///   after each: when one fails, its error stands, the transaction is rolled back, and the
     ///   others run again under savepoints. A handler may thus run twice, its effects committed
     ///   once; messages are cloned for it.
+    /// - Handlers that return every failed statement's error and never end their transaction can
+    ///   save that round trip per message: see [`Inbox::process_batch_with`].
     /// - A handler that carries on after a failed statement breaks the transaction on
     ///   PostgreSQL ([`Error::TransactionAborted`] for it, the others unharmed). Where the
     ///   database rolls back the whole transaction instead (a MySQL/MariaDB deadlock), or the
@@ -194,6 +221,22 @@ impl Inbox {
     where
         H::Message: Clone,
     {
+        self.process_batch_with(handler, items, BatchChecks::EachMessage)
+            .await
+    }
+
+    /// [`Inbox::process_batch`], checking the handlers as `checks` says: after each of them (the
+    /// default), or once before the commit for handlers trusted to leave the transaction whole
+    /// ([`BatchChecks::BeforeCommit`], one round trip less per message).
+    pub async fn process_batch_with<H: Handler>(
+        &self,
+        handler: &H,
+        items: Vec<BatchItem<H::Message>>,
+        checks: BatchChecks,
+    ) -> Vec<Result<Outcome<H::Output>>>
+    where
+        H::Message: Clone,
+    {
         let mut results = Vec::with_capacity(items.len());
         if handler.mode() != Mode::Transactional {
             for item in items {
@@ -212,7 +255,11 @@ impl Inbox {
                 consumer = handler.consumer(),
                 size = chunk.len()
             );
-            results.extend(self.one_batch(handler, chunk).instrument(span).await);
+            results.extend(
+                self.one_batch(handler, chunk, checks)
+                    .instrument(span)
+                    .await,
+            );
         }
         results
     }
@@ -222,6 +269,7 @@ impl Inbox {
         &self,
         handler: &H,
         items: Vec<BatchItem<H::Message>>,
+        checks: BatchChecks,
     ) -> Vec<Result<Outcome<H::Output>>>
     where
         H::Message: Clone,
@@ -250,7 +298,7 @@ impl Inbox {
             .retention
             .retention_for(consumer.as_str(), handler.retention());
         if let Err(lost) = self
-            .transact(handler, &consumer, &mut leads, &metadata, retention)
+            .transact(handler, &consumer, &mut leads, &metadata, retention, checks)
             .await
         {
             for lead in &mut leads {
@@ -339,9 +387,11 @@ impl Inbox {
     /// run without savepoints, which cost a subtransaction each (and slow every statement once
     /// a transaction has more than 64), with one check of the transaction after each handler:
     /// if one fails, its error stands, but nothing can be kept apart from it, so the
-    /// transaction is rolled back and the others run again with a savepoint per message. Elsewhere a handler could carry on past a
-    /// transaction the database ended under it, its later writes committed on their own, so
-    /// each message always has its savepoint there.
+    /// transaction is rolled back and the others run again with a savepoint per message.
+    /// Elsewhere a handler could carry on past a transaction the database ended under it, its
+    /// later writes committed on their own, so each message always has its savepoint there.
+    /// Trusted handlers ([`BatchChecks::BeforeCommit`]) first run without savepoints or checks
+    /// on every backend, the transaction checked once before the commit.
     async fn transact<H: Handler>(
         &self,
         handler: &H,
@@ -349,6 +399,7 @@ impl Inbox {
         leads: &mut [Lead<H::Message, H::Output>],
         metadata: &[Metadata],
         retention: Duration,
+        checks: BatchChecks,
     ) -> Result<(), Lost>
     where
         H::Message: Clone,
@@ -363,14 +414,21 @@ impl Inbox {
             DbBackend::Sqlite => Some(self.inner.sqlite_batches.lock().await),
             _ => None,
         };
-        if self.inner.store.dialect().aborts_on_error() {
-            match self.attempt(&batch, leads, Guard::Unguarded).await? {
+        let first = match checks {
+            BatchChecks::BeforeCommit => Some(Guard::Trusted),
+            BatchChecks::EachMessage if self.inner.store.dialect().aborts_on_error() => {
+                Some(Guard::CheckEach)
+            }
+            BatchChecks::EachMessage => None,
+        };
+        if let Some(first) = first {
+            match self.attempt(&batch, leads, first).await? {
                 Tried::Ended => return Ok(()),
                 Tried::HandlerFailed => {
                     tracing::debug!(
                         consumer = consumer.as_str(),
-                        "a handler of the batch failed; running the others again with a \
-                         savepoint per message"
+                        "a handler of the batch failed, or broke its transaction; running the \
+                         others again with a savepoint per message"
                     );
                 }
             }
@@ -429,20 +487,33 @@ impl Inbox {
                 .await
                 .map_err(Lost::Database)?;
         }
-        // Unguarded handlers are checked to leave the transaction they were given.
-        let transaction_id = match guard {
-            Guard::Unguarded if fresh > 0 => Some(
+        // Unguarded handlers are checked to leave the transaction they were given, on
+        // PostgreSQL against its id; elsewhere a transaction rolled back under a handler shows in
+        // the completion's count.
+        let checked = match guard {
+            Guard::CheckEach => true,
+            Guard::Trusted => store.dialect().aborts_on_error(),
+            Guard::Savepoints => false,
+        };
+        let transaction_id = if checked && fresh > 0 {
+            Some(
                 store
                     .end_claim_wait_with_id(&tx)
                     .await
                     .map_err(Lost::Database)?,
-            ),
-            _ => {
-                store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
-                None
-            }
+            )
+        } else {
+            store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
+            None
         };
         let outbox = self.inner.outbox.as_ref();
+        let unguarded = (guard != Guard::Savepoints).then_some(Unguarded {
+            store,
+            tx: &tx,
+            transaction_id,
+            check_each: guard == Guard::CheckEach,
+            outbox,
+        });
         let mut savepoints = Savepoints {
             tx: &tx,
             open: None,
@@ -452,25 +523,39 @@ impl Inbox {
                 continue;
             }
             let metadata = &metadata[leads[at].index];
-            let Some(id) = transaction_id else {
+            let Some(unguarded) = &unguarded else {
                 savepoints.take(leads).await?;
                 if run_fresh(handler, &tx, &mut leads[at], metadata, outbox).await? {
                     savepoints.open = Some(at);
                 }
                 continue;
             };
-            let ran = Unguarded {
-                store,
-                tx: &tx,
-                transaction_id: id,
-                outbox,
-            };
-            if !ran.run(handler, &mut leads[at], metadata).await? {
-                // Its claim goes with the transaction.
-                leads[at].claimed = false;
-                leads[at].failed_alone = true;
-                roll_back(tx).await?;
-                return Ok(Tried::HandlerFailed);
+            match unguarded.run(handler, &mut leads[at], metadata).await? {
+                Ran::Processed => {}
+                Ran::Failed => {
+                    // Its claim goes with the transaction.
+                    leads[at].claimed = false;
+                    leads[at].failed_alone = true;
+                    roll_back(tx).await?;
+                    return Ok(Tried::HandlerFailed);
+                }
+                Ran::Unsure => {
+                    roll_back(tx).await?;
+                    return Ok(Tried::HandlerFailed);
+                }
+            }
+        }
+        if guard == Guard::Trusted
+            && let Some(unguarded) = &unguarded
+        {
+            match unguarded.check().await? {
+                Checked::Open => {}
+                // A handler swallowed a failed statement: which one, only a checked try tells.
+                Checked::Aborted => {
+                    roll_back(tx).await?;
+                    return Ok(Tried::HandlerFailed);
+                }
+                Checked::Ended => return Err(Lost::RolledBack),
             }
         }
         savepoints.release(leads).await?;
@@ -721,8 +806,11 @@ fn known_fate<M, T>(lead: &Lead<M, T>, row: Row) -> Fate<T> {
 struct Unguarded<'a> {
     store: &'a Store,
     tx: &'a DatabaseTransaction,
-    /// The batch's transaction, which the handler must leave open.
-    transaction_id: i64,
+    /// The batch's transaction, which the handler must leave open, where the database tells it
+    /// (PostgreSQL).
+    transaction_id: Option<i64>,
+    /// Whether the transaction is checked after each handler.
+    check_each: bool,
     outbox: Option<&'a Outbox>,
 }
 
@@ -736,18 +824,29 @@ enum Checked {
     Ended,
 }
 
+/// What became of an unguarded handler's message.
+enum Ran {
+    /// Processed; its fate is set.
+    Processed,
+    /// Failed by its own doing; its fate is set.
+    Failed,
+    /// Failed in a transaction that may have been aborted before it ran (by a failed statement
+    /// an earlier handler swallowed, unchecked): only a try with savepoints tells whose.
+    Unsure,
+}
+
 impl Unguarded<'_> {
-    /// Runs a fresh message's handler on a copy of its message, and sets its fate: processed,
-    /// or failed; returns whether it was processed. The transaction is checked after each
-    /// handler, so a failure is the message's own; but nothing of the transaction can be kept
-    /// apart from it: the caller rolls it back and runs the others again. An error means the
-    /// transaction is lost: the database, or a handler that ended it.
+    /// Runs a fresh message's handler on a copy of its message, and says what became of it.
+    /// Checked after each handler, the transaction tells whether a failure is the message's
+    /// own; but nothing of the transaction can be kept apart from it: the caller rolls it back
+    /// and runs the others again. An error means the transaction is lost: the database, or a
+    /// handler that ended it.
     async fn run<H: Handler>(
         &self,
         handler: &H,
         lead: &mut Lead<H::Message, H::Output>,
         metadata: &Metadata,
-    ) -> Result<bool, Lost>
+    ) -> Result<Ran, Lost>
     where
         H::Message: Clone,
     {
@@ -758,11 +857,20 @@ impl Unguarded<'_> {
         let ran = handle(handler, self.tx, &lead.key, metadata, self.outbox, message).await;
         let (failure, checked) = match ran {
             Err(failure) if failure.is_store_unavailable() => return Err(lost_database()),
-            Err(failure) => (failure, self.check().await?),
+            Ok(handled) if !self.check_each => {
+                lead.processed(handled);
+                return Ok(Ran::Processed);
+            }
+            Err(failure) => match self.check().await? {
+                // Aborted by a failed statement: its own, unless an unchecked handler before
+                // it swallowed one.
+                Checked::Aborted if !self.check_each => return Ok(Ran::Unsure),
+                checked => (failure, checked),
+            },
             Ok(handled) => match self.check().await? {
                 Checked::Open => {
                     lead.processed(handled);
-                    return Ok(true);
+                    return Ok(Ran::Processed);
                 }
                 // A failed statement the handler swallowed, or a transaction it ended.
                 checked => (
@@ -779,13 +887,16 @@ impl Unguarded<'_> {
             // it would have alone; nothing else may run outside the transaction.
             return Err(Lost::RolledBack);
         }
-        Ok(false)
+        Ok(Ran::Failed)
     }
 
-    /// Looks at the batch's transaction after a handler.
+    /// Looks at the batch's transaction after a handler; open where the database cannot tell.
     async fn check(&self) -> Result<Checked, Lost> {
+        let Some(expected) = self.transaction_id else {
+            return Ok(Checked::Open);
+        };
         match self.store.transaction_id(self.tx).await {
-            Ok(id) if id == Some(self.transaction_id) => Ok(Checked::Open),
+            Ok(id) if id == Some(expected) => Ok(Checked::Open),
             Ok(_) => Ok(Checked::Ended),
             Err(error) if classify(&error) == Failure::Unreachable => Err(Lost::Database(error)),
             Err(_) => Ok(Checked::Aborted),

@@ -32,7 +32,7 @@ use crate::store::Store;
 use crate::store::dialect::{Failure, classify};
 use crate::store::table::TableName;
 
-pub use batch::{BatchItem, MAX_BATCH};
+pub use batch::{BatchChecks, BatchItem, MAX_BATCH};
 pub use builder::InboxBuilder;
 pub(crate) use builder::{dialect_of, starting};
 pub use record::InboxRecord;

@@ -25,7 +25,7 @@ pub(crate) struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["100", "500"], value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) prefetch: Vec<u16>,
     /// Modes to run.
-    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "hand-batch-multirow", "idem-batch", "idem-batch-during-cleanup", "hand-outbox", "idem-outbox"])]
+    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "hand-batch-multirow", "idem-batch", "idem-batch-trusted", "idem-batch-during-cleanup", "hand-outbox", "idem-outbox"])]
     pub(crate) modes: Vec<Mode>,
     /// Largest batch of the batch modes (capped by the prefetch).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
@@ -82,6 +82,8 @@ pub(crate) enum Mode {
     HandBatch,
     HandBatchMultirow,
     IdemBatch,
+    /// `idem-batch` with [`idem_runtime::BatchChecks::BeforeCommit`].
+    IdemBatchTrusted,
     IdemBatchDuringCleanup,
     HandOutbox,
     IdemOutbox,
@@ -96,6 +98,7 @@ impl Mode {
             Mode::HandBatch => "hand-batch",
             Mode::HandBatchMultirow => "hand-batch-multirow",
             Mode::IdemBatch => "idem-batch",
+            Mode::IdemBatchTrusted => "idem-batch-trusted",
             Mode::IdemBatchDuringCleanup => "idem-batch-during-cleanup",
             Mode::HandOutbox => "hand-outbox",
             Mode::IdemOutbox => "idem-outbox",
@@ -114,6 +117,7 @@ impl Mode {
             self,
             Mode::IdemPerMessage
                 | Mode::IdemBatch
+                | Mode::IdemBatchTrusted
                 | Mode::IdemBatchDuringCleanup
                 | Mode::IdemOutbox
         )
@@ -130,6 +134,7 @@ impl Mode {
             Mode::HandBatch
                 | Mode::HandBatchMultirow
                 | Mode::IdemBatch
+                | Mode::IdemBatchTrusted
                 | Mode::IdemBatchDuringCleanup
         )
     }

@@ -9,7 +9,7 @@ use idem_rabbitmq::lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use idem_rabbitmq::lapin::types::FieldTable;
 use idem_rabbitmq::lapin::{Channel, Connection, ConnectionProperties};
 use idem_rabbitmq::{Binding, Consumer, ConsumerBuilder, QueueTopology};
-use idem_runtime::{Inbox, RetentionPolicy};
+use idem_runtime::{BatchChecks, Inbox, RetentionPolicy};
 use idem_tests::bench::figures::{Histogram, peak_rss_mb, reset_peak_rss};
 use idem_tests::bench::hand::HandInbox;
 use idem_tests::bench::{ChargeAndStage, create_charges, seed};
@@ -414,17 +414,26 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
                 .expect("start");
             Running::Idem(consumer)
         }
-        Mode::IdemPerMessage | Mode::IdemBatch | Mode::IdemBatchDuringCleanup => {
+        Mode::IdemPerMessage
+        | Mode::IdemBatch
+        | Mode::IdemBatchTrusted
+        | Mode::IdemBatchDuringCleanup => {
             let handler = charge(&case.charges);
             let binding = if case.mode == Mode::IdemPerMessage {
                 Binding::new(case.topology.clone(), handler)
             } else {
+                let checks = if case.mode == Mode::IdemBatchTrusted {
+                    BatchChecks::BeforeCommit
+                } else {
+                    BatchChecks::EachMessage
+                };
                 idem_batch_binding(
                     case.topology.clone(),
                     handler,
                     suite.batch_size(case.prefetch),
                     suite.max_wait(),
                 )
+                .batch_checks(checks)
             };
             let consumer = idem_consumer(url, case)
                 .bind_with(binding)

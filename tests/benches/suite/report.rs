@@ -170,9 +170,16 @@ impl Concurrency {
     }
 }
 
-pub(crate) const TARGETS: [Target; 7] = [
+pub(crate) const TARGETS: [Target; 8] = [
     Target {
         numerator: (Mode::IdemBatch, Concurrency::Any),
+        denominator: (Mode::HandBatch, Concurrency::Any),
+        min: 0.8,
+        postgres_only: false,
+    },
+    // The same with handlers trusted as the hand-written batch trusts its own code.
+    Target {
+        numerator: (Mode::IdemBatchTrusted, Concurrency::Any),
         denominator: (Mode::HandBatch, Concurrency::Any),
         min: 0.8,
         postgres_only: false,
