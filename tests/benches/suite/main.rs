@@ -163,6 +163,7 @@ fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
     }
     for mode in [
         Mode::IdemBatch,
+        Mode::IdemBatchTrusted,
         Mode::IdemBatchDuringCleanup,
         Mode::HandOutbox,
         Mode::IdemOutbox,
