@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
+use idem_runtime::sea_orm::{ConnectionTrait, DbErr, TransactionTrait};
 use idem_runtime::{
     BatchChecks, BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox,
     KeyError, MessageKey, Metadata, Outcome, Settle, Status,
@@ -25,6 +25,20 @@ on_each_backend!(
     an_output_the_database_refuses_fails_only_its_message,
     a_key_held_by_a_long_transaction_delays_only_its_own_message,
 );
+
+mod provisioned {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::a_table_provisioned_with_another_primary_key_takes_batches().await
+    }
+}
+
+mod unrelated_lock {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::a_record_locked_elsewhere_holds_up_no_batch_of_other_keys().await
+    }
+}
 
 mod outage {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -420,6 +434,105 @@ async fn a_handler_that_breaks_the_trust_of_checks_before_commit_loses_no_messag
             .all(|r| matches!(r, Ok(Outcome::Processed(_))))
     );
     assert_eq!(effects_of(&db, &effects, "d").await, 1);
+}
+
+/// A MariaDB inbox table provisioned by hand with a surrogate primary key, the message keys
+/// unique beside it: batch statements cannot name the primary key to look keys up, and still
+/// settle every message, locking only their own records.
+async fn a_table_provisioned_with_another_primary_key_takes_batches() {
+    let db = TestDb::connect(Backend::MySql).await;
+    let table = db.table("provisioned");
+    db.exec(&format!(
+        "CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+         consumer VARBINARY(128) NOT NULL, message_key VARBINARY(255) NOT NULL, \
+         status VARCHAR(16) NOT NULL, fingerprint BINARY(32) NULL, output TEXT NULL, \
+         attempts BIGINT NOT NULL, claim_token BIGINT NOT NULL, created_at BIGINT NOT NULL, \
+         claimed_at BIGINT NOT NULL, lease_until BIGINT NULL, completed_at BIGINT NULL, \
+         expires_at BIGINT NOT NULL, UNIQUE KEY {table}_key (consumer, message_key), \
+         INDEX {table}_expires (expires_at)) ENGINE=InnoDB"
+    ))
+    .await;
+    let inbox = Inbox::builder(db.db.clone())
+        .table(table.as_str())
+        .create_table(false)
+        .build()
+        .await
+        .expect("the provisioned table is accepted");
+    batches_beside_a_locked_record(&db, &inbox).await;
+}
+
+/// On idem's own MariaDB table, batch statements look their keys up through the primary key:
+/// a record of another consumer locked by a long transaction holds none of them up.
+async fn a_record_locked_elsewhere_holds_up_no_batch_of_other_keys() {
+    let (db, inbox, _) = setup(Backend::MySql).await;
+    batches_beside_a_locked_record(&db, &inbox).await;
+}
+
+/// Runs two batches sharing keys while another transaction holds a record of another consumer
+/// locked (ordered before the batch's keys, so that its lock covers no gap they go into), and
+/// checks that each message settled as it would alone, in time.
+async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
+    let table = inbox.table().as_str();
+    db.exec(&format!(
+        "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, created_at, \
+         claimed_at, expires_at) VALUES ('aaa', 'z', 'completed', 1, 1, 0, 0, {})",
+        i64::MAX
+    ))
+    .await;
+    let holder = db.db.begin().await.unwrap();
+    holder
+        .execute_unprepared(&format!(
+            "UPDATE {table} SET attempts = attempts + 1 \
+             WHERE consumer = 'aaa' AND message_key = 'z'"
+        ))
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    let handler = Scripted::new(&effects);
+    let batches = async {
+        let first = inbox
+            .process_batch(
+                &handler,
+                vec![item("a", "ok"), item("b", "ok"), item("a", "ok")],
+            )
+            .await;
+        let again = inbox
+            .process_batch(
+                &handler,
+                vec![item("a", "ok"), item("b", "other"), item("c", "ok")],
+            )
+            .await;
+        (first, again)
+    };
+    let (first, again) = tokio::time::timeout(Duration::from_secs(20), batches)
+        .await
+        .expect("no batch waits for a record it does not use");
+    holder.rollback().await.unwrap();
+    let settle: Vec<&str> = first
+        .iter()
+        .chain(&again)
+        .map(|result| match result {
+            Ok(Outcome::Processed(_)) => "processed",
+            Ok(Outcome::Duplicate(_)) => "duplicate",
+            Err(error) => error.code(),
+        })
+        .collect();
+    assert_eq!(
+        settle,
+        [
+            "processed",
+            "processed",
+            "duplicate",
+            "duplicate",
+            "fingerprint-mismatch",
+            "processed"
+        ]
+    );
+    for key in ["a", "b", "c"] {
+        assert_eq!(effects_of(db, &effects, key).await, 1, "{key}");
+        let record = inbox.lookup(&inbox_key(CONSUMER, key)).await.unwrap();
+        assert_eq!(record.map(|record| record.status), Some(Status::Completed));
+    }
 }
 
 async fn concurrent_batches_sharing_keys_have_one_effect_per_key(backend: Backend) {

@@ -128,10 +128,11 @@ pub enum BatchChecks {
     EachMessage,
     /// Once, before the commit: for handlers that return the error of every statement that
     /// fails and never commit or roll back the transaction they are given, as hand-written
-    /// batch code trusts its own. A failing handler still fails alone (the batch is rolled back
-    /// and the others run again, checked after each); a swallowed failure that aborted the
-    /// transaction (PostgreSQL) is found before the commit and the batch runs again, checked
-    /// after each. A handler that breaks that trust where the database rolls the transaction
+    /// batch code trusts its own. A failing handler still fails alone: the batch is rolled back
+    /// and the others run again, checked after each (on PostgreSQL, a handler whose statement
+    /// failed runs again with them: the transaction it failed in may have been aborted by a
+    /// handler before it). A swallowed failure that aborted the transaction (PostgreSQL) is
+    /// found before the commit, and the batch runs again, checked after each. A handler that breaks that trust where the database rolls the transaction
     /// back (its own `ROLLBACK`, a swallowed MySQL/MariaDB deadlock) lets the handlers after it
     /// write outside the transaction, beyond the inbox's guarantees; the batch itself is then
     /// requeued.

@@ -59,6 +59,16 @@ fn placeholders(n: usize) -> String {
 }
 
 impl Store {
+    /// Names the primary key where MySQL/MariaDB must look many keys up through it: an `IN`
+    /// list may otherwise be read by a scan that locks the whole consumer's records.
+    fn primary_key_hint(&self) -> &'static str {
+        if self.backend() == DbBackend::MySql && self.keyed_by_primary {
+            " FORCE INDEX (PRIMARY)"
+        } else {
+            ""
+        }
+    }
+
     /// Claims every key of `claims` for `consumer` in one statement, each recorded in progress
     /// with `token`, unless a record exists; returns the keys this statement inserted. A
     /// concurrent claim of a key that has not committed is waited for at most the claim wait
@@ -160,7 +170,7 @@ impl Store {
         let t = self.dialect.quote(self.table.as_str());
         let now = self.dialect.now_ms();
         let mut values = Vec::with_capacity(keys.len() + 1);
-        let sql = if self.backend() == DbBackend::MySql {
+        let sql = if self.backend() == DbBackend::MySql && !self.keyed_by_primary {
             // Joined from a table of the keys, so that MySQL/MariaDB look each key up and lock
             // only its record: with an `IN` list it may scan, and lock, the whole consumer.
             values.extend(keys.iter().map(|key| text(key.as_str())));
@@ -181,11 +191,18 @@ impl Store {
         } else {
             values.push(text(consumer.as_str()));
             values.extend(keys.iter().map(|key| text(key.as_str())));
-            format!(
-                "SELECT message_key, {READ_COLUMNS}, {now} FROM {t} \
+            let select = format!(
+                "SELECT message_key, {READ_COLUMNS}, {now} FROM {t}{} \
                  WHERE consumer = ? AND message_key IN ({})",
+                self.primary_key_hint(),
                 placeholders(keys.len())
-            )
+            );
+            if self.backend() == DbBackend::MySql {
+                self.dialect
+                    .with_lock_wait(&format!("{select} LOCK IN SHARE MODE"), self.claim_wait)
+            } else {
+                select
+            }
         };
         let rows = conn
             .query_all_raw(self.statement(&self.dialect.placeholders(&sql), values))
@@ -217,7 +234,7 @@ impl Store {
         let all_null = outputs.iter().all(|(_, output)| output.is_none());
         let mut values = Vec::with_capacity(outputs.len() * 3 + 3);
         let retention = Value::from(duration_ms(retention));
-        let sql = if self.backend() == DbBackend::MySql {
+        let sql = if self.backend() == DbBackend::MySql && !self.keyed_by_primary {
             // Joined from a table of keys and outputs: see `find_many`.
             for (key, output) in outputs {
                 values.push(text(key.as_str()));
@@ -248,10 +265,11 @@ impl Store {
             values.extend([retention, text(consumer.as_str()), Value::from(token)]);
             values.extend(outputs.iter().map(|(key, _)| text(key.as_str())));
             format!(
-                "UPDATE {t} SET status = 'completed', output = {output}, completed_at = {now}, \
-                 expires_at = {now} + ?, lease_until = NULL \
+                "UPDATE {t}{} SET status = 'completed', output = {output}, \
+                 completed_at = {now}, expires_at = {now} + ?, lease_until = NULL \
                  WHERE consumer = ? AND claim_token = ? AND status = 'in_progress' \
                  AND message_key IN ({})",
+                self.primary_key_hint(),
                 placeholders(outputs.len())
             )
         };

@@ -142,6 +142,9 @@ pub(crate) struct Store {
     lock_timeout: String,
     /// How long a claim waits for another transaction holding its key.
     claim_wait: Duration,
+    /// Whether the table's primary key is `(consumer, message_key)` on MySQL/MariaDB, where
+    /// batch statements then name it (see [`Store::read_primary_key`]).
+    keyed_by_primary: bool,
 }
 
 fn text(value: &str) -> Value {
@@ -161,7 +164,31 @@ impl Store {
             sql,
             lock_timeout: "0".to_owned(),
             claim_wait,
+            keyed_by_primary: false,
         }
+    }
+
+    /// Reads whether a MySQL/MariaDB table's primary key is `(consumer, message_key)`, as the
+    /// table idem creates has it. Batch statements that look many keys up then name the primary
+    /// key, so that the server looks each key up and locks only its record; otherwise (a table
+    /// provisioned with another key) they join a table of the keys, which does the same at a
+    /// higher cost.
+    pub(crate) async fn read_primary_key(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
+        if self.backend() != DbBackend::MySql {
+            return Ok(());
+        }
+        let sql = "SELECT CAST(column_name AS CHAR) FROM information_schema.statistics \
+                   WHERE table_schema = DATABASE() AND table_name = ? AND index_name = 'PRIMARY' \
+                   ORDER BY seq_in_index";
+        let rows = db
+            .query_all_raw(self.statement(sql, vec![text(self.table.as_str())]))
+            .await?;
+        let columns = rows
+            .iter()
+            .map(|row| row.try_get_by_index::<String>(0))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.keyed_by_primary = columns == ["consumer", "message_key"];
+        Ok(())
     }
 
     /// Reads the `lock_timeout` PostgreSQL sessions have, which claims restore after bounding
