@@ -649,9 +649,11 @@ impl Inbox {
         Ok(())
     }
 
-    /// Records the outputs of the messages processed here in one statement, under a savepoint:
-    /// a statement the database refuses (an output too large for it) is tried message by
-    /// message to find which, and the batch is rolled back.
+    /// Records the outputs of the messages processed here in one statement: a statement the
+    /// database refuses (an output too large for it) is tried message by message to find which,
+    /// and the batch is rolled back. Where a refused statement aborts the transaction
+    /// (PostgreSQL), the statement runs under a savepoint, rolled back to before the search;
+    /// elsewhere the database undoes the refused statement alone.
     async fn complete_all<M, T>(
         &self,
         tx: &DatabaseTransaction,
@@ -672,7 +674,10 @@ impl Inbox {
             return Ok(());
         }
         let expected = outputs.len() as u64;
-        savepoint(tx, "SAVEPOINT idem_complete").await?;
+        let aborts = store.dialect().aborts_on_error();
+        if aborts {
+            savepoint(tx, "SAVEPOINT idem_complete").await?;
+        }
         match store
             .complete_many(tx, consumer, token, &outputs, retention)
             .await
@@ -683,7 +688,9 @@ impl Inbox {
             Ok(_) => Err(Lost::RolledBack),
             Err(error) if classify(&error) == Failure::Refused => {
                 drop(outputs);
-                savepoint(tx, "ROLLBACK TO SAVEPOINT idem_complete").await?;
+                if aborts {
+                    savepoint(tx, "ROLLBACK TO SAVEPOINT idem_complete").await?;
+                }
                 self.find_refused_outputs(tx, leads, token, retention)
                     .await?;
                 Err(Lost::RolledBack)
