@@ -409,16 +409,24 @@ async fn a_handler_that_breaks_the_trust_of_checks_before_commit_loses_no_messag
         assert_eq!(effects_of(&db, &effects, key).await, expected, "{key}");
     }
 
-    // A handler that rolls the transaction back: nothing of the batch is recorded, and every
-    // message is requeued uncounted, to be processed again.
+    // A handler that rolls the transaction back: the batch runs again checked, which finds it
+    // (its attempt counts, so a handler that always does so is dead-lettered in the end);
+    // nothing of the batch is recorded, and the others are requeued uncounted. What the broken
+    // trust cost: the handler after it wrote outside the transaction, in the trusted try.
     let results = trusted(vec![
         item("d", "ok"),
         item("e", "rollback"),
         item("f", "ok"),
     ])
     .await;
-    for result in &results {
-        let error = result.as_ref().unwrap_err();
+    assert!(
+        matches!(results[1], Err(Error::TransactionAborted { .. })),
+        "{:?}",
+        results[1]
+    );
+    assert!(results[1].as_ref().unwrap_err().counts_as_attempt());
+    for other in [&results[0], &results[2]] {
+        let error = other.as_ref().unwrap_err();
         assert!(matches!(error, Error::BatchRolledBack { .. }), "{error:?}");
         assert_eq!(error.settle(), Settle::Requeue);
         assert!(!error.counts_as_attempt());
@@ -427,6 +435,7 @@ async fn a_handler_that_breaks_the_trust_of_checks_before_commit_loses_no_messag
         assert_eq!(inbox.lookup(&inbox_key(CONSUMER, key)).await.unwrap(), None);
     }
     assert_eq!(effects_of(&db, &effects, "d").await, 0);
+    assert_eq!(effects_of(&db, &effects, "f").await, 1);
     let results = trusted(vec![item("d", "ok"), item("e", "ok")]).await;
     assert!(
         results
@@ -462,20 +471,21 @@ async fn a_table_provisioned_with_another_primary_key_takes_batches() {
 }
 
 /// On idem's own MariaDB table, batch statements look their keys up through the primary key:
-/// a record of another consumer locked by a long transaction holds none of them up.
+/// another record of the consumer locked by a long transaction holds none of them up.
 async fn a_record_locked_elsewhere_holds_up_no_batch_of_other_keys() {
     let (db, inbox, _) = setup(Backend::MySql).await;
     batches_beside_a_locked_record(&db, &inbox).await;
 }
 
-/// Runs two batches sharing keys while another transaction holds a record of another consumer
-/// locked (ordered before the batch's keys, so that its lock covers no gap they go into), and
-/// checks that each message settled as it would alone, in time.
+/// Runs two batches sharing keys while another transaction holds a record of the same consumer
+/// locked (its key ordered before the batch's keys, so that its lock covers no gap they go
+/// into), and checks that each message settled as it would alone, in time: the batch's
+/// statements lock the records of their own keys, not the consumer's.
 async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
     let table = inbox.table().as_str();
     db.exec(&format!(
         "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, created_at, \
-         claimed_at, expires_at) VALUES ('aaa', 'z', 'completed', 1, 1, 0, 0, {})",
+         claimed_at, expires_at) VALUES ('{CONSUMER}', '0', 'completed', 1, 1, 0, 0, {})",
         i64::MAX
     ))
     .await;
@@ -483,7 +493,7 @@ async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
     holder
         .execute_unprepared(&format!(
             "UPDATE {table} SET attempts = attempts + 1 \
-             WHERE consumer = 'aaa' AND message_key = 'z'"
+             WHERE consumer = '{CONSUMER}' AND message_key = '0'"
         ))
         .await
         .unwrap();

@@ -131,11 +131,14 @@ pub enum BatchChecks {
     /// batch code trusts its own. A failing handler still fails alone: the batch is rolled back
     /// and the others run again, checked after each (on PostgreSQL, a handler whose statement
     /// failed runs again with them: the transaction it failed in may have been aborted by a
-    /// handler before it). A swallowed failure that aborted the transaction (PostgreSQL) is
-    /// found before the commit, and the batch runs again, checked after each. A handler that breaks that trust where the database rolls the transaction
-    /// back (its own `ROLLBACK`, a swallowed MySQL/MariaDB deadlock) lets the handlers after it
-    /// write outside the transaction, beyond the inbox's guarantees; the batch itself is then
-    /// requeued.
+    /// handler before it). A transaction found aborted (a failed statement swallowed on
+    /// PostgreSQL) or lost (fewer claims to complete than taken) before the commit is rolled
+    /// back, and the batch runs again, checked after each, which finds the culprit and counts
+    /// its attempt. What the trust costs when it is broken: after a handler that ends the
+    /// transaction (its own `ROLLBACK` or `COMMIT`, a statement that commits implicitly on
+    /// MySQL) or swallows an error that rolls the whole transaction back (a MySQL/MariaDB
+    /// deadlock; on SQLite a full disk, an I/O error, a `RAISE(ROLLBACK)`), the handlers after
+    /// it write outside the transaction, their writes committed on their own, and run again.
     BeforeCommit,
 }
 
@@ -155,7 +158,8 @@ enum Guard {
 enum Tried {
     /// Committed, or nothing to commit (every message left for the per-message path).
     Ended,
-    /// A handler failed without a savepoint; the transaction was rolled back.
+    /// A handler failed without a savepoint, or broke the transaction; it was rolled back, to
+    /// run the others again with savepoints.
     HandlerFailed,
 }
 
@@ -541,7 +545,7 @@ impl Inbox {
                     return Ok(Tried::HandlerFailed);
                 }
                 Ran::Unsure => {
-                    roll_back(tx).await?;
+                    roll_back_broken(tx).await?;
                     return Ok(Tried::HandlerFailed);
                 }
             }
@@ -551,12 +555,12 @@ impl Inbox {
         {
             match unguarded.check().await? {
                 Checked::Open => {}
-                // A handler swallowed a failed statement: which one, only a checked try tells.
-                Checked::Aborted => {
-                    roll_back(tx).await?;
+                // A handler swallowed a failed statement, or ended the transaction: which one,
+                // only a checked try tells.
+                Checked::Aborted | Checked::Ended => {
+                    roll_back_broken(tx).await?;
                     return Ok(Tried::HandlerFailed);
                 }
-                Checked::Ended => return Err(Lost::RolledBack),
             }
         }
         savepoints.release(leads).await?;
@@ -571,9 +575,19 @@ impl Inbox {
                 .await
                 .map_err(Lost::Database)?;
         }
-        // Unguarded, each handler was checked to leave the transaction open and unbroken.
-        self.complete_all(&tx, consumer, leads, token, retention)
-            .await?;
+        if !self
+            .complete_all(&tx, consumer, leads, token, retention)
+            .await?
+        {
+            // Fewer claims completed than this transaction took: the database rolled it back
+            // under a handler, or a handler ended it. Trusted, which handler only a checked try
+            // tells; checked, that handler was found, and the batch is lost.
+            if guard != Guard::Trusted {
+                return Err(Lost::RolledBack);
+            }
+            roll_back_broken(tx).await?;
+            return Ok(Tried::HandlerFailed);
+        }
         tx.commit().await.map_err(Lost::Database)?;
         let staged = leads
             .iter()
@@ -649,9 +663,10 @@ impl Inbox {
         Ok(())
     }
 
-    /// Records the outputs of the messages processed here in one statement: a statement the
-    /// database refuses (an output too large for it) is tried message by message to find which,
-    /// and the batch is rolled back. Where a refused statement aborts the transaction
+    /// Records the outputs of the messages processed here in one statement; returns whether it
+    /// completed every claim it was given (fewer: the transaction was lost under a handler). A
+    /// statement the database refuses (an output too large for it) is tried message by message
+    /// to find which, and the batch is rolled back. Where a refused statement aborts the transaction
     /// (PostgreSQL), the statement runs under a savepoint, rolled back to before the search;
     /// elsewhere the database undoes the refused statement alone.
     async fn complete_all<M, T>(
@@ -661,7 +676,7 @@ impl Inbox {
         leads: &mut [Lead<M, T>],
         token: i64,
         retention: Duration,
-    ) -> Result<(), Lost> {
+    ) -> Result<bool, Lost> {
         let store = &self.inner.store;
         let outputs: Vec<(&MessageKey, Option<&str>)> = leads
             .iter()
@@ -671,7 +686,7 @@ impl Inbox {
             })
             .collect();
         if outputs.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let expected = outputs.len() as u64;
         let aborts = store.dialect().aborts_on_error();
@@ -683,9 +698,9 @@ impl Inbox {
             .await
         {
             // Each claim is this batch's, in progress, in this transaction: fewer completed
-            // means the database rolled the transaction back under a handler.
-            Ok(completed) if completed == expected => Ok(()),
-            Ok(_) => Err(Lost::RolledBack),
+            // means the database rolled the transaction back under a handler, or a handler
+            // ended it.
+            Ok(completed) => Ok(completed == expected),
             Err(error) if classify(&error) == Failure::Refused => {
                 drop(outputs);
                 if aborts {
@@ -826,7 +841,7 @@ struct Unguarded<'a> {
 enum Checked {
     /// Open and unbroken.
     Open,
-    /// Aborted by a failed statement (the handler's own: the one before was checked).
+    /// Aborted by a failed statement: the handler's own when the one before was checked.
     Aborted,
     /// Ended by the handler's own `COMMIT` or `ROLLBACK`.
     Ended,
@@ -838,8 +853,8 @@ enum Ran {
     Processed,
     /// Failed by its own doing; its fate is set.
     Failed,
-    /// Failed in a transaction that may have been aborted before it ran (by a failed statement
-    /// an earlier handler swallowed, unchecked): only a try with savepoints tells whose.
+    /// Failed in a transaction that may have been aborted or ended before it ran (by an earlier
+    /// handler, unchecked): only a try with savepoints tells whose.
     Unsure,
 }
 
@@ -870,9 +885,9 @@ impl Unguarded<'_> {
                 return Ok(Ran::Processed);
             }
             Err(failure) => match self.check().await? {
-                // Aborted by a failed statement: its own, unless an unchecked handler before
-                // it swallowed one.
-                Checked::Aborted if !self.check_each => return Ok(Ran::Unsure),
+                // Aborted by a failed statement, or ended: by this handler, unless an unchecked
+                // handler before it did so.
+                Checked::Aborted | Checked::Ended if !self.check_each => return Ok(Ran::Unsure),
                 checked => (failure, checked),
             },
             Ok(handled) => match self.check().await? {
@@ -954,6 +969,15 @@ async fn handle<H: Handler>(
 /// Rolls back a batch's transaction to run it again.
 async fn roll_back(tx: DatabaseTransaction) -> Result<(), Lost> {
     tx.rollback().await.map_err(Lost::Database)
+}
+
+/// Rolls back a batch's transaction that a handler may have ended or broken, to run it again:
+/// only an unreachable database loses it (SQLite refuses to roll back what already ended).
+async fn roll_back_broken(tx: DatabaseTransaction) -> Result<(), Lost> {
+    match tx.rollback().await {
+        Err(error) if classify(&error) == Failure::Unreachable => Err(Lost::Database(error)),
+        _ => Ok(()),
+    }
 }
 
 /// A handler of the batch lost the database.

@@ -161,7 +161,7 @@ impl InboxBuilder {
                 error => error,
             })?;
         store.read_lock_timeout(&self.db).await?;
-        store.read_primary_key(&self.db).await?;
+        store.read_key_index(&self.db).await?;
         Ok(Inbox {
             inner: Arc::new(Inner {
                 db: self.db,

@@ -59,14 +59,10 @@ fn placeholders(n: usize) -> String {
 }
 
 impl Store {
-    /// Names the primary key where MySQL/MariaDB must look many keys up through it: an `IN`
+    /// Names the key's index where MySQL/MariaDB must look many keys up through it: an `IN`
     /// list may otherwise be read by a scan that locks the whole consumer's records.
-    fn primary_key_hint(&self) -> &'static str {
-        if self.backend() == DbBackend::MySql && self.keyed_by_primary {
-            " FORCE INDEX (PRIMARY)"
-        } else {
-            ""
-        }
+    fn key_index_hint(&self) -> &str {
+        self.key_index.as_deref().unwrap_or("")
     }
 
     /// Claims every key of `claims` for `consumer` in one statement, each recorded in progress
@@ -170,9 +166,10 @@ impl Store {
         let t = self.dialect.quote(self.table.as_str());
         let now = self.dialect.now_ms();
         let mut values = Vec::with_capacity(keys.len() + 1);
-        let sql = if self.backend() == DbBackend::MySql && !self.keyed_by_primary {
-            // Joined from a table of the keys, so that MySQL/MariaDB look each key up and lock
-            // only its record: with an `IN` list it may scan, and lock, the whole consumer.
+        let sql = if self.backend() == DbBackend::MySql && self.key_index.is_none() {
+            // No unique index on the key to name (a table provisioned without one): joined from
+            // a table of the keys, which MySQL/MariaDB may still read by a scan that locks the
+            // whole consumer's records.
             values.extend(keys.iter().map(|key| text(key.as_str())));
             values.push(text(consumer.as_str()));
             let columns = READ_COLUMNS
@@ -194,7 +191,7 @@ impl Store {
             let select = format!(
                 "SELECT message_key, {READ_COLUMNS}, {now} FROM {t}{} \
                  WHERE consumer = ? AND message_key IN ({})",
-                self.primary_key_hint(),
+                self.key_index_hint(),
                 placeholders(keys.len())
             );
             if self.backend() == DbBackend::MySql {
@@ -234,7 +231,7 @@ impl Store {
         let all_null = outputs.iter().all(|(_, output)| output.is_none());
         let mut values = Vec::with_capacity(outputs.len() * 3 + 3);
         let retention = Value::from(duration_ms(retention));
-        let sql = if self.backend() == DbBackend::MySql && !self.keyed_by_primary {
+        let sql = if self.backend() == DbBackend::MySql && self.key_index.is_none() {
             // Joined from a table of keys and outputs: see `find_many`.
             for (key, output) in outputs {
                 values.push(text(key.as_str()));
@@ -269,7 +266,7 @@ impl Store {
                  completed_at = {now}, expires_at = {now} + ?, lease_until = NULL \
                  WHERE consumer = ? AND claim_token = ? AND status = 'in_progress' \
                  AND message_key IN ({})",
-                self.primary_key_hint(),
+                self.key_index_hint(),
                 placeholders(outputs.len())
             )
         };

@@ -142,9 +142,9 @@ pub(crate) struct Store {
     lock_timeout: String,
     /// How long a claim waits for another transaction holding its key.
     claim_wait: Duration,
-    /// Whether the table's primary key is `(consumer, message_key)` on MySQL/MariaDB, where
-    /// batch statements then name it (see [`Store::read_primary_key`]).
-    keyed_by_primary: bool,
+    /// On MySQL/MariaDB, the hint naming the table's unique index on `(consumer, message_key)`
+    /// (see [`Store::read_key_index`]).
+    key_index: Option<String>,
 }
 
 fn text(value: &str) -> Value {
@@ -164,30 +164,37 @@ impl Store {
             sql,
             lock_timeout: "0".to_owned(),
             claim_wait,
-            keyed_by_primary: false,
+            key_index: None,
         }
     }
 
-    /// Reads whether a MySQL/MariaDB table's primary key is `(consumer, message_key)`, as the
-    /// table idem creates has it. Batch statements that look many keys up then name the primary
-    /// key, so that the server looks each key up and locks only its record; otherwise (a table
-    /// provisioned with another key) they join a table of the keys, which does the same at a
-    /// higher cost.
-    pub(crate) async fn read_primary_key(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
+    /// Reads which unique index of a MySQL/MariaDB table is on `(consumer, message_key)`: the
+    /// primary key of the table idem creates, or the index a table provisioned otherwise has.
+    /// Batch statements that look many keys up name it, so that the server looks each key up
+    /// and locks only its record, where a plan that scans would lock every record it reads.
+    pub(crate) async fn read_key_index(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
         if self.backend() != DbBackend::MySql {
             return Ok(());
         }
-        let sql = "SELECT CAST(column_name AS CHAR) FROM information_schema.statistics \
-                   WHERE table_schema = DATABASE() AND table_name = ? AND index_name = 'PRIMARY' \
-                   ORDER BY seq_in_index";
+        // Column names compare without case; an index on a prefix of a column does not count.
+        let sql = "SELECT CAST(index_name AS CHAR), \
+                   CAST(GROUP_CONCAT(LOWER(column_name) ORDER BY seq_in_index) AS CHAR), \
+                   CAST(MAX(sub_part IS NOT NULL) AS SIGNED) \
+                   FROM information_schema.statistics \
+                   WHERE table_schema = DATABASE() AND table_name = ? AND non_unique = 0 \
+                   GROUP BY index_name ORDER BY index_name <> 'PRIMARY', index_name";
         let rows = db
             .query_all_raw(self.statement(sql, vec![text(self.table.as_str())]))
             .await?;
-        let columns = rows
-            .iter()
-            .map(|row| row.try_get_by_index::<String>(0))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.keyed_by_primary = columns == ["consumer", "message_key"];
+        for row in rows {
+            let name: String = row.try_get_by_index(0)?;
+            let columns: String = row.try_get_by_index(1)?;
+            let prefixed: i64 = row.try_get_by_index(2)?;
+            if columns == "consumer,message_key" && prefixed == 0 {
+                self.key_index = Some(format!(" FORCE INDEX (`{}`)", name.replace('`', "``")));
+                break;
+            }
+        }
         Ok(())
     }
 
