@@ -43,7 +43,8 @@
 //! as many for the per-message modes, which are 10 to 30 times slower), then times from the
 //! consumer's start (connections included) to its last settlement. Modes take turns round by round, so
 //! that slow drift of the machine hits them alike; round 0 warms up and is not counted; figures
-//! are medians. Latencies are measured at the wire by a probe in front of the broker, from a
+//! are medians. `idem-batch-during-cleanup` runs last, after every other mode on every backend:
+//! the million records it inserts and deletes keep a database busy (purge, vacuum) for a while. Latencies are measured at the wire by a probe in front of the broker, from a
 //! delivery reaching the consumer to the frame that settles it leaving it, the same way for every
 //! mode. After each round the suite checks one charge per distinct order, an empty queue and an
 //! empty dead-letter queue, and stops loudly if not.
@@ -175,72 +176,108 @@ fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
     plan
 }
 
+/// Runs the warm-up round and the counted rounds of `cases`, which take turns round by round;
+/// the cleaner's cases top their expired records up first.
+async fn run_rounds(
+    suite: &mut Suite,
+    db: &TestDb,
+    cases: &mut [Case],
+    mut expired: Option<&mut Expired>,
+) {
+    let Some(first) = cases.first() else { return };
+    let (backend, prefetch) = (first.backend, first.prefetch);
+    for round in 0..=suite.args.rounds {
+        eprintln!(
+            "{} prefetch {prefetch}: round {round}{}{}",
+            backend.name(),
+            if round == 0 { " (warm-up)" } else { "" },
+            if expired.is_some() {
+                ", during cleanup"
+            } else {
+                ""
+            },
+        );
+        for case in cases.iter_mut().filter(|case| case.failure.is_none()) {
+            if let Some(expired) = expired.as_deref_mut() {
+                expired.top_up(db, suite.args.expired_rows).await;
+            }
+            match run_round(suite, db, case).await {
+                Ok(figures) => {
+                    case.rounds_run += 1;
+                    if round > 0 {
+                        case.record(figures);
+                    }
+                }
+                Err(failure) => {
+                    eprintln!("FAILED: {failure}");
+                    case.failure = Some(failure);
+                }
+            }
+        }
+    }
+}
+
 async fn run_suite(suite: &mut Suite) {
-    let mut done: Vec<Vec<Case>> = Vec::new();
-    let backends = suite.args.backends.clone();
     let prefetches = suite.args.prefetch.clone();
     let plan = plan(&suite.args.modes);
+    let (cleanup, quiet): (Vec<_>, Vec<_>) = plan
+        .into_iter()
+        .partition(|(mode, _)| *mode == Mode::IdemBatchDuringCleanup);
+    let mut dbs = Vec::new();
+    for backend in suite.args.backends.clone() {
+        dbs.push((
+            backend,
+            TestDb::connect_with_pool(backend.backend(), POOL).await,
+        ));
+    }
+    // Every mode but the cleaner's first, on every backend: the million expired records it
+    // inserts and deletes leave the databases busy (purge, vacuum) for a while after.
+    let mut done: Vec<Vec<Case>> = Vec::new();
+    for (backend, db) in &dbs {
+        for &prefetch in &prefetches {
+            let mut cases = Vec::new();
+            for &(mode, concurrency) in &quiet {
+                let case = Case::create(suite, db, *backend, prefetch, mode, concurrency, None);
+                cases.push(case.await);
+            }
+            run_rounds(suite, db, &mut cases, None).await;
+            done.push(cases);
+        }
+    }
+    let mut groups = done.iter_mut();
+    for (backend, db) in &dbs {
+        let mut expired = if cleanup.is_empty() {
+            None
+        } else {
+            Some(Expired::create(db).await)
+        };
+        for &prefetch in &prefetches {
+            let group = groups.next().expect("a group per backend and prefetch");
+            let mut cases = Vec::new();
+            for &(mode, concurrency) in &cleanup {
+                let case = Case::create(
+                    suite,
+                    db,
+                    *backend,
+                    prefetch,
+                    mode,
+                    concurrency,
+                    expired.as_ref(),
+                );
+                cases.push(case.await);
+            }
+            run_rounds(suite, db, &mut cases, expired.as_mut()).await;
+            group.extend(cases);
+        }
+    }
     if !suite.args.json {
         println!("{}", header());
     }
-    for backend in backends {
-        let db = TestDb::connect_with_pool(backend.backend(), POOL).await;
-        let mut expired = None;
-        let cleanup = plan
-            .iter()
-            .any(|(mode, _)| *mode == Mode::IdemBatchDuringCleanup);
-        if cleanup {
-            expired = Some(Expired::create(&db).await);
-        }
-        for &prefetch in &prefetches {
-            let mut cases = Vec::new();
-            for &(mode, concurrency) in &plan {
-                cases.push(
-                    Case::create(
-                        suite,
-                        &db,
-                        backend,
-                        prefetch,
-                        mode,
-                        concurrency,
-                        expired.as_ref(),
-                    )
-                    .await,
-                );
-            }
-            for round in 0..=suite.args.rounds {
-                eprintln!(
-                    "{} prefetch {prefetch}: round {round}{}",
-                    backend.name(),
-                    if round == 0 { " (warm-up)" } else { "" }
-                );
-                for case in cases.iter_mut().filter(|case| case.failure.is_none()) {
-                    if case.mode == Mode::IdemBatchDuringCleanup {
-                        let expired = expired.as_mut().expect("the expired records");
-                        expired.top_up(&db, suite.args.expired_rows).await;
-                    }
-                    match run_round(suite, &db, case).await {
-                        Ok(figures) => {
-                            case.rounds_run += 1;
-                            if round > 0 {
-                                case.record(figures);
-                            }
-                        }
-                        Err(failure) => {
-                            eprintln!("FAILED: {failure}");
-                            case.failure = Some(failure);
-                        }
-                    }
-                }
-            }
-            for case in &cases {
-                if suite.args.json {
-                    println!("{}", case.json(suite));
-                } else {
-                    println!("{}", case.row(suite));
-                }
-            }
-            done.push(cases);
+    for case in done.iter().flatten() {
+        if suite.args.json {
+            println!("{}", case.json(suite));
+        } else {
+            println!("{}", case.row(suite));
         }
     }
     print_targets(suite, &done);
