@@ -20,6 +20,7 @@
 //! | `--connection-name` | `BILLING_CONNECTION_NAME` | `billing` | the name billing's broker connections carry (`rabbitmqctl list_connections client_properties`) |
 //! | `--stats-every-ms` | `BILLING_STATS_EVERY_MS` | `60000` | how often billing logs its delivery counters (`billing stats`), when they changed |
 //! | `--batch` | `BILLING_BATCH` | one at a time | how many deliveries billing processes per transaction, 1 to [`idem_runtime::MAX_BATCH`] |
+//! | `--trust-handlers` | `BILLING_TRUST_HANDLERS` | off | with `--batch`, check each batch's transaction once before its commit ([`idem_runtime::BatchChecks::BeforeCommit`]) |
 //!
 //! Logs go to standard error, in colour only on a terminal and without `NO_COLOR`; on a terminal
 //! a progress line follows long runs (the demo, publishing orders).

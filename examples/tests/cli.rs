@@ -18,7 +18,7 @@ const NO_BROKER: &str = "amqp://guest:guest@127.0.0.1:1/%2f";
 
 /// The environment variables the binaries read, removed so that the caller's own settings do
 /// not leak into a test.
-const VARIABLES: [&str; 8] = [
+const VARIABLES: [&str; 9] = [
     "AMQP_URL",
     "DATABASE_URL",
     "ORDERS_EXCHANGE",
@@ -26,6 +26,7 @@ const VARIABLES: [&str; 8] = [
     "BILLING_CONNECTION_NAME",
     "BILLING_STATS_EVERY_MS",
     "BILLING_BATCH",
+    "BILLING_TRUST_HANDLERS",
     "NO_COLOR",
 ];
 
@@ -97,6 +98,7 @@ fn billing_help_lists_the_options_and_their_variables() {
         "--connection-name <NAME>",
         "--stats-every-ms <MS>",
         "--batch <N>",
+        "--trust-handlers",
         "[env: AMQP_URL]",
         "[env: DATABASE_URL]",
         "[env: ORDERS_EXCHANGE=]",
@@ -104,6 +106,7 @@ fn billing_help_lists_the_options_and_their_variables() {
         "[env: BILLING_CONNECTION_NAME=]",
         "[env: BILLING_STATS_EVERY_MS=]",
         "[env: BILLING_BATCH=]",
+        "[env: BILLING_TRUST_HANDLERS=]",
         &format!("from 1 to {}", idem_runtime::MAX_BATCH),
     ] {
         assert!(help.contains(expected), "no {expected:?} in:\n{help}");

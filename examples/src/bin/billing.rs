@@ -24,7 +24,7 @@ use idem_examples::progress::Progress;
 use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Publisher, Relay, RelayHandle};
-use idem_runtime::{Inbox, MAX_BATCH, Outbox, RedeliveryWindow, RetentionPolicy};
+use idem_runtime::{BatchChecks, Inbox, MAX_BATCH, Outbox, RedeliveryWindow, RetentionPolicy};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -90,6 +90,12 @@ struct Args {
     )]
     batch: Option<usize>,
 
+    /// With --batch: check each batch's transaction once, before its commit, instead of after
+    /// each message (billing's handler returns every database error and never ends its
+    /// transaction)
+    #[arg(long, env = "BILLING_TRUST_HANDLERS")]
+    trust_handlers: bool,
+
     /// The exchange billing publishes `InvoiceIssued` events to, through its outbox
     #[arg(
         long,
@@ -137,6 +143,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         connection_name,
         stats_every,
         batch,
+        trust_handlers,
         events_exchange,
         provider_url,
         notifications_queue,
@@ -149,6 +156,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         queue,
         connection_name,
         batch = batch.unwrap_or(1),
+        trust_handlers,
         "billing starting"
     );
     let mut options = ConnectOptions::new(database_url.as_str());
@@ -191,7 +199,13 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let (binding, prefetch) = match batch {
         // Room for the next batch to gather while one commits.
         Some(size) => (
-            binding.batch(size, Duration::from_millis(20)),
+            binding
+                .batch(size, Duration::from_millis(20))
+                .batch_checks(if trust_handlers {
+                    BatchChecks::BeforeCommit
+                } else {
+                    BatchChecks::EachMessage
+                }),
             u16::try_from(size * 2).unwrap_or(u16::MAX).max(32),
         ),
         None => (binding, 32),
