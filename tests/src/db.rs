@@ -29,6 +29,16 @@ impl Backend {
                 .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
         }
     }
+
+    /// The server backend a child process was given by name (its `Debug` form), as tests pass
+    /// it to the processes they start; panics on another name.
+    pub fn of_child(name: &str) -> Self {
+        match name {
+            "Postgres" => Backend::Postgres,
+            "MySql" => Backend::MySql,
+            other => panic!("no child process on {other}"),
+        }
+    }
 }
 
 /// A short random suffix for names of tables, queues and consumers.

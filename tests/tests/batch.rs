@@ -41,15 +41,26 @@ mod unrelated_lock {
 }
 
 mod outage {
+    use super::{Backend, BatchChecks};
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn postgres() {
-        super::a_database_lost_mid_batch_requeues_the_batch_uncounted(super::Backend::Postgres)
-            .await
+        super::lost_mid_batch(Backend::Postgres, BatchChecks::EachMessage).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn mysql() {
-        super::a_database_lost_mid_batch_requeues_the_batch_uncounted(super::Backend::MySql).await
+        super::lost_mid_batch(Backend::MySql, BatchChecks::EachMessage).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres_trusted() {
+        super::lost_mid_batch(Backend::Postgres, BatchChecks::BeforeCommit).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql_trusted() {
+        super::lost_mid_batch(Backend::MySql, BatchChecks::BeforeCommit).await
     }
 }
 
@@ -571,6 +582,12 @@ async fn concurrent_batches_sharing_keys_have_one_effect_per_key(backend: Backen
             other.clone()
         };
         let handler = handler.clone();
+        // Half the workers trust their handlers: both kinds of batch share the keys.
+        let checks = if worker % 2 == 0 {
+            BatchChecks::EachMessage
+        } else {
+            BatchChecks::BeforeCommit
+        };
         // Each worker sees every key, in its own order and batch boundaries.
         let mut mine = keys.clone();
         mine.rotate_left(worker * 37);
@@ -583,7 +600,7 @@ async fn concurrent_batches_sharing_keys_have_one_effect_per_key(backend: Backen
                 let mut requeued = Vec::new();
                 for chunk in pending.chunks(25 + worker * 10) {
                     let items = chunk.iter().map(|key| item(key, "ok")).collect();
-                    let results = inbox.process_batch(&handler, items).await;
+                    let results = inbox.process_batch_with(&handler, items, checks).await;
                     for (key, result) in chunk.iter().zip(results) {
                         match result {
                             Ok(_) => {}
@@ -698,7 +715,9 @@ async fn a_key_held_by_a_long_transaction_delays_only_its_own_message(backend: B
     assert_eq!(db.count(&effects, "1=1").await, 3);
 }
 
-async fn a_database_lost_mid_batch_requeues_the_batch_uncounted(backend: Backend) {
+/// A database lost mid-batch requeues the batch, uncounted; once it is back, every message is
+/// processed once.
+async fn lost_mid_batch(backend: Backend, checks: BatchChecks) {
     let (db, proxy) = behind_proxy(backend).await;
     let inbox = Inbox::builder(db.db.clone())
         .table(db.table("inbox"))
@@ -718,7 +737,7 @@ async fn a_database_lost_mid_batch_requeues_the_batch_uncounted(backend: Backend
     };
     let run = {
         let (inbox, slow) = (inbox.clone(), slow.clone());
-        tokio::spawn(async move { inbox.process_batch(&slow, items()).await })
+        tokio::spawn(async move { inbox.process_batch_with(&slow, items(), checks).await })
     };
     tokio::time::sleep(Duration::from_millis(450)).await;
     proxy.cut().await;
@@ -728,13 +747,13 @@ async fn a_database_lost_mid_batch_requeues_the_batch_uncounted(backend: Backend
         assert!(!error.counts_as_attempt());
     }
     proxy.restore();
-    let mut results = inbox.process_batch(&slow, items()).await;
+    let mut results = inbox.process_batch_with(&slow, items(), checks).await;
     for _ in 0..20 {
         if results.iter().all(Result::is_ok) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        results = inbox.process_batch(&slow, items()).await;
+        results = inbox.process_batch_with(&slow, items(), checks).await;
     }
     assert!(
         results

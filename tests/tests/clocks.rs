@@ -112,11 +112,7 @@ async fn skewed_worker() {
     ) else {
         return;
     };
-    let backend = match backend.as_str() {
-        "Postgres" => Backend::Postgres,
-        "MySql" => Backend::MySql,
-        other => panic!("no skewed worker on {other}"),
-    };
+    let backend = Backend::of_child(&backend);
     let db = TestDb::connect_url(backend, url, 4).await;
     db.exec(&format!(
         "INSERT INTO {effects} (consumer, message_key, body) VALUES ('clocks', '{}', 'clock')",

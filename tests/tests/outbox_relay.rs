@@ -673,11 +673,7 @@ async fn killed_relay_child() {
     ) else {
         return;
     };
-    let backend = match backend.as_str() {
-        "Postgres" => Backend::Postgres,
-        "MySql" => Backend::MySql,
-        other => panic!("no child on {other}"),
-    };
+    let backend = Backend::of_child(&backend);
     let (inbox_table, outbox_table) = tables.split_once(' ').expect("two tables");
     let db = TestDb::connect_url(backend, url, 4).await;
     let outbox = Outbox::builder(db.db.clone())

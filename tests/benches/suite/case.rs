@@ -397,6 +397,11 @@ pub(crate) async fn check(
     Ok(())
 }
 
+/// Starts idem's consumer, bound.
+async fn start_idem(bound: ConsumerBuilder) -> Running {
+    Running::Idem(bound.start().await.expect("start"))
+}
+
 pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> Running {
     let url = suite.probe.url();
     match case.mode {
@@ -406,13 +411,10 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
                 charge: charge(&case.charges),
                 events: downstream.queue.clone(),
             };
-            let binding = Binding::new(case.topology.clone(), handler);
-            let consumer = idem_consumer(url, case)
-                .bind_with(binding)
-                .start()
-                .await
-                .expect("start");
-            Running::Idem(consumer)
+            start_idem(
+                idem_consumer(url, case).bind_with(Binding::new(case.topology.clone(), handler)),
+            )
+            .await
         }
         Mode::IdemPerMessage
         | Mode::IdemBatch
@@ -435,12 +437,7 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
                 )
                 .batch_checks(checks)
             };
-            let consumer = idem_consumer(url, case)
-                .bind_with(binding)
-                .start()
-                .await
-                .expect("start");
-            Running::Idem(consumer)
+            start_idem(idem_consumer(url, case).bind_with(binding)).await
         }
         Mode::Raw
         | Mode::HandPerMessage
