@@ -491,10 +491,12 @@ async fn a_record_locked_elsewhere_holds_up_no_batch_of_other_keys() {
     batches_beside_a_locked_record(&db, &inbox).await;
 }
 
-/// Runs two batches sharing keys while another transaction holds a record of the same consumer
-/// locked (its key ordered before the batch's keys, so that its lock covers no gap they go
-/// into), and checks that each message settled as it would alone, in time: the batch's
-/// statements lock the records of their own keys, not the consumer's.
+/// Runs three batches while another transaction holds a record of the same consumer locked
+/// (its key ordered before the batches' keys, so that its lock covers no gap they go into), and
+/// checks that each message settled as it would alone, in time: the batch's statements (claims,
+/// reads, completions, and the release of failed messages' claims) lock the records of their own
+/// keys, not the consumer's. The first batch's two messages fail while the consumer has no
+/// other record: MariaDB reads a join of two keys against three records by a scan of them.
 async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
     let table = inbox.table().as_str();
     db.exec(&format!(
@@ -514,6 +516,9 @@ async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
     let effects = db.effects_table().await;
     let handler = Scripted::new(&effects);
     let batches = async {
+        let failed = inbox
+            .process_batch(&handler, vec![item("d", "fail"), item("e", "fail")])
+            .await;
         let first = inbox
             .process_batch(
                 &handler,
@@ -526,14 +531,15 @@ async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
                 vec![item("a", "ok"), item("b", "other"), item("c", "ok")],
             )
             .await;
-        (first, again)
+        (failed, first, again)
     };
-    let (first, again) = tokio::time::timeout(Duration::from_secs(20), batches)
+    let (failed, first, again) = tokio::time::timeout(Duration::from_secs(20), batches)
         .await
         .expect("no batch waits for a record it does not use");
     holder.rollback().await.unwrap();
-    let settle: Vec<&str> = first
+    let settle: Vec<&str> = failed
         .iter()
+        .chain(&first)
         .chain(&again)
         .map(|result| match result {
             Ok(Outcome::Processed(_)) => "processed",
@@ -544,6 +550,8 @@ async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
     assert_eq!(
         settle,
         [
+            "handler-error",
+            "handler-error",
             "processed",
             "processed",
             "duplicate",
@@ -556,6 +564,11 @@ async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
         assert_eq!(effects_of(db, &effects, key).await, 1, "{key}");
         let record = inbox.lookup(&inbox_key(CONSUMER, key)).await.unwrap();
         assert_eq!(record.map(|record| record.status), Some(Status::Completed));
+    }
+    for key in ["d", "e"] {
+        assert_eq!(effects_of(db, &effects, key).await, 0, "{key}");
+        let record = inbox.lookup(&inbox_key(CONSUMER, key)).await.unwrap();
+        assert!(record.is_none(), "the claim of failed {key} is released");
     }
 }
 
