@@ -290,7 +290,7 @@ impl Store {
         }
         let t = self.dialect.quote(self.table.as_str());
         let mut values = Vec::with_capacity(keys.len() + 2);
-        let sql = if self.backend() == DbBackend::MySql {
+        let sql = if self.backend() == DbBackend::MySql && self.key_index.is_none() {
             // Joined from a table of the keys: see `find_many`.
             values.extend(keys.iter().map(|key| text(key.as_str())));
             values.extend([text(consumer.as_str()), Value::from(token)]);
@@ -298,6 +298,16 @@ impl Store {
                 "DELETE r FROM {t} AS r JOIN {} AS v ON r.consumer = ? AND r.message_key = v.k \
                  WHERE r.claim_token = ?",
                 key_table(keys.len(), false)
+            )
+        } else if self.backend() == DbBackend::MySql {
+            // Only the multi-table form of `DELETE` takes an index hint.
+            values.extend([text(consumer.as_str()), Value::from(token)]);
+            values.extend(keys.iter().map(|key| text(key.as_str())));
+            format!(
+                "DELETE r FROM {t} AS r{} WHERE r.consumer = ? AND r.claim_token = ? \
+                 AND r.message_key IN ({})",
+                self.key_index_hint(),
+                placeholders(keys.len())
             )
         } else {
             values.extend([text(consumer.as_str()), Value::from(token)]);
