@@ -1,7 +1,8 @@
 //! The inbox at its edges, on each backend: transactions a handler broke, outputs the database
 //! refuses, messages whose type evolved, replicas starting together, handlers that hold a key
 //! for long, corrupt records, outages inside the handler, same-named tables in two schemas, and
-//! two-phase handlers that outlive their lease or lose their claim.
+//! two-phase handlers that outlive their lease, lose their claim, or complete while another
+//! worker is taking them over.
 //!
 //! Run: `cargo test -p idem-tests --test edges` with PostgreSQL and MariaDB up (see README).
 
@@ -10,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
-use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
+use idem_runtime::sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait,
+};
 use idem_runtime::{
     Context, Error, Fingerprint, FingerprintError, Handler, Inbox, InboxBuilder, KeyError,
     MessageKey, Metadata, Outbox, Outcome, RetentionPolicy, Settle, Status, idempotent,
@@ -746,4 +749,106 @@ mod renewals_cut {
         )
         .await
     }
+}
+
+/// A two-phase handler whose first attempt waits for the test before its external call (an
+/// effect row written on a connection of its own).
+#[derive(Debug, Clone)]
+struct Gated {
+    db: DatabaseConnection,
+    effects: String,
+    attempts: Arc<Mutex<Vec<u32>>>,
+    go_on: Arc<tokio::sync::Notify>,
+}
+
+impl Handler for Gated {
+    type Message = Msg;
+    type Output = String;
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        "gated"
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(
+        &self,
+        msg: &Msg,
+        meta: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        meta.content_fingerprint(msg).map(Some)
+    }
+    fn mode(&self) -> idem_runtime::Mode {
+        idem_runtime::Mode::TwoPhase {
+            lease: Duration::from_millis(600),
+        }
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<String, DbErr> {
+        self.attempts.lock().unwrap().push(cx.attempt());
+        if cx.attempt() == 1 {
+            self.go_on.notified().await;
+        }
+        idem_tests::db::insert_effect(&self.db, &self.effects, "gated", &msg.id, &msg.body).await?;
+        Ok("done".to_owned())
+    }
+}
+
+/// A worker whose lease ran out completes; a second worker, which read the record before that
+/// completion and found the lease run out, must not reopen the completed record and run the
+/// handler again. PostgreSQL only: its claim reads the record without a lock, so the takeover's
+/// `UPDATE` is what meets the completion (MySQL/MariaDB read it with a shared lock, which the
+/// completion waits for; SQLite has one writer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takeover_never_reopens_a_record_completed_while_it_waited() {
+    let (db, inbox, effects) = setup(Backend::Postgres).await;
+    let handler = Gated {
+        db: db.db.clone(),
+        effects: effects.clone(),
+        attempts: Arc::default(),
+        go_on: Arc::default(),
+    };
+    let msg = Msg::new("gated-1", "hello");
+    let first = {
+        let (inbox, handler, msg) = (inbox.clone(), handler.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&handler, msg, &Metadata::default()).await })
+    };
+    while handler.attempts.lock().unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The record locked elsewhere: the first worker's renewals wait, and its lease runs out.
+    let locker = db.db.begin().await.unwrap();
+    locker
+        .execute_unprepared(&format!(
+            "SELECT 1 FROM {} WHERE consumer = 'gated' AND message_key = 'gated-1' FOR UPDATE",
+            inbox.table().as_str()
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The first worker's handler returns: its completion waits for the lock.
+    handler.go_on.notify_one();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A second worker reads the record, finds the lease run out, and tries to take the message
+    // over: its takeover waits for the lock, behind the completion.
+    let second = {
+        let (inbox, handler, msg) = (inbox.clone(), handler.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&handler, msg, &Metadata::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    locker.rollback().await.unwrap();
+
+    let first = first.await.unwrap();
+    let second = second.await.unwrap();
+    assert_eq!(first.unwrap(), Outcome::Processed("done".into()));
+    assert_eq!(second.unwrap(), Outcome::Duplicate("done".into()));
+    assert_eq!(*handler.attempts.lock().unwrap(), vec![1]);
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+    let record = inbox
+        .lookup(&inbox_key("gated", "gated-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.output.as_deref(), Some("\"done\""));
 }
