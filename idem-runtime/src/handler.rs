@@ -36,8 +36,8 @@ pub enum Mode {
     /// worker that cannot reach the database (or whose process stopped) loses it, once a lease
     /// has passed since its last successful renewal; another worker may then take the message
     /// over. The handler learns of the loss through [`Context::claim_lost`] and
-    /// [`Context::lost`], and its completion stays fenced: a worker that lost its claim never
-    /// completes the record.
+    /// [`Context::lost`], and its completion stays fenced: a worker whose claim was taken over
+    /// never completes the record, and a takeover never reopens a record completed meanwhile.
     TwoPhase {
         /// How long a claim is held after it was taken or last renewed before another worker
         /// may take it over, by the database's clock.

@@ -380,8 +380,10 @@ impl Store {
         row.map(|row| Row::read(&row, 0)).transpose()
     }
 
-    /// Replaces a record with a new claim, only if it still carries `previous_token`: of two
-    /// workers taking over the same record, one wins.
+    /// Replaces a record with a new claim, only if it still carries `previous_token` and may
+    /// still be taken over (expired, or in progress with its lease run out, by the database's
+    /// clock when the statement runs): of two workers taking over the same record, one wins,
+    /// and a completion that lands between the read and the takeover stands.
     pub(crate) async fn take_over(
         &self,
         conn: &impl ConnectionTrait,

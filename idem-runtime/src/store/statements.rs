@@ -97,7 +97,8 @@ impl Statements {
             "UPDATE {t} SET status = ?, fingerprint = ?, attempts = ?, claim_token = ?, \
              created_at = COALESCE(?, {now}), claimed_at = {now}, lease_until = {now} + ?, \
              completed_at = NULL, expires_at = {now} + ?, output = NULL \
-             WHERE {KEY} AND claim_token = ?"
+             WHERE {KEY} AND claim_token = ? AND (expires_at <= {now} \
+             OR status = 'in_progress' AND COALESCE(lease_until, 0) <= {now})"
         ));
         let complete = format!(
             "UPDATE {t} SET status = 'completed', output = ?, completed_at = {now}, \
