@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, QueueTopology, headers};
+use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, Publisher, QueueTopology, headers};
 use idem_runtime::{Handler, Inbox, RetentionPolicy};
 use idem_tests::proxy::Proxy;
 use idem_tests::rabbit::{
@@ -1769,5 +1769,66 @@ async fn shutdown_requeues_a_message_in_back_off_at_once() {
             broker.depth(&queue).await == 1
         })
         .await;
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+}
+
+/// Dead-letter copies published side by side on the consumer's confirm channel, some routed by
+/// the operator's direct dead-letter exchange and some routed to no queue: each copy's fate is
+/// its own. A copy the exchange returned never passes for taken (its original acked, the
+/// message lost), and a copy taken never passes for returned (its original dead-lettered twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letter_copies_in_flight_together_are_each_told_their_own_fate() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let (queue, dlx, dlq, orders) = (
+        unique("idem_ops_routed"),
+        unique("idem_ops_routed_dlx"),
+        unique("idem_ops_routed_dlq"),
+        unique("idem_ops_orders"),
+    );
+    broker.declare_exchange(&orders, ExchangeKind::Direct).await;
+    broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
+    broker.declare_queue(&dlq, &[]).await;
+    // Dead letters keep their routing key: only those of placed orders have a queue.
+    broker.bind(&dlq, &dlx, "placed").await;
+    broker
+        .declare_queue(&queue, &[("x-dead-letter-exchange", dlx.as_str())])
+        .await;
+    broker.bind(&queue, &orders, "placed").await;
+    broker.bind(&queue, &orders, "cancelled").await;
+    let producer = Publisher::connect(amqp_url()).await.unwrap();
+    const EACH: usize = 60;
+    for i in 0..EACH {
+        for key in ["placed", "cancelled"] {
+            producer
+                .publish_bytes(&orders, key, b"{not json", with_id(&format!("{key}-{i}")))
+                .await
+                .unwrap();
+        }
+    }
+    let topology = QueueTopology::existing(&queue, &dlx);
+    let consumer = start(&inbox, topology, Recorder::new(&db, &effects, "c")).await;
+    broker
+        .eventually("every copy tried", WAIT, || async {
+            let stats = consumer.stats();
+            stats.dead_lettered >= EACH as u64 && stats.dead_letter_failed >= EACH as u64
+        })
+        .await;
+    consumer.shutdown().await;
+    let mut letters: Vec<String> = broker
+        .drain(&dlq)
+        .await
+        .into_iter()
+        .map(|letter| letter.message_id.unwrap_or_default())
+        .collect();
+    letters.sort();
+    let mut placed: Vec<String> = (0..EACH).map(|i| format!("placed-{i}")).collect();
+    placed.sort();
+    assert_eq!(
+        letters, placed,
+        "one copy of each placed order, none of the others"
+    );
+    // Every cancelled order is still on its queue, waiting for a dead-letter queue.
+    assert_eq!(broker.depth(&queue).await, EACH as u32);
     assert_eq!(db.count(&effects, "1=1").await, 0);
 }
