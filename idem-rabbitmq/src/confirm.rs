@@ -2,10 +2,12 @@
 //! producer's message, a dead-letter copy, a requeued copy).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use tokio::sync::Mutex;
 use tokio::time::{Instant, Timeout};
 
 /// Why the broker did not take a message.
@@ -50,17 +52,59 @@ impl fmt::Display for NotTaken {
     }
 }
 
-/// Publishes `payload` with `properties` to `exchange`, `mandatory`, on a channel in confirm
-/// mode, and waits at most `wait` for the broker's confirm.
-pub(crate) async fn publish_confirmed(
-    channel: &Channel,
-    exchange: &str,
-    routing_key: &str,
-    payload: &[u8],
-    properties: BasicProperties,
-    wait: Duration,
-) -> Result<(), NotTaken> {
-    let sent = send(channel, exchange, routing_key, payload, properties, wait).await?;
+/// A channel in confirm mode whose publishes take turns: one at a time is sent and awaits its
+/// confirm.
+///
+/// lapin hands a message the broker returned to whichever confirm it completes next (see
+/// [`Sent`]): with two publishes in flight, a copy the broker returned could pass for taken (its
+/// original acked, the message lost) and a copy taken for returned. With one in flight, the
+/// return that comes with a confirm is that publish's own.
+#[derive(Debug, Clone)]
+pub(crate) struct ConfirmChannel {
+    channel: Channel,
+    turn: Arc<Mutex<()>>,
+}
+
+impl ConfirmChannel {
+    /// Takes `channel`, in confirm mode; nothing else may publish on it.
+    pub(crate) fn new(channel: Channel) -> Self {
+        Self {
+            channel,
+            turn: Arc::default(),
+        }
+    }
+
+    /// The channel, for what is not a publish (its status, closing it).
+    pub(crate) fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// Publishes `payload` with `properties` to `exchange`, `mandatory`, once the publishes
+    /// before it are confirmed, and waits at most `wait` for the broker's confirm.
+    pub(crate) async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        payload: &[u8],
+        properties: BasicProperties,
+        wait: Duration,
+    ) -> Result<(), NotTaken> {
+        let _turn = self.turn.lock().await;
+        let sent = send(
+            &self.channel,
+            exchange,
+            routing_key,
+            payload,
+            properties,
+            wait,
+        )
+        .await?;
+        confirmed(sent).await
+    }
+}
+
+/// What the broker's confirm of a publish alone in flight says of it.
+async fn confirmed(sent: Sent) -> Result<(), NotTaken> {
     match sent.confirmation().await? {
         Confirmation::Ack(None) => Ok(()),
         Confirmation::Ack(Some(returned)) => Err(NotTaken::Unroutable {

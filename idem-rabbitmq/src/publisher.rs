@@ -9,7 +9,7 @@ use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-use crate::confirm::{NotTaken, publish_confirmed};
+use crate::confirm::{ConfirmChannel, NotTaken};
 use crate::connect::connect;
 use crate::error::{Error, Result};
 use crate::url::AmqpUrl;
@@ -101,7 +101,7 @@ impl PublishOptions {
 #[derive(Debug)]
 pub struct Publisher {
     connection: Connection,
-    channel: Mutex<Channel>,
+    channel: Mutex<ConfirmChannel>,
     confirm_timeout: Duration,
     max_attempts: u32,
 }
@@ -113,7 +113,7 @@ impl Publisher {
         let channel = confirm_channel(&connection).await?;
         Ok(Self {
             connection,
-            channel: Mutex::new(channel),
+            channel: Mutex::new(ConfirmChannel::new(channel)),
             confirm_timeout: Duration::from_secs(10),
             max_attempts: 5,
         })
@@ -140,6 +140,7 @@ impl Publisher {
         };
         let channel = self.channel.lock().await.clone();
         channel
+            .channel()
             .exchange_declare(name.into(), kind, options, FieldTable::default())
             .await
             .map_err(Error::amqp(format!("declaring exchange {name:?}")))
@@ -180,15 +181,15 @@ impl Publisher {
                 tokio::time::sleep(PUBLISH_BACKOFF.after(attempt - 1)).await;
             }
             let channel = self.channel.lock().await.clone();
-            let published = publish_confirmed(
-                &channel,
-                exchange,
-                routing_key,
-                payload,
-                properties.clone(),
-                self.confirm_timeout,
-            )
-            .await;
+            let published = channel
+                .publish(
+                    exchange,
+                    routing_key,
+                    payload,
+                    properties.clone(),
+                    self.confirm_timeout,
+                )
+                .await;
             match published {
                 Ok(()) => return Ok(message_id),
                 Err(NotTaken::Unroutable { reply_text }) => {
@@ -205,7 +206,7 @@ impl Publisher {
                 }
                 Err(NotTaken::Channel(error)) => {
                     last = error.to_string();
-                    self.repair(&channel, error).await;
+                    self.repair(channel.channel(), error).await;
                 }
                 Err(problem) => last = problem.to_string(),
             }
@@ -229,14 +230,19 @@ impl Publisher {
 
     async fn replace_channel(&self) {
         match confirm_channel(&self.connection).await {
-            Ok(channel) => *self.channel.lock().await = channel,
+            Ok(channel) => *self.channel.lock().await = ConfirmChannel::new(channel),
             Err(error) => tracing::warn!(%error, "cannot open a new publisher channel"),
         }
     }
 
     /// Closes the channel and the connection.
     pub async fn close(self) {
-        let _ = self.channel.into_inner().close(200, "closing".into()).await;
+        let _ = self
+            .channel
+            .into_inner()
+            .channel()
+            .close(200, "closing".into())
+            .await;
         let _ = self.connection.close(200, "closing".into()).await;
     }
 }

@@ -1806,8 +1806,18 @@ async fn dead_letter_copies_in_flight_together_are_each_told_their_own_fate() {
                 .unwrap();
         }
     }
-    let topology = QueueTopology::existing(&queue, &dlx);
-    let consumer = start(&inbox, topology, Recorder::new(&db, &effects, "c")).await;
+    // Room for every message at once, and a short pause between tries of a copy that has no
+    // queue: the routed ones are never held up behind them.
+    let consumer = consumer_builder(&inbox, &unique("idem-test"))
+        .prefetch(500)
+        .dead_letter_retry(1, Duration::from_secs(1))
+        .bind(
+            QueueTopology::existing(&queue, &dlx),
+            Recorder::new(&db, &effects, "c"),
+        )
+        .start()
+        .await
+        .unwrap();
     broker
         .eventually("every copy tried", WAIT, || async {
             let stats = consumer.stats();

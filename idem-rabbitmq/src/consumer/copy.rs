@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel};
 
-use crate::confirm::{NotTaken, publish_confirmed};
+use crate::confirm::{ConfirmChannel, NotTaken};
 
 /// How long a copy may wait for the broker's confirm; past it, the copy counts as not taken.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -72,14 +72,14 @@ pub(crate) fn properties_of(
 /// Publishes `delivery`'s payload with `properties` to `exchange` and waits for the broker's
 /// confirm (on a channel in confirm mode). Says why when the broker did not take it.
 pub(crate) async fn publish(
-    channel: &Channel,
+    channel: &ConfirmChannel,
     delivery: &Delivery,
     exchange: &str,
     routing_key: &str,
     properties: BasicProperties,
 ) -> Result<(), String> {
-    publish_confirmed(
-        channel,
+    channel
+        .publish(
         exchange,
         routing_key,
         &delivery.data,

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use idem_runtime::DeadLetterReason;
 use idem_runtime::delivery::{Backoff, Decision, DeliveryPolicy, RetryMemory};
-use lapin::Channel;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, ShortString};
@@ -13,6 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 use super::copy;
 use super::stats::Settled;
 use super::unsettled::Unsettled;
+use crate::confirm::ConfirmChannel;
 use crate::metadata::broker_delivery_count;
 
 /// The headers a dead-lettered message carries, besides its own.
@@ -82,7 +82,7 @@ pub(crate) struct Settler<'a> {
     pub(crate) dead_letter_routing_key: Option<&'a str>,
     /// A channel in confirm mode, on a connection of its own, for copies: dead-lettered ones,
     /// and requeued ones on quorum queues.
-    pub(crate) publisher: &'a Channel,
+    pub(crate) publisher: &'a ConfirmChannel,
     pub(crate) retry: RetryPolicy,
     pub(crate) retries: &'a RetryMemory,
     /// Whether the queue is a quorum queue, whose broker counts deliveries.

@@ -29,6 +29,7 @@ use super::binding::{Dispatch, Handled};
 use super::settle::{Retry, Settler, Verdict};
 use super::stats::{Settled, Stats};
 use super::unsettled::Unsettled;
+use crate::confirm::ConfirmChannel;
 use crate::connect::{Link, Retirees};
 use crate::error::{Error, Result};
 use crate::metadata::metadata_of;
@@ -62,7 +63,7 @@ struct Session {
     connection: Link,
     channel: Channel,
     publishing: Link,
-    publisher: Channel,
+    publisher: ConfirmChannel,
     consumer: lapin::Consumer,
     events: Pin<Box<dyn Stream<Item = Event> + Send + Sync>>,
     /// The queue's type, as declared or as the broker told.
@@ -99,7 +100,7 @@ impl Health {
         let connected = session.connection.connection.status().connected()
             && session.channel.status().connected()
             && session.publishing.connection.status().connected()
-            && session.publisher.status().connected();
+            && session.publisher.channel().status().connected();
         if connected {
             self.lost_since = None;
             return false;
@@ -207,7 +208,7 @@ impl Worker {
         connection: &Connection,
         publishing: &Connection,
         name: &str,
-    ) -> Result<(Channel, Channel, lapin::Consumer, QueueKind)> {
+    ) -> Result<(Channel, ConfirmChannel, lapin::Consumer, QueueKind)> {
         let channel = connection
             .create_channel()
             .await
@@ -236,7 +237,7 @@ impl Worker {
             )
             .await
             .map_err(Error::amqp(format!("basic.consume {}", self.queue())))?;
-        Ok((channel, publisher, consumer, kind))
+        Ok((channel, ConfirmChannel::new(publisher), consumer, kind))
     }
 
     /// Opens the first session, so that a wrong URL or topology fails `start`.
@@ -536,7 +537,11 @@ impl Worker {
 async fn close(session: &Session) {
     let channels = async {
         let _ = session.channel.close(200, "shutdown".into()).await;
-        let _ = session.publisher.close(200, "shutdown".into()).await;
+        let _ = session
+            .publisher
+            .channel()
+            .close(200, "shutdown".into())
+            .await;
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), channels).await;
     session.connection.close("shutdown").await;
@@ -550,7 +555,7 @@ pub(crate) struct Settling {
     pub(crate) settings: Arc<Settings>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) retries: Arc<RetryMemory>,
-    pub(crate) publisher: Channel,
+    pub(crate) publisher: ConfirmChannel,
     pub(crate) quorum: bool,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
