@@ -852,3 +852,39 @@ async fn a_takeover_never_reopens_a_record_completed_while_it_waited() {
     assert_eq!(record.status, Status::Completed);
     assert_eq!(record.output.as_deref(), Some("\"done\""));
 }
+
+/// A database that takes no writes (a primary demoted by a failover, a standby the pool reached)
+/// is an outage: requeued uncounted until writes come back, not a failure of the message. On
+/// PostgreSQL, through a pool of one connection whose session opens read-only transactions once
+/// the inbox is built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_that_takes_no_writes_is_an_outage() {
+    let (db, inbox, effects) = setup(Backend::Postgres).await;
+    let one = db.another_pool(1).await;
+    let demoted = Inbox::builder(one.clone())
+        .table(inbox.table().as_str())
+        .create_table(false)
+        .build()
+        .await
+        .unwrap();
+    one.execute_unprepared("SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    let msg = Msg::new("read-only-1", "x");
+    for handler in [
+        Recorder::new(&db, &effects, "read-only"),
+        Recorder::new(&db, &effects, "read-only").two_phase(Duration::from_secs(5)),
+    ] {
+        let error = demoted
+            .process(&handler, msg.clone(), &meta())
+            .await
+            .unwrap_err();
+        assert!(error.is_store_unavailable(), "{error:?}");
+        assert_eq!(error.settle(), Settle::Requeue);
+    }
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+    let handler = Recorder::new(&db, &effects, "read-only");
+    let processed = inbox.process(&handler, msg, &meta()).await.unwrap();
+    assert!(!processed.is_duplicate());
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
