@@ -187,9 +187,11 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
-    /// The inbox database could not be reached: no connection, a connection lost, no pooled
-    /// connection free in time, the server shutting down. Requeued without counting against the
-    /// message's delivery limit: the message is not at fault.
+    /// The inbox database could not be reached or cannot take writes: no connection, a
+    /// connection lost, no pooled connection free in time, the server shutting down, a server
+    /// in read-only mode (a standby, a failover's demoted primary), out of disk or memory.
+    /// Requeued without counting against the message's delivery limit: the message is not at
+    /// fault.
     #[error("inbox database unreachable: {0}")]
     StoreUnavailable(#[source] DbErr),
     /// The database gave up on a statement because of other transactions: a deadlock, a lock

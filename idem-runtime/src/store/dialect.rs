@@ -60,8 +60,10 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                 error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()
             {
                 return match error.number() {
-                    // Server shutdown, connection killed.
-                    1053 | 1927 => Failure::Unreachable,
+                    // Server shutdown, connection killed; no writes taken (`read_only`, a
+                    // read-only transaction or server mode: a failover's demoted primary); out
+                    // of disk.
+                    1053 | 1927 | 1290 | 1792 | 1836 | 1021 | 1114 => Failure::Unreachable,
                     1213 => Failure::Deadlock,
                     1205 => Failure::LockTimeout,
                     _ => Failure::Refused,
@@ -91,9 +93,15 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                 "55P03" => Failure::LockTimeout,
                 // in_failed_sql_transaction.
                 "25P02" => Failure::Aborted,
-                // Connection exceptions (class 08), shutdown, crash shutdown, cannot connect now.
+                // Connection exceptions (class 08), shutdown, crash shutdown, cannot connect now,
+                // the session ended for idling in its transaction.
                 code if code.starts_with("08") => Failure::Unreachable,
-                "57P01" | "57P02" | "57P03" => Failure::Unreachable,
+                "57P01" | "57P02" | "57P03" | "25P03" => Failure::Unreachable,
+                // No writes taken: a read-only transaction (a standby, a failover's demoted
+                // primary); insufficient resources (class 53: disk full, out of memory, too
+                // many connections).
+                "25006" => Failure::Unreachable,
+                code if code.starts_with("53") => Failure::Unreachable,
                 _ => Failure::Refused,
             }
         }
