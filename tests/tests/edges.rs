@@ -888,3 +888,70 @@ async fn a_database_that_takes_no_writes_is_an_outage() {
     assert!(!processed.is_duplicate());
     assert_eq!(db.count(&effects, "1=1").await, 1);
 }
+
+/// A transactional handler that sets a statement timeout its transaction's completion then
+/// runs into.
+#[derive(Debug)]
+struct Hasty {
+    effects: String,
+}
+
+impl Handler for Hasty {
+    type Message = Msg;
+    type Output = String;
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        "hasty"
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(&self, _: &Msg, _: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(None)
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<String, DbErr> {
+        let tx = cx.transaction().expect("transactional");
+        idem_tests::db::insert_effect(tx, &self.effects, "hasty", &msg.id, "x").await?;
+        tx.execute_unprepared("SET LOCAL statement_timeout = 50")
+            .await?;
+        Ok("a short output".to_owned())
+    }
+}
+
+/// A completion the database gives up on for a reason of its own (here a statement timeout,
+/// the record's update slowed by a trigger) is a failure of the attempt, retried: not an output
+/// that cannot be stored, which would dead-letter the message. PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_completion_that_times_out_is_retried_not_dead_lettered() {
+    let (db, inbox, effects) = setup(Backend::Postgres).await;
+    let table = inbox.table().as_str().to_owned();
+    let function = format!("{table}_slow");
+    db.exec(&format!(
+        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$"
+    ))
+    .await;
+    db.exec(&format!(
+        "CREATE TRIGGER {function} BEFORE UPDATE ON {table} FOR EACH ROW \
+         EXECUTE FUNCTION {function}()"
+    ))
+    .await;
+    let handler = Hasty {
+        effects: effects.clone(),
+    };
+    let msg = Msg::new("hasty-1", "x");
+    let error = inbox
+        .process(&handler, msg.clone(), &meta())
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), "database-error", "{error:?}");
+    assert_eq!(error.settle(), Settle::Requeue);
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+    db.exec(&format!("DROP TRIGGER {function} ON {table}"))
+        .await;
+    db.exec(&format!("DROP FUNCTION {function}()")).await;
+    let processed = inbox.process(&handler, msg, &meta()).await.unwrap();
+    assert_eq!(processed, Outcome::Processed("a short output".to_owned()));
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
