@@ -23,7 +23,7 @@ use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;
 use crate::outbox::Outbox;
-use crate::store::dialect::{Failure, classify};
+use crate::store::dialect::{Failure, classify, refuses_value};
 use crate::store::{BatchClaim, Row, Status, Store};
 
 /// One message of a batch: the key [`Handler::key`] gave for it, the message, and what the
@@ -701,7 +701,7 @@ impl Inbox {
             // means the database rolled the transaction back under a handler, or a handler
             // ended it.
             Ok(completed) => Ok(completed == expected),
-            Err(error) if classify(&error) == Failure::Refused => {
+            Err(error) if refuses_value(&error) => {
                 drop(outputs);
                 if aborts {
                     savepoint(tx, "ROLLBACK TO SAVEPOINT idem_complete").await?;
@@ -735,7 +735,7 @@ impl Inbox {
                 .await;
             savepoint(tx, "ROLLBACK TO SAVEPOINT idem_probe").await?;
             if let Err(error) = tried
-                && classify(&error) == Failure::Refused
+                && refuses_value(&error)
             {
                 lead.fate = Fate::Failed(Error::OutputNotStorable(Box::new(error)));
             }

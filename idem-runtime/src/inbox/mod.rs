@@ -29,7 +29,7 @@ use crate::outbox::Outbox;
 use crate::retention::policy::check_covers;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
-use crate::store::dialect::{Failure, classify};
+use crate::store::dialect::{Failure, classify, refuses_value};
 use crate::store::table::TableName;
 
 pub use batch::{BatchChecks, BatchItem, MAX_BATCH};
@@ -248,7 +248,7 @@ impl Inbox {
             Err(error) => {
                 return Err(match classify(&error) {
                     Failure::Aborted => Error::TransactionAborted { key: key.clone() },
-                    Failure::Refused if stored.is_some() => {
+                    Failure::Refused if stored.is_some() && refuses_value(&error) => {
                         Error::OutputNotStorable(Box::new(error))
                     }
                     _ => error.into(),

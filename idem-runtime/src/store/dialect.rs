@@ -109,6 +109,46 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
     }
 }
 
+/// Whether the database refused a statement for a value it was given (too long, not valid in
+/// the column's encoding, larger than a row or a packet may be, against a constraint such as a
+/// `CHECK` on the column): what an output that cannot be
+/// stored gets, as opposed to a statement refused for a reason of the database's own (a
+/// statement timeout, a trigger's exception), which another try may pass.
+pub(crate) fn refuses_value(error: &DbErr) -> bool {
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error))
+    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(error)) = error
+        && let sea_orm::sqlx::Error::Database(error) = error.as_ref()
+    {
+        #[cfg(feature = "mysql")]
+        if let Some(error) = error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>() {
+            // Data too long, incorrect string value, packet too large, row size too large, a
+            // `CHECK` constraint (MariaDB, MySQL), a column that cannot be null.
+            return matches!(
+                error.number(),
+                1406 | 1366 | 1153 | 1301 | 1118 | 4025 | 3819 | 1048
+            );
+        }
+        #[cfg(feature = "sqlite")]
+        if error
+            .try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>()
+            .is_some()
+        {
+            // The primary result code: SQLITE_TOOBIG (18), SQLITE_CONSTRAINT (19).
+            return error
+                .code()
+                .and_then(|code| code.parse::<i32>().ok())
+                .is_some_and(|code| matches!(code & 0xff, 18 | 19));
+        }
+        // Data exceptions (class 22: too long, invalid or untranslatable characters), integrity
+        // constraints (23), program limits (54: a row or a value too large).
+        return error.code().is_some_and(|code| {
+            code.starts_with("22") || code.starts_with("23") || code.starts_with("54")
+        });
+    }
+    false
+}
+
 /// The SQL of one backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Dialect {
