@@ -1,5 +1,6 @@
 //! Retention cleanup on each backend: bounded batches that delete exactly the expired records
-//! while claims go on, one cleaner at a time per table, and a background task that stops cleanly.
+//! while claims go on, past records a long transaction holds, one cleaner at a time per table,
+//! and a background task that stops cleanly.
 //!
 //! Run: `cargo test -p idem-tests --test cleanup` with PostgreSQL and MariaDB up (see README).
 
@@ -7,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idem_runtime::sea_orm::{ConnectionTrait, TransactionTrait};
 use idem_runtime::{Inbox, Metadata, RetentionPolicy};
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend};
 
@@ -15,6 +17,22 @@ on_each_backend!(
     two_cleaners_at_once_one_works,
     spawned_cleaner_runs_and_stops_cleanly,
 );
+
+mod held_record {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_record_a_long_transaction_holds_is_left_and_the_rest_deleted(
+            super::Backend::Postgres,
+        )
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::a_record_a_long_transaction_holds_is_left_and_the_rest_deleted(super::Backend::MySql)
+            .await
+    }
+}
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -188,4 +206,29 @@ async fn spawned_cleaner_runs_and_stops_cleanly(backend: Backend) {
     let total = cleaner.stop().await;
     assert_eq!(total.deleted, 2_300);
     assert_eq!(db.count(&table, "consumer = 'live'").await, 10);
+}
+
+/// An expired record that a long transaction holds (a takeover whose handler runs for minutes)
+/// is left for a later run; the cleaner deletes the others at once and never waits for it.
+async fn a_record_a_long_transaction_holds_is_left_and_the_rest_deleted(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("inbox");
+    let inbox = inbox_with(&db, &table, RetentionPolicy::default()).await;
+    seed(&db, &table, "expired", 10, now_ms() - 60_000).await;
+    let holder = db.db.begin().await.unwrap();
+    holder
+        .execute_unprepared(&format!(
+            "UPDATE {table} SET attempts = attempts + 1 \
+             WHERE consumer = 'expired' AND message_key = 'key-0'"
+        ))
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(20), inbox.cleaner().run_once()).await;
+    holder.rollback().await.unwrap();
+    let report = run
+        .expect("the cleaner does not wait for the held record")
+        .unwrap();
+    assert_eq!(report.deleted, 9);
+    assert_eq!(db.count(&table, "1=1").await, 1);
+    assert_eq!(db.count(&table, "message_key = 'key-0'").await, 1);
 }
