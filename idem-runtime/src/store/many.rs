@@ -8,7 +8,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DbBackend, DbErr, QueryResult, Value};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement,
+    TransactionTrait, Value,
+};
 
 use super::statements::READ_COLUMNS;
 use super::{Row, Status, Store, opt_text, text};
@@ -321,6 +324,43 @@ impl Store {
             .execute_raw(self.statement(&self.dialect.placeholders(&sql), values))
             .await?;
         Ok(result.rows_affected())
+    }
+
+    /// MySQL/MariaDB: in one short transaction, takes the keys `select` gives (expired records
+    /// no other transaction holds, locked), then deletes their records by key. The table of keys
+    /// is read first and each record found by its key: read through an `IN` list, the records
+    /// of a consumer whose keys are most of them are scanned, and the delete waits for every one
+    /// held elsewhere.
+    pub(crate) async fn delete_unheld(
+        &self,
+        db: &DatabaseConnection,
+        select: Statement,
+    ) -> Result<u64, DbErr> {
+        let tx = db.begin().await?;
+        let rows = tx.query_all_raw(select).await?;
+        let mut deleted = 0;
+        if !rows.is_empty() {
+            let mut values = Vec::with_capacity(rows.len() * 2);
+            for row in &rows {
+                values.push(text(&self.read_key(row, 0)?));
+                values.push(text(&self.read_key(row, 1)?));
+            }
+            let t = self.dialect.quote(self.table.as_str());
+            let mut keys = String::from("(SELECT ? AS c, ? AS k");
+            keys.push_str(&" UNION ALL SELECT ?, ?".repeat(rows.len() - 1));
+            keys.push(')');
+            let sql = format!(
+                "DELETE r FROM {keys} AS v STRAIGHT_JOIN {t} AS r{} \
+                 ON r.consumer = v.c AND r.message_key = v.k",
+                self.key_index_hint()
+            );
+            deleted = tx
+                .execute_raw(self.statement(&sql, values))
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(deleted)
     }
 
     /// A message key read back from column `index`: MySQL/MariaDB store keys as bytes.

@@ -481,18 +481,20 @@ impl Store {
         row.try_get_by_index(0)
     }
 
-    /// Deletes at most `limit` records that expired before `before`; returns how many.
+    /// Deletes at most `limit` records that expired before `before`, leaving those another
+    /// transaction holds for a later run; returns how many.
     pub(crate) async fn delete_expired(
         &self,
-        conn: &impl ConnectionTrait,
+        db: &DatabaseConnection,
         before: i64,
         limit: u32,
     ) -> Result<u64, DbErr> {
         let values = vec![Value::from(before), Value::from(i64::from(limit))];
-        let result = conn
-            .execute_raw(self.statement(&self.sql.delete_expired, values))
-            .await?;
-        Ok(result.rows_affected())
+        let statement = self.statement(&self.sql.delete_expired, values);
+        if self.backend() == DbBackend::MySql {
+            return self.delete_unheld(db, statement).await;
+        }
+        Ok(db.execute_raw(statement).await?.rows_affected())
     }
 
     /// Tries to take the cleaner lock for this table, held until the transaction `conn` ends

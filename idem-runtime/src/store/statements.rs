@@ -39,7 +39,8 @@ pub(super) struct Statements {
     pub(super) release: String,
     /// Binds the key.
     pub(super) delete: String,
-    /// Binds the time before which records expired and the batch size.
+    /// Binds the time before which records expired and the batch size. On MySQL/MariaDB it
+    /// selects their keys, skipping records other transactions hold, for a delete by key.
     pub(super) delete_expired: String,
     /// Reads the database's clock.
     pub(super) now: String,
@@ -114,9 +115,11 @@ impl Statements {
         let release = format!("DELETE FROM {t} WHERE {KEY} AND claim_token = ?");
         let delete = format!("DELETE FROM {t} WHERE {KEY}");
         let delete_expired = match dialect.backend() {
-            DbBackend::MySql => {
-                format!("DELETE FROM {t} WHERE expires_at < ? ORDER BY expires_at LIMIT ?")
-            }
+            // A delete waits for every record it meets that another transaction holds.
+            DbBackend::MySql => format!(
+                "SELECT consumer, message_key FROM {t} WHERE expires_at < ? \
+                 ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED"
+            ),
             // Rows a claim is taking over right now are skipped, not waited for.
             DbBackend::Postgres => format!(
                 "DELETE FROM {t} WHERE (consumer, message_key) IN (SELECT consumer, message_key \
