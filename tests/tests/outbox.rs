@@ -13,7 +13,7 @@ use idem_runtime::{
     BatchItem, Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
     Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, derived_id, idempotent,
 };
-use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend};
+use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
 
 on_each_backend!(
     a_handler_stages_with_derived_ids_and_a_duplicate_stages_nothing,
@@ -417,4 +417,76 @@ async fn an_idempotent_function_stages_through_its_outbound_parameter(backend: B
         .into_inner();
     assert_eq!(id, derived_id(&inbox_key("shipping", "o-9"), 0));
     assert_eq!(pending_ids(&outbox).await, vec![id]);
+}
+
+/// A MariaDB database whose default character set is latin1, as many managed servers still
+/// have: text outside it (a header, a routing key, a handler run's origin) is staged and read
+/// back whole, as the inbox's own table keeps such keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_latin1_database_stages_any_text() {
+    let server = TestDb::connect(Backend::MySql).await;
+    let database = unique("zz_latin1");
+    server
+        .exec(&format!("CREATE DATABASE {database} CHARACTER SET latin1"))
+        .await;
+    let url = Backend::MySql.url("");
+    let (server_url, _) = url.rsplit_once('/').expect("a database in the URL");
+    let db = TestDb::connect_url(Backend::MySql, format!("{server_url}/{database}"), 4).await;
+    let outbox = Outbox::builder(db.db.clone())
+        .table(db.table("outbox"))
+        .build()
+        .await
+        .expect("outbox builds");
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .outbox(outbox.clone())
+        .build()
+        .await
+        .expect("inbox builds");
+    let staged = inbox
+        .process(&Relabel, Msg::new("заказ-42", "x"), &meta())
+        .await
+        .unwrap()
+        .into_inner();
+    let batch = outbox.take_pending(10).await.unwrap();
+    let messages = batch.messages();
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].message_id, staged);
+    assert_eq!(messages[0].routing_key, "заказ.принят");
+    assert_eq!(
+        messages[0].headers.get("order").map(String::as_str),
+        Some("заказ-42")
+    );
+    assert_eq!(
+        messages[0].run.as_deref(),
+        Some(format!("{CONSUMER}/заказ-42").as_str())
+    );
+    drop(batch);
+    drop(db);
+    server.exec(&format!("DROP DATABASE {database}")).await;
+}
+
+/// Stages one event whose routing key and header are the message's own, in Cyrillic.
+#[derive(Debug)]
+struct Relabel;
+
+impl Handler for Relabel {
+    type Message = Msg;
+    type Output = String;
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        CONSUMER
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(&self, _: &Msg, _: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(None)
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<String, DbErr> {
+        let event = OutboxMessage::new("orders", "заказ.принят", b"{}".to_vec())
+            .header("order", msg.id.as_str());
+        cx.stage(event).await
+    }
 }
