@@ -48,7 +48,7 @@ pub fn create_outbox_statements(backend: DbBackend, table: &TableName) -> Vec<St
     match backend {
         DbBackend::MySql => vec![format!(
             "CREATE TABLE IF NOT EXISTS {name} ({columns}, UNIQUE KEY {unique} (message_id), \
-             KEY {pending} (sent_at, seq)) ENGINE=InnoDB"
+             KEY {pending} (sent_at, seq)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
         )],
         _ => vec![
             format!(
