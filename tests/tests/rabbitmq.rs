@@ -1842,3 +1842,77 @@ async fn dead_letter_copies_in_flight_together_are_each_told_their_own_fate() {
     assert_eq!(broker.depth(&queue).await, EACH as u32);
     assert_eq!(db.count(&effects, "1=1").await, 0);
 }
+
+/// A classic topology on a virtual host whose default queue type is quorum: its queue is
+/// classic, as the consumer takes it to be (a quorum queue it took for classic would count the
+/// requeues it means not to count, and dead-letter by the broker's limit without a reason), and
+/// a classic queue an earlier version declared without its type is still consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_classic_topology_is_classic_on_a_virtual_host_that_defaults_to_quorum() {
+    let vhost = unique("idem_vhost_quorum");
+    rabbitmqctl(&["add_vhost", &vhost, "--default-queue-type", "quorum"]).await;
+    rabbitmqctl(&["set_permissions", "-p", &vhost, "guest", ".*", ".*", ".*"]).await;
+    let base = amqp_url();
+    let (server, _) = base.rsplit_once('/').expect("a virtual host in the URL");
+    let url = format!("{server}/{vhost}");
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let queue = unique("idem_q");
+    let start = || {
+        start_on(
+            &url,
+            &inbox,
+            QueueTopology::classic(&queue),
+            Recorder::new(&db, &effects, "c"),
+        )
+    };
+    let first = start().await.expect("consumer starts");
+    let types = rabbitmqctl(&["list_queues", "-p", &vhost, "name", "type"]).await;
+    first.shutdown().await;
+    // Started again, it declares the same queue.
+    let again = start().await;
+    let again_ok = again.is_ok();
+    if let Ok(consumer) = again {
+        consumer.shutdown().await;
+    }
+    rabbitmqctl(&["delete_vhost", &vhost]).await;
+    // On the default virtual host, a classic queue as an earlier version declared it: with its
+    // dead-letter exchange, without its type.
+    let broker = TestBroker::connect().await;
+    let earlier = broker.track(QueueTopology::classic(unique("idem_q")));
+    let dlx = earlier.dead_letter_exchange().to_owned();
+    broker
+        .declare_queue(earlier.queue(), &[("x-dead-letter-exchange", dlx.as_str())])
+        .await;
+    let consumed = start_on(
+        &amqp_url(),
+        &inbox,
+        earlier,
+        Recorder::new(&db, &effects, "c"),
+    )
+    .await;
+    let line = types
+        .lines()
+        .find(|line| line.split_whitespace().next() == Some(queue.as_str()))
+        .unwrap_or_else(|| panic!("{queue} not listed: {types}"));
+    assert!(line.ends_with("classic"), "{line}");
+    assert!(again_ok, "a second start fails");
+    consumed
+        .expect("a queue declared without its type is consumed")
+        .shutdown()
+        .await;
+}
+
+async fn start_on<H>(
+    url: &str,
+    inbox: &Inbox,
+    topology: QueueTopology,
+    handler: H,
+) -> Result<Consumer, idem_rabbitmq::Error>
+where
+    H: Handler<Message = Msg> + 'static,
+{
+    consumer_builder_at(url, inbox, &unique("idem-test"))
+        .bind(topology, handler)
+        .start()
+        .await
+}
