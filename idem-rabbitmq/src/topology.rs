@@ -301,6 +301,13 @@ impl QueueTopology {
                 AMQPValue::LongString(routing_key.as_str().into()),
             );
         }
+        if self.kind == Some(QueueKind::Classic) && self.declare {
+            // A virtual host may default to another type.
+            arguments.insert(
+                ShortString::from("x-queue-type"),
+                AMQPValue::LongString("classic".into()),
+            );
+        }
         if self.kind == Some(QueueKind::Quorum) {
             let mut text = |name: &str, value: &str| {
                 arguments.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
