@@ -111,15 +111,21 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
 
 /// Whether the database refused a statement for a value it was given (too long, not valid in
 /// the column's encoding, larger than a row or a packet may be, against a constraint such as a
-/// `CHECK` on the column): what an output that cannot be
-/// stored gets, as opposed to a statement refused for a reason of the database's own (a
-/// statement timeout, a trigger's exception), which another try may pass.
+/// `CHECK` on the column): what an output that cannot be stored gets, as opposed to a statement
+/// refused for a reason of the database's own (a statement timeout, a trigger's exception),
+/// which another try may pass.
 pub(crate) fn refuses_value(error: &DbErr) -> bool {
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error))
-    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(error)) = error
-        && let sea_orm::sqlx::Error::Database(error) = error.as_ref()
-    {
+    match error {
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error))
+        | DbErr::Query(sea_orm::RuntimeErr::SqlxError(error)) => sqlx_refuses_value(error),
+        _ => false,
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+fn sqlx_refuses_value(error: &sea_orm::sqlx::Error) -> bool {
+    if let sea_orm::sqlx::Error::Database(error) = error {
         #[cfg(feature = "mysql")]
         if let Some(error) = error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>() {
             // Data too long, incorrect string value, packet too large, row size too large, a
