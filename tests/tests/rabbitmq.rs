@@ -1916,3 +1916,59 @@ where
         .start()
         .await
 }
+
+/// A message requeued uncounted on a quorum queue goes back as a fresh copy through the default
+/// exchange. Dead-lettered later, it is still routed by the key it was published with (the
+/// operator's direct dead-letter exchange has a queue for that key only), and its dead-letter
+/// copy names the exchange and routing key it first came by, for a resubmission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fresh_copy_is_dead_lettered_by_the_route_it_first_came_by() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let (queue, dlx, dlq, orders) = (
+        unique("idem_ops_qq"),
+        unique("idem_ops_qq_dlx"),
+        unique("idem_ops_qq_dlq"),
+        unique("idem_ops_orders"),
+    );
+    broker.declare_exchange(&orders, ExchangeKind::Direct).await;
+    broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
+    broker.declare_queue(&dlq, &[]).await;
+    broker.bind(&dlq, &dlx, "placed").await;
+    broker
+        .declare_quorum_queue(&queue, &[("x-dead-letter-exchange", dlx.as_str())], 20)
+        .await;
+    broker.bind(&queue, &orders, "placed").await;
+    // Each copy fails for good once it runs; while one runs (1.5 s), the other is requeued.
+    let mut handler = Recorder::new(&db, &effects, "mailer")
+        .two_phase(Duration::from_secs(30))
+        .slow(Duration::from_millis(1500))
+        .keyed_by_message_id();
+    handler.permanent = true;
+    handler.fail_next(2);
+    let consumer = start(&inbox, QueueTopology::existing(&queue, &dlx), handler).await;
+    let producer = Publisher::connect(amqp_url()).await.unwrap();
+    for _ in 0..2 {
+        producer
+            .publish(&orders, "placed", &Msg::new("mail-1", "hi"), with_id("m-1"))
+            .await
+            .unwrap();
+    }
+    broker
+        .eventually("both copies dead-lettered", WAIT, || async {
+            consumer.stats().dead_lettered == 2
+        })
+        .await;
+    let stats = consumer.stats();
+    assert!(stats.requeued > 0, "{stats:?}");
+    assert_eq!(stats.dead_letter_failed, 0, "{stats:?}");
+    let letters = broker.drain(&dlq).await;
+    assert_eq!(letters.len(), 2);
+    for letter in &letters {
+        assert_eq!(letter.reason(), "handler-permanent-error");
+        let header = |name: &str| letter.headers.get(name).map(String::as_str);
+        assert_eq!(header(headers::EXCHANGE), Some(orders.as_str()));
+        assert_eq!(header(headers::ROUTING_KEY), Some("placed"));
+    }
+    consumer.shutdown().await;
+}
