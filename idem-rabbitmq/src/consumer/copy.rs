@@ -5,24 +5,74 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::message::Delivery;
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 
+use super::settle::headers;
 use crate::confirm::{ConfirmChannel, NotTaken};
 
 /// How long a copy may wait for the broker's confirm; past it, the copy counts as not taken.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The original's headers without the broker's delivery count, which belongs to the original: a
-/// copy starts afresh.
-pub(crate) fn headers_of(delivery: &Delivery) -> FieldTable {
+/// The original's headers without the broker's delivery count, which belongs to the original
+/// (a copy starts afresh), without sender-selected destinations (`CC`, `BCC`), which would send
+/// the copy to their queues too, and without `dropped`.
+pub(crate) fn headers_of(delivery: &Delivery, dropped: &[&str]) -> FieldTable {
     let mut headers = delivery
         .properties
         .headers()
         .as_ref()
         .map(|table| table.inner().clone())
         .unwrap_or_default();
-    headers.remove("x-delivery-count");
+    for name in ["x-delivery-count", "CC", "BCC"].iter().chain(dropped) {
+        headers.remove(*name);
+    }
     FieldTable::from(headers)
+}
+
+/// Where a message was first published: an exchange and a routing key.
+pub(crate) struct Route {
+    pub(crate) exchange: String,
+    pub(crate) routing_key: String,
+}
+
+/// The route `delivery` first came by: its own, unless it came through the default exchange to
+/// `queue` with a route noted in its headers (a fresh copy of an uncounted requeue, or a letter
+/// moved back to the queue).
+pub(crate) fn first_route(delivery: &Delivery, queue: &str) -> Route {
+    let noted = |name: &str| match delivery.properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongString(value) => {
+            Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
+        }
+        AMQPValue::ShortString(value) => Some(value.as_str().to_owned()),
+        _ => None,
+    };
+    if delivery.exchange.as_str().is_empty()
+        && delivery.routing_key.as_str() == queue
+        && let (Some(exchange), Some(routing_key)) =
+            (noted(headers::EXCHANGE), noted(headers::ROUTING_KEY))
+    {
+        return Route {
+            exchange,
+            routing_key,
+        };
+    }
+    Route {
+        exchange: delivery.exchange.to_string(),
+        routing_key: delivery.routing_key.to_string(),
+    }
+}
+
+/// Notes `route` in a copy's `headers`.
+pub(crate) fn note_route(headers: &mut FieldTable, route: &Route) {
+    for (name, value) in [
+        (headers::EXCHANGE, &route.exchange),
+        (headers::ROUTING_KEY, &route.routing_key),
+    ] {
+        headers.insert(
+            ShortString::from(name),
+            AMQPValue::LongString(value.as_str().into()),
+        );
+    }
 }
 
 /// The properties of a copy: the original's, persistent, with `headers`, without its `user_id`

@@ -29,6 +29,12 @@ pub mod headers {
     pub const QUEUE: &str = "x-idem-queue";
     /// How many deliveries the message had.
     pub const DELIVERIES: &str = "x-idem-deliveries";
+    /// The exchange the message was first published to; also on the fresh copies a quorum
+    /// queue's uncounted requeues put back through the default exchange.
+    pub const EXCHANGE: &str = "x-idem-exchange";
+    /// The routing key it was first published with, which its dead-letter copy is routed by
+    /// (unless the queue names a dead-letter routing key).
+    pub const ROUTING_KEY: &str = "x-idem-routing-key";
 }
 
 /// What processing decided for a delivery.
@@ -255,7 +261,8 @@ impl Settler<'_> {
     /// reach the broker, both copies are delivered, and the inbox recognises the second.)
     async fn requeue(&self, delivery: &Delivery, failed: bool) -> Settled {
         if !failed && self.quorum {
-            let headers = copy::headers_of(delivery);
+            let mut headers = copy::headers_of(delivery, &[]);
+            copy::note_route(&mut headers, &copy::first_route(delivery, self.queue));
             let properties = copy::properties_of(&delivery.properties, headers, true);
             match copy::publish(self.publisher, delivery, "", self.queue, properties).await {
                 Ok(()) => {
@@ -315,7 +322,10 @@ impl Settler<'_> {
             key,
             "dead-lettering message"
         );
-        let mut table = copy::headers_of(delivery);
+        // A message resubmitted from the dead-letter queue carries its earlier letter's key.
+        let mut table = copy::headers_of(delivery, &[headers::KEY]);
+        let route = copy::first_route(delivery, self.queue);
+        copy::note_route(&mut table, &route);
         let mut text = |name: &str, value: &str| {
             table.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
         };
@@ -335,7 +345,7 @@ impl Settler<'_> {
         let properties = copy::properties_of(&delivery.properties, table, false);
         let routing_key = self
             .dead_letter_routing_key
-            .unwrap_or(delivery.routing_key.as_str());
+            .unwrap_or(route.routing_key.as_str());
         let published = copy::publish(
             self.publisher,
             delivery,
