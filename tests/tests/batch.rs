@@ -33,6 +33,13 @@ mod provisioned {
     }
 }
 
+mod deferred_constraint {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_commit_a_deferred_constraint_refuses_fails_only_its_message().await
+    }
+}
+
 mod unrelated_lock {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn mysql() {
@@ -68,7 +75,8 @@ const CONSUMER: &str = "batch";
 
 /// A handler whose message body says what it does after writing its effect: `ok`, `fail`,
 /// `panic`, `swallow` (a failed statement it ignores), `rollback` (a `ROLLBACK` it ignores, as
-/// a swallowed MySQL deadlock would be), `big` (an output of 200 characters).
+/// a swallowed MySQL deadlock would be), `big` (an output of 200 characters), `once-…` (the body
+/// inserted into the table `<effects>_once`).
 #[derive(Debug, Clone)]
 struct Scripted {
     effects: String,
@@ -138,6 +146,12 @@ impl Handler for Scripted {
                 Err(ScriptError("failing after committing on its own".into()))
             }
             "big" => Ok("x".repeat(200)),
+            once if once.starts_with("once-") => {
+                // A value a constraint checked at the commit may refuse.
+                let sql = format!("INSERT INTO {}_once (v) VALUES ('{once}')", self.effects);
+                tx.execute_unprepared(&sql).await?;
+                Ok(msg.body)
+            }
             _ => Ok(format!("did {}", msg.body)),
         }
     }
@@ -792,4 +806,49 @@ async fn lost_mid_batch(backend: Backend, checks: BatchChecks) {
         "{results:?}"
     );
     assert_eq!(db.count(&effects, "1=1").await, 4);
+}
+
+/// A constraint checked at the commit (PostgreSQL's `DEFERRABLE INITIALLY DEFERRED`) refuses
+/// what one handler of the batch wrote: the commit fails for the whole batch, and only each
+/// message's own commit tells whose write it was. That message fails alone; the others commit.
+async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message() {
+    let (db, inbox, effects) = setup(Backend::Postgres).await;
+    let once = format!("{effects}_once");
+    db.exec(&format!(
+        "CREATE TABLE {once} (v TEXT, CONSTRAINT {once}_v UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)"
+    ))
+    .await;
+    db.exec(&format!("INSERT INTO {once} (v) VALUES ('once-taken')"))
+        .await;
+    let handler = Scripted::new(&effects);
+    let results = inbox
+        .process_batch(
+            &handler,
+            vec![
+                item("a", "once-a"),
+                item("b", "once-taken"),
+                item("c", "once-c"),
+            ],
+        )
+        .await;
+    db.exec(&format!("DROP TABLE {once}")).await;
+    let settle: Vec<&str> = results
+        .iter()
+        .map(|result| match result {
+            Ok(Outcome::Processed(_)) => "processed",
+            Ok(Outcome::Duplicate(_)) => "duplicate",
+            Err(error) => error.code(),
+        })
+        .collect();
+    assert_eq!(settle, ["processed", "database-error", "processed"]);
+    for (key, effect) in [("a", 1), ("b", 0), ("c", 1)] {
+        assert_eq!(effects_of(&db, &effects, key).await, effect, "{key}");
+    }
+    assert!(
+        inbox
+            .lookup(&inbox_key(CONSUMER, "b"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
