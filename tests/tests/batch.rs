@@ -828,6 +828,8 @@ async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message() {
                 item("a", "once-a"),
                 item("b", "once-taken"),
                 item("c", "once-c"),
+                // A failing handler: the others run again with a savepoint each.
+                item("d", "fail"),
             ],
         )
         .await;
@@ -840,8 +842,11 @@ async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message() {
             Err(error) => error.code(),
         })
         .collect();
-    assert_eq!(settle, ["processed", "database-error", "processed"]);
-    for (key, effect) in [("a", 1), ("b", 0), ("c", 1)] {
+    assert_eq!(
+        settle,
+        ["processed", "database-error", "processed", "handler-error"]
+    );
+    for (key, effect) in [("a", 1), ("b", 0), ("c", 1), ("d", 0)] {
         assert_eq!(effects_of(&db, &effects, key).await, effect, "{key}");
     }
     assert!(

@@ -588,7 +588,19 @@ impl Inbox {
             roll_back_broken(tx).await?;
             return Ok(Tried::HandlerFailed);
         }
-        tx.commit().await.map_err(Lost::Database)?;
+        if let Err(error) = tx.commit().await {
+            if classify(&error) != Failure::Refused {
+                return Err(Lost::Database(error));
+            }
+            // A constraint checked at the commit refused what a handler wrote; nothing is
+            // committed, and only each message's own commit tells whose write it was.
+            for lead in leads.iter_mut() {
+                if matches!(lead.fate, Fate::Processed(..)) {
+                    lead.fate = Fate::Deferred;
+                }
+            }
+            return Ok(Tried::Ended);
+        }
         let staged = leads
             .iter()
             .filter(|lead| matches!(lead.fate, Fate::Processed(..)))
@@ -1048,8 +1060,14 @@ async fn run_fresh<H: Handler>(
     lead: &mut Lead<H::Message, H::Output>,
     metadata: &Metadata,
     outbox: Option<&Outbox>,
-) -> Result<bool, Lost> {
-    let message = lead.message.take().expect("a fresh message runs once");
+) -> Result<bool, Lost>
+where
+    H::Message: Clone,
+{
+    let message = lead
+        .message
+        .clone()
+        .expect("a fresh message is kept until it commits");
     let failure = match handle(handler, tx, &lead.key, metadata, outbox, message).await {
         Ok(handled) => {
             lead.processed(handled);
