@@ -955,3 +955,43 @@ async fn a_completion_that_times_out_is_retried_not_dead_lettered() {
     assert_eq!(processed, Outcome::Processed("a short output".to_owned()));
     assert_eq!(db.count(&effects, "1=1").await, 1);
 }
+
+/// A two-phase completion refused once for a reason of the database's own (a statement
+/// cancelled, here by a trigger on its first run) is tried again, and the record completes with
+/// its output: the output is not dropped, nor the message dead-lettered as one that cannot be
+/// stored. PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_two_phase_completion_refused_once_is_tried_again_with_its_output() {
+    let (db, inbox, effects) = setup(Backend::Postgres).await;
+    let table = inbox.table().as_str().to_owned();
+    let function = format!("{table}_once");
+    db.exec(&format!("CREATE SEQUENCE {function}")).await;
+    db.exec(&format!(
+        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         IF NEW.status = 'completed' AND nextval('{function}') = 1 THEN \
+         RAISE EXCEPTION 'cancelled once' USING ERRCODE = '57014'; END IF; RETURN NEW; END $$"
+    ))
+    .await;
+    db.exec(&format!(
+        "CREATE TRIGGER {function} BEFORE UPDATE ON {table} FOR EACH ROW \
+         EXECUTE FUNCTION {function}()"
+    ))
+    .await;
+    let handler = Recorder::new(&db, &effects, "once").two_phase(Duration::from_secs(30));
+    let outcome = inbox
+        .process(&handler, Msg::new("once-1", "x"), &meta())
+        .await;
+    db.exec(&format!("DROP TRIGGER {function} ON {table}"))
+        .await;
+    db.exec(&format!("DROP FUNCTION {function}()")).await;
+    db.exec(&format!("DROP SEQUENCE {function}")).await;
+    assert!(matches!(outcome, Ok(Outcome::Processed(_))), "{outcome:?}");
+    let record = inbox
+        .lookup(&inbox_key("once", "once-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert!(record.output.is_some());
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
