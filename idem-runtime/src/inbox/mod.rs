@@ -417,8 +417,9 @@ impl Inbox {
 }
 
 /// Completes a two-phase claim, retrying a failure that may pass (the database unreachable or
-/// contended) a few times: a claim left in progress would make a redelivery wait out the lease
-/// and repeat the side effect. A refused statement is not retried.
+/// contended, or refused for a reason of its own such as a statement timeout) a few times: a
+/// claim left in progress would make a redelivery wait out the lease and repeat the side
+/// effect. A refused value is not retried.
 async fn complete_with_retries(
     store: &Store,
     db: &DatabaseConnection,
@@ -432,7 +433,7 @@ async fn complete_with_retries(
             .complete(db, request.key, token, output, request.retention)
             .await
         {
-            Err(error) if attempt < COMPLETE_ATTEMPTS && classify(&error) != Failure::Refused => {
+            Err(error) if attempt < COMPLETE_ATTEMPTS && !refuses_value(&error) => {
                 tracing::warn!(%error, attempt, "completing the claim failed; retrying");
                 tokio::time::sleep(COMPLETE_BACKOFF.after(attempt)).await;
                 attempt += 1;
