@@ -58,7 +58,8 @@ impl fmt::Display for NotTaken {
 /// lapin hands a message the broker returned to whichever confirm it completes next (see
 /// [`Sent`]): with two publishes in flight, a copy the broker returned could pass for taken (its
 /// original acked, the message lost) and a copy taken for returned. With one in flight, the
-/// return that comes with a confirm is that publish's own.
+/// return that comes with a confirm is that publish's own. A publish whose confirm did not come
+/// in time keeps the turn until the broker has confirmed it, or the channel is gone.
 #[derive(Debug, Clone)]
 pub(crate) struct ConfirmChannel {
     channel: Channel,
@@ -80,7 +81,7 @@ impl ConfirmChannel {
     }
 
     /// Publishes `payload` with `properties` to `exchange`, `mandatory`, once the publishes
-    /// before it are confirmed, and waits at most `wait` for the broker's confirm.
+    /// before it are confirmed, and waits for the broker's confirm: `wait` at most in all.
     pub(crate) async fn publish(
         &self,
         exchange: &str,
@@ -89,17 +90,35 @@ impl ConfirmChannel {
         properties: BasicProperties,
         wait: Duration,
     ) -> Result<(), NotTaken> {
-        let _turn = self.turn.lock().await;
+        let deadline = Instant::now() + wait;
+        let turn = Arc::clone(&self.turn).lock_owned();
+        let Ok(turn) = tokio::time::timeout_at(deadline, turn).await else {
+            return Err(NotTaken::NoConfirm(wait));
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
         let sent = send(
             &self.channel,
             exchange,
             routing_key,
             payload,
             properties,
-            wait,
-        )
-        .await?;
-        confirmed(sent).await
+            left,
+        );
+        let taken = match sent.await {
+            Ok(sent) => confirmed(sent).await,
+            Err(problem) => Err(problem),
+        };
+        if let Err(NotTaken::NoConfirm(_)) = taken {
+            // The publish may still be confirmed, with a return that lapin would hand to the
+            // next publish's confirm: the turn waits for it.
+            let channel = self.channel.clone();
+            tokio::spawn(async move {
+                let _returned = channel.wait_for_confirms().await;
+                drop(turn);
+            });
+            return Err(NotTaken::NoConfirm(wait));
+        }
+        taken
     }
 }
 

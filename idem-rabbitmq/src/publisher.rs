@@ -87,6 +87,11 @@ impl PublishOptions {
 /// silent loss. A publish whose confirm does not come in time, is negative, or whose channel
 /// fails is retried with the *same* message id, so that consumers can recognise the copies.
 ///
+/// The publishes of one `Publisher` take turns, each awaiting its confirm before the next is
+/// sent, so that a message the broker returns is told to its own publish; for more publishes in
+/// parallel, use several publishers (for many messages at once, idem's outbox relay pipelines
+/// its confirms).
+///
 /// ```no_run
 /// # async fn demo() -> Result<(), idem_rabbitmq::Error> {
 /// use idem_rabbitmq::{PublishOptions, Publisher};
