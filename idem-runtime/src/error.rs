@@ -189,7 +189,7 @@ pub enum Error {
     },
     /// The inbox database could not be reached or cannot take writes: no connection, a
     /// connection lost, no pooled connection free in time, the server shutting down, a server
-    /// in read-only mode (a standby, a failover's demoted primary), out of disk or memory.
+    /// in read-only mode (a standby, a failover's demoted primary), out of disk.
     /// Requeued without counting against the message's delivery limit: the message is not at
     /// fault.
     #[error("inbox database unreachable: {0}")]

@@ -63,7 +63,7 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                     // Server shutdown, connection killed; no writes taken (`read_only`, a
                     // read-only transaction or server mode: a failover's demoted primary); out
                     // of disk.
-                    1053 | 1927 | 1290 | 1792 | 1836 | 1021 | 1114 => Failure::Unreachable,
+                    1053 | 1927 | 1290 | 1792 | 1836 | 1021 => Failure::Unreachable,
                     1213 => Failure::Deadlock,
                     1205 => Failure::LockTimeout,
                     _ => Failure::Refused,
@@ -98,10 +98,9 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                 code if code.starts_with("08") => Failure::Unreachable,
                 "57P01" | "57P02" | "57P03" | "25P03" => Failure::Unreachable,
                 // No writes taken: a read-only transaction (a standby, a failover's demoted
-                // primary); insufficient resources (class 53: disk full, out of memory, too
-                // many connections).
-                "25006" => Failure::Unreachable,
-                code if code.starts_with("53") => Failure::Unreachable,
+                // primary), a full disk, no connection slot left. (Other insufficient
+                // resources, such as too many locks, come from the statement itself.)
+                "25006" | "53100" | "53300" => Failure::Unreachable,
                 _ => Failure::Refused,
             }
         }
