@@ -15,6 +15,7 @@ use sea_orm::{
 
 use super::statements::READ_COLUMNS;
 use super::{Row, Status, Store, opt_text, text};
+use crate::MAX_BATCH;
 use crate::clock::duration_ms;
 use crate::fingerprint::Fingerprint;
 use crate::key::{ConsumerName, MessageKey};
@@ -338,14 +339,15 @@ impl Store {
     ) -> Result<u64, DbErr> {
         let tx = db.begin().await?;
         let rows = tx.query_all_raw(select).await?;
+        let t = self.dialect.quote(self.table.as_str());
         let mut deleted = 0;
-        if !rows.is_empty() {
+        // A statement binds at most 65 535 values.
+        for rows in rows.chunks(MAX_BATCH) {
             let mut values = Vec::with_capacity(rows.len() * 2);
-            for row in &rows {
+            for row in rows {
                 values.push(text(&self.read_key(row, 0)?));
                 values.push(text(&self.read_key(row, 1)?));
             }
-            let t = self.dialect.quote(self.table.as_str());
             let mut keys = String::from("(SELECT ? AS c, ? AS k");
             keys.push_str(&" UNION ALL SELECT ?, ?".repeat(rows.len() - 1));
             keys.push(')');
@@ -354,7 +356,7 @@ impl Store {
                  ON r.consumer = v.c AND r.message_key = v.k",
                 self.key_index_hint()
             );
-            deleted = tx
+            deleted += tx
                 .execute_raw(self.statement(&sql, values))
                 .await?
                 .rows_affected();
