@@ -794,6 +794,23 @@ impl Handler for Gated {
     }
 }
 
+/// Waits until a statement of the test's database whose text holds `text` waits for a lock
+/// (PostgreSQL).
+async fn waits_for_a_lock(db: &TestDb, text: &str) {
+    let filter = format!(
+        "wait_event_type = 'Lock' AND query LIKE '%{}%'",
+        text.replace('\'', "''")
+    );
+    let started = Instant::now();
+    while db.count("pg_stat_activity", &filter).await == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no statement with {text:?} waits for a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A worker whose lease ran out completes; a second worker, which read the record before that
 /// completion and found the lease run out, must not reopen the completed record and run the
 /// handler again. PostgreSQL only: its claim reads the record without a lock, so the takeover's
@@ -828,14 +845,14 @@ async fn a_takeover_never_reopens_a_record_completed_while_it_waited() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // The first worker's handler returns: its completion waits for the lock.
     handler.go_on.notify_one();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    waits_for_a_lock(&db, "status = 'completed'").await;
     // A second worker reads the record, finds the lease run out, and tries to take the message
     // over: its takeover waits for the lock, behind the completion.
     let second = {
         let (inbox, handler, msg) = (inbox.clone(), handler.clone(), msg.clone());
         tokio::spawn(async move { inbox.process(&handler, msg, &Metadata::default()).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    waits_for_a_lock(&db, "SET status = $").await;
     locker.rollback().await.unwrap();
 
     let first = first.await.unwrap();
