@@ -62,7 +62,9 @@ pub(crate) struct Settings {
 /// Dead-lettering publishes a copy to the queue's dead-letter exchange with the headers in
 /// [`headers`] (`x-idem-reason`, `x-idem-detail`, `x-idem-consumer`, `x-idem-key`, ...) and the
 /// routing key the broker would use (the queue's
-/// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key), else the message's own),
+/// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key), else the message's own:
+/// the one it was first published with, which a quorum queue's fresh copies carry in
+/// `x-idem-routing-key`),
 /// waits for the broker's confirm, then acknowledges the original; a copy the broker does not
 /// take leaves the original requeued, paced by
 /// [`dead_letter_retry`](ConsumerBuilder::dead_letter_retry) and counted as
