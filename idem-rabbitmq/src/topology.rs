@@ -454,7 +454,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quorum_queues_carry_type_dead_letter_exchange_and_limit() {
+    fn queues_carry_their_type_and_quorum_ones_dead_letter_exchange_and_limit() {
         let args = QueueTopology::quorum("q").delivery_limit(7).arguments();
         let args = args.inner();
         assert_eq!(
@@ -473,11 +473,12 @@ mod tests {
             args.get("x-dead-letter-strategy"),
             Some(&AMQPValue::LongString("at-least-once".into()))
         );
-        assert!(
-            !QueueTopology::classic("q")
+        assert_eq!(
+            QueueTopology::classic("q")
                 .arguments()
                 .inner()
-                .contains_key("x-queue-type")
+                .get("x-queue-type"),
+            Some(&AMQPValue::LongString("classic".into()))
         );
     }
 
