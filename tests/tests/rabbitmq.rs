@@ -1780,22 +1780,7 @@ async fn shutdown_requeues_a_message_in_back_off_at_once() {
 async fn dead_letter_copies_in_flight_together_are_each_told_their_own_fate() {
     let broker = TestBroker::connect().await;
     let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
-    let (queue, dlx, dlq, orders) = (
-        unique("idem_ops_routed"),
-        unique("idem_ops_routed_dlx"),
-        unique("idem_ops_routed_dlq"),
-        unique("idem_ops_orders"),
-    );
-    broker.declare_exchange(&orders, ExchangeKind::Direct).await;
-    broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
-    broker.declare_queue(&dlq, &[]).await;
-    // Dead letters keep their routing key: only those of placed orders have a queue.
-    broker.bind(&dlq, &dlx, "placed").await;
-    broker
-        .declare_queue(&queue, &[("x-dead-letter-exchange", dlx.as_str())])
-        .await;
-    broker.bind(&queue, &orders, "placed").await;
-    broker.bind(&queue, &orders, "cancelled").await;
+    let (queue, dlx, dlq, orders) = ops_orders_layout(&broker, false).await;
     let producer = Publisher::connect(amqp_url()).await.unwrap();
     const EACH: usize = 60;
     for i in 0..EACH {
@@ -1925,20 +1910,7 @@ where
 async fn a_fresh_copy_is_dead_lettered_by_the_route_it_first_came_by() {
     let broker = TestBroker::connect().await;
     let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
-    let (queue, dlx, dlq, orders) = (
-        unique("idem_ops_qq"),
-        unique("idem_ops_qq_dlx"),
-        unique("idem_ops_qq_dlq"),
-        unique("idem_ops_orders"),
-    );
-    broker.declare_exchange(&orders, ExchangeKind::Direct).await;
-    broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
-    broker.declare_queue(&dlq, &[]).await;
-    broker.bind(&dlq, &dlx, "placed").await;
-    broker
-        .declare_quorum_queue(&queue, &[("x-dead-letter-exchange", dlx.as_str())], 20)
-        .await;
-    broker.bind(&queue, &orders, "placed").await;
+    let (queue, dlx, dlq, orders) = ops_orders_layout(&broker, true).await;
     // Each copy fails for good once it runs; while one runs (1.5 s), the other is requeued.
     let mut handler = Recorder::new(&db, &effects, "mailer")
         .two_phase(Duration::from_secs(30))
@@ -1971,4 +1943,31 @@ async fn a_fresh_copy_is_dead_lettered_by_the_route_it_first_came_by() {
         assert_eq!(header(headers::ROUTING_KEY), Some("placed"));
     }
     consumer.shutdown().await;
+}
+
+/// An operator's layout: a direct exchange of orders routing `placed` and `cancelled` to a work
+/// queue (quorum if `quorum`, with a delivery limit of 20), whose direct dead-letter exchange
+/// keeps the routing key and has a queue for `placed` only. Returns the work queue, the
+/// dead-letter exchange, the dead-letter queue and the exchange of orders.
+async fn ops_orders_layout(broker: &TestBroker, quorum: bool) -> (String, String, String, String) {
+    let (queue, dlx, dlq, orders) = (
+        unique("idem_ops_routed"),
+        unique("idem_ops_routed_dlx"),
+        unique("idem_ops_routed_dlq"),
+        unique("idem_ops_orders"),
+    );
+    broker.declare_exchange(&orders, ExchangeKind::Direct).await;
+    broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
+    broker.declare_queue(&dlq, &[]).await;
+    broker.bind(&dlq, &dlx, "placed").await;
+    let arguments = [("x-dead-letter-exchange", dlx.as_str())];
+    if quorum {
+        broker.declare_quorum_queue(&queue, &arguments, 20).await;
+    } else {
+        broker.declare_queue(&queue, &arguments).await;
+    }
+    for key in ["placed", "cancelled"] {
+        broker.bind(&queue, &orders, key).await;
+    }
+    (queue, dlx, dlq, orders)
 }

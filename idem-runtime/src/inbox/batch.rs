@@ -885,10 +885,7 @@ impl Unguarded<'_> {
     where
         H::Message: Clone,
     {
-        let message = lead
-            .message
-            .clone()
-            .expect("a fresh message is kept until it commits");
+        let message = lead.message_copy();
         let ran = handle(handler, self.tx, &lead.key, metadata, self.outbox, message).await;
         let (failure, checked) = match ran {
             Err(failure) if failure.is_store_unavailable() => return Err(lost_database()),
@@ -948,6 +945,17 @@ struct Handled<T> {
 }
 
 impl<M, T> Lead<M, T> {
+    /// A copy of the message for its handler: the message is kept until it commits, for the
+    /// batch may run again, or leave it to the per-message path.
+    fn message_copy(&self) -> M
+    where
+        M: Clone,
+    {
+        self.message
+            .clone()
+            .expect("a fresh message is kept until it commits")
+    }
+
     fn processed(&mut self, handled: Handled<T>) {
         self.staged = handled.staged;
         self.fate = Fate::Processed(handled.output, handled.stored);
@@ -1064,10 +1072,7 @@ async fn run_fresh<H: Handler>(
 where
     H::Message: Clone,
 {
-    let message = lead
-        .message
-        .clone()
-        .expect("a fresh message is kept until it commits");
+    let message = lead.message_copy();
     let failure = match handle(handler, tx, &lead.key, metadata, outbox, message).await {
         Ok(handled) => {
             lead.processed(handled);
