@@ -92,6 +92,13 @@ async fn setup(backend: Backend) -> (TestDb, Inbox, Outbox, String) {
 
 async fn setup_with(backend: Backend, retention: Duration) -> (TestDb, Inbox, Outbox, String) {
     let db = TestDb::connect(backend).await;
+    let (inbox, outbox) = inbox_and_outbox(&db, retention).await;
+    let effects = db.effects_table().await;
+    (db, inbox, outbox, effects)
+}
+
+/// An inbox on fresh tables of `db`, staging in an outbox that keeps sent messages `retention`.
+async fn inbox_and_outbox(db: &TestDb, retention: Duration) -> (Inbox, Outbox) {
     let outbox = Outbox::builder(db.db.clone())
         .table(db.table("outbox"))
         .retention(retention)
@@ -104,8 +111,7 @@ async fn setup_with(backend: Backend, retention: Duration) -> (TestDb, Inbox, Ou
         .build()
         .await
         .expect("inbox builds");
-    let effects = db.effects_table().await;
-    (db, inbox, outbox, effects)
+    (inbox, outbox)
 }
 
 async fn pending_ids(outbox: &Outbox) -> Vec<String> {
@@ -432,17 +438,7 @@ async fn mysql_a_latin1_database_stages_any_text() {
     let url = Backend::MySql.url("");
     let (server_url, _) = url.rsplit_once('/').expect("a database in the URL");
     let db = TestDb::connect_url(Backend::MySql, format!("{server_url}/{database}"), 4).await;
-    let outbox = Outbox::builder(db.db.clone())
-        .table(db.table("outbox"))
-        .build()
-        .await
-        .expect("outbox builds");
-    let inbox = Inbox::builder(db.db.clone())
-        .table(db.table("inbox"))
-        .outbox(outbox.clone())
-        .build()
-        .await
-        .expect("inbox builds");
+    let (inbox, outbox) = inbox_and_outbox(&db, Duration::from_secs(3600)).await;
     let staged = inbox
         .process(&Relabel, Msg::new("заказ-42", "x"), &meta())
         .await
