@@ -8,9 +8,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::sea_orm::{DatabaseTransaction, DbErr, TransactionTrait};
+use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::{
-    BatchItem, Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
+    BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
     Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, derived_id, idempotent,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
@@ -485,4 +485,48 @@ impl Handler for Relabel {
             .header("order", msg.id.as_str());
         cx.stage(event).await
     }
+}
+
+/// A handler that carries on after MariaDB rolled its transaction back (a deadlock it
+/// swallowed, here its own `ROLLBACK`), then stages an event.
+#[derive(Debug)]
+struct StagesAfterRollback;
+
+impl Handler for StagesAfterRollback {
+    type Message = Msg;
+    type Output = String;
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        CONSUMER
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(&self, _: &Msg, _: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(None)
+    }
+    async fn handle(&self, cx: &Context<'_>, _: Msg) -> Result<String, DbErr> {
+        let tx = cx.transaction().expect("transactional");
+        let _swallowed = tx.execute_unprepared("ROLLBACK").await;
+        let event = OutboxMessage::new("billing.events", "invoice.issued", b"{}".to_vec());
+        let _swallowed_too = cx.stage(event).await;
+        Ok("done".to_owned())
+    }
+}
+
+/// On MariaDB, statements after a rolled-back transaction commit on their own: an event staged
+/// after the handler's transaction was lost must not be, or the relay would publish an event
+/// of an effect that never committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_nothing_is_staged_once_the_handlers_transaction_is_lost() {
+    let (_db, inbox, outbox, _effects) = setup(Backend::MySql).await;
+    let result = inbox
+        .process(&StagesAfterRollback, Msg::new("lost-1", "x"), &meta())
+        .await;
+    assert!(
+        matches!(result, Err(Error::TransactionAborted { .. })),
+        "{result:?}"
+    );
+    assert!(pending_ids(&outbox).await.is_empty(), "an event was staged");
 }
