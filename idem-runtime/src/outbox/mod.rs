@@ -142,7 +142,15 @@ impl Outbox {
         let columns =
             "message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
         let values = format!("?, ?, ?, ?, ?, ?, ?, {now}");
+        // A handler run's staging only while its transaction is open: MariaDB rolls the whole
+        // transaction back on a deadlock, and a handler that swallowed it would stage an event,
+        // committed on its own, of an effect that never was.
+        let in_run = origin.is_some() && self.inner.dialect.tells_open_transaction();
         let sql = match self.backend() {
+            DbBackend::MySql if in_run => format!(
+                "INSERT INTO {t} ({columns}) SELECT {values} FROM DUAL \
+                 WHERE @@in_transaction = 1 ON DUPLICATE KEY UPDATE seq = seq"
+            ),
             // Not `INSERT IGNORE`, which would also store a value too long for its column
             // truncated, with a warning.
             DbBackend::MySql => format!(
@@ -161,7 +169,14 @@ impl Outbox {
             Value::from(message.payload.clone()),
             Value::from(origin.map(str::to_owned)),
         ];
-        conn.execute_raw(self.statement(&sql, values)).await?;
+        let staged = conn.execute_raw(self.statement(&sql, values)).await?;
+        if in_run && staged.rows_affected() == 0 {
+            return Err(DbErr::Custom(
+                "nothing staged: the handler's transaction is no longer open (the database \
+                 rolled it back, after a deadlock)"
+                    .to_owned(),
+            ));
+        }
         if notify && self.backend() == DbBackend::Postgres {
             // Delivered to listening relays when the transaction commits; never if it rolls back.
             let notify = "SELECT pg_notify(?, '')";
