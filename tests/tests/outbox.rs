@@ -335,6 +335,18 @@ async fn sent_messages_are_deleted_after_their_retention(backend: Backend) {
     // The four sent rows are gone; the two unsent stay, however old.
     assert_eq!(db.count(outbox.table().as_str(), "1=1").await, 2);
     assert_eq!(pending_ids(&outbox).await.len(), 2);
+
+    // A service that stages without an inbox deletes its sent rows itself.
+    let tx = db.db.begin().await.unwrap();
+    let message = OutboxMessage::new("orders", "order.placed", b"{}".to_vec());
+    outbox.stage(&tx, message).await.unwrap();
+    tx.commit().await.unwrap();
+    let batch = outbox.take_pending(4).await.unwrap();
+    let seqs: Vec<i64> = batch.messages().iter().map(|m| m.seq).collect();
+    batch.mark_sent(&seqs).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(outbox.delete_sent(100).await.unwrap(), 3);
+    assert_eq!(db.count(outbox.table().as_str(), "1=1").await, 0);
 }
 
 /// A two-phase handler that asks for two downstream keys, recording them, and hangs on its

@@ -241,8 +241,14 @@ impl Outbox {
         self.inner.retention
     }
 
-    /// Deletes at most `limit` rows sent longer than the retention ago; returns how many.
-    pub(crate) async fn delete_sent(&self, limit: u32) -> Result<u64, DbErr> {
+    /// Deletes at most `limit` messages sent longer than the [retention](Outbox::retention)
+    /// ago; returns how many. An inbox's cleaner does it for its outbox; a service that stages
+    /// without an inbox calls it now and then (until it deletes fewer than `limit`).
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn delete_sent(&self, limit: u32) -> Result<u64, DbErr> {
         let t = self.quoted();
         let now = self.inner.dialect.now_ms();
         let sql = match self.backend() {
