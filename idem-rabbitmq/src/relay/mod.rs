@@ -72,7 +72,8 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 ///   process dies are published again by the next relay.
 ///
 /// The relay needs no inbox. It uses one connection of the outbox's pool for each batch, and a
-/// second one on PostgreSQL for `LISTEN`.
+/// second one on PostgreSQL for `LISTEN`. Without an inbox, whose cleaner deletes the sent
+/// messages, call [`Outbox::delete_sent`](idem_runtime::Outbox::delete_sent) now and then.
 ///
 /// # Metrics
 ///
