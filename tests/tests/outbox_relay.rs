@@ -60,6 +60,11 @@ mod postgres_only {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only() {
+        super::a_message_to_a_missing_exchange_holds_back_its_own_run_only().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_database_outage_is_ridden_out_and_listening_resumes() {
         super::a_database_outage_is_ridden_out_and_listening_resumes(Backend::Postgres).await
     }
@@ -786,6 +791,32 @@ async fn an_unroutable_message_holds_back_its_own_run_only() {
     let stats = relay.shutdown().await;
     assert_eq!(stats.published, 5, "{stats:?}");
     assert_eq!(f.unsent().await, 0);
+}
+
+/// A message to an exchange that does not exist: the broker closes the channel it was published
+/// on, and every publish in flight on it fails. That message is found and held back with its run
+/// (the messages staged outside handlers); the other runs all go out.
+async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only() {
+    let f = Fixture::new(Backend::Postgres).await;
+    let tx = f.db.db.begin().await.unwrap();
+    let nowhere = OutboxMessage::new(unique("idem_no_such_exchange"), ROUTED, b"{}".to_vec());
+    f.outbox.stage(&tx, nowhere).await.unwrap();
+    tx.commit().await.unwrap();
+    let runs: Vec<String> = (0..20).map(|i| format!("r{i:02}")).collect();
+    for run in &runs {
+        f.stage(run, 1).await;
+    }
+    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+        .start()
+        .await
+        .unwrap();
+    let mut got = ids(&f.receive(runs.len(), WAIT).await);
+    got.sort();
+    let mut expected: Vec<String> = runs.iter().flat_map(|run| ids_of(run, 1)).collect();
+    expected.sort();
+    assert_eq!(got, expected, "every other run goes out");
+    assert_eq!(f.unsent().await, 1);
+    relay.shutdown().await;
 }
 
 async fn a_database_outage_is_ridden_out_and_listening_resumes(backend: Backend) {
