@@ -1,6 +1,7 @@
 //! The outbox relay: publishes what handlers staged in the outbox, once their transactions
 //! committed, with publisher confirms, in the order each handler run staged it.
 
+mod held;
 mod listen;
 mod pipeline;
 mod run;
@@ -51,7 +52,11 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 ///   its run, and the relay when it fills a batch, until a queue is bound for it: it is logged
 ///   and counted (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every try.
 ///   Returned messages are matched to publishes by message id, not by the confirm lapin hands
-///   them with.
+///   them with. A message whose publish makes the broker close the channel (an exchange that
+///   does not exist, or that the relay's user may not write to) fails every publish in flight
+///   with it: the relay then publishes one message at a time until it finds that message, and
+///   holds it back, with the rest of its run, for 30 s between tries, while every other run goes
+///   out.
 /// - **At least once, deduplicated downstream.** A message whose confirm is lost, or whose
 ///   "sent" mark does not commit, is published again with the same id; the next hop's inbox
 ///   recognises it.

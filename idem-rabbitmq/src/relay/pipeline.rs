@@ -27,12 +27,12 @@ pub(super) struct Settled {
 /// broker does not take; those in flight then are settled all the same.
 pub(super) async fn publish(
     session: &Session,
-    messages: &[PendingMessage],
+    messages: &[&PendingMessage],
     wait: Duration,
 ) -> Settled {
     let mut pipeline = Pipeline::default();
     let mut settled = Settled::default();
-    for message in messages {
+    for &message in messages {
         if pipeline.holds_run_of(message) {
             pipeline.settle(&mut settled).await;
             if !settled.not_taken.is_empty() {

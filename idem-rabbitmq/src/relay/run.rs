@@ -9,6 +9,7 @@ use idem_runtime::{LocalRelay, Outbox};
 use tokio::sync::{Notify, watch};
 
 use super::Settings;
+use super::held::Held;
 use super::pipeline;
 use super::session::Session;
 use super::stats::Stats;
@@ -58,6 +59,8 @@ pub(super) struct Runner {
     wake: Arc<Notify>,
     stop: watch::Receiver<bool>,
     table: String,
+    /// Messages held back for a while, whose publish closed the channel.
+    held: Held,
     /// Tells handlers in this process that this relay runs, until it stops.
     _local: LocalRelay,
 }
@@ -83,6 +86,7 @@ impl Runner {
             wake,
             stop,
             table,
+            held: Held::default(),
             _local: local,
         }
     }
@@ -148,11 +152,20 @@ impl Runner {
         let oldest = messages.iter().map(|m| m.age).max().unwrap_or_default();
         metrics::gauge!(OUTBOX_PENDING_AGE_SECONDS, "table" => self.table.clone())
             .set(oldest.as_secs_f64());
-        if messages.is_empty() {
+        let publishable = self.held.publishable(messages);
+        if publishable.is_empty() {
             return Ok(Round::Idle);
         }
         let session = self.session.as_ref().expect("connected above");
-        let settled = pipeline::publish(session, messages, self.settings.confirm_timeout).await;
+        let wait = self.settings.confirm_timeout;
+        let settled = pipeline::publish(session, &publishable, wait).await;
+        let closed = (settled.not_taken.iter()).any(|(_, why)| matches!(why, NotTaken::Channel(_)));
+        if closed {
+            self.held
+                .channel_closed(&publishable, self.settings.batch_size);
+        } else {
+            self.held.channel_kept(publishable.len());
+        }
         let sent = settled.sent.len() as u64;
         Stats::add(&self.stats.published, sent);
         metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone()).increment(sent);
