@@ -159,7 +159,9 @@ impl Runner {
         let session = self.session.as_ref().expect("connected above");
         let wait = self.settings.confirm_timeout;
         let settled = pipeline::publish(session, &publishable, wait).await;
-        let closed = (settled.not_taken.iter()).any(|(_, why)| matches!(why, NotTaken::Channel(_)));
+        // Closed by the broker over a publish (an error of the channel, not of the connection).
+        let closed = (settled.not_taken.iter())
+            .any(|(_, why)| matches!(why, NotTaken::Channel(error) if error.is_amqp_soft_error()));
         if closed {
             self.held
                 .channel_closed(&publishable, self.settings.batch_size);
