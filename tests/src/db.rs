@@ -5,7 +5,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use sea_orm::sea_query::{Alias, Query};
-use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, Statement,
+    TransactionTrait,
+};
 
 /// The backends every behaviour is tested on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +141,21 @@ impl TestDb {
             .execute_unprepared(sql)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Holds the record of `consumer` and `key` in the inbox `table` locked, as a long
+    /// transaction elsewhere would (a takeover whose handler runs on), until the returned
+    /// transaction ends.
+    pub async fn hold_record(&self, table: &str, consumer: &str, key: &str) -> DatabaseTransaction {
+        let holder = self.db.begin().await.unwrap();
+        holder
+            .execute_unprepared(&format!(
+                "UPDATE {table} SET attempts = attempts + 1 \
+                 WHERE consumer = '{consumer}' AND message_key = '{key}'"
+            ))
+            .await
+            .unwrap();
+        holder
     }
 
     /// Makes the inbox `table` refuse outputs of `length` characters or more, as a packet limit

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::sea_orm::{ConnectionTrait, DbErr, TransactionTrait};
+use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
 use idem_runtime::{
     BatchChecks, BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox,
     KeyError, MessageKey, Metadata, Outcome, Settle, Status,
@@ -520,14 +520,7 @@ async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
         i64::MAX
     ))
     .await;
-    let holder = db.db.begin().await.unwrap();
-    holder
-        .execute_unprepared(&format!(
-            "UPDATE {table} SET attempts = attempts + 1 \
-             WHERE consumer = '{CONSUMER}' AND message_key = '0'"
-        ))
-        .await
-        .unwrap();
+    let holder = db.hold_record(table, CONSUMER, "0").await;
     let effects = db.effects_table().await;
     let handler = Scripted::new(&effects);
     let batches = async {

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::sea_orm::{ConnectionTrait, TransactionTrait};
 use idem_runtime::{Inbox, Metadata, RetentionPolicy};
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend};
 
@@ -215,14 +214,7 @@ async fn a_record_a_long_transaction_holds_is_left_and_the_rest_deleted(backend:
     let table = db.table("inbox");
     let inbox = inbox_with(&db, &table, RetentionPolicy::default()).await;
     seed(&db, &table, "expired", 10, now_ms() - 60_000).await;
-    let holder = db.db.begin().await.unwrap();
-    holder
-        .execute_unprepared(&format!(
-            "UPDATE {table} SET attempts = attempts + 1 \
-             WHERE consumer = 'expired' AND message_key = 'key-0'"
-        ))
-        .await
-        .unwrap();
+    let holder = db.hold_record(&table, "expired", "key-0").await;
     let run = tokio::time::timeout(Duration::from_secs(20), inbox.cleaner().run_once()).await;
     holder.rollback().await.unwrap();
     let report = run

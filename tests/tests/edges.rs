@@ -834,6 +834,8 @@ async fn a_takeover_never_reopens_a_record_completed_while_it_waited() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The record locked elsewhere: the first worker's renewals wait, and its lease runs out.
+    // `FOR UPDATE` rather than an update: a claim's insert waits for a transaction that updated
+    // the row it conflicts with, not for one that only locked it.
     let locker = db.db.begin().await.unwrap();
     locker
         .execute_unprepared(&format!(

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 /// How long a message whose publish closed the channel is held back before it is tried again.
 pub(super) const HOLD: Duration = Duration::from_secs(30);
 
+/// The messages held back, and whether the relay is looking for one.
 #[derive(Debug, Default)]
 pub(super) struct Held {
     /// Held message ids, until when.
@@ -50,7 +51,7 @@ impl Held {
     /// go one at a time, `careful_for` of them, to find it.
     pub(super) fn channel_closed(&mut self, published: &[&PendingMessage], careful_for: u32) {
         match published {
-            [culprit] if self.careful > 0 => {
+            [culprit] => {
                 tracing::error!(
                     message_id = culprit.message_id,
                     exchange = culprit.exchange,
