@@ -30,6 +30,15 @@ pub enum Error {
         #[source]
         source: lapin::Error,
     },
+    /// The broker did not answer in time (a connection accepted but silent, a channel call
+    /// never replied to).
+    #[error("RabbitMQ {operation} did not complete within {after:?}")]
+    TimedOut {
+        /// What was being done.
+        operation: String,
+        /// How long it was waited for.
+        after: Duration,
+    },
     /// A mandatory message matched no queue: the exchange has no binding for its routing key.
     #[error(
         "message {message_id} to exchange {exchange:?} with routing key {routing_key:?} is unroutable: {reply_text}"

@@ -6,9 +6,19 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A duration in whole milliseconds, saturating.
+/// The longest duration the inbox writes or waits for, a thousand years: a retention or a lease
+/// meant as "for good" (`Duration::MAX`) is added to the database's clock, and to this
+/// process's, without overflowing it.
+const FOREVER: Duration = Duration::from_secs(1000 * 366 * 24 * 3600);
+
+/// `duration`, at most [`FOREVER`].
+pub(crate) fn capped(duration: Duration) -> Duration {
+    duration.min(FOREVER)
+}
+
+/// A duration in whole milliseconds, at most [`FOREVER`]'s.
 pub(crate) fn duration_ms(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(capped(duration).as_millis()).expect("a thousand years of milliseconds fit")
 }
 
 /// Milliseconds since the Unix epoch as a time.

@@ -3,7 +3,7 @@
 //! hold back what the server sends, as a distant server's answers are.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,9 +17,17 @@ use tokio::time::Instant;
 #[derive(Debug, Clone)]
 pub struct Proxy {
     port: u16,
-    up: Arc<AtomicBool>,
+    state: Arc<AtomicU8>,
     links: Arc<Mutex<JoinSet<()>>>,
 }
+
+/// Forwarding connections.
+const UP: u8 = 0;
+/// Refusing connections.
+const DOWN: u8 = 1;
+/// Accepting connections and never answering on them, as a host that went away behind a
+/// load balancer does.
+const SILENT: u8 = 2;
 
 impl Proxy {
     /// Starts a proxy to `target` (`host:port`).
@@ -39,15 +47,26 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let proxy = Self {
             port,
-            up: Arc::new(AtomicBool::new(true)),
+            state: Arc::new(AtomicU8::new(UP)),
             links: Arc::new(Mutex::new(JoinSet::new())),
         };
-        let (up, links, target) = (proxy.up.clone(), proxy.links.clone(), target.to_owned());
+        let (state, links, target) = (proxy.state.clone(), proxy.links.clone(), target.to_owned());
         tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if !up.load(Ordering::SeqCst) {
-                    drop(client); // refused while down
-                    continue;
+            while let Ok((mut client, _)) = listener.accept().await {
+                match state.load(Ordering::SeqCst) {
+                    DOWN => {
+                        drop(client); // refused while down
+                        continue;
+                    }
+                    SILENT => {
+                        // Read and never answer, until cut.
+                        links.lock().await.spawn(async move {
+                            let mut sink = vec![0u8; 4096];
+                            while matches!(client.read(&mut sink).await, Ok(read) if read > 0) {}
+                        });
+                        continue;
+                    }
+                    _ => {}
                 }
                 let target = target.clone();
                 links.lock().await.spawn(async move {
@@ -67,15 +86,24 @@ impl Proxy {
 
     /// Cuts every open connection and refuses new ones.
     pub async fn cut(&self) {
-        self.up.store(false, Ordering::SeqCst);
+        self.cut_to(DOWN).await;
+    }
+
+    /// Cuts every open connection and accepts new ones without ever answering on them.
+    pub async fn silence(&self) {
+        self.cut_to(SILENT).await;
+    }
+
+    async fn cut_to(&self, state: u8) {
+        self.state.store(state, Ordering::SeqCst);
         let mut links = self.links.lock().await;
         links.abort_all();
         while links.join_next().await.is_some() {}
     }
 
-    /// Accepts connections again.
+    /// Forwards new connections again (the silent ones stay silent).
     pub fn restore(&self) {
-        self.up.store(true, Ordering::SeqCst);
+        self.state.store(UP, Ordering::SeqCst);
     }
 }
 

@@ -52,6 +52,12 @@ pub enum RecorderError {
 /// Something to do once, right after the first run wrote its effect.
 pub type Hook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
+/// A message body on which [`Recorder`]'s key panics.
+pub const PANICS_IN_KEY: &str = "panic in key";
+
+/// A message body on which [`Recorder`]'s fingerprint panics.
+pub const PANICS_IN_FINGERPRINT: &str = "panic in fingerprint";
+
 /// The recording handler.
 #[derive(Clone)]
 pub struct Recorder {
@@ -175,6 +181,7 @@ impl Handler for Recorder {
     }
 
     fn key(&self, message: &Msg, metadata: &Metadata) -> Result<MessageKey, KeyError> {
+        assert_ne!(message.body, PANICS_IN_KEY, "a key expression panicking");
         if self.key_from_message_id {
             let id = metadata
                 .message_id()
@@ -190,6 +197,10 @@ impl Handler for Recorder {
         message: &Msg,
         meta: &Metadata,
     ) -> Result<Option<Fingerprint>, FingerprintError> {
+        assert_ne!(
+            message.body, PANICS_IN_FINGERPRINT,
+            "a fingerprint panicking"
+        );
         if self.fingerprint {
             meta.content_fingerprint(message).map(Some)
         } else {

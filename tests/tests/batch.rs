@@ -40,6 +40,13 @@ mod deferred_constraint {
     }
 }
 
+mod refused_key {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_key_the_table_refuses_fails_only_its_message().await
+    }
+}
+
 mod unrelated_lock {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn mysql() {
@@ -849,4 +856,40 @@ async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message() {
             .unwrap()
             .is_none()
     );
+}
+
+/// A key the inbox table refuses (a check constraint added by its operators) fails its own
+/// message only: the batch's claim statement is refused whole, and each message goes its own way.
+async fn a_key_the_table_refuses_fails_only_its_message() {
+    let db = TestDb::connect(Backend::Postgres).await;
+    let table = db.table("inbox");
+    let inbox = Inbox::builder(db.db.clone())
+        .table(table.as_str())
+        .build()
+        .await
+        .unwrap();
+    db.exec(&format!(
+        "ALTER TABLE {table} ADD CONSTRAINT {table}_no_b CHECK (message_key <> 'b')"
+    ))
+    .await;
+    let effects = db.effects_table().await;
+    let handler = Scripted::new(&effects);
+    let results = inbox
+        .process_batch(
+            &handler,
+            vec![item("a", "ok"), item("b", "ok"), item("c", "ok")],
+        )
+        .await;
+    let settle: Vec<&str> = results
+        .iter()
+        .map(|result| match result {
+            Ok(Outcome::Processed(_)) => "processed",
+            Ok(Outcome::Duplicate(_)) => "duplicate",
+            Err(error) => error.code(),
+        })
+        .collect();
+    assert_eq!(settle, ["processed", "database-error", "processed"]);
+    for (key, effect) in [("a", 1), ("b", 0), ("c", 1)] {
+        assert_eq!(effects_of(&db, &effects, key).await, effect, "{key}");
+    }
 }

@@ -37,6 +37,9 @@ on_each_backend!(
     migrations_of_two_inbox_tables_are_recorded_apart,
     retention_shorter_than_the_redelivery_window_is_refused,
     a_table_with_another_schema_is_refused_at_start_up,
+    a_table_whose_key_merges_keys_is_refused_at_start_up,
+    a_handler_asking_for_no_retention_is_refused,
+    retention_and_lease_of_forever_keep_their_records,
 );
 
 fn meta() -> Metadata {
@@ -809,6 +812,106 @@ async fn a_table_with_another_schema_is_refused_at_start_up(backend: Backend) {
         .await
         .unwrap_err();
     assert!(err.to_string().contains(&absent), "{err}");
+}
+
+/// A handler's own retention of zero (which the builder never saw) would let every copy run
+/// again: refused when the handler is checked, and when it processes.
+async fn a_handler_asking_for_no_retention_is_refused(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let mut handler = Recorder::new(&db, &effects, "billing");
+    handler.retention = Some(Duration::ZERO);
+    assert!(
+        matches!(
+            inbox.check_handler(&handler),
+            Err(Error::Config(ConfigError::Zero("retention")))
+        ),
+        "{:?}",
+        inbox.check_handler(&handler)
+    );
+    for _ in 0..2 {
+        let processed = inbox.process(&handler, Msg::new("a", "1"), &meta()).await;
+        assert!(
+            matches!(
+                processed,
+                Err(Error::Config(ConfigError::Zero("retention")))
+            ),
+            "{processed:?}"
+        );
+    }
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+}
+
+/// A retention or a lease of `Duration::MAX` (kept for good) is added to the database's clock
+/// without overflowing it: the record is kept, and a copy is a duplicate.
+async fn retention_and_lease_of_forever_keep_their_records(backend: Backend) {
+    let forever = RetentionPolicy::new(Duration::MAX);
+    let (db, inbox, effects) = setup_with(backend, |b| b.retention(forever)).await;
+    let transactional = Recorder::new(&db, &effects, "billing");
+    let two_phase = Recorder::new(&db, &effects, "mailer").two_phase(Duration::MAX);
+    for handler in [&transactional, &two_phase] {
+        let first = inbox.process(handler, Msg::new("a", "1"), &meta()).await;
+        assert!(matches!(first, Ok(Outcome::Processed(_))), "{first:?}");
+        let again = inbox.process(handler, Msg::new("a", "1"), &meta()).await;
+        assert!(matches!(again, Ok(Outcome::Duplicate(_))), "{again:?}");
+    }
+    assert_eq!(db.count(&effects, "1=1").await, 2);
+}
+
+/// A table created by someone else whose key does not keep every two keys apart (no unique key,
+/// a collation that ignores case, accents or trailing spaces, an index on a prefix, a character
+/// set without 4-byte characters) would run a message twice or take one message for another:
+/// refused at start-up.
+async fn a_table_whose_key_merges_keys_is_refused_at_start_up(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let ours = |table: &str| {
+        idem_runtime::create_table_statements(
+            db.db.get_database_backend(),
+            &idem_runtime::TableName::new(table).unwrap(),
+        )
+    };
+    const KEY: &str = "PRIMARY KEY (consumer, message_key)";
+    /// How a variant changes idem's `CREATE TABLE`.
+    type Change = fn(&str) -> String;
+    let mut variants: Vec<(&str, Change)> =
+        vec![("no unique key", |sql| sql.replace(&format!(", {KEY}"), ""))];
+    if backend == Backend::MySql {
+        let more: [(&str, Change); 4] = [
+            ("a surrogate primary key", |sql| {
+                sql.replace(KEY, "id BIGINT AUTO_INCREMENT, PRIMARY KEY (id)")
+            }),
+            ("the default collation", |sql| {
+                sql.replace("VARBINARY", "VARCHAR")
+            }),
+            ("a unique key on a prefix", |sql| {
+                sql.replace(KEY, "PRIMARY KEY (consumer, message_key(100))")
+            }),
+            ("a character set without 4-byte characters", |sql| {
+                let utf8mb3 = "CHARACTER SET utf8mb3 COLLATE utf8mb3_bin";
+                sql.replace("VARBINARY(255)", &format!("VARCHAR(255) {utf8mb3}"))
+                    .replace("VARBINARY(128)", &format!("VARCHAR(128) {utf8mb3}"))
+            }),
+        ];
+        variants.extend(more);
+    }
+    for (what, change) in variants {
+        let table = db.table("inbox");
+        let statements = ours(&table);
+        let changed = change(&statements[0]);
+        assert_ne!(changed, statements[0], "{what}: the table is changed");
+        db.exec(&changed).await;
+        let built = Inbox::builder(db.db.clone())
+            .table(table)
+            .create_table(false)
+            .build()
+            .await;
+        assert!(
+            matches!(
+                built,
+                Err(Error::Config(ConfigError::SchemaMismatch { .. }))
+            ),
+            "{what}: {built:?}"
+        );
+    }
 }
 
 async fn two_phase_claim_outlives_a_retention_shorter_than_its_lease(backend: Backend) {

@@ -1256,6 +1256,47 @@ async fn a_long_broker_outage_leaves_no_zombie_connection_or_consumer() {
     assert_eq!(db.count(&effects, "1=1").await, 15);
 }
 
+/// A broker that accepts connections and never answers (a host gone behind a load balancer):
+/// each attempt to open a session gives up within the recovery timeout and the next one is made,
+/// so the consumer is back once the broker answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_that_never_answers_is_given_up_on_and_retried() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let topology = broker.classic_queue();
+    let queue = topology.queue().to_owned();
+    let target = std::env::var("IDEM_TEST_AMQP_ADDR").unwrap_or("127.0.0.1:5672".into());
+    let proxy = Proxy::start(&target).await;
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let consumer = consumer_builder_at(&url, &inbox, &unique("idem-silent"))
+        .recovery_timeout(Duration::from_secs(2))
+        .retire_timeout(Duration::from_secs(1))
+        .reconnect_delay(Duration::from_millis(200))
+        .bind(topology, Recorder::new(&db, &effects, "billing"))
+        .start()
+        .await
+        .unwrap();
+
+    proxy.silence().await;
+    // Long enough for lapin's recovery to give up and for sessions to be opened into silence.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    proxy.restore();
+    broker
+        .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
+        .await;
+    broker
+        .eventually(
+            "the message processed once the broker answers",
+            WAIT,
+            || async { db.count(&effects, "1=1").await == 1 },
+        )
+        .await;
+    let stats = consumer.stats();
+    assert!(stats.reconnections >= 1, "{stats:?}");
+    consumer.shutdown().await;
+    proxy.cut().await;
+}
+
 /// Inserts `count` completed records of `consumer` into the inbox `table`, expired a minute ago.
 async fn seed_expired(db: &TestDb, table: &str, consumer: &str, count: usize) {
     let expired = std::time::SystemTime::now()

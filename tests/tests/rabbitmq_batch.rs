@@ -11,12 +11,14 @@ use std::time::Duration;
 use idem_rabbitmq::{Binding, ConfigError, Consumer, Error, PublishOptions, QueueTopology};
 use idem_runtime::{BatchChecks, BatchItem, Inbox, MessageKey, Metadata, Outcome};
 use idem_tests::rabbit::consumer_builder;
+use idem_tests::recorder::{PANICS_IN_FINGERPRINT, PANICS_IN_KEY};
 use idem_tests::{Backend, Msg, Recorder, TestBroker, inbox_and_effects, on_each_backend, unique};
 
 on_each_backend!(
     a_batching_binding_settles_each_delivery_as_it_would_alone,
     a_batching_binding_checked_before_commit_settles_the_same,
     a_crash_between_commit_and_ack_is_replayed_as_duplicates,
+    a_key_or_fingerprint_that_panics_fails_only_its_own_delivery,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -111,6 +113,58 @@ async fn batching_binding(backend: Backend, checks: BatchChecks) {
     reasons.sort();
     assert_eq!(reasons, ["fingerprint-mismatch", "undecodable"]);
     assert_eq!(broker.depth(&queue).await, 0);
+    consumer.shutdown().await;
+}
+
+/// A message whose key or fingerprint panics (user code, computed before any handler runs) is
+/// failed alone, as it would be one at a time; the rest of its batch is processed at once.
+async fn a_key_or_fingerprint_that_panics_fails_only_its_own_delivery(backend: Backend) {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    let topology = broker.classic_queue();
+    broker.declare(&topology).await;
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    for i in 0..20 {
+        let id = format!("o-{i}");
+        let body = match i {
+            5 => PANICS_IN_KEY,
+            12 => PANICS_IN_FINGERPRINT,
+            _ => "charge",
+        };
+        broker
+            .send(&queue, &Msg::new(&id, body), with_id(&id))
+            .await;
+    }
+    let handler = Recorder::new(&db, &effects, "billing");
+    let consumer = consumer_builder(&inbox, &unique("idem-batch"))
+        .prefetch(100)
+        .max_deliveries(2)
+        .bind_with(Binding::new(topology, handler.clone()).batch(25, Duration::from_millis(50)))
+        .start()
+        .await
+        .expect("consumer starts");
+    broker
+        .eventually("every delivery settled", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.dead_lettered == 20
+        })
+        .await;
+    let stats = consumer.stats();
+    // Each panicking message was requeued once and then given up on; no other was requeued.
+    assert_eq!((stats.acked, stats.dead_lettered), (18, 2), "{stats:?}");
+    assert_eq!(stats.requeued, 2, "{stats:?}");
+    assert_eq!(db.count(&effects, "1=1").await, 18);
+    assert_eq!(handler.attempts().len(), 18);
+    let reasons: Vec<String> = broker
+        .drain(&dlq)
+        .await
+        .iter()
+        .map(|copy| copy.reason().to_owned())
+        .collect();
+    assert_eq!(reasons, ["delivery-limit", "delivery-limit"]);
     consumer.shutdown().await;
 }
 

@@ -7,6 +7,8 @@
 //! (nextest runs it alone: `.config/nextest.toml`). Run: `cargo test -p idem-tests --test
 //! rabbitmq_restart`.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_rabbitmq::{PublishOptions, Relay};
@@ -20,7 +22,19 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
     let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
-    let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_secs(2));
+    // The broker goes away while the handler runs, before it returns: its transaction commits,
+    // its ack is lost.
+    let stopped = Arc::new(AtomicBool::new(false));
+    let handler = Recorder::new(&db, &effects, "billing").after_first_effect({
+        let stopped = Arc::clone(&stopped);
+        move || {
+            let stopped = Arc::clone(&stopped);
+            async move {
+                rabbitmqctl(&["stop_app"]).await;
+                stopped.store(true, Ordering::SeqCst);
+            }
+        }
+    });
     let consumer = consumer_builder(&inbox, &unique("idem-restart"))
         // Shorter than the outage: the consumer replaces the connection itself rather than wait
         // for lapin's recovery, which can wait forever after a broker restart.
@@ -48,15 +62,14 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
     broker
         .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
         .await;
-    broker
-        .eventually("the handler started", Duration::from_secs(10), || {
-            let handler = handler.clone();
-            async move { !handler.attempts().is_empty() }
-        })
-        .await;
-
-    // The broker goes away while the handler runs: its transaction commits, its ack is lost.
-    rabbitmqctl(&["stop_app"]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !stopped.load(Ordering::SeqCst) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the handler stopped the broker"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Messages committed while the broker is away wait in the outbox.
     let staged: Vec<String> = (0..5).map(|i| format!("event-{i}")).collect();
     for id in &staged {
@@ -90,6 +103,7 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
     assert_eq!(after.depth(&queue).await, 0);
     let stats = consumer.stats();
     assert!(stats.reconnections >= 1, "{stats:?}");
+    assert!(stats.settle_lost >= 1, "the first ack was lost: {stats:?}");
     consumer.shutdown().await;
     after
         .eventually(

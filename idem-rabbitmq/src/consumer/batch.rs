@@ -12,7 +12,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::binding::Handled;
-use super::settle::{Retry, Verdict};
+use super::settle::Verdict;
 use super::unsettled::Unsettled;
 use super::worker::Settling;
 use crate::metadata::metadata_of;
@@ -60,17 +60,9 @@ impl BatchJob {
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| {
-            let detail = idem_runtime::panic_message(panic.as_ref());
             deliveries
                 .iter()
-                .map(|_| Handled {
-                    verdict: Verdict::Requeue {
-                        code: "panicked",
-                        detail: detail.clone(),
-                        retry: Retry::Failed,
-                    },
-                    key: None,
-                })
+                .map(|_| Handled::panicked(panic.as_ref()))
                 .collect()
         });
         let settler = settling.settler();

@@ -2,6 +2,7 @@
 
 use std::any::TypeId;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -125,6 +126,21 @@ pub(crate) struct Handled {
     pub(crate) key: Option<String>,
 }
 
+impl Handled {
+    /// A delivery whose processing panicked outside the handler (a key expression, a codec, an
+    /// output's `Serialize`): requeued and counted, as a failing handler is.
+    pub(crate) fn panicked(panic: &(dyn std::any::Any + Send)) -> Self {
+        Self {
+            verdict: Verdict::Requeue {
+                code: "panicked",
+                detail: idem_runtime::panic_message(panic),
+                retry: Retry::Failed,
+            },
+            key: None,
+        }
+    }
+}
+
 pub(crate) type HandleFuture<'a> = Pin<Box<dyn Future<Output = Handled> + Send + 'a>>;
 
 pub(crate) type BatchFuture<'a> = Pin<Box<dyn Future<Output = Vec<Handled>> + Send + 'a>>;
@@ -238,9 +254,16 @@ where
             let mut keys = Vec::with_capacity(deliveries.len());
             let mut items = Vec::with_capacity(deliveries.len());
             for (index, (delivery, metadata)) in deliveries.iter().zip(metadata).enumerate() {
-                match self.decode(delivery, metadata) {
-                    Ok((message, metadata)) => {
+                // A panicking codec or key expression fails its own delivery, not the batch.
+                let decoded = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.decode(delivery, metadata).map(|(message, metadata)| {
                         let key = self.handler.key(&message, &metadata);
+                        (message, metadata, key)
+                    })
+                }))
+                .unwrap_or_else(|panic| Err(Handled::panicked(panic.as_ref())));
+                match decoded {
+                    Ok((message, metadata, key)) => {
                         keys.push((index, key.as_ref().ok().map(|key| key.to_string())));
                         items.push(BatchItem {
                             key,
@@ -249,7 +272,7 @@ where
                         });
                         handled.push(None);
                     }
-                    Err(undecodable) => handled.push(Some(undecodable)),
+                    Err(failed) => handled.push(Some(failed)),
                 }
             }
             let results = match self.batch {

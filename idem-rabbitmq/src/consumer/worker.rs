@@ -26,7 +26,7 @@ use tracing::field::Empty;
 use super::Settings;
 use super::batch::BatchJob;
 use super::binding::{Dispatch, Handled};
-use super::settle::{Retry, Settler, Verdict};
+use super::settle::Settler;
 use super::stats::{Settled, Stats};
 use super::unsettled::Unsettled;
 use crate::confirm::ConfirmChannel;
@@ -133,6 +133,20 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
+/// `step`, given up on after `limit`.
+async fn within<T>(
+    limit: Duration,
+    operation: &str,
+    step: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
+        Err(Error::TimedOut {
+            operation: operation.to_owned(),
+            after: limit,
+        })
+    })
+}
+
 /// Why consuming stopped.
 enum End {
     Shutdown,
@@ -156,24 +170,30 @@ impl Worker {
     }
 
     /// Connects, declares the topology, sets the prefetch and starts consuming. Connections
-    /// opened before a failure are closed.
+    /// opened before a failure are closed. Each step is given up on after the recovery timeout:
+    /// a broker that accepts the connection but never answers (a host gone behind a load
+    /// balancer, a half-open connection after a restart) fails the attempt, and the next one is
+    /// made.
     async fn open_session(&self) -> Result<Session> {
         let name = format!("{} {}", self.settings.connection_name, self.queue());
         // lapin's recovery is not waited for longer than the recovery timeout, nor watched
         // longer than the retire timeout after that.
         let bound = self.settings.recovery_timeout + self.settings.retire_timeout;
         let url = &self.settings.url;
-        let connection = Link::open(url, &name, bound).await?;
-        let publishing = match Link::open(url, &format!("{name} copies"), bound).await {
-            Ok(publishing) => publishing,
-            Err(error) => {
-                self.discard(connection).await;
-                return Err(error);
-            }
-        };
-        let opened = self
-            .open_channels(&connection.connection, &publishing.connection, &name)
-            .await;
+        let limit = self.settings.recovery_timeout;
+        // An abandoned connection is retired as its opening is dropped.
+        let connection = within(limit, "connection.open", Link::open(url, &name, bound)).await?;
+        let copies = format!("{name} copies");
+        let publishing =
+            match within(limit, "connection.open", Link::open(url, &copies, bound)).await {
+                Ok(publishing) => publishing,
+                Err(error) => {
+                    self.discard(connection).await;
+                    return Err(error);
+                }
+            };
+        let channels = self.open_channels(&connection.connection, &publishing.connection, &name);
+        let opened = within(limit, "opening the channels", channels).await;
         let (channel, publisher, consumer, kind) = match opened {
             Ok(opened) => opened,
             Err(error) => {
@@ -623,14 +643,7 @@ impl Job {
             let handled = AssertUnwindSafe(binding.handle(&settling.inbox, &delivery, metadata))
                 .catch_unwind()
                 .await
-                .unwrap_or_else(|panic| Handled {
-                    verdict: Verdict::Requeue {
-                        code: "panicked",
-                        detail: idem_runtime::panic_message(panic.as_ref()),
-                        retry: Retry::Failed,
-                    },
-                    key: None,
-                });
+                .unwrap_or_else(|panic| Handled::panicked(panic.as_ref()));
             if let Some(key) = &handled.key {
                 tracing::Span::current().record("key", key.as_str());
             }

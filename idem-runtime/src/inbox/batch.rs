@@ -15,7 +15,7 @@ use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, RuntimeErr
 use tracing::Instrument;
 
 use super::claim::{check_stored_fingerprint, new_token};
-use super::{Inbox, MAX_CLAIM_DEADLOCKS, decode_stored, outage_or, run};
+use super::{Inbox, MAX_CLAIM_DEADLOCKS, decode_stored, fingerprint_of, outage_or, run};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::handler::{Context, Handler, Mode, Outcome};
@@ -292,16 +292,25 @@ impl Inbox {
                 return results;
             }
         };
+        let retention = match self.settings_for(&consumer, handler) {
+            Ok((retention, _)) => retention,
+            Err(error) => {
+                let results: Vec<_> = items
+                    .iter()
+                    .map(|_| Err(Error::Config(error.clone())))
+                    .collect();
+                for (item, result) in items.iter().zip(&results) {
+                    record(consumer.as_str(), &item.metadata, result);
+                }
+                return results;
+            }
+        };
         let Sorted {
             mut leads,
             copies,
             metadata,
             mut results,
         } = sort_out(handler, &consumer, items);
-        let retention = self
-            .inner
-            .retention
-            .retention_for(consumer.as_str(), handler.retention());
         if let Err(lost) = self
             .transact(handler, &consumer, &mut leads, &metadata, retention, checks)
             .await
@@ -476,9 +485,12 @@ impl Inbox {
                 {
                     deadlocks += 1;
                 }
-                Err(error) if classify(&error) == Failure::LockTimeout => {
-                    // A key of the batch is held by a long transaction elsewhere: each message
-                    // goes the per-message way, so that only that key waits for it.
+                // A key of the batch is held by a long transaction elsewhere, or one the table
+                // refuses (a constraint of its operators): each message goes the per-message
+                // way, so that only that key waits, or fails.
+                Err(error)
+                    if matches!(classify(&error), Failure::LockTimeout | Failure::Refused) =>
+                {
                     for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
                         lead.fate = Fate::Deferred;
                     }
@@ -773,8 +785,8 @@ fn sort_out<H: Handler>(
     for (index, item) in items.into_iter().enumerate() {
         let early = match item.key {
             Err(error) => Some(Err(Error::InvalidKey(error))),
-            Ok(key) => match handler.fingerprint(&item.message, &item.metadata) {
-                Err(error) => Some(Err(error.into())),
+            Ok(key) => match fingerprint_of(handler, &item.message, &item.metadata) {
+                Err(error) => Some(Err(error)),
                 Ok(fingerprint) if seen.contains(&key) => {
                     sorted.copies.push(Copy {
                         index,

@@ -18,7 +18,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use crate::clock::from_epoch_ms;
+use crate::clock::{capped, from_epoch_ms};
 use crate::delivery::Backoff;
 use crate::error::{ConfigError, Error, Result};
 use crate::handler::{Context, Handler, Mode, Outcome};
@@ -161,24 +161,12 @@ impl Inbox {
             consumer,
             message_key,
         };
-        let fingerprint = handler.fingerprint(&message, metadata)?;
-        let retention = self
-            .inner
-            .retention
-            .retention_for(key.consumer.as_str(), handler.retention());
+        let (retention, lease) = self.settings_for(&key.consumer, handler)?;
+        let fingerprint = fingerprint_of(handler, &message, metadata)?;
         let request = ClaimRequest {
             key: &key,
             fingerprint: fingerprint.as_ref(),
-            lease: match handler.mode() {
-                Mode::Transactional => None,
-                Mode::TwoPhase { lease } => Some(
-                    self.inner
-                        .leases
-                        .get(key.consumer.as_str())
-                        .copied()
-                        .unwrap_or(lease),
-                ),
-            },
+            lease,
             retention,
             max_attempts: self.inner.max_attempts,
             claim_wait: self.inner.claim_wait,
@@ -355,19 +343,44 @@ impl Inbox {
     /// consumer name, and its retention against the redelivery window if one was given.
     pub fn check_handler<H: Handler>(&self, handler: &H) -> Result<(), Error> {
         let consumer = ConsumerName::new(handler.consumer()).map_err(Error::InvalidConsumer)?;
-        if let Mode::TwoPhase { lease } = handler.mode()
-            && lease.is_zero()
-        {
-            return Err(ConfigError::Zero("lease").into());
-        }
+        let (retention, _) = self.settings_for(&consumer, handler)?;
         if let Some(window) = &self.inner.window {
-            let retention = self
-                .inner
-                .retention
-                .retention_for(consumer.as_str(), handler.retention());
             check_covers(consumer.as_str(), retention, window.duration())?;
         }
         Ok(())
+    }
+
+    /// The retention and, for a two-phase handler, the lease that `handler` runs with. Zero is
+    /// refused (a handler's own, which the builder never saw): its records would expire, or its
+    /// claims be taken over, at once.
+    pub(crate) fn settings_for<H: Handler>(
+        &self,
+        consumer: &ConsumerName,
+        handler: &H,
+    ) -> Result<(Duration, Option<Duration>), ConfigError> {
+        let retention = self
+            .inner
+            .retention
+            .retention_for(consumer.as_str(), handler.retention());
+        if retention.is_zero() {
+            return Err(ConfigError::Zero("retention"));
+        }
+        let lease = match handler.mode() {
+            Mode::Transactional => None,
+            Mode::TwoPhase { lease } => {
+                let lease = self
+                    .inner
+                    .leases
+                    .get(consumer.as_str())
+                    .copied()
+                    .unwrap_or(lease);
+                if lease.is_zero() {
+                    return Err(ConfigError::Zero("lease"));
+                }
+                Some(capped(lease))
+            }
+        };
+        Ok((capped(retention), lease))
     }
 
     /// Reads the record of `key`, if any (for operators and tests).
@@ -487,6 +500,18 @@ async fn run<H: Handler>(handler: &H, cx: &Context<'_>, message: H::Message) -> 
         }),
         Err(panic) => Err(Error::HandlerPanicked(panic_message(panic.as_ref()))),
     }
+}
+
+/// The handler's fingerprint of `message`; a panic in it (user code) is the message's own
+/// failure, [`Error::HandlerPanicked`], not its batch's.
+fn fingerprint_of<H: Handler>(
+    handler: &H,
+    message: &H::Message,
+    metadata: &Metadata,
+) -> Result<Option<crate::Fingerprint>> {
+    std::panic::catch_unwind(AssertUnwindSafe(|| handler.fingerprint(message, metadata)))
+        .map_err(|panic| Error::HandlerPanicked(panic_message(panic.as_ref())))?
+        .map_err(Error::from)
 }
 
 /// The message a panic carries, for errors and logs.

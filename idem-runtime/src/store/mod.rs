@@ -281,7 +281,15 @@ impl Store {
             .complete(&tx, &key, i64::MIN, Some("{}"), Duration::ZERO)
             .await?;
         let row = self.find(&tx, &key).await?;
+        let merged = self.keys_merged(&tx, &key, &unique).await;
         tx.rollback().await?;
+        if let Some(merged) = merged? {
+            return Err(DbErr::Custom(format!(
+                "the table takes keys that differ only {merged} for one another: it needs a \
+                 unique key on the whole (consumer, message_key) columns comparing their bytes \
+                 (a binary collation)"
+            )));
+        }
         match row {
             Some(row)
                 if completed
@@ -296,6 +304,67 @@ impl Store {
                 "a probe record did not read back as written: {other:?}"
             ))),
         }
+    }
+
+    /// Claims keys that a table made by someone else could take for one another, beside the
+    /// probe record `probe`: the probe's key again (no unique key), then pairs that differ only
+    /// in case, a trailing space, an accent, a 4-byte character, or past a prefix. Returns how
+    /// the first pair the table merged differs.
+    async fn keys_merged(
+        &self,
+        conn: &impl ConnectionTrait,
+        probe: &InboxKey,
+        unique: &str,
+    ) -> Result<Option<&'static str>, DbErr> {
+        let claim = ClaimValues {
+            fingerprint: None,
+            attempts: 1,
+            claim_token: 0,
+            created_at: None,
+            lease: None,
+            retention: Duration::ZERO,
+        };
+        let key = |consumer: &str, message_key: String| InboxKey {
+            consumer: ConsumerName::new(format!("{consumer}{unique}")).expect("a valid name"),
+            message_key: MessageKey::new(message_key).expect("a valid key"),
+        };
+        let short = |suffix: &str| key("c", format!("{unique}-{suffix}"));
+        // The probe's key but its last character, not a hexadecimal digit.
+        let long = |last: char| InboxKey {
+            consumer: probe.consumer.clone(),
+            message_key: MessageKey::new(format!(
+                "{}{last}",
+                &probe.message_key.as_str()[..MessageKey::MAX_LEN - 1]
+            ))
+            .expect("a valid key"),
+        };
+        if self.insert_claim(conn, probe, &claim).await? {
+            return Ok(Some("in nothing (one key is claimed twice)"));
+        }
+        let pairs = [
+            (
+                short("a"),
+                key("C", format!("{unique}-a")),
+                "in the consumer name's case",
+            ),
+            (short("a"), short("A"), "in case"),
+            (short("a"), short("a "), "in a trailing space"),
+            (short("a"), short("\u{e1}"), "in an accent"),
+            (
+                short("\u{1f600}"),
+                short("\u{1f601}"),
+                "in a 4-byte character",
+            ),
+            (long('x'), long('y'), "in their last byte"),
+        ];
+        for (first, second, difference) in &pairs {
+            // A first key already claimed by an earlier pair stays claimed.
+            self.insert_claim(conn, first, &claim).await?;
+            if !self.insert_claim(conn, second, &claim).await? {
+                return Ok(Some(difference));
+            }
+        }
+        Ok(None)
     }
 
     /// Inserts a claim unless a record exists; `true` when this call inserted it. The
