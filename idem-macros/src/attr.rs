@@ -124,6 +124,15 @@ fn parse_fingerprint(input: ParseStream<'_>) -> syn::Result<FingerprintArg> {
         Expr::Path(path) if path.qself.is_none() && path.path.is_ident("none") => {
             FingerprintArg::Off
         }
+        Expr::Path(path)
+            if path.qself.is_none()
+                && ["None", "off"].iter().any(|off| path.path.is_ident(off)) =>
+        {
+            return Err(syn::Error::new_spanned(
+                path,
+                "to fingerprint nothing, write `fingerprint = none`",
+            ));
+        }
         expr => FingerprintArg::Expr(expr),
     })
 }

@@ -17,7 +17,22 @@ in `&self` \
 
 /// Checks every rule, adding each error to `cx`.
 pub(crate) fn check(cx: &Ctxt, handler: &Handler<'_>) {
+    if place::is_in_trait_impl(handler.ident()) {
+        // Nothing generated can go there; every other rule is moot.
+        let name = handler.ident();
+        cx.error_spanned_by(
+            name,
+            format!(
+                "`#[idempotent]` cannot be applied to a function of a trait's `impl` block: the \
+                 items it generates beside `{name}` (`{name}_handler`, ...) cannot go in it; \
+                 write the handler in an inherent `impl` block or as a free function, and call \
+                 it from the trait's `{name}`"
+            ),
+        );
+        return;
+    }
     check_is_async_fn(cx, handler);
+    check_params_unconditional(cx, handler);
     check_not_generic(cx, handler);
     check_receiver_is_ref_self(cx, handler);
     check_not_associated_without_self(cx, handler);
@@ -115,6 +130,23 @@ fn check_not_associated_without_self(cx: &Ctxt, handler: &Handler<'_>) {
                  take `&self`, so that `{name}_handler` holds the service, or move `{name}` out \
                  of the `impl` block"
             ),
+        );
+    }
+}
+
+// The generated code passes every parameter the handler declares; one that a `#[cfg]` can
+// remove would be passed anyway.
+fn check_params_unconditional(cx: &Ctxt, handler: &Handler<'_>) {
+    let conditional = handler
+        .params
+        .iter()
+        .flat_map(|param| &param.arg.attrs)
+        .filter(|attr| attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr"));
+    for attr in conditional {
+        cx.error_spanned_by(
+            attr,
+            "a handler's parameter cannot be conditional: the inbox passes every parameter the \
+             handler declares; move the condition into the body",
         );
     }
 }

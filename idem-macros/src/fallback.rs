@@ -7,12 +7,19 @@ use quote::quote;
 use syn::{Ident, Type};
 
 use crate::ast::{self, Func, Role};
-use crate::expand;
+use crate::{expand, place};
 
 /// The function parsed, but the attribute or a rule refused it: the errors, the function, and
 /// a stand-in with the types the function states.
 pub(crate) fn invalid(errors: syn::Error, func: &Func) -> TokenStream {
     let errors = errors.into_compile_error();
+    if place::is_in_trait_impl(&func.sig.ident) {
+        // A stand-in cannot go in a trait's `impl` block either.
+        return quote! {
+            #errors
+            #func
+        };
+    }
     let (receiver, params) = ast::params(func);
     let message = params
         .iter()

@@ -1257,7 +1257,7 @@ async fn a_long_broker_outage_leaves_no_zombie_connection_or_consumer() {
 }
 
 /// A broker that accepts connections and never answers (a host gone behind a load balancer):
-/// each attempt to open a session gives up within the recovery timeout and the next one is made,
+/// each attempt to open a session gives up after the open timeout and the next one is made,
 /// so the consumer is back once the broker answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broker_that_never_answers_is_given_up_on_and_retried() {
@@ -1269,7 +1269,8 @@ async fn a_broker_that_never_answers_is_given_up_on_and_retried() {
     let proxy = Proxy::start(&target).await;
     let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
     let consumer = consumer_builder_at(&url, &inbox, &unique("idem-silent"))
-        .recovery_timeout(Duration::from_secs(2))
+        .recovery_timeout(Duration::from_secs(1))
+        .open_timeout(Duration::from_secs(2))
         .retire_timeout(Duration::from_secs(1))
         .reconnect_delay(Duration::from_millis(200))
         .bind(topology, Recorder::new(&db, &effects, "billing"))
@@ -1293,6 +1294,8 @@ async fn a_broker_that_never_answers_is_given_up_on_and_retried() {
         .await;
     let stats = consumer.stats();
     assert!(stats.reconnections >= 1, "{stats:?}");
+    // Sessions were opened into the silence and given up on.
+    assert!(stats.failed_reconnections >= 1, "{stats:?}");
     consumer.shutdown().await;
     proxy.cut().await;
 }

@@ -43,6 +43,7 @@ pub(crate) struct Settings {
     max_in_flight: usize,
     shutdown_timeout: Duration,
     recovery_timeout: Duration,
+    open_timeout: Duration,
     retire_timeout: Duration,
     reconnect_delay: Duration,
     retry: RetryPolicy,
@@ -128,6 +129,7 @@ impl Consumer {
                 max_in_flight: 16,
                 shutdown_timeout: Duration::from_secs(30),
                 recovery_timeout: Duration::from_secs(30),
+                open_timeout: Duration::from_secs(30),
                 // A replaced connection can only come back through a reconnection already under
                 // way when it was replaced: a handshake, seconds at most.
                 retire_timeout: Duration::from_secs(60),
@@ -289,6 +291,15 @@ impl ConsumerBuilder {
         self
     }
 
+    /// How long opening a session (its connections, topology and channels) is waited for
+    /// before the attempt is given up and the next one made (default 30 s): a broker that
+    /// accepts connections but never answers (a host gone behind a load balancer, a half-open
+    /// connection after a restart) would otherwise hold the binding for good.
+    pub fn open_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.open_timeout = timeout;
+        self
+    }
+
     /// How long a connection that was replaced (not recovered within the
     /// [`recovery_timeout`](ConsumerBuilder::recovery_timeout)) is watched (default 60 s).
     ///
@@ -387,6 +398,8 @@ impl ConsumerBuilder {
             ConfigError::Zero("max_deliveries")
         } else if settings.retry.dead_letter_pause.is_zero() {
             ConfigError::Zero("the dead-letter retry pause")
+        } else if settings.open_timeout.is_zero() {
+            ConfigError::Zero("the open timeout")
         } else if let Some(problem) = self
             .bindings
             .iter()

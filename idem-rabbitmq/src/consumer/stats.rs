@@ -57,6 +57,11 @@ pub struct ConsumerStats {
     pub recoveries: u64,
     /// Connections replaced by new ones, after a loss that was not recovered in time.
     pub reconnections: u64,
+    /// Attempts to replace them that failed (the broker unreachable or silent, a queue or
+    /// exchange it now refuses to declare); each is logged at `warn` with its error, and the
+    /// next one is made after a back-off. A count that grows while `reconnections` does not
+    /// means a binding is not consuming.
+    pub failed_reconnections: u64,
 }
 
 #[derive(Debug, Default)]
@@ -69,6 +74,7 @@ pub(crate) struct Stats {
     settle_lost: AtomicU64,
     pub(crate) recoveries: AtomicU64,
     pub(crate) reconnections: AtomicU64,
+    pub(crate) failed_reconnections: AtomicU64,
 }
 
 impl Stats {
@@ -94,6 +100,7 @@ impl Stats {
             settle_lost: self.settle_lost.load(Ordering::Relaxed),
             recoveries: self.recoveries.load(Ordering::Relaxed),
             reconnections: self.reconnections.load(Ordering::Relaxed),
+            failed_reconnections: self.failed_reconnections.load(Ordering::Relaxed),
         }
     }
 }

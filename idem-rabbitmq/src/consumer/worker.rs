@@ -170,17 +170,16 @@ impl Worker {
     }
 
     /// Connects, declares the topology, sets the prefetch and starts consuming. Connections
-    /// opened before a failure are closed. Each step is given up on after the recovery timeout:
-    /// a broker that accepts the connection but never answers (a host gone behind a load
-    /// balancer, a half-open connection after a restart) fails the attempt, and the next one is
-    /// made.
+    /// opened before a failure are closed. Each step is given up on after the open timeout: a
+    /// broker that accepts the connection but never answers (a host gone behind a load balancer,
+    /// a half-open connection after a restart) fails the attempt, and the next one is made.
     async fn open_session(&self) -> Result<Session> {
         let name = format!("{} {}", self.settings.connection_name, self.queue());
         // lapin's recovery is not waited for longer than the recovery timeout, nor watched
         // longer than the retire timeout after that.
         let bound = self.settings.recovery_timeout + self.settings.retire_timeout;
         let url = &self.settings.url;
-        let limit = self.settings.recovery_timeout;
+        let limit = self.settings.open_timeout;
         // An abandoned connection is retired as its opening is dropped.
         let connection = within(limit, "connection.open", Link::open(url, &name, bound)).await?;
         let copies = format!("{name} copies");
@@ -303,7 +302,10 @@ impl Worker {
                 _ = shutdown.wait_for(|stop| *stop) => return None,
                 opened = self.open_session() => match opened {
                     Ok(session) => return Some(session),
-                    Err(error) => tracing::warn!(queue = self.queue(), %error, "reconnect failed"),
+                    Err(error) => {
+                        self.stats.failed_reconnections.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(queue = self.queue(), %error, "reconnect failed");
+                    }
                 },
             }
             tokio::select! {

@@ -1,0 +1,18 @@
+use idem_runtime::idempotent;
+use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Order {
+    pub id: String,
+}
+
+#[idempotent(key = order.id, consumer = "billing", fingerprint = None)]
+async fn charge(tx: &DatabaseTransaction, order: Order) -> Result<(), DbErr> {
+    let _ = (tx, order);
+    Ok(())
+}
+
+fn main() {
+    let _ = charge_handler();
+}
