@@ -141,7 +141,7 @@ fn check_params_unconditional(cx: &Ctxt, handler: &Handler<'_>) {
         .params
         .iter()
         .flat_map(|param| &param.arg.attrs)
-        .filter(|attr| attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr"));
+        .filter(|attr| attr.path().is_ident("cfg"));
     for attr in conditional {
         cx.error_spanned_by(
             attr,

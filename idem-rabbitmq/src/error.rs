@@ -72,6 +72,10 @@ pub enum Error {
         #[source]
         source: idem_runtime::sea_orm::DbErr,
     },
+    /// A message's properties cannot be sent (a message id, correlation id, content type or
+    /// header name longer than 255 bytes).
+    #[error("cannot publish the message: {0}")]
+    InvalidMessage(String),
     /// A message could not be encoded.
     #[error("cannot encode the message: {0}")]
     Encode(#[source] serde_json::Error),
@@ -126,6 +130,14 @@ pub enum ConfigError {
         size: usize,
         /// The most a batch may have.
         max: usize,
+    },
+    /// A relay batch larger than its statements can bind.
+    #[error("the relay batch size {size} is more than {max}")]
+    RelayBatchTooLarge {
+        /// The batch size asked for.
+        size: u32,
+        /// The most a batch may take.
+        max: u32,
     },
     /// A two-phase handler bound in batch mode: its side effects cannot share the batch's
     /// transaction.

@@ -75,7 +75,7 @@ pub use consumer::{
 pub use error::{ConfigError, Error, Result};
 pub use metadata::metadata_of;
 pub use publisher::{PublishOptions, Publisher};
-pub use relay::{Relay, RelayBuilder, RelayHandle, RelayStats};
+pub use relay::{MAX_RELAY_BATCH, Relay, RelayBuilder, RelayHandle, RelayStats};
 pub use topology::{ExchangeBinding, QueueKind, QueueTopology};
 pub use url::{AmqpUrl, redact_url};
 

@@ -179,7 +179,7 @@ impl Publisher {
             .message_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let properties = properties(&message_id, &options);
+        let properties = properties(&message_id, &options).map_err(Error::InvalidMessage)?;
         let mut last = String::new();
         for attempt in 1..=self.max_attempts {
             if attempt > 1 {
@@ -264,9 +264,17 @@ pub(crate) async fn confirm_channel(connection: &Connection) -> Result<Channel> 
     Ok(channel)
 }
 
-pub(crate) fn properties(message_id: &str, options: &PublishOptions) -> BasicProperties {
+/// The AMQP properties of a message; an error says which of its short strings (255 bytes at
+/// most) is too long.
+pub(crate) fn properties(
+    message_id: &str,
+    options: &PublishOptions,
+) -> std::result::Result<BasicProperties, String> {
+    let short = |what: &str, value: &str| {
+        ShortString::try_new(value).map_err(|_| format!("the {what} is longer than 255 bytes"))
+    };
     let mut properties = BasicProperties::default()
-        .with_message_id(message_id.into())
+        .with_message_id(short("message id", message_id)?)
         .with_delivery_mode(2)
         .with_timestamp(
             SystemTime::now()
@@ -275,23 +283,46 @@ pub(crate) fn properties(message_id: &str, options: &PublishOptions) -> BasicPro
                 .unwrap_or_default(),
         );
     if let Some(content_type) = &options.content_type {
-        properties = properties.with_content_type(content_type.as_str().into());
+        properties = properties.with_content_type(short("content type", content_type)?);
     }
     if let Some(ttl) = options.expiration {
         properties = properties.with_expiration(ttl.as_millis().to_string().into());
     }
     if let Some(correlation_id) = &options.correlation_id {
-        properties = properties.with_correlation_id(correlation_id.as_str().into());
+        properties = properties.with_correlation_id(short("correlation id", correlation_id)?);
     }
     if !options.headers.is_empty() {
         let mut table = FieldTable::default();
         for (name, value) in &options.headers {
             table.insert(
-                ShortString::from(name.as_str()),
+                short("header name", name)?,
                 AMQPValue::LongString(value.as_str().into()),
             );
         }
         properties = properties.with_headers(table);
     }
-    properties
+    Ok(properties)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_too_long_for_amqp_are_an_error_not_a_panic() {
+        let fine = PublishOptions::default().header("h", "v");
+        assert!(properties("id", &fine).is_ok());
+        let long = "x".repeat(256);
+        let named = PublishOptions::default().header(long.as_str(), "v");
+        assert_eq!(
+            properties("id", &named).unwrap_err(),
+            "the header name is longer than 255 bytes"
+        );
+        assert!(properties(&long, &fine).is_err());
+        let correlated = PublishOptions {
+            correlation_id: Some(long),
+            ..PublishOptions::default()
+        };
+        assert!(properties("id", &correlated).is_err());
+    }
 }

@@ -41,9 +41,16 @@ mod deferred_constraint {
 }
 
 mod refused_key {
+    use super::Backend;
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn postgres() {
-        super::a_key_the_table_refuses_fails_only_its_message().await
+        super::a_key_the_table_refuses_fails_only_its_message(Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::a_key_the_table_refuses_fails_only_its_message(Backend::MySql).await
     }
 }
 
@@ -860,8 +867,8 @@ async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message() {
 
 /// A key the inbox table refuses (a check constraint added by its operators) fails its own
 /// message only: the batch's claim statement is refused whole, and each message goes its own way.
-async fn a_key_the_table_refuses_fails_only_its_message() {
-    let db = TestDb::connect(Backend::Postgres).await;
+async fn a_key_the_table_refuses_fails_only_its_message(backend: Backend) {
+    let db = TestDb::connect(backend).await;
     let table = db.table("inbox");
     let inbox = Inbox::builder(db.db.clone())
         .table(table.as_str())

@@ -39,6 +39,7 @@ on_each_backend!(
     a_table_with_another_schema_is_refused_at_start_up,
     a_table_whose_key_merges_keys_is_refused_at_start_up,
     a_handler_asking_for_no_retention_is_refused,
+    a_key_the_table_refuses_fails_and_counts,
     retention_and_lease_of_forever_keep_their_records,
 );
 
@@ -814,6 +815,42 @@ async fn a_table_with_another_schema_is_refused_at_start_up(backend: Backend) {
     assert!(err.to_string().contains(&absent), "{err}");
 }
 
+/// A key a constraint of the table refuses fails its message, counted towards its delivery
+/// limit (MariaDB's `INSERT IGNORE` does not ignore a `CHECK`): never taken for a claim held
+/// elsewhere, requeued forever uncounted.
+async fn a_key_the_table_refuses_fails_and_counts(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("inbox");
+    let statements = idem_runtime::create_table_statements(
+        db.db.get_database_backend(),
+        &idem_runtime::TableName::new(table.as_str()).unwrap(),
+    );
+    let key = "PRIMARY KEY (consumer, message_key)";
+    for sql in &statements {
+        db.exec(&sql.replace(key, &format!("{key}, CHECK (message_key <> 'refused')")))
+            .await;
+    }
+    let inbox = Inbox::builder(db.db.clone())
+        .table(table)
+        .create_table(false)
+        .build()
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    let handler = Recorder::new(&db, &effects, "billing");
+    let refused = inbox
+        .process(&handler, Msg::new("refused", "1"), &meta())
+        .await;
+    let error = refused.unwrap_err();
+    assert_eq!(error.code(), "database-error", "{error:?}");
+    assert!(error.counts_as_attempt(), "{error:?}");
+    let fine = inbox
+        .process(&handler, Msg::new("fine", "1"), &meta())
+        .await;
+    assert!(matches!(fine, Ok(Outcome::Processed(_))), "{fine:?}");
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
 /// A handler's own retention of zero (which the builder never saw) would let every copy run
 /// again: refused when the handler is checked, and when it processes.
 async fn a_handler_asking_for_no_retention_is_refused(backend: Backend) {
@@ -893,6 +930,20 @@ async fn a_table_whose_key_merges_keys_is_refused_at_start_up(backend: Backend) 
         ];
         variants.extend(more);
     }
+    // A table that keeps every two keys apart, with a constraint of its own that refuses some of
+    // the keys start-up tries: accepted.
+    let table = db.table("inbox");
+    let checked = ours(&table)[0].replace(
+        KEY,
+        &format!("{KEY}, CHECK (SUBSTR(consumer, 1, 1) <> 'C' AND message_key NOT LIKE '% ')"),
+    );
+    db.exec(&checked).await;
+    let built = Inbox::builder(db.db.clone())
+        .table(table)
+        .create_table(false)
+        .build()
+        .await;
+    assert!(built.is_ok(), "a table with a constraint: {built:?}");
     for (what, change) in variants {
         let table = db.table("inbox");
         let statements = ours(&table);

@@ -163,9 +163,13 @@ impl Relay {
     }
 }
 
+/// The most messages a relay batch may take: its statements bind one parameter per message,
+/// and databases bind 32 766 (SQLite) or 65 535 at most.
+pub const MAX_RELAY_BATCH: u32 = 10_000;
+
 impl RelayBuilder {
     /// How many messages one batch takes, publishes and marks sent in one transaction
-    /// (default 100).
+    /// (default 100, at most [`MAX_RELAY_BATCH`]).
     pub fn batch_size(mut self, size: u32) -> Self {
         self.settings.batch_size = size;
         self
@@ -258,10 +262,17 @@ impl RelayBuilder {
         } else {
             None
         };
-        match zero {
-            Some(what) => Err(ConfigError::Zero(what).into()),
-            None => Ok(()),
+        if let Some(what) = zero {
+            return Err(ConfigError::Zero(what).into());
         }
+        if settings.batch_size > MAX_RELAY_BATCH {
+            return Err(ConfigError::RelayBatchTooLarge {
+                size: settings.batch_size,
+                max: MAX_RELAY_BATCH,
+            }
+            .into());
+        }
+        Ok(())
     }
 }
 

@@ -57,12 +57,18 @@ impl Session {
                 .collect(),
             ..PublishOptions::default()
         };
+        // Staging refuses such a message; one staged before it did is refused here, as the
+        // broker would.
+        let properties = properties(&message.message_id, &options).map_err(|problem| {
+            tracing::error!(message_id = %message.message_id, problem, "an outbox message cannot be sent");
+            NotTaken::Refused
+        })?;
         send(
             &self.channel,
             &message.exchange,
             &message.routing_key,
             &message.payload,
-            properties(&message.message_id, &options),
+            properties,
             wait,
         )
         .await

@@ -485,12 +485,10 @@ impl Inbox {
                 {
                     deadlocks += 1;
                 }
-                // A key of the batch is held by a long transaction elsewhere, or one the table
-                // refuses (a constraint of its operators): each message goes the per-message
-                // way, so that only that key waits, or fails.
-                Err(error)
-                    if matches!(classify(&error), Failure::LockTimeout | Failure::Refused) =>
-                {
+                // A key of the batch is held by a long transaction elsewhere, or a value of one
+                // claim is refused (a constraint of the table's operators): each message goes
+                // the per-message way, so that only that key waits, or fails.
+                Err(error) if classify(&error) == Failure::LockTimeout || refuses_value(&error) => {
                     for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
                         lead.fate = Fate::Deferred;
                     }

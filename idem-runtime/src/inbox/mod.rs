@@ -18,7 +18,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use crate::clock::{capped, from_epoch_ms};
+use crate::clock::{capped, duration_ms, from_epoch_ms};
 use crate::delivery::Backoff;
 use crate::error::{ConfigError, Error, Result};
 use crate::handler::{Context, Handler, Mode, Outcome};
@@ -350,8 +350,8 @@ impl Inbox {
         Ok(())
     }
 
-    /// The retention and, for a two-phase handler, the lease that `handler` runs with. Zero is
-    /// refused (a handler's own, which the builder never saw): its records would expire, or its
+    /// The retention and, for a two-phase handler, the lease that `handler` runs with. Less
+    /// than a millisecond is refused (a handler's own, which the builder never saw): its records would expire, or its
     /// claims be taken over, at once.
     pub(crate) fn settings_for<H: Handler>(
         &self,
@@ -362,7 +362,8 @@ impl Inbox {
             .inner
             .retention
             .retention_for(consumer.as_str(), handler.retention());
-        if retention.is_zero() {
+        // Stored in whole milliseconds: less than one is none.
+        if duration_ms(retention) == 0 {
             return Err(ConfigError::Zero("retention"));
         }
         let lease = match handler.mode() {
@@ -374,7 +375,7 @@ impl Inbox {
                     .get(consumer.as_str())
                     .copied()
                     .unwrap_or(lease);
-                if lease.is_zero() {
+                if duration_ms(lease) == 0 {
                     return Err(ConfigError::Zero("lease"));
                 }
                 Some(capped(lease))

@@ -94,7 +94,8 @@ impl OutboxMessage {
         &self.routing_key
     }
 
-    /// Why this message cannot be staged: AMQP short strings hold 255 bytes.
+    /// Why this message cannot be staged: AMQP short strings hold 255 bytes, and a message's
+    /// properties must fit in one frame (RabbitMQ's is 128 KiB by default; 4 KiB at least).
     pub(crate) fn problem(&self) -> Option<String> {
         let long = |what: &str, value: &str| {
             (value.len() > 255).then(|| format!("the {what} is longer than 255 bytes"))
@@ -117,8 +118,22 @@ impl OutboxMessage {
                     .is_some_and(str::is_empty)
                     .then(|| "the message id is empty".to_owned())
             })
+            .or_else(|| {
+                self.headers
+                    .keys()
+                    .find_map(|name| long("header name", name))
+            })
+            .or_else(|| {
+                let size: usize = self.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+                (size > MAX_HEADERS_SIZE)
+                    .then(|| format!("the headers take {size} bytes, more than {MAX_HEADERS_SIZE}"))
+            })
     }
 }
+
+/// The most bytes of header names and values a staged message may carry: within RabbitMQ's
+/// default frame of 128 KiB, which the properties must fit in.
+const MAX_HEADERS_SIZE: usize = 64 * 1024;
 
 /// The id of the `position`-th message (counting from 0) that a run of `origin`'s handler
 /// stages, or the `position`-th key it passes downstream: a UUID (version 8) made of the first
@@ -179,7 +194,7 @@ mod tests {
         );
         let long = "x".repeat(256);
         assert!(
-            OutboxMessage::new(long, "y", Vec::new())
+            OutboxMessage::new(long.as_str(), "y", Vec::new())
                 .problem()
                 .is_some()
         );
@@ -189,5 +204,14 @@ mod tests {
                 .problem()
                 .is_some()
         );
+        // A header name is a short string too; all the headers must fit in a frame.
+        let named = OutboxMessage::new("x", "y", Vec::new()).header(long.as_str(), "v");
+        assert!(named.problem().is_some());
+        let large = (0..3).fold(OutboxMessage::new("x", "y", Vec::new()), |message, n| {
+            message.header(format!("h{n}"), "v".repeat(30 * 1024))
+        });
+        assert!(large.problem().is_some());
+        let fine = OutboxMessage::new("x", "y", Vec::new()).header("h", "v".repeat(30 * 1024));
+        assert!(fine.problem().is_none());
     }
 }

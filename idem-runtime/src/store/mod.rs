@@ -16,7 +16,7 @@ use sea_orm::{
 
 use crate::clock::duration_ms;
 use crate::key::{ConsumerName, InboxKey, MessageKey};
-use dialect::Dialect;
+use dialect::{Dialect, Failure, classify};
 pub(crate) use many::BatchClaim;
 use statements::Statements;
 use table::TableName;
@@ -101,6 +101,25 @@ pub(crate) struct ClaimValues<'a> {
     pub(crate) lease: Option<Duration>,
     /// How long the record is kept after its lease.
     pub(crate) retention: Duration,
+}
+
+/// A pair of keys whose first is claimed by the check, and how they differ.
+fn with_first(
+    (first, second): (InboxKey, InboxKey),
+    difference: &'static str,
+) -> (Option<InboxKey>, InboxKey, &'static str) {
+    (Some(first), second, difference)
+}
+
+/// What a probe claim of start-up's schema check did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probed {
+    /// It stored its row.
+    Stored,
+    /// A row with an equal key was there.
+    Duplicate,
+    /// The table dropped its row (MySQL/MariaDB's `INSERT IGNORE` on a refused value).
+    Dropped,
 }
 
 impl ClaimValues<'_> {
@@ -324,47 +343,124 @@ impl Store {
             lease: None,
             retention: Duration::ZERO,
         };
+        if self.insert_claim(conn, probe, &claim).await? {
+            return Ok(Some("in nothing (one key is claimed twice)"));
+        }
         let key = |consumer: &str, message_key: String| InboxKey {
             consumer: ConsumerName::new(format!("{consumer}{unique}")).expect("a valid name"),
             message_key: MessageKey::new(message_key).expect("a valid key"),
         };
-        let short = |suffix: &str| key("c", format!("{unique}-{suffix}"));
+        let pair = |at: usize, first: &str, second: &str| {
+            let ours = |suffix| key("c", format!("{unique}-{at}{suffix}"));
+            (ours(first), ours(second))
+        };
         // The probe's key but its last character, not a hexadecimal digit.
-        let long = |last: char| InboxKey {
+        let long = InboxKey {
             consumer: probe.consumer.clone(),
             message_key: MessageKey::new(format!(
-                "{}{last}",
+                "{}x",
                 &probe.message_key.as_str()[..MessageKey::MAX_LEN - 1]
             ))
             .expect("a valid key"),
         };
-        if self.insert_claim(conn, probe, &claim).await? {
-            return Ok(Some("in nothing (one key is claimed twice)"));
-        }
+        let consumers = (
+            key("c", format!("{unique}-0")),
+            key("C", format!("{unique}-0")),
+        );
         let pairs = [
             (
-                short("a"),
-                key("C", format!("{unique}-a")),
+                Some(consumers.0),
+                consumers.1,
                 "in the consumer name's case",
             ),
-            (short("a"), short("A"), "in case"),
-            (short("a"), short("a "), "in a trailing space"),
-            (short("a"), short("\u{e1}"), "in an accent"),
-            (
-                short("\u{1f600}"),
-                short("\u{1f601}"),
-                "in a 4-byte character",
-            ),
-            (long('x'), long('y'), "in their last byte"),
+            with_first(pair(1, "a", "A"), "in case"),
+            with_first(pair(2, "a", "a "), "in a trailing space"),
+            with_first(pair(3, "a", "\u{e1}"), "in an accent"),
+            with_first(pair(4, "\u{1f600}", "\u{1f601}"), "in a 4-byte character"),
+            // The probe's own record is the first.
+            (None, long, "in their last byte"),
         ];
         for (first, second, difference) in &pairs {
-            // A first key already claimed by an earlier pair stays claimed.
-            self.insert_claim(conn, first, &claim).await?;
-            if !self.insert_claim(conn, second, &claim).await? {
+            if self
+                .pair_merged(conn, first.as_ref(), second, &claim)
+                .await?
+            {
                 return Ok(Some(difference));
             }
         }
         Ok(None)
+    }
+
+    /// Claims `first` (unless it is already recorded), then `second`, under a savepoint: whether
+    /// the table took `second` for `first`. A key the table refuses outright (a constraint of its
+    /// operators, a character its encoding lacks) tells nothing of its key, and is rolled back.
+    async fn pair_merged(
+        &self,
+        conn: &impl ConnectionTrait,
+        first: Option<&InboxKey>,
+        second: &InboxKey,
+        claim: &ClaimValues<'_>,
+    ) -> Result<bool, DbErr> {
+        conn.execute_unprepared("SAVEPOINT idem_keys").await?;
+        let tried = async {
+            if let Some(first) = first
+                && self.probe_claim(conn, first, claim).await? != Probed::Stored
+            {
+                return Ok(false);
+            }
+            Ok(self.probe_claim(conn, second, claim).await? == Probed::Duplicate)
+        };
+        match tried.await {
+            Ok(merged) => {
+                conn.execute_unprepared("RELEASE SAVEPOINT idem_keys")
+                    .await?;
+                Ok(merged)
+            }
+            Err(error) if classify(&error) == Failure::Unreachable => Err(error),
+            Err(_) => {
+                conn.execute_unprepared("ROLLBACK TO SAVEPOINT idem_keys")
+                    .await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Claims `key` as a claim does, telling a duplicate key from a row the table drops:
+    /// MySQL/MariaDB's `INSERT IGNORE` drops both without an error (and stores a character its
+    /// column cannot hold as `?`); with `ON DUPLICATE KEY UPDATE` a duplicate counts two rows.
+    async fn probe_claim(
+        &self,
+        conn: &impl ConnectionTrait,
+        key: &InboxKey,
+        claim: &ClaimValues<'_>,
+    ) -> Result<Probed, DbErr> {
+        if self.backend() != DbBackend::MySql {
+            // Elsewhere a refused row is an error.
+            return Ok(match self.insert_claim(conn, key, claim).await? {
+                true => Probed::Stored,
+                false => Probed::Duplicate,
+            });
+        }
+        let sql = format!(
+            "{} ON DUPLICATE KEY UPDATE claim_token = claim_token + 1",
+            self.sql.insert_claim
+        );
+        let result = conn
+            .execute_raw(self.statement(&sql, self.claim_values(key, claim)))
+            .await?;
+        Ok(match result.rows_affected() {
+            0 => Probed::Dropped,
+            1 => Probed::Stored,
+            _ => Probed::Duplicate,
+        })
+    }
+
+    /// What [`Store::insert_claim`] binds, PostgreSQL's `lock_timeout` aside.
+    fn claim_values(&self, key: &InboxKey, claim: &ClaimValues<'_>) -> Vec<Value> {
+        let mut values = Self::key_values(key).to_vec();
+        values.extend(claim.values().into_iter().take(4));
+        values.extend(claim.times());
+        values
     }
 
     /// Inserts a claim unless a record exists; `true` when this call inserted it. The
@@ -376,9 +472,7 @@ impl Store {
         key: &InboxKey,
         claim: &ClaimValues<'_>,
     ) -> Result<bool, DbErr> {
-        let mut values = Self::key_values(key).to_vec();
-        values.extend(claim.values().into_iter().take(4));
-        values.extend(claim.times());
+        let mut values = self.claim_values(key, claim);
         if self.backend() == DbBackend::Postgres {
             values.push(text(&self.lock_timeout));
             let row = conn
