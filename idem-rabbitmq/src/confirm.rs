@@ -29,6 +29,15 @@ pub(crate) enum NotTaken {
 }
 
 impl NotTaken {
+    /// Whether the channel failed, rather than the broker answering about this one message:
+    /// nothing more can be published on it.
+    pub(crate) fn is_channel_failure(&self) -> bool {
+        matches!(
+            self,
+            NotTaken::NotConfirmMode | NotTaken::Channel(_) | NotTaken::NoConfirm(_)
+        )
+    }
+
     /// A short label for metrics.
     pub(crate) fn label(&self) -> &'static str {
         match self {

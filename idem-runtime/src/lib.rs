@@ -185,8 +185,8 @@ pub use inbox::{
 pub use key::{ConsumerName, InboxKey, KeyError, KeySource, MessageKey};
 pub use metadata::{CloudEvent, Metadata};
 pub use outbox::{
-    LocalRelay, OUTBOX_STAGED_TOTAL, Outbound, Outbox, OutboxBuilder, OutboxMessage, PendingBatch,
-    PendingMessage, create_outbox_statements, derived_id,
+    HeldBack, LocalRelay, OUTBOX_STAGED_TOTAL, Outbound, Outbox, OutboxBuilder, OutboxMessage,
+    PendingBatch, PendingMessage, create_outbox_statements, derived_id,
 };
 pub use report::{Report, ReportSource};
 pub use retention::{Cleaner, CleanerHandle, CleanupReport, RedeliveryWindow, RetentionPolicy};

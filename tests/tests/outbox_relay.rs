@@ -60,6 +60,16 @@ mod postgres_only {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_unroutable_message_holds_up_no_other_run() {
+        super::an_unroutable_message_holds_up_no_other_run().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn held_back_messages_do_not_fill_the_batches() {
+        super::held_back_messages_do_not_fill_the_batches().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only() {
         super::a_message_to_a_missing_exchange_holds_back_its_own_run_only().await
     }
@@ -791,6 +801,82 @@ async fn an_unroutable_message_holds_back_its_own_run_only() {
     let stats = relay.shutdown().await;
     assert_eq!(stats.published, 5, "{stats:?}");
     assert_eq!(f.unsent().await, 0);
+}
+
+/// Runs `pausing` for message `run` to its commit, without pausing it.
+async fn run_through(f: &Fixture, pausing: &Pausing, run: &str) {
+    let task = {
+        let (inbox, pausing, run) = (f.inbox.clone(), pausing.clone(), run.to_owned());
+        tokio::spawn(async move {
+            inbox
+                .process(&pausing, Msg::new(run, "ok"), &Metadata::default())
+                .await
+        })
+    };
+    if pausing.routing_keys.len() > 1 {
+        pausing.paused.notified().await;
+        pausing.go_on.notify_one();
+    }
+    task.await.unwrap().expect("the run commits");
+}
+
+fn pausing(f: &Fixture, routing_keys: Vec<&'static str>) -> Pausing {
+    Pausing {
+        exchange: f.exchange.clone(),
+        routing_keys,
+        paused: Arc::new(Notify::new()),
+        go_on: Arc::new(Notify::new()),
+    }
+}
+
+/// An unroutable message at the head of the batch, its run's next message behind it: every
+/// other run goes out meanwhile, in the same rounds.
+async fn an_unroutable_message_holds_up_no_other_run() {
+    let f = Fixture::new(Backend::Postgres).await;
+    run_through(&f, &pausing(&f, vec!["unbound", ROUTED]), "a").await;
+    let runs: Vec<String> = (0..45).map(|i| format!("r{i:02}")).collect();
+    for run in &runs {
+        f.stage(run, 2).await;
+    }
+    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+        .start()
+        .await
+        .unwrap();
+    let mut got = ids(&f.receive(90, WAIT).await);
+    got.sort();
+    let mut expected: Vec<String> = runs.iter().flat_map(|run| ids_of(run, 2)).collect();
+    expected.sort();
+    assert_eq!(got, expected, "every other run goes out");
+    // Marked sent once confirmed, a moment after the broker delivered them.
+    f.broker
+        .eventually("all but run a marked sent", WAIT, || async {
+            f.unsent().await == 2
+        })
+        .await;
+    relay.shutdown().await;
+}
+
+/// More runs held back than a batch takes: the relay's batches leave them out, and what was
+/// staged after them goes out.
+async fn held_back_messages_do_not_fill_the_batches() {
+    let f = Fixture::new(Backend::Postgres).await;
+    let unbound = pausing(&f, vec!["unbound"]);
+    for i in 0..12 {
+        run_through(&f, &unbound, &format!("u{i:02}")).await;
+    }
+    f.stage("after", 1).await;
+    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+        .batch_size(10)
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(ids(&f.receive(1, WAIT).await), ids_of("after", 1));
+    f.broker
+        .eventually("all but the held runs marked sent", WAIT, || async {
+            f.unsent().await == 12
+        })
+        .await;
+    relay.shutdown().await;
 }
 
 /// A message to an exchange that does not exist: the broker closes the channel it was published

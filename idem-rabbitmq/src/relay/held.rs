@@ -1,40 +1,71 @@
-//! Messages a relay holds back for a while: each one a publish of which closed the channel (an
-//! exchange that does not exist, or that the relay may not write to), and after it the rest of
-//! its run; and how the relay finds such a message among a batch's publishes.
+//! Messages a relay holds back for a while, each with the rest of its run: one the broker did
+//! not take (unroutable, refused), tried again after a few seconds; one a publish of which
+//! closed the channel (an exchange that does not exist, or that the relay may not write to),
+//! after longer; and how the relay finds such a message among a batch's publishes.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use idem_runtime::PendingMessage;
+use idem_runtime::{HeldBack, PendingMessage};
 use tokio::time::Instant;
 
 /// How long a message whose publish closed the channel is held back before it is tried again.
 pub(super) const HOLD: Duration = Duration::from_secs(30);
 
+/// How long a message the broker did not take is held back before it is tried again.
+pub(super) const RETRY_NOT_TAKEN: Duration = Duration::from_secs(5);
+
+/// The most held-back runs a batch's statement leaves out; the oldest come first.
+const MAX_LEFT_OUT: usize = 100;
+
 /// The messages held back, and whether the relay is looking for one.
 #[derive(Debug, Default)]
 pub(super) struct Held {
-    /// Held message ids, until when.
-    until: HashMap<String, Instant>,
+    /// Held messages by id.
+    messages: HashMap<String, HeldMessage>,
     /// Publishes left to send one at a time, after a channel closed under several in flight:
     /// the next one to close it alone is the culprit.
     careful: u32,
 }
 
+#[derive(Debug)]
+struct HeldMessage {
+    until: Instant,
+    held_back: HeldBack,
+}
+
 impl Held {
+    /// Forgets the holds that ran out; the runs still held back, oldest first, for the next
+    /// batch to leave out.
+    pub(super) fn left_out(&mut self) -> Vec<HeldBack> {
+        let now = Instant::now();
+        self.messages.retain(|_, held| held.until > now);
+        let mut left_out: Vec<HeldBack> = self
+            .messages
+            .values()
+            .map(|held| held.held_back.clone())
+            .collect();
+        left_out.sort_by_key(|held| held.seq);
+        left_out.truncate(MAX_LEFT_OUT);
+        left_out
+    }
+
+    /// When the next hold runs out, if any.
+    pub(super) fn next_release(&self) -> Option<Instant> {
+        self.messages.values().map(|held| held.until).min()
+    }
+
     /// The messages of `messages` (a batch, in the order staged) to publish now: none of a held
     /// message's run from it on, and only the first of them while the relay is careful.
     pub(super) fn publishable<'a>(
         &mut self,
         messages: &'a [PendingMessage],
     ) -> Vec<&'a PendingMessage> {
-        let now = Instant::now();
-        self.until.retain(|_, until| *until > now);
         let mut stopped: HashSet<Option<&str>> = HashSet::new();
         let mut publishable = Vec::new();
         for message in messages {
             let run = message.run.as_deref();
-            if stopped.contains(&run) || self.until.contains_key(&message.message_id) {
+            if stopped.contains(&run) || self.messages.contains_key(&message.message_id) {
                 stopped.insert(run);
                 continue;
             }
@@ -44,6 +75,26 @@ impl Held {
             publishable.truncate(1);
         }
         publishable
+    }
+
+    /// Holds back `message`, which the broker did not take (`why`), with the rest of its run.
+    pub(super) fn not_taken(&mut self, message: &PendingMessage, why: &impl std::fmt::Display) {
+        tracing::warn!(
+            message_id = message.message_id,
+            exchange = message.exchange,
+            routing_key = message.routing_key,
+            %why,
+            retry_in = ?RETRY_NOT_TAKEN,
+            "the broker did not take this outbox message; it is held back with the rest of its run"
+        );
+        self.hold(message, RETRY_NOT_TAKEN);
+    }
+
+    fn hold(&mut self, message: &PendingMessage, pause: Duration) {
+        let held_back = HeldBack::new(message.run.clone(), message.seq);
+        let until = Instant::now() + pause;
+        let held = HeldMessage { until, held_back };
+        self.messages.insert(message.message_id.clone(), held);
     }
 
     /// Notes that the channel closed under `published`, the messages of a round sent before
@@ -59,8 +110,7 @@ impl Held {
                     "publishing this outbox message closed the channel (no such exchange, or no \
                      access to it); it is held back with the rest of its run"
                 );
-                self.until
-                    .insert(culprit.message_id.clone(), Instant::now() + HOLD);
+                self.hold(culprit, HOLD);
                 self.careful = 0;
             }
             _ => self.careful = careful_for,

@@ -23,8 +23,9 @@ pub(super) struct Settled {
 
 /// Publishes `messages` (a batch, in the order staged) on `session`, each confirm awaited at
 /// most `wait`: all of them in flight at once, except that a message whose run already has one
-/// in flight first waits for every confirm in flight. Stops sending at the first message the
-/// broker does not take; those in flight then are settled all the same.
+/// in flight first waits for every confirm in flight. A message the broker does not take
+/// (unroutable, refused) stops its own run for the rest of the batch, and the other runs go on;
+/// a channel that fails stops the batch, and those in flight then are settled all the same.
 pub(super) async fn publish(
     session: &Session,
     messages: &[&PendingMessage],
@@ -35,9 +36,12 @@ pub(super) async fn publish(
     for &message in messages {
         if pipeline.holds_run_of(message) {
             pipeline.settle(&mut settled).await;
-            if !settled.not_taken.is_empty() {
+            if pipeline.channel_failed {
                 return settled;
             }
+        }
+        if pipeline.stopped.contains(&message.run.as_deref()) {
+            continue;
         }
         if let Err(why) = pipeline.send(session, message, wait).await {
             pipeline.settle(&mut settled).await;
@@ -56,6 +60,10 @@ struct Pipeline<'a> {
     /// The runs with a message in flight; `None` stands for the messages staged outside
     /// handlers, which keep their order among themselves.
     runs: HashSet<Option<&'a str>>,
+    /// The runs with a message the broker did not take: their later messages wait.
+    stopped: HashSet<Option<&'a str>>,
+    /// Whether a confirm said the channel failed: nothing more is sent on it.
+    channel_failed: bool,
 }
 
 impl<'a> Pipeline<'a> {
@@ -116,7 +124,11 @@ impl<'a> Pipeline<'a> {
             };
             match outcome {
                 Ok(()) => settled.sent.push(message.seq),
-                Err(why) => settled.not_taken.push((message.message_id.clone(), why)),
+                Err(why) => {
+                    self.channel_failed |= why.is_channel_failure();
+                    self.stopped.insert(message.run.as_deref());
+                    settled.not_taken.push((message.message_id.clone(), why));
+                }
             }
         }
     }

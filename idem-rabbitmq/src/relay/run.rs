@@ -133,11 +133,12 @@ impl Runner {
     /// does not take, and marks the confirmed ones sent.
     async fn round(&mut self) -> Result<Round, Problem> {
         let mut stop = self.stop.clone();
+        let left_out = self.held.left_out();
         let taking = async {
             self.connect().await?;
             let limit = self.settings.batch_size;
             self.outbox
-                .take_pending(limit)
+                .take_pending_except(limit, &left_out)
                 .await
                 .map_err(|error| self.database_error(error))
         };
@@ -171,9 +172,8 @@ impl Runner {
         let sent = settled.sent.len() as u64;
         Stats::add(&self.stats.published, sent);
         metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone()).increment(sent);
-        let marked = batch.mark_sent(&settled.sent).await;
         let mut replace = false;
-        for (_, why) in &settled.not_taken {
+        for (message_id, why) in &settled.not_taken {
             Stats::add(&self.stats.failed, 1);
             metrics::counter!(
                 OUTBOX_PUBLISH_FAILURES_TOTAL,
@@ -183,18 +183,23 @@ impl Runner {
             .increment(1);
             // A confirm that never came may still come, on a channel now used for other
             // publishes: a new channel keeps confirms and returns apart.
-            replace |= matches!(
-                why,
-                NotTaken::Channel(_) | NotTaken::NotConfirmMode | NotTaken::NoConfirm(_)
-            );
+            replace |= why.is_channel_failure();
+            if !why.is_channel_failure()
+                && let Some(message) = messages.iter().find(|m| &m.message_id == message_id)
+            {
+                self.held.not_taken(message, why);
+            }
         }
+        let marked = batch.mark_sent(&settled.sent).await;
         if replace {
             self.replace_session();
         }
+        // A message the broker did not take is held back; only a failed channel fails the
+        // round.
         let failed = settled
             .not_taken
             .into_iter()
-            .next()
+            .find(|(_, why)| why.is_channel_failure())
             .map(|(message_id, why)| Problem::Publish { message_id, why });
         if let Err(error) = marked {
             let problem = self.database_error(error);
@@ -239,14 +244,20 @@ impl Runner {
         Problem::Database(error)
     }
 
-    /// Waits for a commit's wake-up or the poll interval; returns `false` when asked to stop.
+    /// Waits for a commit's wake-up, the poll interval or the end of a hold; returns `false`
+    /// when asked to stop.
     async fn wait_for_work(&mut self) -> bool {
+        let poll = tokio::time::Instant::now() + self.settings.poll_interval;
+        let until = self
+            .held
+            .next_release()
+            .map_or(poll, |release| release.min(poll));
         tokio::select! {
             biased;
             _ = self.stop.wait_for(|stop| *stop) => false,
             () = self.outbox.staged() => true,
             () = self.wake.notified() => true,
-            () = tokio::time::sleep(self.settings.poll_interval) => true,
+            () = tokio::time::sleep_until(until) => true,
         }
     }
 

@@ -21,7 +21,7 @@ use crate::store::table::TableName;
 
 pub use message::{OutboxMessage, derived_id};
 pub use outbound::Outbound;
-pub use pending::{PendingBatch, PendingMessage};
+pub use pending::{HeldBack, PendingBatch, PendingMessage};
 pub use table::create_outbox_statements;
 #[cfg(feature = "migration")]
 pub(crate) use table::drop_outbox_statement;

@@ -40,6 +40,24 @@ pub struct PendingMessage {
     pub run: Option<String>,
 }
 
+/// A message a relay holds back for a while (the broker did not take it), and with it the rest
+/// of its run: [`Outbox::take_pending_except`] leaves them out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldBack {
+    /// Its run, as [`PendingMessage::run`] says.
+    pub run: Option<String>,
+    /// Its place in the order of staging: its run's messages from it on are left out.
+    pub seq: i64,
+}
+
+impl HeldBack {
+    /// The message at `seq` of `run` held back.
+    pub fn new(run: Option<String>, seq: i64) -> Self {
+        Self { run, seq }
+    }
+}
+
 /// Pending messages taken by one relay, in the order they were staged, locked until
 /// [`PendingBatch::mark_sent`] or until dropped (another relay may then take them).
 #[derive(Debug)]
@@ -63,12 +81,23 @@ impl Outbox {
     /// held meanwhile, so handlers can write while the batch is published: a write lock held
     /// across the broker's confirms would stop every handler for as long.
     pub async fn take_pending(&self, limit: u32) -> Result<PendingBatch, DbErr> {
+        self.take_pending_except(limit, &[]).await
+    }
+
+    /// Like [`Outbox::take_pending`], leaving out the runs of `held` from each held message on:
+    /// messages a relay holds back do not fill its batches, and what was staged after them
+    /// still goes out.
+    pub async fn take_pending_except(
+        &self,
+        limit: u32,
+        held: &[HeldBack],
+    ) -> Result<PendingBatch, DbErr> {
         if self.backend() == DbBackend::Sqlite {
             let turn = Arc::clone(&self.inner.relay_turn).lock_owned().await;
             let rows = self
                 .inner
                 .db
-                .query_all_raw(self.pending_statement(limit, ""))
+                .query_all_raw(self.pending_statement(limit, held, ""))
                 .await?;
             let messages = rows
                 .iter()
@@ -92,7 +121,7 @@ impl Outbox {
             self.inner.dialect.begin(&self.inner.db).await?
         };
         let rows = tx
-            .query_all_raw(self.pending_statement(limit, " FOR UPDATE SKIP LOCKED"))
+            .query_all_raw(self.pending_statement(limit, held, " FOR UPDATE SKIP LOCKED"))
             .await?;
         let mut taken = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -116,15 +145,29 @@ impl Outbox {
         })
     }
 
-    /// The oldest `limit` unsent messages, with `lock`.
-    fn pending_statement(&self, limit: u32, lock: &str) -> Statement {
+    /// The oldest `limit` unsent messages but those of `held`'s runs from each on, with `lock`.
+    fn pending_statement(&self, limit: u32, held: &[HeldBack], lock: &str) -> Statement {
         let t = self.quoted();
         let now = self.inner.dialect.now_ms();
+        let mut values = Vec::with_capacity(2 * held.len() + 1);
+        let mut left_out = String::new();
+        for held in held {
+            match &held.run {
+                Some(run) => {
+                    left_out.push_str(" AND NOT (origin = ? AND seq >= ?)");
+                    values.push(Value::from(run.clone()));
+                }
+                None => left_out.push_str(" AND NOT (origin IS NULL AND seq >= ?)"),
+            }
+            values.push(Value::from(held.seq));
+        }
+        values.push(Value::from(i64::from(limit)));
         let sql = format!(
             "SELECT seq, message_id, exchange, routing_key, content_type, headers, payload, \
-             origin, staged_at, {now} FROM {t} WHERE sent_at IS NULL ORDER BY seq LIMIT ?{lock}"
+             origin, staged_at, {now} FROM {t} WHERE sent_at IS NULL{left_out} \
+             ORDER BY seq LIMIT ?{lock}"
         );
-        self.statement(&sql, vec![Value::from(i64::from(limit))])
+        self.statement(&sql, values)
     }
 
     /// The handler runs among `taken` whose earlier messages are still unsent and not taken
