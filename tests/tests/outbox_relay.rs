@@ -860,20 +860,28 @@ async fn an_unroutable_message_holds_up_no_other_run() {
 /// staged after them goes out.
 async fn held_back_messages_do_not_fill_the_batches() {
     let f = Fixture::new(Backend::Postgres).await;
+    // More than the batch, and than the runs a batch's statement leaves out (100).
     let unbound = pausing(&f, vec!["unbound"]);
-    for i in 0..12 {
-        run_through(&f, &unbound, &format!("u{i:02}")).await;
+    for i in 0..115 {
+        run_through(&f, &unbound, &format!("u{i:03}")).await;
     }
     f.stage("after", 1).await;
+    // And one staged outside handlers.
+    let tx = f.db.db.begin().await.unwrap();
+    let outside = OutboxMessage::new(&f.exchange, ROUTED, b"{}".to_vec()).message_id("outside");
+    f.outbox.stage(&tx, outside).await.unwrap();
+    tx.commit().await.unwrap();
     let relay = relay_of(&f.outbox, &unique("idem-relay"))
         .batch_size(10)
         .start()
         .await
         .unwrap();
-    assert_eq!(ids(&f.receive(1, WAIT).await), ids_of("after", 1));
+    let mut expected = ids_of("after", 1);
+    expected.push("outside".to_owned());
+    assert_eq!(ids(&f.receive(2, WAIT).await), expected);
     f.broker
         .eventually("all but the held runs marked sent", WAIT, || async {
-            f.unsent().await == 12
+            f.unsent().await == 115
         })
         .await;
     relay.shutdown().await;

@@ -31,6 +31,8 @@ pub(super) struct Held {
 #[derive(Debug)]
 struct HeldMessage {
     until: Instant,
+    /// When it was staged, by this process's clock.
+    staged: Instant,
     held_back: HeldBack,
 }
 
@@ -48,6 +50,13 @@ impl Held {
         left_out.sort_by_key(|held| held.seq);
         left_out.truncate(MAX_LEFT_OUT);
         left_out
+    }
+
+    /// How long ago the oldest held message was staged: the batches leave it out, not the
+    /// pending age.
+    pub(super) fn oldest_age(&self) -> Option<Duration> {
+        let oldest = self.messages.values().map(|held| held.staged).min()?;
+        Some(oldest.elapsed())
     }
 
     /// When the next hold runs out, if any.
@@ -92,8 +101,12 @@ impl Held {
 
     fn hold(&mut self, message: &PendingMessage, pause: Duration) {
         let held_back = HeldBack::new(message.run.clone(), message.seq);
-        let until = Instant::now() + pause;
-        let held = HeldMessage { until, held_back };
+        let now = Instant::now();
+        let held = HeldMessage {
+            until: now + pause,
+            staged: now.checked_sub(message.age).unwrap_or(now),
+            held_back,
+        };
         self.messages.insert(message.message_id.clone(), held);
     }
 

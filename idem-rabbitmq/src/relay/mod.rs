@@ -43,20 +43,19 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 ///   confirm: a batch's publishes are in flight together, except that a message whose handler
 ///   run ([`PendingMessage::run`](idem_runtime::PendingMessage::run)) has an earlier message in
 ///   flight waits until every confirm in flight came (messages staged outside handlers count as
-///   one run). A message is marked sent only once the broker confirmed it. The first publish
-///   the broker does not take (unroutable: no queue bound for its routing key; refused; no
-///   confirm in time; the connection lost) ends the batch: nothing more is sent, so no later
-///   message of its run overtakes it (messages of other runs already in flight may: runs are
-///   not ordered among themselves), and the relay retries from it after a back-off
-///   ([`retry_backoff`](RelayBuilder::retry_backoff)). An unroutable message therefore holds up
-///   its run, and the relay when it fills a batch, until a queue is bound for it: it is logged
-///   and counted (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every try.
-///   Returned messages are matched to publishes by message id, not by the confirm lapin hands
-///   them with. A message whose publish makes the broker close the channel (an exchange that
-///   does not exist, or that the relay's user may not write to) fails every publish in flight
-///   with it: the relay then publishes one message at a time until it finds that message, and
-///   holds it back, with the rest of its run, for 30 s between tries, while every other run goes
-///   out.
+///   one run). A message is marked sent only once the broker confirmed it. A message the
+///   broker does not take (unroutable: no queue bound for its routing key; refused) stops its
+///   run for the rest of the batch, so no later message of its run overtakes it, and is held
+///   back with the rest of its run for 5 s between tries, while every other run goes on; it is
+///   logged and counted (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every
+///   try. Held runs are left out of the batches the relay takes, so they never fill one. A
+///   failed channel (no confirm in time, the connection lost) ends the batch, and the relay
+///   retries after a back-off ([`retry_backoff`](RelayBuilder::retry_backoff)). Returned
+///   messages are matched to publishes by message id, not by the confirm lapin hands them with.
+///   A message whose publish makes the broker close the channel (an exchange that does not
+///   exist, or that the relay's user may not write to) fails every publish in flight with it:
+///   the relay then publishes one message at a time until it finds that message, and holds it
+///   back, with the rest of its run, for 30 s between tries.
 /// - **At least once, deduplicated downstream.** A message whose confirm is lost, or whose
 ///   "sent" mark does not commit, is published again with the same id; the next hop's inbox
 ///   recognises it.

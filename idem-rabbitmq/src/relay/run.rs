@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::sea_orm::DbErr;
-use idem_runtime::{LocalRelay, Outbox};
+use idem_runtime::{HeldBack, LocalRelay, Outbox, PendingBatch};
 use tokio::sync::{Notify, watch};
 
 use super::Settings;
@@ -33,7 +33,7 @@ enum Problem {
     Connect(crate::Error),
     /// The database failed taking the batch or marking it sent.
     Database(DbErr),
-    /// The broker did not take a message; the rest of its batch waits.
+    /// A publish failed the channel; the rest of its batch waits.
     Publish { message_id: String, why: NotTaken },
 }
 
@@ -59,7 +59,7 @@ pub(super) struct Runner {
     wake: Arc<Notify>,
     stop: watch::Receiver<bool>,
     table: String,
-    /// Messages held back for a while, whose publish closed the channel.
+    /// Messages held back for a while, with their runs: the broker did not take them.
     held: Held,
     /// Tells handlers in this process that this relay runs, until it stops.
     _local: LocalRelay,
@@ -129,28 +129,34 @@ impl Runner {
         tracing::info!(table = self.table, "outbox relay stopped");
     }
 
-    /// Takes a batch, publishes it ([`pipeline::publish`]) until the first publish the broker
-    /// does not take, and marks the confirmed ones sent.
+    /// Takes a batch, publishes it ([`pipeline::publish`]), holding back each message the
+    /// broker does not take with its run, and marks the confirmed ones sent.
     async fn round(&mut self) -> Result<Round, Problem> {
-        let mut stop = self.stop.clone();
         let left_out = self.held.left_out();
-        let taking = async {
-            self.connect().await?;
-            let limit = self.settings.batch_size;
-            self.outbox
-                .take_pending_except(limit, &left_out)
+        let limit = self.settings.batch_size;
+        let mut after = None;
+        let batch = loop {
+            let Some(batch) = self.take(limit, &left_out, after).await? else {
+                return Ok(Round::Stopped);
+            };
+            let messages = batch.messages();
+            let full = messages.len() >= usize::try_from(limit).unwrap_or(usize::MAX);
+            if !full || !self.held.publishable(messages).is_empty() {
+                break batch;
+            }
+            // A whole batch of held runs (more than the statement leaves out): the next one.
+            after = messages.last().map(|message| message.seq);
+            batch
+                .mark_sent(&[])
                 .await
-                .map_err(|error| self.database_error(error))
-        };
-        // Nothing is in hand yet: a shutdown need not wait for a broker or a database that does
-        // not answer.
-        let batch = tokio::select! {
-            biased;
-            _ = stop.wait_for(|stop| *stop) => return Ok(Round::Stopped),
-            batch = taking => batch?,
+                .map_err(|e| self.database_error(e))?;
         };
         let messages = batch.messages();
         let oldest = messages.iter().map(|m| m.age).max().unwrap_or_default();
+        let oldest = self
+            .held
+            .oldest_age()
+            .map_or(oldest, |held| held.max(oldest));
         metrics::gauge!(OUTBOX_PENDING_AGE_SECONDS, "table" => self.table.clone())
             .set(oldest.as_secs_f64());
         let publishable = self.held.publishable(messages);
@@ -213,6 +219,30 @@ impl Runner {
         match failed {
             Some(problem) => Err(problem),
             None => Ok(Round::Worked),
+        }
+    }
+
+    /// Connects if needed and takes up to `limit` pending messages after `after`, leaving out
+    /// the runs held back; `None` when asked to stop first. Nothing is in hand until then: a
+    /// shutdown need not wait for a broker or a database that does not answer.
+    async fn take(
+        &mut self,
+        limit: u32,
+        left_out: &[HeldBack],
+        after: Option<i64>,
+    ) -> Result<Option<PendingBatch>, Problem> {
+        let mut stop = self.stop.clone();
+        let taking = async {
+            self.connect().await?;
+            self.outbox
+                .take_pending_except(limit, left_out, after)
+                .await
+                .map_err(|error| self.database_error(error))
+        };
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|stop| *stop) => Ok(None),
+            batch = taking => batch.map(Some),
         }
     }
 

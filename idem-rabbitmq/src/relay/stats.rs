@@ -10,7 +10,7 @@ pub struct RelayStats {
     /// counted, again.
     pub published: u64,
     /// Publishes the broker did not take (unroutable, refused, not confirmed in time, the
-    /// connection lost); each is tried again after the back-off.
+    /// connection lost); each is tried again later, with its run held back meanwhile.
     pub failed: u64,
     /// Batches that could not be taken or marked sent because the database failed.
     pub database_errors: u64,

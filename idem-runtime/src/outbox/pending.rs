@@ -81,23 +81,24 @@ impl Outbox {
     /// held meanwhile, so handlers can write while the batch is published: a write lock held
     /// across the broker's confirms would stop every handler for as long.
     pub async fn take_pending(&self, limit: u32) -> Result<PendingBatch, DbErr> {
-        self.take_pending_except(limit, &[]).await
+        self.take_pending_except(limit, &[], None).await
     }
 
-    /// Like [`Outbox::take_pending`], leaving out the runs of `held` from each held message on:
-    /// messages a relay holds back do not fill its batches, and what was staged after them
-    /// still goes out.
+    /// Like [`Outbox::take_pending`], leaving out the runs of `held` from each held message on,
+    /// and, with `after`, every message up to that seq: messages a relay holds back do not fill
+    /// its batches, and what was staged after them still goes out.
     pub async fn take_pending_except(
         &self,
         limit: u32,
         held: &[HeldBack],
+        after: Option<i64>,
     ) -> Result<PendingBatch, DbErr> {
         if self.backend() == DbBackend::Sqlite {
             let turn = Arc::clone(&self.inner.relay_turn).lock_owned().await;
             let rows = self
                 .inner
                 .db
-                .query_all_raw(self.pending_statement(limit, held, ""))
+                .query_all_raw(self.pending_statement(limit, held, after, ""))
                 .await?;
             let messages = rows
                 .iter()
@@ -121,7 +122,7 @@ impl Outbox {
             self.inner.dialect.begin(&self.inner.db).await?
         };
         let rows = tx
-            .query_all_raw(self.pending_statement(limit, held, " FOR UPDATE SKIP LOCKED"))
+            .query_all_raw(self.pending_statement(limit, held, after, " FOR UPDATE SKIP LOCKED"))
             .await?;
         let mut taken = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -145,8 +146,15 @@ impl Outbox {
         })
     }
 
-    /// The oldest `limit` unsent messages but those of `held`'s runs from each on, with `lock`.
-    fn pending_statement(&self, limit: u32, held: &[HeldBack], lock: &str) -> Statement {
+    /// The oldest `limit` unsent messages after seq `after`, but those of `held`'s runs from
+    /// each on, with `lock`.
+    fn pending_statement(
+        &self,
+        limit: u32,
+        held: &[HeldBack],
+        after: Option<i64>,
+        lock: &str,
+    ) -> Statement {
         let t = self.quoted();
         let now = self.inner.dialect.now_ms();
         let mut values = Vec::with_capacity(2 * held.len() + 1);
@@ -154,12 +162,17 @@ impl Outbox {
         for held in held {
             match &held.run {
                 Some(run) => {
-                    left_out.push_str(" AND NOT (origin = ? AND seq >= ?)");
+                    // `origin = ?` is unknown for a NULL origin, which `NOT` would leave out.
+                    left_out.push_str(" AND NOT (origin IS NOT NULL AND origin = ? AND seq >= ?)");
                     values.push(Value::from(run.clone()));
                 }
                 None => left_out.push_str(" AND NOT (origin IS NULL AND seq >= ?)"),
             }
             values.push(Value::from(held.seq));
+        }
+        if let Some(after) = after {
+            left_out.push_str(" AND seq > ?");
+            values.push(Value::from(after));
         }
         values.push(Value::from(i64::from(limit)));
         let sql = format!(
