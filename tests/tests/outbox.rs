@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::{
-    BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
-    Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, derived_id, idempotent,
+    BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, HeldBack, Inbox, KeyError,
+    MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, derived_id, idempotent,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
 
@@ -24,6 +24,7 @@ on_each_backend!(
     sent_messages_are_deleted_after_their_retention,
     a_two_phase_takeover_derives_the_same_downstream_keys,
     an_idempotent_function_stages_through_its_outbound_parameter,
+    a_held_run_leaves_out_no_run_that_differs_only_in_case,
 );
 
 mod sqlite_only {
@@ -253,6 +254,32 @@ async fn relays_take_pending_messages_in_order_and_never_share_them(backend: Bac
     let seqs: Vec<i64> = first.messages().iter().map(|m| m.seq).collect();
     first.mark_sent(&seqs).await.unwrap();
     assert_eq!(pending_ids(&outbox).await, all[3..4]);
+}
+
+/// Runs are told apart by their bytes: holding back run `o-a` leaves out its messages only,
+/// not those of `o-A` (MySQL/MariaDB's default collation takes the two for one).
+async fn a_held_run_leaves_out_no_run_that_differs_only_in_case(backend: Backend) {
+    let (_db, inbox, outbox, effects) = setup(backend).await;
+    let handler = Invoicer { effects };
+    for id in ["o-a", "o-A"] {
+        inbox
+            .process(&handler, Msg::new(id, "a"), &meta())
+            .await
+            .unwrap();
+    }
+    let all = outbox.take_pending(100).await.unwrap();
+    let first = &all.messages()[0];
+    let held = HeldBack::new(first.run.clone(), first.seq);
+    assert_eq!(held.run, Some(format!("{CONSUMER}/o-a")));
+    all.mark_sent(&[]).await.unwrap();
+    let batch = outbox
+        .take_pending_except(100, &[held], None)
+        .await
+        .unwrap();
+    let runs: Vec<Option<String>> = batch.messages().iter().map(|m| m.run.clone()).collect();
+    let other = Some(format!("{CONSUMER}/o-A"));
+    assert_eq!(runs, [other.clone(), other]);
+    batch.mark_sent(&[]).await.unwrap();
 }
 
 async fn a_batch_in_hand_holds_up_no_handler_and_relays_take_turns() {

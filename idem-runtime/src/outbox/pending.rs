@@ -163,7 +163,10 @@ impl Outbox {
             match &held.run {
                 Some(run) => {
                     // `origin = ?` is unknown for a NULL origin, which `NOT` would leave out.
-                    left_out.push_str(" AND NOT (origin IS NOT NULL AND origin = ? AND seq >= ?)");
+                    let origin = self.origin_bytes();
+                    left_out.push_str(&format!(
+                        " AND NOT (origin IS NOT NULL AND {origin} = ? AND seq >= ?)"
+                    ));
                     values.push(Value::from(run.clone()));
                 }
                 None => left_out.push_str(" AND NOT (origin IS NULL AND seq >= ?)"),
@@ -201,16 +204,17 @@ impl Outbox {
         }
         let origins: Vec<&String> = first.keys().collect();
         let list = vec!["?"; origins.len()].join(", ");
+        let origin = self.origin_bytes();
         let sql = format!(
-            "SELECT origin, MIN(seq) FROM {} WHERE sent_at IS NULL AND origin IN ({list}) \
-             GROUP BY origin",
+            "SELECT {origin}, MIN(seq) FROM {} WHERE sent_at IS NULL AND {origin} IN ({list}) \
+             GROUP BY {origin}",
             self.quoted()
         );
         let values = origins.iter().map(|o| Value::from((*o).clone())).collect();
         let rows = tx.query_all_raw(self.statement(&sql, values)).await?;
         let mut held = HashMap::new();
         for row in rows {
-            let origin: String = row.try_get_by_index(0)?;
+            let origin = self.read_text(&row, 0, "run")?;
             let earliest: i64 = row.try_get_by_index(1)?;
             if first.get(&origin).is_some_and(|ours| earliest < *ours) {
                 held.insert(origin, earliest);
@@ -219,14 +223,27 @@ impl Outbox {
         Ok(held)
     }
 
-    fn read_pending(&self, row: &QueryResult) -> Result<PendingMessage, DbErr> {
-        let message_id = if self.backend() == DbBackend::MySql {
-            let bytes: Vec<u8> = row.try_get_by_index(1)?;
-            String::from_utf8(bytes)
-                .map_err(|_| DbErr::Custom("a message id that is not UTF-8".to_owned()))?
+    /// The origin column compared by its bytes: MySQL/MariaDB's default collation takes runs
+    /// that differ in case, accents or trailing spaces (`c/a`, `c/A`) for one.
+    fn origin_bytes(&self) -> &'static str {
+        if self.backend() == DbBackend::MySql {
+            "CAST(origin AS BINARY)"
         } else {
-            row.try_get_by_index(1)?
-        };
+            "origin"
+        }
+    }
+
+    /// A text column, which MySQL/MariaDB hands over as bytes when it is binary.
+    fn read_text(&self, row: &QueryResult, index: usize, what: &str) -> Result<String, DbErr> {
+        if self.backend() != DbBackend::MySql {
+            return row.try_get_by_index(index);
+        }
+        let bytes: Vec<u8> = row.try_get_by_index(index)?;
+        String::from_utf8(bytes).map_err(|_| DbErr::Custom(format!("a {what} that is not UTF-8")))
+    }
+
+    fn read_pending(&self, row: &QueryResult) -> Result<PendingMessage, DbErr> {
+        let message_id = self.read_text(row, 1, "message id")?;
         let headers: Option<String> = row.try_get_by_index(5)?;
         let headers = match headers {
             Some(json) => serde_json::from_str(&json)
