@@ -12,8 +12,16 @@ use tokio::time::Instant;
 /// How long a message whose publish closed the channel is held back before it is tried again.
 pub(super) const HOLD: Duration = Duration::from_secs(30);
 
-/// How long a message the broker did not take is held back before it is tried again.
+/// How long a message the broker did not take is held back before it is tried again the first
+/// time; the hold doubles at each try, up to [`MAX_HOLD`].
 pub(super) const RETRY_NOT_TAKEN: Duration = Duration::from_secs(5);
+
+/// The longest hold of a message the broker keeps refusing.
+const MAX_HOLD: Duration = Duration::from_secs(300);
+
+/// How long the tries of a message whose hold ran out are remembered: one taken meanwhile is
+/// forgotten then.
+const REMEMBER: Duration = Duration::from_secs(600);
 
 /// The most held-back runs a batch's statement leaves out; the oldest come first.
 const MAX_LEFT_OUT: usize = 100;
@@ -31,6 +39,8 @@ pub(super) struct Held {
 #[derive(Debug)]
 struct HeldMessage {
     until: Instant,
+    /// Holds so far, this one included.
+    tries: u32,
     /// When it was staged, by this process's clock.
     staged: Instant,
     held_back: HeldBack,
@@ -41,10 +51,11 @@ impl Held {
     /// batch to leave out.
     pub(super) fn left_out(&mut self) -> Vec<HeldBack> {
         let now = Instant::now();
-        self.messages.retain(|_, held| held.until > now);
+        self.messages.retain(|_, held| held.until + REMEMBER > now);
         let mut left_out: Vec<HeldBack> = self
             .messages
             .values()
+            .filter(|held| held.until > now)
             .map(|held| held.held_back.clone())
             .collect();
         left_out.sort_by_key(|held| held.seq);
@@ -55,13 +66,26 @@ impl Held {
     /// How long ago the oldest held message was staged: the batches leave it out, not the
     /// pending age.
     pub(super) fn oldest_age(&self) -> Option<Duration> {
-        let oldest = self.messages.values().map(|held| held.staged).min()?;
+        let oldest = self.holding().map(|held| held.staged).min()?;
         Some(oldest.elapsed())
     }
 
     /// When the next hold runs out, if any.
     pub(super) fn next_release(&self) -> Option<Instant> {
-        self.messages.values().map(|held| held.until).min()
+        self.holding().map(|held| held.until).min()
+    }
+
+    /// The messages held back now.
+    fn holding(&self) -> impl Iterator<Item = &HeldMessage> {
+        let now = Instant::now();
+        self.messages.values().filter(move |held| held.until > now)
+    }
+
+    /// Whether the message of `id` is held back now.
+    fn holds(&self, id: &str) -> bool {
+        self.messages
+            .get(id)
+            .is_some_and(|held| held.until > Instant::now())
     }
 
     /// The messages of `messages` (a batch, in the order staged) to publish now: none of a held
@@ -74,7 +98,7 @@ impl Held {
         let mut publishable = Vec::new();
         for message in messages {
             let run = message.run.as_deref();
-            if stopped.contains(&run) || self.messages.contains_key(&message.message_id) {
+            if stopped.contains(&run) || self.holds(&message.message_id) {
                 stopped.insert(run);
                 continue;
             }
@@ -88,22 +112,37 @@ impl Held {
 
     /// Holds back `message`, which the broker did not take (`why`), with the rest of its run.
     pub(super) fn not_taken(&mut self, message: &PendingMessage, why: &impl std::fmt::Display) {
-        tracing::warn!(
-            message_id = message.message_id,
-            exchange = message.exchange,
-            routing_key = message.routing_key,
-            %why,
-            retry_in = ?RETRY_NOT_TAKEN,
-            "the broker did not take this outbox message; it is held back with the rest of its run"
-        );
-        self.hold(message, RETRY_NOT_TAKEN);
+        let tries = self.tries(&message.message_id) + 1;
+        let pause = RETRY_NOT_TAKEN
+            .saturating_mul(1 << (tries - 1).min(16))
+            .min(MAX_HOLD);
+        // Said at the first tries and then less and less often, not at every one.
+        if tries.is_power_of_two() {
+            tracing::warn!(
+                message_id = message.message_id,
+                exchange = message.exchange,
+                routing_key = message.routing_key,
+                %why,
+                tries,
+                retry_in = ?pause,
+                "the broker did not take this outbox message; it is held back with the rest of \
+                 its run"
+            );
+        }
+        self.hold(message, pause, tries);
     }
 
-    fn hold(&mut self, message: &PendingMessage, pause: Duration) {
+    /// The holds of the message of `id` remembered so far.
+    fn tries(&self, id: &str) -> u32 {
+        self.messages.get(id).map_or(0, |held| held.tries)
+    }
+
+    fn hold(&mut self, message: &PendingMessage, pause: Duration, tries: u32) {
         let held_back = HeldBack::new(message.run.clone(), message.seq);
         let now = Instant::now();
         let held = HeldMessage {
             until: now + pause,
+            tries,
             staged: now.checked_sub(message.age).unwrap_or(now),
             held_back,
         };
@@ -123,7 +162,8 @@ impl Held {
                     "publishing this outbox message closed the channel (no such exchange, or no \
                      access to it); it is held back with the rest of its run"
                 );
-                self.hold(culprit, HOLD);
+                let tries = self.tries(&culprit.message_id) + 1;
+                self.hold(culprit, HOLD, tries);
                 self.careful = 0;
             }
             _ => self.careful = careful_for,

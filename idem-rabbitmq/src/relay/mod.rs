@@ -46,9 +46,9 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 ///   one run). A message is marked sent only once the broker confirmed it. A message the
 ///   broker does not take (unroutable: no queue bound for its routing key; refused) stops its
 ///   run for the rest of the batch, so no later message of its run overtakes it, and is held
-///   back with the rest of its run for 5 s between tries, while every other run goes on; it is
-///   logged and counted (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every
-///   try. Held runs are left out of the batches the relay takes, so they never fill one. A
+///   back with the rest of its run (5 s, doubling at each try up to 5 min), while every other
+///   run goes on; it is counted (`idem_outbox_publish_failures_total{reason="unroutable"}`) at
+///   every try. Held runs are left out of the batches the relay takes, so they never fill one. A
 ///   failed channel (no confirm in time, the connection lost) ends the batch, and the relay
 ///   retries after a back-off ([`retry_backoff`](RelayBuilder::retry_backoff)). Returned
 ///   messages are matched to publishes by message id, not by the confirm lapin hands them with.
