@@ -1,10 +1,16 @@
 //! Connecting to RabbitMQ.
 
-use std::sync::Arc;
+#[cfg(unix)]
+use std::os::fd::{AsFd, OwnedFd as OwnedSocket};
+#[cfg(windows)]
+use std::os::windows::io::{AsSocket, OwnedSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_compat::Compat;
 use std::time::Duration;
 
-use lapin::tcp::{AMQPUriTcpExt, TLSConfig};
+use lapin::tcp::{AMQPUriTcpExt, AsyncTcpStream, TLSConfig};
 use lapin::uri::AMQPUri;
 use lapin::{Connection, ConnectionProperties};
 use tokio::task::JoinSet;
@@ -48,15 +54,69 @@ struct Gate {
     /// before the attempt's last look at `retired`, so that a watcher that finds it unset after
     /// retiring knows no stream can get through any more.
     stream_out: AtomicBool,
+    /// While the connection opens, a handle on its socket (plain TCP): an opening given up on
+    /// shuts it down, or lapin's thread would wait on a silent broker for good.
+    opening_socket: Mutex<Option<OwnedSocket>>,
+    /// The connection opened: the sockets of lapin's reconnections are its own.
+    opened: AtomicBool,
 }
 
-/// Retires the gate of a connection whose opening was abandoned (its future dropped).
+impl Gate {
+    /// Keeps a handle on the socket of a plain TCP `stream` while the connection opens (a TLS
+    /// one keeps its socket to itself).
+    fn note_socket(&self, stream: &AsyncTcpStream<Compat<tokio::net::TcpStream>>) {
+        if let AsyncTcpStream::Plain(plain) = stream
+            && let Ok(socket) = socket_of(plain.get_ref())
+        {
+            *self
+                .opening_socket
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(socket);
+        }
+    }
+
+    /// Forgets the socket's handle (the connection opened: lapin owns its socket).
+    fn forget_socket(&self) {
+        self.opening_socket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
+    /// Shuts the socket down: lapin's reads and writes on it end.
+    fn shut_socket(&self) {
+        let fd = self
+            .opening_socket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(fd) = fd {
+            let _ = std::net::TcpStream::from(fd).shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Another handle on `stream`'s socket.
+#[cfg(unix)]
+fn socket_of(stream: &tokio::net::TcpStream) -> std::io::Result<OwnedSocket> {
+    stream.as_fd().try_clone_to_owned()
+}
+
+/// Another handle on `stream`'s socket.
+#[cfg(windows)]
+fn socket_of(stream: &tokio::net::TcpStream) -> std::io::Result<OwnedSocket> {
+    stream.as_socket().try_clone_to_owned()
+}
+
+/// Retires the gate of a connection whose opening was abandoned (its future dropped), and shuts
+/// its socket down.
 struct OpenGuard(Option<Arc<Gate>>);
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
         if let Some(gate) = self.0.take() {
             gate.retired.store(true, Ordering::SeqCst);
+            gate.shut_socket();
         }
     }
 }
@@ -96,6 +156,9 @@ impl Link {
             let stream =
                 AMQPUriTcpExt::connect_with_config_async(&uri, TLSConfig::default(), &runtime)
                     .await?;
+            if !shared.opened.load(Ordering::SeqCst) {
+                shared.note_socket(&stream);
+            }
             shared.stream_out.store(true, Ordering::SeqCst);
             if shared.retired.load(Ordering::SeqCst) {
                 shared.stream_out.store(false, Ordering::SeqCst);
@@ -110,6 +173,8 @@ impl Link {
             Err(source) => return Err(failed(source)),
         };
         guard.0 = None;
+        link.gate.opened.store(true, Ordering::SeqCst);
+        link.gate.forget_socket();
         Ok(link)
     }
 

@@ -3,7 +3,7 @@
 //! hold back what the server sends, as a distant server's answers are.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,6 +19,8 @@ pub struct Proxy {
     port: u16,
     state: Arc<AtomicU8>,
     links: Arc<Mutex<JoinSet<()>>>,
+    /// Silent connections the client has not closed.
+    silent: Arc<AtomicUsize>,
 }
 
 /// Forwarding connections.
@@ -49,8 +51,10 @@ impl Proxy {
             port,
             state: Arc::new(AtomicU8::new(UP)),
             links: Arc::new(Mutex::new(JoinSet::new())),
+            silent: Arc::new(AtomicUsize::new(0)),
         };
         let (state, links, target) = (proxy.state.clone(), proxy.links.clone(), target.to_owned());
+        let silent = proxy.silent.clone();
         tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 match state.load(Ordering::SeqCst) {
@@ -59,8 +63,10 @@ impl Proxy {
                         continue;
                     }
                     SILENT => {
-                        // Read and never answer, until cut.
+                        // Read and never answer, until the client closes or the proxy cuts.
+                        let silent = SilentLink::open(&silent);
                         links.lock().await.spawn(async move {
+                            let _open = silent;
                             let mut sink = vec![0u8; 4096];
                             while matches!(client.read(&mut sink).await, Ok(read) if read > 0) {}
                         });
@@ -101,9 +107,30 @@ impl Proxy {
         while links.join_next().await.is_some() {}
     }
 
+    /// Silent connections (see [`Proxy::silence`]) their clients have not closed.
+    pub fn silent_links(&self) -> usize {
+        self.silent.load(Ordering::SeqCst)
+    }
+
     /// Forwards new connections again (the silent ones stay silent).
     pub fn restore(&self) {
         self.state.store(UP, Ordering::SeqCst);
+    }
+}
+
+/// Counts a silent connection while it is open.
+struct SilentLink(Arc<AtomicUsize>);
+
+impl SilentLink {
+    fn open(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for SilentLink {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

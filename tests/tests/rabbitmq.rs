@@ -1280,7 +1280,16 @@ async fn a_broker_that_never_answers_is_given_up_on_and_retried() {
 
     proxy.silence().await;
     // Long enough for lapin's recovery to give up and for sessions to be opened into silence.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let waiting = proxy.silent_links();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Each attempt given up on (about three meanwhile) closed its connection: the connections
+    // left waiting do not grow with the attempts.
+    let later = proxy.silent_links();
+    assert!(
+        later <= waiting + 1,
+        "{waiting} then {later} silent connections"
+    );
     proxy.restore();
     broker
         .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
