@@ -56,42 +56,47 @@ struct Gate {
     stream_out: AtomicBool,
     /// While the connection opens, a handle on its socket (plain TCP): an opening given up on
     /// shuts it down, or lapin's thread would wait on a silent broker for good.
-    opening_socket: Mutex<Option<OwnedSocket>>,
-    /// The connection opened: the sockets of lapin's reconnections are its own.
-    opened: AtomicBool,
+    opening: Mutex<Opening>,
+}
+
+/// The socket of a connection that is opening.
+#[derive(Debug, Default)]
+struct Opening {
+    /// Another handle on the socket lapin was given last.
+    socket: Option<OwnedSocket>,
+    /// The connection opened, or its opening was given up on: no socket is kept any more (the
+    /// sockets of lapin's reconnections are its own).
+    over: bool,
 }
 
 impl Gate {
+    fn opening(&self) -> std::sync::MutexGuard<'_, Opening> {
+        self.opening.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Keeps a handle on the socket of a plain TCP `stream` while the connection opens (a TLS
     /// one keeps its socket to itself).
     fn note_socket(&self, stream: &AsyncTcpStream<Compat<tokio::net::TcpStream>>) {
-        if let AsyncTcpStream::Plain(plain) = stream
+        let mut opening = self.opening();
+        if !opening.over
+            && let AsyncTcpStream::Plain(plain) = stream
             && let Ok(socket) = socket_of(plain.get_ref())
         {
-            *self
-                .opening_socket
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(socket);
+            opening.socket = Some(socket);
         }
     }
 
-    /// Forgets the socket's handle (the connection opened: lapin owns its socket).
-    fn forget_socket(&self) {
-        self.opening_socket
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-    }
-
-    /// Shuts the socket down: lapin's reads and writes on it end.
-    fn shut_socket(&self) {
-        let fd = self
-            .opening_socket
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(fd) = fd {
-            let _ = std::net::TcpStream::from(fd).shutdown(std::net::Shutdown::Both);
+    /// Ends the opening: forgets the socket's handle, shut down first if `give_up`.
+    fn end_opening(&self, give_up: bool) {
+        let socket = {
+            let mut opening = self.opening();
+            opening.over = true;
+            opening.socket.take()
+        };
+        if let Some(socket) = socket
+            && give_up
+        {
+            let _ = std::net::TcpStream::from(socket).shutdown(std::net::Shutdown::Both);
         }
     }
 }
@@ -116,7 +121,7 @@ impl Drop for OpenGuard {
     fn drop(&mut self) {
         if let Some(gate) = self.0.take() {
             gate.retired.store(true, Ordering::SeqCst);
-            gate.shut_socket();
+            gate.end_opening(true);
         }
     }
 }
@@ -156,9 +161,7 @@ impl Link {
             let stream =
                 AMQPUriTcpExt::connect_with_config_async(&uri, TLSConfig::default(), &runtime)
                     .await?;
-            if !shared.opened.load(Ordering::SeqCst) {
-                shared.note_socket(&stream);
-            }
+            shared.note_socket(&stream);
             shared.stream_out.store(true, Ordering::SeqCst);
             if shared.retired.load(Ordering::SeqCst) {
                 shared.stream_out.store(false, Ordering::SeqCst);
@@ -173,8 +176,7 @@ impl Link {
             Err(source) => return Err(failed(source)),
         };
         guard.0 = None;
-        link.gate.opened.store(true, Ordering::SeqCst);
-        link.gate.forget_socket();
+        link.gate.end_opening(false);
         Ok(link)
     }
 

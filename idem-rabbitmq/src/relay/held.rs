@@ -3,7 +3,7 @@
 //! closed the channel (an exchange that does not exist, or that the relay may not write to),
 //! after longer; and how the relay finds such a message among a batch's publishes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use idem_runtime::{HeldBack, PendingMessage};
@@ -81,25 +81,27 @@ impl Held {
         self.messages.values().filter(move |held| held.until > now)
     }
 
-    /// Whether the message of `id` is held back now.
-    fn holds(&self, id: &str) -> bool {
-        self.messages
-            .get(id)
-            .is_some_and(|held| held.until > Instant::now())
-    }
-
     /// The messages of `messages` (a batch, in the order staged) to publish now: none of a held
     /// message's run from it on, and only the first of them while the relay is careful.
     pub(super) fn publishable<'a>(
         &mut self,
         messages: &'a [PendingMessage],
     ) -> Vec<&'a PendingMessage> {
-        let mut stopped: HashSet<Option<&str>> = HashSet::new();
+        // Where each held run stops, its held message possibly in an earlier batch.
+        let mut stopped_from: HashMap<Option<&str>, i64> = HashMap::new();
+        for held in self.holding() {
+            let from = stopped_from
+                .entry(held.held_back.run.as_deref())
+                .or_insert(i64::MAX);
+            *from = (*from).min(held.held_back.seq);
+        }
         let mut publishable = Vec::new();
         for message in messages {
             let run = message.run.as_deref();
-            if stopped.contains(&run) || self.holds(&message.message_id) {
-                stopped.insert(run);
+            if stopped_from
+                .get(&run)
+                .is_some_and(|from| *from <= message.seq)
+            {
                 continue;
             }
             publishable.push(message);

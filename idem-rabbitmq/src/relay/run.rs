@@ -139,13 +139,12 @@ impl Runner {
             let Some(batch) = self.take(limit, &left_out, after).await? else {
                 return Ok(Round::Stopped);
             };
-            let messages = batch.messages();
-            let full = messages.len() >= usize::try_from(limit).unwrap_or(usize::MAX);
-            if !full || !self.held.publishable(messages).is_empty() {
+            let full = batch.rows_taken() >= usize::try_from(limit).unwrap_or(usize::MAX);
+            if !full || !self.held.publishable(batch.messages()).is_empty() {
                 break batch;
             }
             // A whole batch of held runs (more than the statement leaves out): the next one.
-            after = messages.last().map(|message| message.seq);
+            after = batch.last_seq_taken();
             batch
                 .mark_sent(&[])
                 .await

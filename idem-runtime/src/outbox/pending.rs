@@ -67,6 +67,9 @@ pub struct PendingBatch {
     /// On SQLite, the turn of this outbox's relays in this process.
     _turn: Option<OwnedMutexGuard<()>>,
     messages: Vec<PendingMessage>,
+    /// How many rows the statement took, and the last one's seq, before the runs another relay
+    /// holds were left out.
+    scanned: (usize, Option<i64>),
     outbox: Outbox,
 }
 
@@ -100,13 +103,14 @@ impl Outbox {
                 .db
                 .query_all_raw(self.pending_statement(limit, held, after, ""))
                 .await?;
-            let messages = rows
+            let messages: Vec<PendingMessage> = rows
                 .iter()
                 .map(|row| self.read_pending(row))
                 .collect::<Result<_, _>>()?;
             return Ok(PendingBatch {
                 tx: None,
                 _turn: Some(turn),
+                scanned: (messages.len(), messages.last().map(|m| m.seq)),
                 messages,
                 outbox: self.clone(),
             });
@@ -129,6 +133,7 @@ impl Outbox {
             taken.push(self.read_pending(row)?);
         }
         let held_back = self.runs_held_elsewhere(&tx, &taken).await?;
+        let scanned = (taken.len(), taken.last().map(|m| m.seq));
         let messages = taken
             .into_iter()
             .filter(|message| {
@@ -142,6 +147,7 @@ impl Outbox {
             tx: Some(tx),
             _turn: None,
             messages,
+            scanned,
             outbox: self.clone(),
         })
     }
@@ -227,7 +233,8 @@ impl Outbox {
     /// that differ in case, accents or trailing spaces (`c/a`, `c/A`) for one.
     fn origin_bytes(&self) -> &'static str {
         if self.backend() == DbBackend::MySql {
-            "CAST(origin AS BINARY)"
+            // Converted first: an origin column created latin1 by an older version.
+            "CAST(CONVERT(origin USING utf8mb4) AS BINARY)"
         } else {
             "origin"
         }
@@ -270,6 +277,18 @@ impl PendingBatch {
     /// The messages, in the order they were staged.
     pub fn messages(&self) -> &[PendingMessage] {
         &self.messages
+    }
+
+    /// How many unsent rows the batch's statement took, those of runs another relay holds
+    /// included (they are not among [`PendingBatch::messages`]): a batch as large as its limit
+    /// may have more behind it.
+    pub fn rows_taken(&self) -> usize {
+        self.scanned.0
+    }
+
+    /// The seq of the last row the batch's statement took, to take the next ones after it.
+    pub fn last_seq_taken(&self) -> Option<i64> {
+        self.scanned.1
     }
 
     /// Marks the messages of `seqs` sent (their publishes were confirmed) and releases the
