@@ -171,6 +171,15 @@ impl Handler for Scripted {
     }
 }
 
+/// How a batch item settled: `processed`, `duplicate` or its error's code.
+fn settled_as(result: &idem_runtime::Result<Outcome<String>>) -> &'static str {
+    match result {
+        Ok(Outcome::Processed(_)) => "processed",
+        Ok(Outcome::Duplicate(_)) => "duplicate",
+        Err(error) => error.code(),
+    }
+}
+
 fn item(id: &str, body: &str) -> BatchItem<Msg> {
     BatchItem {
         key: MessageKey::new(id),
@@ -575,11 +584,7 @@ async fn batches_beside_a_locked_record(db: &TestDb, inbox: &Inbox) {
         .iter()
         .chain(&first)
         .chain(&again)
-        .map(|result| match result {
-            Ok(Outcome::Processed(_)) => "processed",
-            Ok(Outcome::Duplicate(_)) => "duplicate",
-            Err(error) => error.code(),
-        })
+        .map(settled_as)
         .collect();
     let expected: Vec<&str> = ["handler-error"; 2]
         .into_iter()
@@ -841,14 +846,7 @@ async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message() {
         )
         .await;
     db.exec(&format!("DROP TABLE {once}")).await;
-    let settle: Vec<&str> = results
-        .iter()
-        .map(|result| match result {
-            Ok(Outcome::Processed(_)) => "processed",
-            Ok(Outcome::Duplicate(_)) => "duplicate",
-            Err(error) => error.code(),
-        })
-        .collect();
+    let settle: Vec<&str> = results.iter().map(settled_as).collect();
     assert_eq!(
         settle,
         ["processed", "database-error", "processed", "handler-error"]
@@ -887,14 +885,7 @@ async fn a_key_the_table_refuses_fails_only_its_message(backend: Backend) {
             vec![item("a", "ok"), item("b", "ok"), item("c", "ok")],
         )
         .await;
-    let settle: Vec<&str> = results
-        .iter()
-        .map(|result| match result {
-            Ok(Outcome::Processed(_)) => "processed",
-            Ok(Outcome::Duplicate(_)) => "duplicate",
-            Err(error) => error.code(),
-        })
-        .collect();
+    let settle: Vec<&str> = results.iter().map(settled_as).collect();
     assert_eq!(settle, ["processed", "database-error", "processed"]);
     for (key, effect) in [("a", 1), ("b", 0), ("c", 1)] {
         assert_eq!(effects_of(&db, &effects, key).await, effect, "{key}");

@@ -282,27 +282,14 @@ impl Inbox {
         let consumer = match ConsumerName::new(handler.consumer()) {
             Ok(consumer) => consumer,
             Err(error) => {
-                let results: Vec<_> = items
-                    .iter()
-                    .map(|_| Err(Error::InvalidConsumer(error.clone())))
-                    .collect();
-                for (item, result) in items.iter().zip(&results) {
-                    record(handler.consumer(), &item.metadata, result);
-                }
-                return results;
+                let error = || Error::InvalidConsumer(error.clone());
+                return fail_all(handler.consumer(), &items, error);
             }
         };
         let retention = match self.settings_for(&consumer, handler) {
             Ok((retention, _)) => retention,
             Err(error) => {
-                let results: Vec<_> = items
-                    .iter()
-                    .map(|_| Err(Error::Config(error.clone())))
-                    .collect();
-                for (item, result) in items.iter().zip(&results) {
-                    record(consumer.as_str(), &item.metadata, result);
-                }
-                return results;
+                return fail_all(consumer.as_str(), &items, || Error::Config(error.clone()));
             }
         };
         let Sorted {
@@ -764,6 +751,19 @@ impl Inbox {
         }
         Ok(())
     }
+}
+
+/// Fails every item with `error` (a configuration that cannot work), recorded for `consumer`.
+fn fail_all<M, T>(
+    consumer: &str,
+    items: &[BatchItem<M>],
+    error: impl Fn() -> Error,
+) -> Vec<Result<Outcome<T>>> {
+    let results: Vec<_> = items.iter().map(|_| Err(error())).collect();
+    for (item, result) in items.iter().zip(&results) {
+        record(consumer, &item.metadata, result);
+    }
+    results
 }
 
 /// Sorts the items out: their metadata, the results known before any statement, the first copy
