@@ -70,7 +70,8 @@ mod url;
 pub use codec::{Codec, DecodeError, Json};
 pub use connect::connect;
 pub use consumer::{
-    Binding, Consumer, ConsumerBuilder, ConsumerStats, ShutdownHandle, ShutdownReport, headers,
+    Binding, Consumer, ConsumerBuilder, ConsumerStats, DEFAULT_BATCHES_IN_FLIGHT, ShutdownHandle,
+    ShutdownReport, headers,
 };
 pub use error::{ConfigError, Error, Result};
 pub use metadata::metadata_of;

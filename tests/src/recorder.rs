@@ -80,6 +80,8 @@ pub struct Recorder {
     failures: Arc<AtomicU32>,
     panics: Arc<AtomicU32>,
     attempts: Arc<Mutex<Vec<u32>>>,
+    /// Runs under way, and the most there were at once.
+    running: Arc<(AtomicU32, AtomicU32)>,
     hook: Option<Hook>,
     effects: String,
     db: DatabaseConnection,
@@ -100,6 +102,7 @@ impl Recorder {
             failures: Arc::default(),
             panics: Arc::default(),
             attempts: Arc::default(),
+            running: Arc::default(),
             hook: None,
             effects: effects.to_owned(),
             db: db.db.clone(),
@@ -148,6 +151,11 @@ impl Recorder {
     /// Panics in the next `n` runs, after writing the effect.
     pub fn panic_next(&self, n: u32) {
         self.panics.store(n, Ordering::SeqCst);
+    }
+
+    /// The most runs that were under way at once.
+    pub fn most_at_once(&self) -> u32 {
+        self.running.1.load(Ordering::SeqCst)
     }
 
     /// The attempt numbers of every run so far.
@@ -222,6 +230,7 @@ impl Handler for Recorder {
 
     async fn handle(&self, cx: &Context<'_>, message: Msg) -> Result<String, RecorderError> {
         self.attempts.lock().unwrap().push(cx.attempt());
+        let _running = Running::start(&self.running);
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
@@ -244,5 +253,22 @@ impl Handler for Recorder {
             panic!("recorder panics on purpose");
         }
         Ok(format!("{}:{}", self.tag, message.body))
+    }
+}
+
+/// Counts a run while it is under way, noting the most at once.
+struct Running<'a>(&'a (AtomicU32, AtomicU32));
+
+impl<'a> Running<'a> {
+    fn start(counts: &'a (AtomicU32, AtomicU32)) -> Self {
+        let now = counts.0.fetch_add(1, Ordering::SeqCst) + 1;
+        counts.1.fetch_max(now, Ordering::SeqCst);
+        Self(counts)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

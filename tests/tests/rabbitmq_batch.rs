@@ -19,6 +19,7 @@ on_each_backend!(
     a_batching_binding_checked_before_commit_settles_the_same,
     a_crash_between_commit_and_ack_is_replayed_as_duplicates,
     a_key_or_fingerprint_that_panics_fails_only_its_own_delivery,
+    a_binding_has_at_most_its_batches_in_flight,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -166,6 +167,51 @@ async fn a_key_or_fingerprint_that_panics_fails_only_its_own_delivery(backend: B
         .collect();
     assert_eq!(reasons, ["delivery-limit", "delivery-limit"]);
     consumer.shutdown().await;
+}
+
+/// A binding runs at most two batches at once by default (one handler each at a time), and as
+/// many as it says.
+async fn a_binding_has_at_most_its_batches_in_flight(backend: Backend) {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    // SQLite writes one transaction at a time: a consumer's batches take turns there.
+    let two = if backend == Backend::Sqlite { 1 } else { 2 };
+    for (batches, expected) in [(None, two), (Some(1), 1)] {
+        let topology = broker.classic_queue();
+        broker.declare(&topology).await;
+        let queue = topology.queue().to_owned();
+        let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_millis(20));
+        let mut binding =
+            Binding::new(topology, handler.clone()).batch(5, Duration::from_millis(20));
+        if let Some(batches) = batches {
+            binding = binding.batches_in_flight(batches);
+        }
+        // Every delivery ready at the start: the batches could all run at once.
+        for i in 0..60 {
+            let id = format!("o-{batches:?}-{i}");
+            broker
+                .send(&queue, &Msg::new(&id, "charge"), with_id(&id))
+                .await;
+        }
+        let consumer = consumer_builder(&inbox, &unique("idem-batch"))
+            .prefetch(100)
+            .bind_with(binding)
+            .start()
+            .await
+            .expect("consumer starts");
+        broker
+            .eventually("every delivery acked", WAIT, || async {
+                consumer.stats().acked == 60
+            })
+            .await;
+        assert_eq!(
+            handler.most_at_once(),
+            expected,
+            "{batches:?} batches in flight"
+        );
+        consumer.shutdown().await;
+    }
+    assert_eq!(db.count(&effects, "1=1").await, 120);
 }
 
 async fn a_crash_between_commit_and_ack_is_replayed_as_duplicates(backend: Backend) {

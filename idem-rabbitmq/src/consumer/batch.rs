@@ -24,7 +24,8 @@ pub(crate) struct BatchJob {
     /// The channel's epoch the deliveries were received in.
     pub(crate) epoch: u64,
     pub(crate) deliveries: Vec<Delivery>,
-    pub(crate) permit: OwnedSemaphorePermit,
+    /// Its places among the consumer's handlers in flight and among its binding's batches.
+    pub(crate) permit: [OwnedSemaphorePermit; 2],
 }
 
 impl BatchJob {
@@ -75,7 +76,7 @@ impl BatchJob {
             }
         }
         let acked = settler.ack_batch(&acks, &unsettled, epoch).await;
-        // The batch's slot goes back before any back-off of the others.
+        // The batch's slots go back before any back-off of the others.
         drop(permit);
         let settled = join_all(others.into_iter().map(|(delivery, verdict, key)| {
             let (settler, unsettled) = (&settler, &unsettled);

@@ -27,6 +27,7 @@ pub struct Binding<H: Handler, C = Json> {
     codec: C,
     batch: Option<(Batching, BatchFn<H>)>,
     checks: BatchChecks,
+    batches_in_flight: usize,
 }
 
 /// Results of a batch, one per message.
@@ -60,7 +61,14 @@ pub(crate) struct Batching {
     pub(crate) size: usize,
     /// How long a batch waits for more deliveries after its first one.
     pub(crate) max_wait: Duration,
+    /// The most batches of the binding in flight at once.
+    pub(crate) in_flight: usize,
 }
+
+/// Batches of one binding in flight at once unless set: a batch is a transaction of many writes,
+/// and more of them at once contend for the same tables and indexes (on MariaDB, 16 batches in
+/// flight processed about half as many messages as 2).
+pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
 
 impl<H: Handler> Binding<H, Json> {
     /// Binds `handler` to the queue of `topology`, decoding JSON.
@@ -71,6 +79,7 @@ impl<H: Handler> Binding<H, Json> {
             codec: Json,
             batch: None,
             checks: BatchChecks::default(),
+            batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
         }
     }
 }
@@ -84,6 +93,7 @@ impl<H: Handler, C: Codec> Binding<H, C> {
             codec,
             batch: self.batch,
             checks: self.checks,
+            batches_in_flight: self.batches_in_flight,
         }
     }
 
@@ -97,7 +107,9 @@ impl<H: Handler, C: Codec> Binding<H, C> {
     /// Use it when throughput matters more than latency: a batch commits after its slowest
     /// message, and each message waits up to `max_wait` for its batch to fill. Give the consumer
     /// a [`prefetch`](crate::ConsumerBuilder::prefetch) of at least `size`, or batches never
-    /// fill. Each batch counts as one handler in flight. For transactional handlers only: a
+    /// fill. Each batch counts as one handler in flight, and at most
+    /// [`DEFAULT_BATCHES_IN_FLIGHT`] batches of the binding are in flight at once
+    /// ([`Binding::batches_in_flight`]). For transactional handlers only: a
     /// two-phase handler is refused at start. At most [`MAX_BATCH`] per batch. Messages are
     /// cloned: on PostgreSQL a batch runs a handler again when another of its messages failed
     /// (see [`Inbox::process_batch`]).
@@ -105,7 +117,23 @@ impl<H: Handler, C: Codec> Binding<H, C> {
     where
         H::Message: Clone,
     {
-        self.batch = Some((Batching { size, max_wait }, process_batch::<H>));
+        let batching = Batching {
+            size,
+            max_wait,
+            in_flight: self.batches_in_flight,
+        };
+        self.batch = Some((batching, process_batch::<H>));
+        self
+    }
+
+    /// How many batches of this binding may be in flight at once (default
+    /// [`DEFAULT_BATCHES_IN_FLIGHT`]); each also counts as one handler in flight
+    /// ([`max_in_flight`](crate::ConsumerBuilder::max_in_flight)). No effect outside batch mode.
+    pub fn batches_in_flight(mut self, batches: usize) -> Self {
+        self.batches_in_flight = batches;
+        if let Some((batching, _)) = &mut self.batch {
+            batching.in_flight = batches;
+        }
         self
     }
 
@@ -203,6 +231,9 @@ where
         let queue = self.topology.queue().to_owned();
         if batch.size == 0 {
             return Err(ConfigError::Zero("the batch size"));
+        }
+        if batch.in_flight == 0 {
+            return Err(ConfigError::Zero("the batches in flight"));
         }
         if batch.size > MAX_BATCH {
             return Err(ConfigError::BatchTooLarge {

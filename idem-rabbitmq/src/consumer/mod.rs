@@ -24,8 +24,8 @@ use crate::error::{ConfigError, Result};
 use crate::topology::QueueTopology;
 use crate::url::AmqpUrl;
 
-pub use binding::Binding;
 use binding::Dispatch;
+pub use binding::{Binding, DEFAULT_BATCHES_IN_FLIGHT};
 use idem_runtime::delivery::{Backoff, RetryMemory};
 use settle::RetryPolicy;
 pub use settle::headers;
@@ -359,6 +359,7 @@ impl ConsumerBuilder {
             cleaner: None,
         };
         for binding in self.bindings {
+            let batches = binding.batching().map_or(1, |batching| batching.in_flight);
             let worker = Worker {
                 binding,
                 inbox: self.inbox.clone(),
@@ -366,6 +367,7 @@ impl ConsumerBuilder {
                 stats: Arc::clone(&stats),
                 retries: Arc::clone(&retries),
                 in_flight: Arc::clone(&in_flight),
+                batches: Arc::new(Semaphore::new(batches)),
                 retirees: Arc::clone(&retirees),
                 shutdown: stop.clone(),
             };

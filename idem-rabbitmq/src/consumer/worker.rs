@@ -160,6 +160,8 @@ pub(crate) struct Worker {
     pub(crate) stats: Arc<Stats>,
     pub(crate) retries: Arc<RetryMemory>,
     pub(crate) in_flight: Arc<Semaphore>,
+    /// This binding's batches in flight.
+    pub(crate) batches: Arc<Semaphore>,
     pub(crate) retirees: Arc<Retirees>,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
@@ -383,7 +385,7 @@ impl Worker {
             let Some(batching) = batching else {
                 // Room among the handlers in flight is taken once a delivery is in hand, so that
                 // an idle binding holds none of it; the prefetch bounds what waits.
-                match self.permit(session, &mut watch).await {
+                match self.permit(session, &mut watch, &self.in_flight).await {
                     Ok(permit) => tasks.spawn(self.job(session, delivery, permit).run()),
                     Err(end) => return end,
                 };
@@ -419,17 +421,20 @@ impl Worker {
         tasks: &mut JoinSet<()>,
         (unsettled, epoch, deliveries): (&Arc<Unsettled>, u64, Vec<Delivery>),
     ) -> std::result::Result<(), End> {
-        let permit = self.permit(session, watch).await?;
-        let job = self.batch_job(session, unsettled, epoch, deliveries, permit);
+        let batch = self.permit(session, watch, &self.batches).await?;
+        let handler = self.permit(session, watch, &self.in_flight).await?;
+        let job = self.batch_job(session, unsettled, epoch, deliveries, [handler, batch]);
         tasks.spawn(job.run());
         Ok(())
     }
 
-    /// Waits for room among the handlers in flight, watching the session meanwhile.
+    /// Waits for room among `slots` (the handlers or the batches in flight), watching the
+    /// session meanwhile.
     async fn permit(
         &self,
         session: &mut Session,
         watch: &mut Watch,
+        slots: &Arc<Semaphore>,
     ) -> std::result::Result<OwnedSemaphorePermit, End> {
         loop {
             tokio::select! {
@@ -443,7 +448,7 @@ impl Worker {
                         return Err(End::Failed("the connection was not recovered in time".into()));
                     }
                 }
-                permit = Arc::clone(&self.in_flight).acquire_owned() => match permit {
+                permit = Arc::clone(slots).acquire_owned() => match permit {
                     Ok(permit) => return Ok(permit),
                     Err(_) => return Err(End::Shutdown),
                 },
@@ -479,7 +484,7 @@ impl Worker {
         unsettled: &Arc<Unsettled>,
         epoch: u64,
         deliveries: Vec<Delivery>,
-        permit: OwnedSemaphorePermit,
+        permit: [OwnedSemaphorePermit; 2],
     ) -> BatchJob {
         BatchJob {
             settling: self.settling(session),
