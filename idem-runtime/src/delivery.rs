@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use sea_orm::DbErr;
 
 use crate::error::{DeadLetterReason, Error};
 
@@ -102,6 +103,10 @@ pub enum Retry {
     /// The inbox database is unreachable. Not counted, since the message is not at fault; the
     /// back-off grows with the outage, for every message of the consumer.
     StoreUnavailable,
+    /// No pooled connection came in time: the database is down, or every connection is busy.
+    /// Not counted, since the message never reached the database, even while others do (a
+    /// saturated pool); paced like an outage.
+    NoConnection,
 }
 
 impl Retry {
@@ -109,6 +114,7 @@ impl Retry {
     pub fn of(error: &Error) -> Self {
         match error {
             Error::InProgressElsewhere { remaining, .. } => Retry::Claimed(*remaining),
+            Error::StoreUnavailable(DbErr::ConnectionAcquire(_)) => Retry::NoConnection,
             error if error.is_store_unavailable() => Retry::StoreUnavailable,
             error if !error.counts_as_attempt() => Retry::Claimed(Duration::ZERO),
             _ => Retry::Failed,
@@ -202,7 +208,9 @@ impl DeliveryPolicy {
             Retry::Claimed(remaining) => {
                 remaining.clamp(self.backoff.after(deliveries), self.backoff.max())
             }
-            Retry::StoreUnavailable => self.backoff.after(memory.outage_continues()),
+            Retry::StoreUnavailable | Retry::NoConnection => {
+                self.backoff.after(memory.outage_continues())
+            }
         };
         Decision::Requeue {
             counted: retry.counted(),
@@ -372,6 +380,20 @@ mod tests {
         // Others got through meanwhile: this message's error is its own, and at its limit.
         memory.store_reached();
         assert!(matches!(decide(), Decision::GiveUp(_)));
+    }
+
+    #[test]
+    fn no_pooled_connection_is_never_counted_even_while_others_reach_the_database() {
+        let memory = RetryMemory::default();
+        let decide = || policy().decide(&memory, "m", Retry::NoConnection, 5, "c", "d");
+        assert!(matches!(decide(), Decision::Requeue { counted: false, .. }));
+        // A saturated pool: others got a connection meanwhile; this message never reached it.
+        memory.store_reached();
+        assert!(matches!(decide(), Decision::Requeue { counted: false, .. }));
+        let timed_out = Error::from(sea_orm::DbErr::ConnectionAcquire(
+            sea_orm::ConnAcquireErr::Timeout,
+        ));
+        assert_eq!(Retry::of(&timed_out), Retry::NoConnection);
     }
 
     #[test]
