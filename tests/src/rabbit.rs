@@ -18,11 +18,23 @@ use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, Publisher, QueueT
 use idem_runtime::Inbox;
 
 use crate::db::unique;
+use crate::proxy::Proxy;
 
 /// The broker tests use: `IDEM_TEST_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`.
 pub fn amqp_url() -> String {
     std::env::var("IDEM_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// The broker's address for a proxy in front of it: `IDEM_TEST_AMQP_ADDR`, default
+/// `127.0.0.1:5672`.
+pub fn amqp_addr() -> String {
+    std::env::var("IDEM_TEST_AMQP_ADDR").unwrap_or_else(|_| "127.0.0.1:5672".to_owned())
+}
+
+/// The broker's URL through `proxy` (started in front of [`amqp_addr`]).
+pub fn amqp_url_through(proxy: &Proxy) -> String {
+    format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port())
 }
 
 /// A consumer of `inbox` for a test: its connections named `name` (which

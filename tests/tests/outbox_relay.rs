@@ -22,7 +22,7 @@ use idem_runtime::{
     OutboxMessage, derived_id,
 };
 use idem_tests::proxy::{Proxy, behind_proxy};
-use idem_tests::rabbit::{DeadLetter, amqp_url, close_connections};
+use idem_tests::rabbit::{DeadLetter, amqp_addr, amqp_url, amqp_url_through, close_connections};
 use idem_tests::{Backend, Msg, TestBroker, TestDb, inbox_key, on_each_backend, unique};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata as MetricMetadata};
 use metrics::{SharedString, Unit};
@@ -411,9 +411,8 @@ async fn a_batch_is_published_without_waiting_for_each_confirm(backend: Backend)
         f.stage(run, 1).await;
     }
     // The broker's answers, its confirms among them, reach the relay 100 ms late.
-    let target = std::env::var("IDEM_TEST_AMQP_ADDR").unwrap_or("127.0.0.1:5672".into());
-    let proxy = Proxy::start_with_delay(&target, DELAY).await;
-    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let proxy = Proxy::start_with_delay(&amqp_addr(), DELAY).await;
+    let url = amqp_url_through(&proxy);
     let relay = Relay::builder(url, f.outbox.clone())
         .connection_name(unique("idem-relay"))
         .poll_interval(POLL)

@@ -12,8 +12,8 @@ use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, Publisher, QueueT
 use idem_runtime::{Handler, Inbox, RetentionPolicy};
 use idem_tests::proxy::Proxy;
 use idem_tests::rabbit::{
-    amqp_url, close_connections, connections_named, consumer_builder, consumer_builder_at,
-    consumers_on, rabbitmqctl,
+    amqp_addr, amqp_url, amqp_url_through, close_connections, connections_named, consumer_builder,
+    consumer_builder_at, consumers_on, rabbitmqctl,
 };
 use idem_tests::{
     Backend, Msg, Recorder, TestBroker, TestDb, inbox_and_effects, inbox_and_effects_with, unique,
@@ -1199,9 +1199,8 @@ async fn a_long_broker_outage_leaves_no_zombie_connection_or_consumer() {
     let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
-    let target = std::env::var("IDEM_TEST_AMQP_ADDR").unwrap_or("127.0.0.1:5672".into());
-    let proxy = Proxy::start(&target).await;
-    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let proxy = Proxy::start(&amqp_addr()).await;
+    let url = amqp_url_through(&proxy);
     let name = unique("idem-outage");
     let consumer = consumer_builder_at(&url, &inbox, &name)
         .recovery_timeout(Duration::from_secs(1))
@@ -1265,9 +1264,8 @@ async fn a_broker_that_never_answers_is_given_up_on_and_retried() {
     let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
     let topology = broker.classic_queue();
     let queue = topology.queue().to_owned();
-    let target = std::env::var("IDEM_TEST_AMQP_ADDR").unwrap_or("127.0.0.1:5672".into());
-    let proxy = Proxy::start(&target).await;
-    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let proxy = Proxy::start(&amqp_addr()).await;
+    let url = amqp_url_through(&proxy);
     let consumer = consumer_builder_at(&url, &inbox, &unique("idem-silent"))
         .recovery_timeout(Duration::from_secs(1))
         .open_timeout(Duration::from_secs(2))

@@ -61,8 +61,6 @@ pub(crate) struct Batching {
     pub(crate) size: usize,
     /// How long a batch waits for more deliveries after its first one.
     pub(crate) max_wait: Duration,
-    /// The most batches of the binding in flight at once.
-    pub(crate) in_flight: usize,
 }
 
 /// Batches of one binding in flight at once unless set: a batch is a transaction of many writes,
@@ -117,12 +115,7 @@ impl<H: Handler, C: Codec> Binding<H, C> {
     where
         H::Message: Clone,
     {
-        let batching = Batching {
-            size,
-            max_wait,
-            in_flight: self.batches_in_flight,
-        };
-        self.batch = Some((batching, process_batch::<H>));
+        self.batch = Some((Batching { size, max_wait }, process_batch::<H>));
         self
     }
 
@@ -131,9 +124,6 @@ impl<H: Handler, C: Codec> Binding<H, C> {
     /// ([`max_in_flight`](crate::ConsumerBuilder::max_in_flight)). No effect outside batch mode.
     pub fn batches_in_flight(mut self, batches: usize) -> Self {
         self.batches_in_flight = batches;
-        if let Some((batching, _)) = &mut self.batch {
-            batching.in_flight = batches;
-        }
         self
     }
 
@@ -182,6 +172,8 @@ pub(crate) trait Dispatch: Send + Sync + 'static {
     fn check(&self, inbox: &Inbox) -> idem_runtime::Result<()>;
     /// How the binding batches its deliveries; `None` for one at a time.
     fn batching(&self) -> Option<Batching>;
+    /// How many of its batches may be in flight at once.
+    fn batches_in_flight(&self) -> usize;
     /// Refuses a batch setting that cannot work.
     fn check_batching(&self) -> Result<(), ConfigError>;
     fn handle_batch<'a>(
@@ -224,6 +216,10 @@ where
         self.batch.map(|(batching, _)| batching)
     }
 
+    fn batches_in_flight(&self) -> usize {
+        self.batches_in_flight
+    }
+
     fn check_batching(&self) -> Result<(), ConfigError> {
         let Some((batch, _)) = self.batch else {
             return Ok(());
@@ -232,7 +228,7 @@ where
         if batch.size == 0 {
             return Err(ConfigError::Zero("the batch size"));
         }
-        if batch.in_flight == 0 {
+        if self.batches_in_flight == 0 {
             return Err(ConfigError::Zero("the batches in flight"));
         }
         if batch.size > MAX_BATCH {

@@ -359,7 +359,7 @@ impl ConsumerBuilder {
             cleaner: None,
         };
         for binding in self.bindings {
-            let batches = binding.batching().map_or(1, |batching| batching.in_flight);
+            let batches = binding.batches_in_flight();
             let worker = Worker {
                 binding,
                 inbox: self.inbox.clone(),

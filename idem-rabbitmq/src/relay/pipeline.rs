@@ -14,11 +14,11 @@ use crate::confirm::{NotTaken, Sent};
 
 /// What a batch's publishes came to.
 #[derive(Debug, Default)]
-pub(super) struct Settled {
+pub(super) struct Settled<'a> {
     /// The seqs of the messages the broker took, to mark sent.
     pub(super) sent: Vec<i64>,
-    /// The messages it did not take (their ids), in the order they were sent, and why.
-    pub(super) not_taken: Vec<(String, NotTaken)>,
+    /// The messages it did not take, in the order they were sent, and why.
+    pub(super) not_taken: Vec<(&'a PendingMessage, NotTaken)>,
 }
 
 /// Publishes `messages` (a batch, in the order staged) on `session`, each confirm awaited at
@@ -26,11 +26,11 @@ pub(super) struct Settled {
 /// in flight first waits for every confirm in flight. A message the broker does not take
 /// (unroutable, refused) stops its own run for the rest of the batch, and the other runs go on;
 /// a channel that fails stops the batch, and those in flight then are settled all the same.
-pub(super) async fn publish(
+pub(super) async fn publish<'a>(
     session: &Session,
-    messages: &[&PendingMessage],
+    messages: &[&'a PendingMessage],
     wait: Duration,
-) -> Settled {
+) -> Settled<'a> {
     let mut pipeline = Pipeline::default();
     let mut settled = Settled::default();
     for &message in messages {
@@ -45,7 +45,7 @@ pub(super) async fn publish(
         }
         if let Err(why) = pipeline.send(session, message, wait).await {
             pipeline.settle(&mut settled).await;
-            settled.not_taken.push((message.message_id.clone(), why));
+            settled.not_taken.push((message, why));
             return settled;
         }
     }
@@ -91,7 +91,7 @@ impl<'a> Pipeline<'a> {
     /// publish's ack, so it comes with a confirm of the same ack, which is in flight here. A
     /// return that matches none of them leaves no ack of the lot to be trusted: none of them is
     /// marked sent, and they are published again with the same ids.
-    async fn settle(&mut self, settled: &mut Settled) {
+    async fn settle(&mut self, settled: &mut Settled<'a>) {
         self.runs.clear();
         let mut answers = Vec::with_capacity(self.in_flight.len());
         let mut returns = Vec::new();
@@ -127,7 +127,7 @@ impl<'a> Pipeline<'a> {
                 Err(why) => {
                     self.channel_failed |= why.is_channel_failure();
                     self.stopped.insert(message.run.as_deref());
-                    settled.not_taken.push((message.message_id.clone(), why));
+                    settled.not_taken.push((message, why));
                 }
             }
         }

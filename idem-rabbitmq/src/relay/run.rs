@@ -174,11 +174,13 @@ impl Runner {
         } else {
             self.held.channel_kept(publishable.len());
         }
-        let sent = settled.sent.len() as u64;
-        Stats::add(&self.stats.published, sent);
-        metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone()).increment(sent);
+        let pipeline::Settled { sent, not_taken } = settled;
+        let published = sent.len() as u64;
+        Stats::add(&self.stats.published, published);
+        metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone())
+            .increment(published);
         let mut replace = false;
-        for (message_id, why) in &settled.not_taken {
+        for (message, why) in &not_taken {
             Stats::add(&self.stats.failed, 1);
             metrics::counter!(
                 OUTBOX_PUBLISH_FAILURES_TOTAL,
@@ -189,23 +191,22 @@ impl Runner {
             // A confirm that never came may still come, on a channel now used for other
             // publishes: a new channel keeps confirms and returns apart.
             replace |= why.is_channel_failure();
-            if !why.is_channel_failure()
-                && let Some(message) = messages.iter().find(|m| &m.message_id == message_id)
-            {
+            if !why.is_channel_failure() {
                 self.held.not_taken(message, why);
             }
         }
-        let marked = batch.mark_sent(&settled.sent).await;
+        // A message the broker did not take is held back; only a failed channel fails the
+        // round.
+        let failed = (not_taken.into_iter())
+            .find(|(_, why)| why.is_channel_failure())
+            .map(|(message, why)| Problem::Publish {
+                message_id: message.message_id.clone(),
+                why,
+            });
+        let marked = batch.mark_sent(&sent).await;
         if replace {
             self.replace_session();
         }
-        // A message the broker did not take is held back; only a failed channel fails the
-        // round.
-        let failed = settled
-            .not_taken
-            .into_iter()
-            .find(|(_, why)| why.is_channel_failure())
-            .map(|(message_id, why)| Problem::Publish { message_id, why });
         if let Err(error) = marked {
             let problem = self.database_error(error);
             tracing::warn!(

@@ -351,8 +351,8 @@ impl Inbox {
     }
 
     /// The retention and, for a two-phase handler, the lease that `handler` runs with. Less
-    /// than a millisecond is refused (a handler's own, which the builder never saw): its records would expire, or its
-    /// claims be taken over, at once.
+    /// than a millisecond is refused (a handler's own, which the builder never saw): its records
+    /// would expire, or its claims be taken over, at once.
     pub(crate) fn settings_for<H: Handler>(
         &self,
         consumer: &ConsumerName,

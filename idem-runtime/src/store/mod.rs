@@ -103,14 +103,6 @@ pub(crate) struct ClaimValues<'a> {
     pub(crate) retention: Duration,
 }
 
-/// A pair of keys whose first is claimed by the check, and how they differ.
-fn with_first(
-    (first, second): (InboxKey, InboxKey),
-    difference: &'static str,
-) -> (Option<InboxKey>, InboxKey, &'static str) {
-    (Some(first), second, difference)
-}
-
 /// What a probe claim of start-up's schema check did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Probed {
@@ -352,7 +344,7 @@ impl Store {
         };
         let pair = |at: usize, first: &str, second: &str| {
             let ours = |suffix| key("c", format!("{unique}-{at}{suffix}"));
-            (ours(first), ours(second))
+            (Some(ours(first)), ours(second))
         };
         // The probe's key but its last character, not a hexadecimal digit.
         let long = InboxKey {
@@ -364,23 +356,19 @@ impl Store {
             .expect("a valid key"),
         };
         let consumers = (
-            key("c", format!("{unique}-0")),
+            Some(key("c", format!("{unique}-0"))),
             key("C", format!("{unique}-0")),
         );
         let pairs = [
-            (
-                Some(consumers.0),
-                consumers.1,
-                "in the consumer name's case",
-            ),
-            with_first(pair(1, "a", "A"), "in case"),
-            with_first(pair(2, "a", "a "), "in a trailing space"),
-            with_first(pair(3, "a", "\u{e1}"), "in an accent"),
-            with_first(pair(4, "\u{1f600}", "\u{1f601}"), "in a 4-byte character"),
+            (consumers, "in the consumer name's case"),
+            (pair(1, "a", "A"), "in case"),
+            (pair(2, "a", "a "), "in a trailing space"),
+            (pair(3, "a", "\u{e1}"), "in an accent"),
+            (pair(4, "\u{1f600}", "\u{1f601}"), "in a 4-byte character"),
             // The probe's own record is the first.
-            (None, long, "in their last byte"),
+            ((None, long), "in their last byte"),
         ];
-        for (first, second, difference) in &pairs {
+        for ((first, second), difference) in &pairs {
             if self
                 .pair_merged(conn, first.as_ref(), second, &claim)
                 .await?
