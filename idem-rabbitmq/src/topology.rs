@@ -84,7 +84,11 @@ impl QueueTopology {
     /// consumer learns the queue's type from the broker (or checks the one stated with
     /// [`queue_kind`](QueueTopology::queue_kind)); the broker does not tell its
     /// `x-dead-letter-routing-key`: give it with
-    /// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key).
+    /// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key). Without it, an
+    /// existing quorum queue's uncounted requeues (database unreachable, message in progress
+    /// elsewhere) are `basic.nack`s that the broker counts toward its delivery limit: a fresh
+    /// copy of the message, which the consumer puts back instead, reaches the queue by its name,
+    /// and the broker would dead-letter it by that name, not by the message's routing key.
     ///
     /// ```
     /// use idem_rabbitmq::{QueueKind, QueueTopology};
@@ -194,6 +198,12 @@ impl QueueTopology {
     /// The broker's delivery limit, if set.
     pub fn broker_delivery_limit(&self) -> Option<u32> {
         self.delivery_limit
+    }
+
+    /// Whether the consumer declares this topology (not an
+    /// [`existing`](QueueTopology::existing) one).
+    pub(crate) fn declares(&self) -> bool {
+        self.declare
     }
 
     /// Declares the dead-letter exchange and queue, the work queue and its bindings; for an

@@ -93,6 +93,10 @@ pub(crate) struct Settler<'a> {
     pub(crate) retries: &'a RetryMemory,
     /// Whether the queue is a quorum queue, whose broker counts deliveries.
     pub(crate) quorum: bool,
+    /// Whether an uncounted requeue on a quorum queue may be a fresh copy: only where the
+    /// broker's own dead-lettering of that copy (published to the queue through the default
+    /// exchange, its routing key the queue's name) does not route by the message's routing key.
+    pub(crate) fresh_copies: bool,
     /// Becomes true when the consumer shuts down.
     pub(crate) shutdown: &'a watch::Receiver<bool>,
 }
@@ -258,9 +262,11 @@ impl Settler<'_> {
     /// toward a quorum queue's delivery limit, anything else uncounted: with `basic.nack` on a
     /// classic queue, and on a quorum queue as a fresh copy at the queue's tail, the original
     /// acked, since brokers before RabbitMQ 4.3 count `basic.nack` too. (Should the ack not
-    /// reach the broker, both copies are delivered, and the inbox recognises the second.)
+    /// reach the broker, both copies are delivered, and the inbox recognises the second.) Where
+    /// the broker would dead-letter such a copy by its routing key, the queue's name, and lose
+    /// it (see [`Settler::fresh_copies`]), the message itself is requeued, counted by the broker.
     async fn requeue(&self, delivery: &Delivery, failed: bool) -> Settled {
-        if !failed && self.quorum {
+        if !failed && self.fresh_copies {
             let mut headers = copy::headers_of(delivery, &[]);
             copy::note_route(&mut headers, &copy::first_route(delivery, self.queue));
             let properties = copy::properties_of(&delivery.properties, headers, true);

@@ -600,6 +600,10 @@ impl Settling {
             retry: self.settings.retry,
             retries: &self.retries,
             quorum: self.quorum,
+            // Declared by idem, the dead-letter exchange is a fanout; an existing one may route
+            // by key, and then only a dead-letter routing key of the queue's keeps the copy's.
+            fresh_copies: self.quorum
+                && (topology.declares() || topology.dead_letter_key().is_some()),
             shutdown: &self.shutdown,
         }
     }
