@@ -975,6 +975,44 @@ async fn a_completion_that_times_out_is_retried_not_dead_lettered() {
     assert_eq!(db.count(&effects, "1=1").await, 1);
 }
 
+/// A two-phase handler's side effect done, the database lost for longer than a few quick tries
+/// but less than the lease: the completion is tried until the database is back, and the record
+/// completes. Giving up after the quick tries left the claim in progress, and a redelivery ran
+/// the side effect again once the lease ran out. PostgreSQL through the tests' proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_two_phase_completion_outlasts_a_short_outage() {
+    let (db, proxy) = behind_proxy(Backend::Postgres).await;
+    let proxy = Arc::new(proxy);
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    let cutter = Arc::clone(&proxy);
+    let handler = Recorder::new(&db, &effects, "mailer")
+        .two_phase(Duration::from_secs(30))
+        .after_first_effect(move || {
+            let proxy = Arc::clone(&cutter);
+            async move {
+                proxy.cut().await;
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    proxy.restore();
+                });
+            }
+        });
+    let outcome = inbox.process(&handler, Msg::new("m-1", "x"), &meta()).await;
+    assert!(matches!(outcome, Ok(Outcome::Processed(_))), "{outcome:?}");
+    let record = inbox
+        .lookup(&inbox_key("mailer", "m-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
 /// A two-phase completion refused once for a reason of the database's own (a statement
 /// cancelled, here by a trigger on its first run) is tried again, and the record completes with
 /// its output: the output is not dropped, nor the message dead-lettered as one that cannot be

@@ -3,6 +3,7 @@
 mod batch;
 mod builder;
 mod claim;
+mod completion;
 mod record;
 mod renewal;
 
@@ -19,7 +20,6 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use crate::clock::{capped, duration_ms, from_epoch_ms};
-use crate::delivery::Backoff;
 use crate::error::{ConfigError, Error, Result};
 use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
@@ -295,15 +295,13 @@ impl Inbox {
             lease: request.lease.unwrap_or(Mode::DEFAULT_LEASE),
             claim_sent,
         };
-        // The renewal runs beside the handler, in this task: dropping this future (a crashed
-        // worker) stops both. A lost claim ends the renewal; the handler still runs to its end.
-        let handled = run(handler, &cx, message);
-        tokio::pin!(handled);
-        let result = tokio::select! {
-            biased;
-            result = &mut handled => result,
-            () = renew_until_lost(store, db, held, &watch) => handled.await,
-        };
+        // The renewal runs beside the handler and its completion, in this task: dropping this
+        // future (a crashed worker) stops them all. A lost claim ends the renewal; the handler
+        // still runs to its end.
+        let renewal = renew_until_lost(store, db, held, &watch);
+        tokio::pin!(renewal);
+        let mut renewing = true;
+        let result = beside(run(handler, &cx, message), renewal.as_mut(), &mut renewing).await;
         let output = match result {
             Ok(output) => output,
             Err(error) => {
@@ -319,14 +317,19 @@ impl Inbox {
         // redelivery repeats the effect.
         let json = serde_json::to_string(&output);
         let stored = json.as_deref().ok().filter(|json| *json != "null");
-        let complete = |output| complete_with_retries(store, db, request, token, output);
-        let completed = match complete(stored).await {
-            Ok(completed) => completed.then_some(None),
-            Err(error) if stored.is_some() && classify(&error) == Failure::Refused => {
-                complete(None).await?.then_some(Some(error))
-            }
-            Err(error) => return Err(error.into()),
+        let complete = |output| {
+            completion::complete_while_held(store, db, (request, token), output, &watch, held.lease)
         };
+        let completing = async {
+            match complete(stored).await {
+                Ok(completed) => Ok(completed.then_some(None)),
+                Err(error) if stored.is_some() && classify(&error) == Failure::Refused => {
+                    Ok(complete(None).await?.then_some(Some(error)))
+                }
+                Err(error) => Err(error),
+            }
+        };
+        let completed = beside(completing, renewal.as_mut(), &mut renewing).await?;
         match completed {
             None => Err(Error::ClaimLost {
                 key: request.key.clone(),
@@ -430,38 +433,23 @@ impl Inbox {
     }
 }
 
-/// Completes a two-phase claim, retrying a failure that may pass (the database unreachable or
-/// contended, or refused for a reason of its own such as a statement timeout) a few times: a
-/// claim left in progress would make a redelivery wait out the lease and repeat the side
-/// effect. A refused value is not retried.
-async fn complete_with_retries(
-    store: &Store,
-    db: &DatabaseConnection,
-    request: ClaimRequest<'_>,
-    token: i64,
-    output: Option<&str>,
-) -> Result<bool, DbErr> {
-    let mut attempt = 1;
-    loop {
-        match store
-            .complete(db, request.key, token, output, request.retention)
-            .await
-        {
-            Err(error) if attempt < COMPLETE_ATTEMPTS && !refuses_value(&error) => {
-                tracing::warn!(%error, attempt, "completing the claim failed; retrying");
-                tokio::time::sleep(COMPLETE_BACKOFF.after(attempt)).await;
-                attempt += 1;
-            }
-            result => return result,
+/// Runs `work` to its end, polling `renewal` beside it while `renewing`: once the renewal ends
+/// (the claim lost), `renewing` is cleared and `work` goes on alone.
+async fn beside<T>(
+    work: impl Future<Output = T>,
+    renewal: std::pin::Pin<&mut impl Future<Output = ()>>,
+    renewing: &mut bool,
+) -> T {
+    tokio::pin!(work);
+    tokio::select! {
+        biased;
+        done = &mut work => done,
+        () = renewal, if *renewing => {
+            *renewing = false;
+            work.await
         }
     }
 }
-
-/// How many times completing a two-phase claim is tried.
-const COMPLETE_ATTEMPTS: u32 = 4;
-
-/// The waits between those tries.
-const COMPLETE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
 
 /// A transactional handler's failure, or the database outage behind it: when the handler's
 /// statements failed because the database went away, the message is not at fault. Told by a
