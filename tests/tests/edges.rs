@@ -1007,6 +1007,32 @@ async fn a_completion_that_times_out_is_retried_not_dead_lettered() {
     assert_eq!(db.count(&effects, "1=1").await, 1);
 }
 
+/// A SQLite database that takes no writes (read-only here; a full disk or an I/O error alike) is
+/// an outage: the message is requeued uncounted, and processed once the database takes writes
+/// again. Counted, a full disk dead-lettered every message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sqlite_database_that_takes_no_writes_is_an_outage() {
+    let db = TestDb::connect_with_pool(Backend::Sqlite, 1).await;
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .unwrap();
+    let effects = db.effects_table().await;
+    let handler = Recorder::new(&db, &effects, "billing");
+    db.exec("PRAGMA query_only = ON").await;
+    let error = inbox
+        .process(&handler, Msg::new("o-1", "a"), &meta())
+        .await
+        .unwrap_err();
+    assert!(error.is_store_unavailable(), "{error:?}");
+    assert!(!error.counts_as_attempt());
+    db.exec("PRAGMA query_only = OFF").await;
+    let outcome = inbox.process(&handler, Msg::new("o-1", "a"), &meta()).await;
+    assert_eq!(outcome.unwrap(), Outcome::Processed("run:a".into()));
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
 /// A two-phase handler's side effect done, the database lost for longer than a few quick tries
 /// but less than the lease: the completion is tried until the database is back, and the record
 /// completes. Giving up after the quick tries left the claim in progress, and a redelivery ran

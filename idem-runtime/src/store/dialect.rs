@@ -63,7 +63,9 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                     // Server shutdown, connection killed; no writes taken (`read_only`, a
                     // read-only transaction or server mode: a failover's demoted primary); out
                     // of disk.
-                    1053 | 1927 | 1290 | 1792 | 1836 | 1021 => Failure::Unreachable,
+                    // A Galera node outside the cluster's quorum (1047) answers every statement
+                    // so.
+                    1053 | 1927 | 1290 | 1792 | 1836 | 1021 | 1047 => Failure::Unreachable,
                     1213 => Failure::Deadlock,
                     1205 => Failure::LockTimeout,
                     _ => Failure::Refused,
@@ -71,8 +73,10 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
             }
             #[cfg(feature = "sqlite")]
             if let Some(error) = error.try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>() {
-                // The primary result code: SQLITE_BUSY (5) and SQLITE_LOCKED (6), whatever the
-                // extended code.
+                // The primary result code, whatever the extended one: SQLITE_BUSY (5) and
+                // SQLITE_LOCKED (6) are contention; out of memory (7), a read-only database
+                // (8), an I/O error (10), a full disk (13) and a file that cannot be opened (14)
+                // are the database's own trouble, not the message's.
                 use sea_orm::sqlx::error::DatabaseError;
                 let primary = error
                     .code()
@@ -80,6 +84,7 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                     .map(|code| code & 0xff);
                 return match primary {
                     Some(5 | 6) => Failure::LockTimeout,
+                    Some(7 | 8 | 10 | 13 | 14) => Failure::Unreachable,
                     _ => Failure::Refused,
                 };
             }
