@@ -865,6 +865,47 @@ async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message() {
 
 /// A key the inbox table refuses (a check constraint added by its operators) fails its own
 /// message only: the batch's claim statement is refused whole, and each message goes its own way.
+/// A statement of the batch refused for a reason of the database's own (here a claim cancelled
+/// once, as by a statement timeout on a large batch) is no message's fault: each message goes
+/// the per-message way, where it is processed. Every message was counted an attempt, and
+/// repeated, a batch was dead-lettered whole. PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_statement_refused_by_the_database_counts_against_no_message() {
+    let db = TestDb::connect(Backend::Postgres).await;
+    let table = db.table("inbox");
+    let inbox = Inbox::builder(db.db.clone())
+        .table(table.as_str())
+        .build()
+        .await
+        .unwrap();
+    let function = format!("{table}_once");
+    db.exec(&format!("CREATE SEQUENCE {function}")).await;
+    db.exec(&format!(
+        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         IF nextval('{function}') = 1 THEN \
+         RAISE EXCEPTION 'cancelled once' USING ERRCODE = '57014'; END IF; RETURN NULL; END $$"
+    ))
+    .await;
+    db.exec(&format!(
+        "CREATE TRIGGER {function} BEFORE INSERT ON {table} \
+         FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+    ))
+    .await;
+    let effects = db.effects_table().await;
+    let handler = Scripted::new(&effects);
+    let results = inbox
+        .process_batch(
+            &handler,
+            vec![item("a", "ok"), item("b", "ok"), item("c", "ok")],
+        )
+        .await;
+    let settle: Vec<&str> = results.iter().map(settled_as).collect();
+    assert_eq!(settle, ["processed", "processed", "processed"]);
+    for key in ["a", "b", "c"] {
+        assert_eq!(effects_of(&db, &effects, key).await, 1, "{key}");
+    }
+}
+
 async fn a_key_the_table_refuses_fails_only_its_message(backend: Backend) {
     let db = TestDb::connect(backend).await;
     let table = db.table("inbox");

@@ -98,8 +98,14 @@ enum Lost {
 }
 
 impl Lost {
-    /// The error a message whose work the lost transaction held gets: retried later, counted as
-    /// an attempt only when the database refused a statement of the batch.
+    /// Whether a statement of the batch was refused (not lost to an outage or contention).
+    fn refused(&self) -> bool {
+        matches!(self, Lost::Database(error) if classify(error) == Failure::Refused)
+    }
+
+    /// The error a message whose work the lost transaction held gets: retried later, not
+    /// counted as an attempt (a batch whose statement was [`refused`](Lost::refused) goes the
+    /// per-message way instead).
     fn error_for(&self, key: &InboxKey) -> Error {
         let Lost::Database(error) = self else {
             return Error::BatchRolledBack { key: key.clone() };
@@ -302,12 +308,20 @@ impl Inbox {
             .transact(handler, &consumer, &mut leads, &metadata, retention, checks)
             .await
         {
+            // A statement of the batch refused for a reason of the database's own (a statement
+            // timeout on a large batch, say) is no message's fault: each goes the per-message
+            // way, which tells.
+            let alone = lost.refused();
             for lead in &mut leads {
                 if matches!(
                     lead.fate,
                     Fate::Fresh | Fate::Processed(..) | Fate::Deferred
                 ) {
-                    lead.fate = Fate::Failed(lost.error_for(&lead.key));
+                    lead.fate = if alone {
+                        Fate::Deferred
+                    } else {
+                        Fate::Failed(lost.error_for(&lead.key))
+                    };
                 }
             }
         }
