@@ -160,6 +160,7 @@ impl Handler for Scripted {
                 Err(ScriptError("failing after committing on its own".into()))
             }
             "big" => Ok("x".repeat(200)),
+            "huge" => Ok("x".repeat(512 << 10)),
             once if once.starts_with("once-") => {
                 // A value a constraint checked at the commit may refuse.
                 let sql = format!("INSERT INTO {}_once (v) VALUES ('{once}')", self.effects);
@@ -865,6 +866,22 @@ async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message() {
 
 /// A key the inbox table refuses (a check constraint added by its operators) fails its own
 /// message only: the batch's claim statement is refused whole, and each message goes its own way.
+/// A batch whose outputs together outgrow what one statement may carry (MariaDB's
+/// `max_allowed_packet`, 16 MiB by default; here 40 outputs of 512 KiB) completes: the server
+/// refused the single completion statement and closed the connection, and the batch was
+/// requeued again and again. MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_whose_outputs_outgrow_one_statement_completes() {
+    let (db, inbox, effects) = idem_tests::inbox_and_effects(Backend::MySql).await;
+    let handler = Scripted::new(&effects);
+    let keys: Vec<String> = (0..40).map(|i| format!("h-{i}")).collect();
+    let items = keys.iter().map(|key| item(key, "huge")).collect();
+    let results = inbox.process_batch(&handler, items).await;
+    let settle: Vec<&str> = results.iter().map(settled_as).collect();
+    assert_eq!(settle, vec!["processed"; 40]);
+    assert_eq!(db.count(&effects, "1=1").await, 40);
+}
+
 /// A statement of the batch refused for a reason of the database's own (here a claim cancelled
 /// once, as by a statement timeout on a large batch) is no message's fault: each message goes
 /// the per-message way, where it is processed. Every message was counted an attempt, and

@@ -62,6 +62,9 @@ fn placeholders(n: usize) -> String {
     list
 }
 
+/// The most bytes of keys and outputs one completion statement of a batch carries.
+const COMPLETE_BYTES: usize = 4 << 20;
+
 impl Store {
     /// Names the key's index where MySQL/MariaDB must look many keys up through it: an `IN`
     /// list may otherwise be read by a scan that locks the whole consumer's records.
@@ -213,10 +216,42 @@ impl Store {
             .collect()
     }
 
-    /// Completes the claims `token` holds on `outputs`' keys, each with its output, in one
-    /// statement; returns how many it completed (fewer than asked when the transaction lost
-    /// some of them).
+    /// Completes the claims `token` holds on `outputs`' keys, each with its output, in as few
+    /// statements as keep each under [`COMPLETE_BYTES`] of keys and outputs (a MySQL/MariaDB
+    /// server refuses a statement larger than its `max_allowed_packet`, 16 MiB by default, and
+    /// closes the connection); returns how many it completed (fewer than asked when the
+    /// transaction lost some of them).
     pub(crate) async fn complete_many(
+        &self,
+        conn: &impl ConnectionTrait,
+        consumer: &ConsumerName,
+        token: i64,
+        outputs: &[(&MessageKey, Option<&str>)],
+        retention: Duration,
+    ) -> Result<u64, DbErr> {
+        let mut completed = 0;
+        let mut rest = outputs;
+        while !rest.is_empty() {
+            let mut bytes = 0;
+            let taken = rest
+                .iter()
+                .take_while(|(key, output)| {
+                    bytes += key.as_str().len() + output.map_or(0, str::len);
+                    bytes <= COMPLETE_BYTES
+                })
+                .count()
+                .max(1);
+            let (chunk, after) = rest.split_at(taken);
+            completed += self
+                .complete_chunk(conn, consumer, token, chunk, retention)
+                .await?;
+            rest = after;
+        }
+        Ok(completed)
+    }
+
+    /// [`Store::complete_many`] in one statement.
+    async fn complete_chunk(
         &self,
         conn: &impl ConnectionTrait,
         consumer: &ConsumerName,
