@@ -38,6 +38,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use sea_orm::DbErr;
 
 use crate::error::{DeadLetterReason, Error};
+use crate::store::dialect::takes_no_writes;
 
 /// A delay that doubles from `base` with each try, capped at `max`: the one back-off every retry
 /// loop of idem uses.
@@ -107,6 +108,11 @@ pub enum Retry {
     /// Not counted, since the message never reached the database, even while others do (a
     /// saturated pool); paced like an outage.
     NoConnection,
+    /// The database took no writes: a read-only server (a standby, a failover's demoted primary
+    /// still in the pool), a full disk, no connection slot left. Not counted, even while other
+    /// deliveries reach the database (on connections to the new primary, say): no message
+    /// causes it. Paced like an outage.
+    NoWrites,
 }
 
 impl Retry {
@@ -115,6 +121,7 @@ impl Retry {
         match error {
             Error::InProgressElsewhere { remaining, .. } => Retry::Claimed(*remaining),
             Error::StoreUnavailable(DbErr::ConnectionAcquire(_)) => Retry::NoConnection,
+            Error::StoreUnavailable(error) if takes_no_writes(error) => Retry::NoWrites,
             error if error.is_store_unavailable() => Retry::StoreUnavailable,
             error if !error.counts_as_attempt() => Retry::Claimed(Duration::ZERO),
             _ => Retry::Failed,
@@ -208,7 +215,7 @@ impl DeliveryPolicy {
             Retry::Claimed(remaining) => {
                 remaining.clamp(self.backoff.after(deliveries), self.backoff.max())
             }
-            Retry::StoreUnavailable | Retry::NoConnection => {
+            Retry::StoreUnavailable | Retry::NoConnection | Retry::NoWrites => {
                 self.backoff.after(memory.outage_continues())
             }
         };

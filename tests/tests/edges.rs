@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use idem_runtime::delivery::{Backoff, Decision, DeliveryPolicy, Retry, RetryMemory};
 use idem_runtime::sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use idem_runtime::sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait,
@@ -932,6 +933,21 @@ async fn a_database_that_takes_no_writes_is_an_outage() {
             .unwrap_err();
         assert!(error.is_store_unavailable(), "{error:?}");
         assert_eq!(error.settle(), Settle::Requeue);
+        // Never counted, even while other deliveries reach the database (the new primary):
+        // counted, a failover's stale pooled connections dead-lettered healthy messages.
+        let retry = Retry::of(&error);
+        assert_eq!(retry, Retry::NoWrites, "{error:?}");
+        let memory = RetryMemory::default();
+        memory.store_reached();
+        let policy = DeliveryPolicy::new(
+            1,
+            Backoff::new(Duration::from_millis(10), Duration::from_secs(1)),
+        );
+        let decision = policy.decide(&memory, "m", retry, 5, error.code(), "d");
+        assert!(
+            matches!(decision, Decision::Requeue { counted: false, .. }),
+            "{decision:?}"
+        );
     }
     assert_eq!(db.count(&effects, "1=1").await, 0);
     let handler = Recorder::new(&db, &effects, "read-only");

@@ -52,6 +52,7 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
         | Sqlx::PoolTimedOut
         | Sqlx::PoolClosed
         | Sqlx::WorkerCrashed => Failure::Unreachable,
+        Sqlx::Database(_) if takes_no_writes_sqlx(error) => Failure::Unreachable,
         Sqlx::Database(error) => {
             // MySQL/MariaDB share SQLSTATEs between connection and statement errors (08S01 is
             // also a packet too large, 70100 also a killed query): their error numbers tell.
@@ -60,12 +61,9 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                 error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()
             {
                 return match error.number() {
-                    // Server shutdown, connection killed; no writes taken (`read_only`, a
-                    // read-only transaction or server mode: a failover's demoted primary); out
-                    // of disk.
-                    // A Galera node outside the cluster's quorum (1047) answers every statement
-                    // so.
-                    1053 | 1927 | 1290 | 1792 | 1836 | 1021 | 1047 => Failure::Unreachable,
+                    // Server shutdown, connection killed; a Galera node outside the cluster's
+                    // quorum (1047) answers every statement so.
+                    1053 | 1927 | 1047 => Failure::Unreachable,
                     1213 => Failure::Deadlock,
                     1205 => Failure::LockTimeout,
                     _ => Failure::Refused,
@@ -74,9 +72,9 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
             #[cfg(feature = "sqlite")]
             if let Some(error) = error.try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>() {
                 // The primary result code, whatever the extended one: SQLITE_BUSY (5) and
-                // SQLITE_LOCKED (6) are contention; out of memory (7), a read-only database
-                // (8), an I/O error (10), a full disk (13) and a file that cannot be opened (14)
-                // are the database's own trouble, not the message's.
+                // SQLITE_LOCKED (6) are contention; out of memory (7), an I/O error (10) and
+                // a file that cannot be opened (14) are the database's own trouble, not the
+                // message's (as are a read-only database and a full disk, above).
                 use sea_orm::sqlx::error::DatabaseError;
                 let primary = error
                     .code()
@@ -84,7 +82,7 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                     .map(|code| code & 0xff);
                 return match primary {
                     Some(5 | 6) => Failure::LockTimeout,
-                    Some(7 | 8 | 10 | 13 | 14) => Failure::Unreachable,
+                    Some(7 | 10 | 14) => Failure::Unreachable,
                     _ => Failure::Refused,
                 };
             }
@@ -102,15 +100,48 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                 // the session ended for idling in its transaction.
                 code if code.starts_with("08") => Failure::Unreachable,
                 "57P01" | "57P02" | "57P03" | "25P03" => Failure::Unreachable,
-                // No writes taken: a read-only transaction (a standby, a failover's demoted
-                // primary), a full disk, no connection slot left. (Other insufficient
-                // resources, such as too many locks, come from the statement itself.)
-                "25006" | "53100" | "53300" => Failure::Unreachable,
                 _ => Failure::Refused,
             }
         }
         _ => Failure::Refused,
     }
+}
+
+/// Whether the server takes no writes for now, whatever the message: a read-only server or
+/// transaction (a standby, a failover's demoted primary, MySQL's `read_only`), a full disk, no
+/// connection slot left. An outage no message causes, even while other connections reach the
+/// database.
+pub(crate) fn takes_no_writes(error: &DbErr) -> bool {
+    match error {
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error))
+        | DbErr::Query(sea_orm::RuntimeErr::SqlxError(error)) => takes_no_writes_sqlx(error),
+        _ => false,
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+fn takes_no_writes_sqlx(error: &sea_orm::sqlx::Error) -> bool {
+    let sea_orm::sqlx::Error::Database(error) = error else {
+        return false;
+    };
+    #[cfg(feature = "mysql")]
+    if let Some(error) = error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>() {
+        // `read_only`, a read-only transaction, read-only server mode; out of disk.
+        return matches!(error.number(), 1290 | 1792 | 1836 | 1021);
+    }
+    #[cfg(feature = "sqlite")]
+    if error
+        .try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>()
+        .is_some()
+    {
+        // SQLITE_READONLY (8), SQLITE_FULL (13), whatever the extended code.
+        let primary = error.code().and_then(|code| code.parse::<i32>().ok());
+        return matches!(primary.map(|code| code & 0xff), Some(8 | 13));
+    }
+    // A read-only transaction, a full disk, no connection slot left. (Other insufficient
+    // resources, such as too many locks, come from the statement itself.)
+    matches!(error.code().as_deref(), Some("25006" | "53100" | "53300"))
 }
 
 /// Whether the database refused a statement for a value it was given (too long, not valid in
