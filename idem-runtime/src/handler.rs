@@ -173,7 +173,10 @@ impl<'a> Context<'a> {
     }
 
     /// Which attempt this is: 1 for a first claim, more after taking over an expired claim
-    /// (two-phase mode), when an earlier attempt may have done part of the work.
+    /// (two-phase mode), when an earlier attempt may have done part of the work. A takeover
+    /// that fails hands its claim on: the next copy's attempt follows it, so that a chain of
+    /// crashes and failures ends in [`Error::NeedsIntervention`](crate::Error::NeedsIntervention) after the
+    /// inbox's `max_attempts`; a first attempt that fails releases its claim.
     pub fn attempt(&self) -> u32 {
         self.attempt
     }

@@ -1049,6 +1049,42 @@ async fn a_sqlite_database_that_takes_no_writes_is_an_outage() {
     assert_eq!(db.count(&effects, "1=1").await, 1);
 }
 
+/// A two-phase takeover that fails hands its claim on instead of deleting it: the next copy is
+/// told it follows earlier attempts (a takeover, attempt 3), whose side effects may have
+/// happened. Deleted, the record forgot them, and the next copy ran as a first attempt, without
+/// reconciling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_takeover_hands_its_claim_on_with_its_history() {
+    let (db, inbox, effects) = setup(Backend::Postgres).await;
+    let lease = Duration::from_millis(500);
+    let msg = Msg::new("mail-1", "hello");
+    // The first worker crashes mid-handler: its claim stays in progress until its lease ends.
+    let crashed = Recorder::new(&db, &effects, "mailer")
+        .two_phase(lease)
+        .slow(Duration::from_secs(30));
+    let run = {
+        let (inbox, crashed, msg) = (inbox.clone(), crashed.clone(), msg.clone());
+        tokio::spawn(async move { inbox.process(&crashed, msg, &Metadata::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    run.abort();
+    tokio::time::sleep(lease + Duration::from_millis(150)).await;
+    // The takeover fails.
+    let failing = Recorder::new(&db, &effects, "mailer").two_phase(lease);
+    failing.fail_next(1);
+    let error = inbox
+        .process(&failing, msg.clone(), &meta())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::Handler { .. }), "{error:?}");
+    assert_eq!(failing.attempts(), vec![2]);
+    // The next copy knows it follows them.
+    let next = Recorder::new(&db, &effects, "mailer").two_phase(lease);
+    let outcome = inbox.process(&next, msg, &meta()).await.unwrap();
+    assert!(!outcome.is_duplicate());
+    assert_eq!(next.attempts(), vec![3]);
+}
+
 /// A two-phase handler's side effect done, the database lost for longer than a few quick tries
 /// but less than the lease: the completion is tried until the database is back, and the record
 /// completes. Giving up after the quick tries left the claim in progress, and a redelivery ran

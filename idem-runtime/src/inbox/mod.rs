@@ -305,8 +305,16 @@ impl Inbox {
         let output = match result {
             Ok(output) => output,
             Err(error) => {
-                // Never keep a key after a failed handler: the redelivery must be able to retry.
-                if let Err(release) = store.release(db, request.key, token).await {
+                // Never hold a key after a failed handler: the redelivery must be able to retry.
+                // A first attempt's claim is deleted; a takeover's is handed on, its lease ended,
+                // so that the next claim knows it follows attempts whose side effects may have
+                // happened (`Context::is_takeover`), and they count toward `max_attempts`.
+                let released = if attempt > 1 {
+                    store.hand_on(db, request.key, token).await
+                } else {
+                    store.release(db, request.key, token).await
+                };
+                if let Err(release) = released {
                     tracing::warn!(error = %release, "could not release the claim; it expires with its lease");
                 }
                 return Err(error);

@@ -611,6 +611,22 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
+    /// Ends the lease of the claim `token` holds on `key` at once, keeping the record and its
+    /// attempts: the next claim takes it over. Returns whether the claim was still held.
+    pub(crate) async fn hand_on(
+        &self,
+        conn: &impl ConnectionTrait,
+        key: &InboxKey,
+        token: i64,
+    ) -> Result<bool, DbErr> {
+        let mut values = Self::key_values(key).to_vec();
+        values.push(Value::from(token));
+        let result = conn
+            .execute_raw(self.statement(&self.sql.hand_on, values))
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
     /// Deletes a record whatever its state (an operator's reset).
     pub(crate) async fn delete(
         &self,

@@ -37,6 +37,8 @@ pub(super) struct Statements {
     pub(super) renew: String,
     /// Binds the key and the claim token.
     pub(super) release: String,
+    /// Binds the key and the claim token; ends the claim's lease at once, keeping its record.
+    pub(super) hand_on: String,
     /// Binds the key.
     pub(super) delete: String,
     /// Binds the time before which records expired and the batch size. On MySQL/MariaDB it
@@ -113,6 +115,11 @@ impl Statements {
              WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
         );
         let release = format!("DELETE FROM {t} WHERE {KEY} AND claim_token = ?");
+        // The lease ended now: the next claim takes the record over at once.
+        let hand_on = format!(
+            "UPDATE {t} SET lease_until = {now} \
+             WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
+        );
         let delete = format!("DELETE FROM {t} WHERE {KEY}");
         let delete_expired = match dialect.backend() {
             // A delete waits for every record it meets that another transaction holds.
@@ -140,6 +147,7 @@ impl Statements {
             complete: sql(complete),
             renew: sql(renew),
             release: sql(release),
+            hand_on: sql(hand_on),
             delete: sql(delete),
             delete_expired: sql(delete_expired),
             now: format!("SELECT {now}"),
