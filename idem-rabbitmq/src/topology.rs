@@ -84,11 +84,12 @@ impl QueueTopology {
     /// consumer learns the queue's type from the broker (or checks the one stated with
     /// [`queue_kind`](QueueTopology::queue_kind)); the broker does not tell its
     /// `x-dead-letter-routing-key`: give it with
-    /// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key). Without it, an
-    /// existing quorum queue's uncounted requeues (database unreachable, message in progress
-    /// elsewhere) are `basic.nack`s that the broker counts toward its delivery limit: a fresh
-    /// copy of the message, which the consumer puts back instead, reaches the queue by its name,
-    /// and the broker would dead-letter it by that name, not by the message's routing key.
+    /// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key). Without it, and
+    /// unless the dead-letter exchange is a durable fanout, an existing quorum queue's uncounted
+    /// requeues (database unreachable, message in progress elsewhere) are `basic.nack`s that the
+    /// broker counts toward its delivery limit: a fresh copy of the message, which the consumer
+    /// puts back instead, reaches the queue by its name, and the broker would dead-letter it by
+    /// that name, not by the message's routing key.
     ///
     /// ```
     /// use idem_rabbitmq::{QueueKind, QueueTopology};
@@ -200,10 +201,45 @@ impl QueueTopology {
         self.delivery_limit
     }
 
-    /// Whether the consumer declares this topology (not an
-    /// [`existing`](QueueTopology::existing) one).
-    pub(crate) fn declares(&self) -> bool {
-        self.declare
+    /// Whether the broker's own dead-lettering (a quorum queue's delivery limit, a TTL) routes a
+    /// message by something other than its routing key: a fresh copy of a message, requeued
+    /// through the default exchange, has the queue's name for routing key, and a dead-letter
+    /// exchange routing by key would drop it. So for a topology the consumer declares (its
+    /// dead-letter exchange is a fanout), one with a dead-letter routing key, and an existing
+    /// dead-letter exchange that is a durable fanout (checked by declaring it so on a channel
+    /// of its own, which the broker closes if it is not).
+    pub(crate) async fn dead_letters_any_routing_key(&self, connection: &Connection) -> bool {
+        if self.declare || self.dead_letter_routing_key.is_some() {
+            return true;
+        }
+        let Ok(channel) = connection.create_channel().await else {
+            return false;
+        };
+        let fanout = channel
+            .exchange_declare(
+                self.dead_letter_exchange.as_str().into(),
+                ExchangeKind::Fanout,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .is_ok();
+        if fanout {
+            let _ = channel
+                .close(200, "dead-letter exchange checked".into())
+                .await;
+        } else {
+            tracing::info!(
+                queue = %self.queue,
+                exchange = %self.dead_letter_exchange,
+                "the dead-letter exchange may route by key and no dead-letter routing key is \
+                 given: uncounted requeues are nacks, which a quorum queue counts"
+            );
+        }
+        fanout
     }
 
     /// Declares the dead-letter exchange and queue, the work queue and its bindings; for an
@@ -338,6 +374,9 @@ impl QueueTopology {
     }
 }
 
+/// The operation named by an error of the queue-type check's global prefetch.
+const PROBE_QOS: &str = "basic.qos global";
+
 impl QueueTopology {
     /// The queue's type: the declared one; for an existing queue, the broker's, which must be
     /// the stated one if any.
@@ -352,7 +391,26 @@ impl QueueTopology {
         if self.declare {
             return Ok(self.kind.unwrap_or(QueueKind::Classic));
         }
-        let broker = self.broker_kind(url, name).await?;
+        let broker = match self.broker_kind(url, name).await {
+            Ok(broker) => broker,
+            // A broker that refuses the global prefetch itself (RabbitMQ 4.3 may deny it as a
+            // deprecated feature) cannot be asked: the stated type is taken as it is.
+            Err(Error::Amqp { operation, source }) if operation == PROBE_QOS => {
+                let Some(stated) = self.kind else {
+                    return Err(Error::Amqp {
+                        operation: format!(
+                            "{PROBE_QOS} (checking the type of the queue {}: state it with \
+                             QueueTopology::queue_kind)",
+                            self.queue
+                        ),
+                        source,
+                    });
+                };
+                tracing::warn!(queue = %self.queue, %source, "the broker cannot tell the queue's type; taking the stated one");
+                return Ok(stated);
+            }
+            Err(error) => return Err(error),
+        };
         match self.kind {
             Some(stated) if stated != broker => Err(ConfigError::QueueKindMismatch {
                 queue: self.queue.clone(),
@@ -392,7 +450,7 @@ impl QueueTopology {
         channel
             .basic_qos(1, BasicQosOptions { global: true })
             .await
-            .map_err(Error::amqp("basic.qos"))?;
+            .map_err(Error::amqp(PROBE_QOS))?;
         let mut arguments = FieldTable::default();
         arguments.insert(
             ShortString::from("x-priority"),

@@ -11,7 +11,7 @@ mod worker;
 use std::any::TypeId;
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem_runtime::{Cleaner, CleanerHandle, Handler, Inbox};
@@ -57,7 +57,7 @@ pub(crate) struct Settings {
 /// |---|---|
 /// | processed, or a duplicate with the same content | ack |
 /// | handler's transient error | reject + requeue after a back-off, up to [`max_deliveries`](ConsumerBuilder::max_deliveries); then dead-letter (`delivery-limit`) |
-/// | database unreachable or contended (a deadlock, a lock wait timeout: the inbox's statements or the handler's own), in progress elsewhere | requeue after a back-off (nack; on a quorum queue, a fresh copy and an ack, except on an existing queue whose dead-letter routing key is not given, where the broker counts the nack), not counted toward `max_deliveries` (an unreachable database is counted once other messages reach it meanwhile) |
+/// | database unreachable or contended (a deadlock, a lock wait timeout: the inbox's statements or the handler's own), in progress elsewhere | requeue after a back-off (nack; on a quorum queue, a fresh copy and an ack, except on an existing queue whose dead-letter exchange is not a fanout and whose dead-letter routing key is not given, where the broker counts the nack), not counted toward `max_deliveries` (an unreachable database is counted once other messages reach it meanwhile) |
 /// | undecodable payload, missing or invalid key, reused key with other content, needs intervention, handler's permanent error | dead-letter with a reason |
 ///
 /// Dead-lettering publishes a copy to the queue's dead-letter exchange with the headers in
@@ -370,6 +370,7 @@ impl ConsumerBuilder {
                 batches: Arc::new(Semaphore::new(batches)),
                 retirees: Arc::clone(&retirees),
                 shutdown: stop.clone(),
+                queue_facts: OnceLock::new(),
             };
             match worker.start().await {
                 Ok(handle) => consumer.workers.push(handle),

@@ -95,7 +95,8 @@ pub(crate) struct Settler<'a> {
     pub(crate) quorum: bool,
     /// Whether an uncounted requeue on a quorum queue may be a fresh copy: only where the
     /// broker's own dead-lettering of that copy (published to the queue through the default
-    /// exchange, its routing key the queue's name) does not route by the message's routing key.
+    /// exchange, its routing key the queue's name) does not route by the message's routing key
+    /// (see `QueueTopology::dead_letters_any_routing_key`).
     pub(crate) fresh_copies: bool,
     /// Becomes true when the consumer shuts down.
     pub(crate) shutdown: &'a watch::Receiver<bool>,

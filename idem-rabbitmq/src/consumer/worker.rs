@@ -1,8 +1,8 @@
 //! One binding's worker: a session (connection, channels, consumer) that is reopened when it
 //! fails, deliveries handed to tasks within the in-flight bound, and a graceful drain.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use std::pin::Pin;
@@ -66,8 +66,19 @@ struct Session {
     publisher: ConfirmChannel,
     consumer: lapin::Consumer,
     events: Pin<Box<dyn Stream<Item = Event> + Send + Sync>>,
+    /// What the consumer learnt of its queue.
+    queue: QueueFacts,
+}
+
+/// What a worker learns of its queue when it first opens a session, for every later one: an
+/// existing queue's type and dead-letter exchange are asked of the broker at start only.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueueFacts {
     /// The queue's type, as declared or as the broker told.
     kind: QueueKind,
+    /// Whether uncounted requeues on a quorum queue are fresh copies: see
+    /// [`QueueTopology::dead_letters_any_routing_key`].
+    fresh_copies: bool,
 }
 
 /// Watches a session that lapin may be recovering, so that a recovery that never completes is
@@ -164,6 +175,8 @@ pub(crate) struct Worker {
     pub(crate) batches: Arc<Semaphore>,
     pub(crate) retirees: Arc<Retirees>,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// What the first session learnt of the queue.
+    pub(crate) queue_facts: OnceLock<QueueFacts>,
 }
 
 impl Worker {
@@ -195,7 +208,7 @@ impl Worker {
             };
         let channels = self.open_channels(&connection.connection, &publishing.connection, &name);
         let opened = within(limit, "opening the channels", channels).await;
-        let (channel, publisher, consumer, kind) = match opened {
+        let (channel, publisher, consumer, queue) = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 self.discard(connection).await;
@@ -212,7 +225,7 @@ impl Worker {
             publisher,
             consumer,
             events,
-            kind,
+            queue,
         })
     }
 
@@ -229,14 +242,24 @@ impl Worker {
         connection: &Connection,
         publishing: &Connection,
         name: &str,
-    ) -> Result<(Channel, ConfirmChannel, lapin::Consumer, QueueKind)> {
+    ) -> Result<(Channel, ConfirmChannel, lapin::Consumer, QueueFacts)> {
         let channel = connection
             .create_channel()
             .await
             .map_err(Error::amqp("channel.open"))?;
         let topology = self.binding.topology();
         topology.declare(&channel).await?;
-        let kind = topology.resolve_kind(&self.settings.url, name).await?;
+        let facts = match self.queue_facts.get() {
+            Some(facts) => *facts,
+            None => {
+                let kind = topology.resolve_kind(&self.settings.url, name).await?;
+                let fresh_copies = kind == QueueKind::Quorum
+                    && topology.dead_letters_any_routing_key(connection).await;
+                *self
+                    .queue_facts
+                    .get_or_init(|| QueueFacts { kind, fresh_copies })
+            }
+        };
         channel
             .basic_qos(self.settings.prefetch, BasicQosOptions::default())
             .await
@@ -258,7 +281,7 @@ impl Worker {
             )
             .await
             .map_err(Error::amqp(format!("basic.consume {}", self.queue())))?;
-        Ok((channel, ConfirmChannel::new(publisher), consumer, kind))
+        Ok((channel, ConfirmChannel::new(publisher), consumer, facts))
     }
 
     /// Opens the first session, so that a wrong URL or topology fails `start`.
@@ -473,7 +496,8 @@ impl Worker {
             stats: Arc::clone(&self.stats),
             retries: Arc::clone(&self.retries),
             publisher: session.publisher.clone(),
-            quorum: session.kind == QueueKind::Quorum,
+            quorum: session.queue.kind == QueueKind::Quorum,
+            fresh_copies: session.queue.fresh_copies,
             shutdown: self.shutdown.clone(),
         }
     }
@@ -584,6 +608,8 @@ pub(crate) struct Settling {
     pub(crate) retries: Arc<RetryMemory>,
     pub(crate) publisher: ConfirmChannel,
     pub(crate) quorum: bool,
+    /// Whether uncounted requeues are fresh copies.
+    pub(crate) fresh_copies: bool,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
 
@@ -600,10 +626,7 @@ impl Settling {
             retry: self.settings.retry,
             retries: &self.retries,
             quorum: self.quorum,
-            // Declared by idem, the dead-letter exchange is a fanout; an existing one may route
-            // by key, and then only a dead-letter routing key of the queue's keeps the copy's.
-            fresh_copies: self.quorum
-                && (topology.declares() || topology.dead_letter_key().is_some()),
+            fresh_copies: self.fresh_copies,
             shutdown: &self.shutdown,
         }
     }
