@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::{Instant, Timeout};
 
 /// Why the broker did not take a message.
@@ -68,7 +68,8 @@ impl fmt::Display for NotTaken {
 /// [`Sent`]): with two publishes in flight, a copy the broker returned could pass for taken (its
 /// original acked, the message lost) and a copy taken for returned. With one in flight, the
 /// return that comes with a confirm is that publish's own. A publish whose confirm did not come
-/// in time keeps the turn until the broker has confirmed it, or the channel is gone.
+/// in time keeps the turn until the broker has confirmed it, or the channel is gone (see
+/// [`Turn`]).
 #[derive(Debug, Clone)]
 pub(crate) struct ConfirmChannel {
     channel: Channel,
@@ -101,8 +102,16 @@ impl ConfirmChannel {
     ) -> Result<(), NotTaken> {
         let deadline = Instant::now() + wait;
         let turn = Arc::clone(&self.turn).lock_owned();
-        let Ok(turn) = tokio::time::timeout_at(deadline, turn).await else {
+        let Ok(guard) = tokio::time::timeout_at(deadline, turn).await else {
             return Err(NotTaken::NoConfirm(wait));
+        };
+        // Dropped with this future too (a caller's timeout): a publish sent and not confirmed
+        // keeps the turn until it is.
+        let mut turn = Turn {
+            guard: Some(guard),
+            channel: self.channel.clone(),
+            wait,
+            in_flight: true,
         };
         let left = deadline.saturating_duration_since(Instant::now());
         let sent = send(
@@ -117,17 +126,49 @@ impl ConfirmChannel {
             Ok(sent) => confirmed(sent).await,
             Err(problem) => Err(problem),
         };
-        if let Err(NotTaken::NoConfirm(_)) = taken {
-            // The publish may still be confirmed, with a return that lapin would hand to the
-            // next publish's confirm: the turn waits for it.
-            let channel = self.channel.clone();
-            tokio::spawn(async move {
-                let _returned = channel.wait_for_confirms().await;
-                drop(turn);
-            });
-            return Err(NotTaken::NoConfirm(wait));
-        }
+        turn.in_flight = matches!(taken, Err(NotTaken::NoConfirm(_)));
         taken
+    }
+}
+
+/// A publish's turn on its channel, given back when dropped; but while a publish sent under it
+/// is not confirmed (no confirm in time, or the publishing future dropped mid-flight), only once
+/// the broker has confirmed it: lapin would hand a return of that publish to the next one's
+/// confirm. A channel whose broker confirms nothing within another wait is closed, so that its
+/// turn is given back and its owner opens another (a consumer's session is replaced, a
+/// [`Publisher`](crate::Publisher) opens a new channel).
+struct Turn {
+    guard: Option<OwnedMutexGuard<()>>,
+    channel: Channel,
+    wait: Duration,
+    in_flight: bool,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let Some(guard) = self.guard.take() else {
+            return;
+        };
+        if !self.in_flight {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (channel, wait) = (self.channel.clone(), self.wait);
+        runtime.spawn(async move {
+            if tokio::time::timeout(wait, channel.wait_for_confirms())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    ?wait,
+                    "the broker confirms nothing on a channel; closing it"
+                );
+                let _ = channel.close(200, "no publisher confirm".into()).await;
+            }
+            drop(guard);
+        });
     }
 }
 

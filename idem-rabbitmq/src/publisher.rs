@@ -205,8 +205,10 @@ impl Publisher {
                         reply_text,
                     });
                 }
-                Err(NotTaken::NotConfirmMode) => {
-                    last = NotTaken::NotConfirmMode.to_string();
+                // A channel that confirms nothing keeps its turn until it does: the next
+                // attempt goes on a new one.
+                Err(problem @ (NotTaken::NotConfirmMode | NotTaken::NoConfirm(_))) => {
+                    last = problem.to_string();
                     self.replace_channel().await;
                 }
                 Err(NotTaken::Channel(error)) => {
@@ -233,9 +235,14 @@ impl Publisher {
         }
     }
 
+    /// Publishes on a new channel from now on; the old one is closed.
     async fn replace_channel(&self) {
         match confirm_channel(&self.connection).await {
-            Ok(channel) => *self.channel.lock().await = ConfirmChannel::new(channel),
+            Ok(channel) => {
+                let new = ConfirmChannel::new(channel);
+                let old = std::mem::replace(&mut *self.channel.lock().await, new);
+                let _ = old.channel().close(200, "replaced".into()).await;
+            }
             Err(error) => tracing::warn!(%error, "cannot open a new publisher channel"),
         }
     }
