@@ -57,7 +57,7 @@ pub(crate) struct Settings {
 /// |---|---|
 /// | processed, or a duplicate with the same content | ack |
 /// | handler's transient error | reject + requeue after a back-off, up to [`max_deliveries`](ConsumerBuilder::max_deliveries); then dead-letter (`delivery-limit`) |
-/// | database unreachable or contended (a deadlock, a lock wait timeout: the inbox's statements or the handler's own), in progress elsewhere | requeue after a back-off (nack; on a quorum queue, a fresh copy and an ack, except on an existing queue whose dead-letter exchange is not a fanout and whose dead-letter routing key is not given, where the broker counts the nack), not counted toward `max_deliveries` (an unreachable database is counted once other messages reach it meanwhile) |
+/// | database unreachable or contended, in progress elsewhere, a server that takes no writes | requeue after a back-off (nack; on a quorum queue, a fresh copy and an ack), not counted toward `max_deliveries` (an unreachable database is counted once other messages reach it meanwhile; a server that takes no writes never is) |
 /// | undecodable payload, missing or invalid key, reused key with other content, needs intervention, handler's permanent error | dead-letter with a reason |
 ///
 /// Dead-lettering publishes a copy to the queue's dead-letter exchange with the headers in

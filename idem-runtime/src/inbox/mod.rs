@@ -459,31 +459,22 @@ async fn beside<T>(
     }
 }
 
-/// A transactional handler's failure, or the database outage or contention behind it: when
-/// the handler's statements failed because the database went away, or gave up on them for other
-/// transactions (a deadlock, a lock wait timeout, a serialization failure), the message is not
-/// at fault, unless the handler says its error is permanent. Told by a database error in the
-/// handler error's source chain, or by the transaction itself no longer reaching the database.
+/// A transactional handler's failure, or the database outage behind it: when the handler's
+/// statements failed because the database went away, the message is not at fault. Told by a
+/// database error in the handler error's source chain, or by the transaction itself no longer
+/// reaching the database.
 async fn outage_or(error: Error, tx: &DatabaseTransaction) -> Error {
-    let Error::Handler { source, permanent } = &error else {
+    let Error::Handler { source, .. } = &error else {
         return error;
     };
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
     while let Some(current) = cause {
-        if let Some(db_error) = current.downcast_ref::<DbErr>() {
-            match classify(db_error) {
-                Failure::Unreachable => {
-                    return Error::StoreUnavailable(DbErr::Conn(sea_orm::RuntimeErr::Internal(
-                        format!("the handler's transaction lost the database: {db_error}"),
-                    )));
-                }
-                Failure::Deadlock | Failure::LockTimeout if !permanent => {
-                    return Error::Contention(DbErr::Custom(format!(
-                        "the handler's statement met contention: {db_error}"
-                    )));
-                }
-                _ => {}
-            }
+        if let Some(db_error) = current.downcast_ref::<DbErr>()
+            && classify(db_error) == Failure::Unreachable
+        {
+            return Error::StoreUnavailable(DbErr::Conn(sea_orm::RuntimeErr::Internal(format!(
+                "the handler's transaction lost the database: {db_error}"
+            ))));
         }
         cause = current.source();
     }
