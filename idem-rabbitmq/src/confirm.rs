@@ -26,6 +26,8 @@ pub(crate) enum NotTaken {
     Channel(lapin::Error),
     /// No confirm came within the wait.
     NoConfirm(Duration),
+    /// The channel's earlier publishes took the whole wait: this one was not sent.
+    Busy(Duration),
 }
 
 impl NotTaken {
@@ -45,6 +47,7 @@ impl NotTaken {
             NotTaken::Refused => "refused",
             NotTaken::NotConfirmMode | NotTaken::Channel(_) => "channel",
             NotTaken::NoConfirm(_) => "no-confirm",
+            NotTaken::Busy(_) => "busy",
         }
     }
 }
@@ -57,6 +60,7 @@ impl fmt::Display for NotTaken {
             NotTaken::NotConfirmMode => f.write_str("the channel is not in confirm mode"),
             NotTaken::Channel(error) => write!(f, "{error}"),
             NotTaken::NoConfirm(wait) => write!(f, "no confirm within {wait:?}"),
+            NotTaken::Busy(wait) => write!(f, "earlier publishes took the whole {wait:?}"),
         }
     }
 }
@@ -90,6 +94,11 @@ impl ConfirmChannel {
         &self.channel
     }
 
+    /// Whether `other` is this very channel (not merely one with its number).
+    pub(crate) fn is_same(&self, other: &ConfirmChannel) -> bool {
+        Arc::ptr_eq(&self.turn, &other.turn)
+    }
+
     /// Publishes `payload` with `properties` to `exchange`, `mandatory`, once the publishes
     /// before it are confirmed, and waits for the broker's confirm: `wait` at most in all.
     pub(crate) async fn publish(
@@ -103,7 +112,7 @@ impl ConfirmChannel {
         let deadline = Instant::now() + wait;
         let turn = Arc::clone(&self.turn).lock_owned();
         let Ok(guard) = tokio::time::timeout_at(deadline, turn).await else {
-            return Err(NotTaken::NoConfirm(wait));
+            return Err(NotTaken::Busy(wait));
         };
         // Dropped with this future too (a caller's timeout): a publish sent and not confirmed
         // keeps the turn until it is.

@@ -209,11 +209,11 @@ impl Publisher {
                 // attempt goes on a new one.
                 Err(problem @ (NotTaken::NotConfirmMode | NotTaken::NoConfirm(_))) => {
                     last = problem.to_string();
-                    self.replace_channel().await;
+                    self.replace_channel(&channel).await;
                 }
                 Err(NotTaken::Channel(error)) => {
                     last = error.to_string();
-                    self.repair(channel.channel(), error).await;
+                    self.repair(&channel, error).await;
                 }
                 Err(problem) => last = problem.to_string(),
             }
@@ -227,20 +227,25 @@ impl Publisher {
     }
 
     /// After a channel error: waits (bounded) for lapin's recovery, else opens a new channel.
-    async fn repair(&self, channel: &Channel, error: lapin::Error) {
-        let recovered =
-            tokio::time::timeout(self.confirm_timeout, channel.wait_for_recovery(error)).await;
+    async fn repair(&self, used: &ConfirmChannel, error: lapin::Error) {
+        let recovery = used.channel().wait_for_recovery(error);
+        let recovered = tokio::time::timeout(self.confirm_timeout, recovery).await;
         if !matches!(recovered, Ok(Ok(()))) {
-            self.replace_channel().await;
+            self.replace_channel(used).await;
         }
     }
 
-    /// Publishes on a new channel from now on; the old one is closed.
-    async fn replace_channel(&self) {
+    /// Publishes on a new channel from now on instead of `used`, which is closed; unless
+    /// another publish replaced it already.
+    async fn replace_channel(&self, used: &ConfirmChannel) {
+        let mut current = self.channel.lock().await;
+        if !current.is_same(used) {
+            return;
+        }
         match confirm_channel(&self.connection).await {
             Ok(channel) => {
-                let new = ConfirmChannel::new(channel);
-                let old = std::mem::replace(&mut *self.channel.lock().await, new);
+                let old = std::mem::replace(&mut *current, ConfirmChannel::new(channel));
+                drop(current);
                 let _ = old.channel().close(200, "replaced".into()).await;
             }
             Err(error) => tracing::warn!(%error, "cannot open a new publisher channel"),

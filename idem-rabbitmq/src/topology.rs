@@ -84,12 +84,13 @@ impl QueueTopology {
     /// consumer learns the queue's type from the broker (or checks the one stated with
     /// [`queue_kind`](QueueTopology::queue_kind)); the broker does not tell its
     /// `x-dead-letter-routing-key`: give it with
-    /// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key). Without it, and
-    /// unless the dead-letter exchange is a durable fanout, an existing quorum queue's uncounted
-    /// requeues (database unreachable, message in progress elsewhere) are `basic.nack`s that the
-    /// broker counts toward its delivery limit: a fresh copy of the message, which the consumer
-    /// puts back instead, reaches the queue by its name, and the broker would dead-letter it by
-    /// that name, not by the message's routing key.
+    /// [`dead_letter_routing_key`](QueueTopology::dead_letter_routing_key). On a quorum queue,
+    /// requeues that do not count (database unreachable, message in progress elsewhere) are
+    /// fresh copies that reach the queue by its name: should the broker dead-letter one itself
+    /// (its `x-delivery-limit`, a TTL), it routes it by that name. Unless the dead-letter
+    /// exchange is a fanout or the key is given, bind the dead-letter queue for the queue's name
+    /// too, or keep [`max_deliveries`](crate::ConsumerBuilder::max_deliveries) below the
+    /// queue's delivery limit; the consumer warns at start.
     ///
     /// ```
     /// use idem_rabbitmq::{QueueKind, QueueTopology};
@@ -201,19 +202,19 @@ impl QueueTopology {
         self.delivery_limit
     }
 
-    /// Whether the broker's own dead-lettering (a quorum queue's delivery limit, a TTL) routes a
-    /// message by something other than its routing key: a fresh copy of a message, requeued
-    /// through the default exchange, has the queue's name for routing key, and a dead-letter
-    /// exchange routing by key would drop it. So for a topology the consumer declares (its
-    /// dead-letter exchange is a fanout), one with a dead-letter routing key, and an existing
-    /// dead-letter exchange that is a durable fanout (checked by declaring it so on a channel
-    /// of its own, which the broker closes if it is not).
-    pub(crate) async fn dead_letters_any_routing_key(&self, connection: &Connection) -> bool {
+    /// Warns, for an [`existing`](QueueTopology::existing) quorum queue without a dead-letter
+    /// routing key whose dead-letter exchange is not a durable fanout (checked by declaring it
+    /// so on a channel of its own, which the broker closes if it is not), that the fresh copies
+    /// of uncounted requeues would be lost if the broker dead-lettered them itself: they reach
+    /// the queue by its name, the broker dead-letters them by that name, and an exchange that
+    /// routes by key may route it nowhere. (Requeueing the message itself instead would count
+    /// every requeue of an outage toward the broker's delivery limit.)
+    pub(crate) async fn warn_of_copies_routed_by_queue_name(&self, connection: &Connection) {
         if self.declare || self.dead_letter_routing_key.is_some() {
-            return true;
+            return;
         }
         let Ok(channel) = connection.create_channel().await else {
-            return false;
+            return;
         };
         let fanout = channel
             .exchange_declare(
@@ -231,15 +232,17 @@ impl QueueTopology {
             let _ = channel
                 .close(200, "dead-letter exchange checked".into())
                 .await;
-        } else {
-            tracing::info!(
-                queue = %self.queue,
-                exchange = %self.dead_letter_exchange,
-                "the dead-letter exchange may route by key and no dead-letter routing key is \
-                 given: uncounted requeues are nacks, which a quorum queue counts"
-            );
+            return;
         }
-        fanout
+        tracing::warn!(
+            queue = %self.queue,
+            exchange = %self.dead_letter_exchange,
+            "requeues that do not count are fresh copies routed by the queue's name: should the \
+             broker dead-letter one itself (its delivery limit, a TTL), a dead-letter exchange \
+             that routes by key routes it by that name; bind the dead-letter queue for it, give \
+             the queue's x-dead-letter-routing-key with dead_letter_routing_key, or keep \
+             max_deliveries below the queue's x-delivery-limit"
+        );
     }
 
     /// Declares the dead-letter exchange and queue, the work queue and its bindings; for an

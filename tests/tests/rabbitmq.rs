@@ -1996,45 +1996,6 @@ async fn a_fresh_copy_is_dead_lettered_by_the_route_it_first_came_by() {
     consumer.shutdown().await;
 }
 
-/// The broker's own dead-lettering (its delivery limit reached) of a message requeued without
-/// counting, on an operator's quorum queue whose dead-letter exchange routes by key: the message
-/// reaches the dead-letter queue by its own routing key. A fresh copy put back through the
-/// default exchange carried the queue's name instead, and the broker dropped it as unroutable.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_broker_dead_letters_a_message_requeued_uncounted_by_its_own_route() {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
-    let (queue, dlx, dlq, orders) = ops_orders_layout(&broker, Some(1)).await;
-    // While one copy runs (1.5 s) the other is requeued uncounted; every run fails, counted,
-    // until the broker's limit of one redelivery dead-letters both.
-    let handler = Recorder::new(&db, &effects, "mailer")
-        .two_phase(Duration::from_secs(30))
-        .slow(Duration::from_millis(1500))
-        .keyed_by_message_id();
-    handler.fail_next(100);
-    let consumer = start(&inbox, QueueTopology::existing(&queue, &dlx), handler).await;
-    let producer = Publisher::connect(amqp_url()).await.unwrap();
-    for _ in 0..2 {
-        producer
-            .publish(&orders, "placed", &Msg::new("mail-1", "hi"), with_id("m-1"))
-            .await
-            .unwrap();
-    }
-    broker
-        .eventually("both copies dead-lettered by the broker", WAIT, || async {
-            broker.depth(&dlq).await == 2
-        })
-        .await;
-    assert_eq!(broker.depth(&queue).await, 0);
-    let stats = consumer.stats();
-    assert!(stats.requeued > 0, "{stats:?}");
-    assert_eq!(
-        stats.dead_lettered, 0,
-        "the broker's limit comes first: {stats:?}"
-    );
-    consumer.shutdown().await;
-}
-
 /// An operator's layout: a direct exchange of orders routing `placed` and `cancelled` to a work
 /// queue (quorum with the broker's delivery limit `quorum_limit`, if given), whose direct
 /// dead-letter exchange keeps the routing key and has a queue for `placed` only. Returns the

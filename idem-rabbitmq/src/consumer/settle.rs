@@ -93,11 +93,6 @@ pub(crate) struct Settler<'a> {
     pub(crate) retries: &'a RetryMemory,
     /// Whether the queue is a quorum queue, whose broker counts deliveries.
     pub(crate) quorum: bool,
-    /// Whether an uncounted requeue on a quorum queue may be a fresh copy: only where the
-    /// broker's own dead-lettering of that copy (published to the queue through the default
-    /// exchange, its routing key the queue's name) does not route by the message's routing key
-    /// (see `QueueTopology::dead_letters_any_routing_key`).
-    pub(crate) fresh_copies: bool,
     /// Becomes true when the consumer shuts down.
     pub(crate) shutdown: &'a watch::Receiver<bool>,
 }
@@ -263,11 +258,12 @@ impl Settler<'_> {
     /// toward a quorum queue's delivery limit, anything else uncounted: with `basic.nack` on a
     /// classic queue, and on a quorum queue as a fresh copy at the queue's tail, the original
     /// acked, since brokers before RabbitMQ 4.3 count `basic.nack` too. (Should the ack not
-    /// reach the broker, both copies are delivered, and the inbox recognises the second.) Where
-    /// the broker would dead-letter such a copy by its routing key, the queue's name, and lose
-    /// it (see [`Settler::fresh_copies`]), the message itself is requeued, counted by the broker.
+    /// reach the broker, both copies are delivered, and the inbox recognises the second.) The
+    /// copy's routing key is the queue's name: should the broker dead-letter it itself (its
+    /// delivery limit, a TTL), a dead-letter exchange that routes by key routes it by that name
+    /// (see `QueueTopology::warn_of_copies_routed_by_queue_name`).
     async fn requeue(&self, delivery: &Delivery, failed: bool) -> Settled {
-        if !failed && self.fresh_copies {
+        if !failed && self.quorum {
             let mut headers = copy::headers_of(delivery, &[]);
             copy::note_route(&mut headers, &copy::first_route(delivery, self.queue));
             let properties = copy::properties_of(&delivery.properties, headers, true);

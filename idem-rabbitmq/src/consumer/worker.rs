@@ -71,14 +71,11 @@ struct Session {
 }
 
 /// What a worker learns of its queue when it first opens a session, for every later one: an
-/// existing queue's type and dead-letter exchange are asked of the broker at start only.
+/// existing queue's type is asked of the broker at start only.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueueFacts {
     /// The queue's type, as declared or as the broker told.
     kind: QueueKind,
-    /// Whether uncounted requeues on a quorum queue are fresh copies: see
-    /// [`QueueTopology::dead_letters_any_routing_key`].
-    fresh_copies: bool,
 }
 
 /// Watches a session that lapin may be recovering, so that a recovery that never completes is
@@ -253,11 +250,12 @@ impl Worker {
             Some(facts) => *facts,
             None => {
                 let kind = topology.resolve_kind(&self.settings.url, name).await?;
-                let fresh_copies = kind == QueueKind::Quorum
-                    && topology.dead_letters_any_routing_key(connection).await;
-                *self
-                    .queue_facts
-                    .get_or_init(|| QueueFacts { kind, fresh_copies })
+                if kind == QueueKind::Quorum {
+                    topology
+                        .warn_of_copies_routed_by_queue_name(connection)
+                        .await;
+                }
+                *self.queue_facts.get_or_init(|| QueueFacts { kind })
             }
         };
         channel
@@ -497,7 +495,6 @@ impl Worker {
             retries: Arc::clone(&self.retries),
             publisher: session.publisher.clone(),
             quorum: session.queue.kind == QueueKind::Quorum,
-            fresh_copies: session.queue.fresh_copies,
             shutdown: self.shutdown.clone(),
         }
     }
@@ -608,8 +605,6 @@ pub(crate) struct Settling {
     pub(crate) retries: Arc<RetryMemory>,
     pub(crate) publisher: ConfirmChannel,
     pub(crate) quorum: bool,
-    /// Whether uncounted requeues are fresh copies.
-    pub(crate) fresh_copies: bool,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
 
@@ -626,7 +621,6 @@ impl Settling {
             retry: self.settings.retry,
             retries: &self.retries,
             quorum: self.quorum,
-            fresh_copies: self.fresh_copies,
             shutdown: &self.shutdown,
         }
     }
