@@ -109,9 +109,9 @@ pub enum Retry {
     /// saturated pool); paced like an outage.
     NoConnection,
     /// The database took no writes: a read-only server (a standby, a failover's demoted primary
-    /// still in the pool), a full disk, no connection slot left. Not counted, even while other
-    /// deliveries reach the database (on connections to the new primary, say): no message
-    /// causes it. Paced like an outage.
+    /// still in the pool), no connection slot left. Not counted, even while other deliveries
+    /// reach the database (on connections to the new primary, say): no message causes it.
+    /// Paced like an outage.
     NoWrites,
 }
 

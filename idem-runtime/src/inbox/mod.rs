@@ -298,13 +298,14 @@ impl Inbox {
         // The renewal runs beside the handler and its completion, in this task: dropping this
         // future (a crashed worker) stops them all. A lost claim ends the renewal; the handler
         // still runs to its end.
-        let renewal = renew_until_lost(store, db, held, &watch);
-        tokio::pin!(renewal);
-        let mut renewing = true;
-        let result = beside(run(handler, &cx, message), renewal.as_mut(), &mut renewing).await;
+        let mut renewal = Some(Box::pin(renew_until_lost(store, db, held, &watch)));
+        let result = beside(run(handler, &cx, message), &mut renewal).await;
         let output = match result {
             Ok(output) => output,
             Err(error) => {
+                // A renewal under way would hold its pooled connection, and could extend the
+                // lease after it is ended.
+                drop(renewal);
                 // Never hold a key after a failed handler: the redelivery must be able to retry.
                 // A first attempt's claim is deleted; a takeover's is handed on, its lease ended,
                 // so that the next claim knows it follows attempts whose side effects may have
@@ -337,7 +338,7 @@ impl Inbox {
                 Err(error) => Err(error),
             }
         };
-        let completed = beside(completing, renewal.as_mut(), &mut renewing).await?;
+        let completed = beside(completing, &mut renewal).await?;
         match completed {
             None => Err(Error::ClaimLost {
                 key: request.key.clone(),
@@ -441,19 +442,21 @@ impl Inbox {
     }
 }
 
-/// Runs `work` to its end, polling `renewal` beside it while `renewing`: once the renewal ends
-/// (the claim lost), `renewing` is cleared and `work` goes on alone.
-async fn beside<T>(
+/// Runs `work` to its end, polling the `renewal` beside it while there is one: once it ends
+/// (the claim lost), it is dropped and `work` goes on alone.
+async fn beside<T, R: Future<Output = ()>>(
     work: impl Future<Output = T>,
-    renewal: std::pin::Pin<&mut impl Future<Output = ()>>,
-    renewing: &mut bool,
+    renewal: &mut Option<std::pin::Pin<Box<R>>>,
 ) -> T {
     tokio::pin!(work);
+    let Some(renewing) = renewal.as_mut() else {
+        return work.await;
+    };
     tokio::select! {
         biased;
         done = &mut work => done,
-        () = renewal, if *renewing => {
-            *renewing = false;
+        () = renewing => {
+            *renewal = None;
             work.await
         }
     }

@@ -62,8 +62,8 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
             {
                 return match error.number() {
                     // Server shutdown, connection killed; a Galera node outside the cluster's
-                    // quorum (1047) answers every statement so.
-                    1053 | 1927 | 1047 => Failure::Unreachable,
+                    // quorum (1047) answers every statement so; out of disk.
+                    1053 | 1927 | 1047 | 1021 => Failure::Unreachable,
                     1213 => Failure::Deadlock,
                     1205 => Failure::LockTimeout,
                     _ => Failure::Refused,
@@ -72,9 +72,9 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
             #[cfg(feature = "sqlite")]
             if let Some(error) = error.try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>() {
                 // The primary result code, whatever the extended one: SQLITE_BUSY (5) and
-                // SQLITE_LOCKED (6) are contention; out of memory (7), an I/O error (10) and
-                // a file that cannot be opened (14) are the database's own trouble, not the
-                // message's (as are a read-only database and a full disk, above).
+                // SQLITE_LOCKED (6) are contention; out of memory (7), an I/O error (10), a
+                // full disk (13) and a file that cannot be opened (14) are the database's own
+                // trouble, not the message's (as is a read-only database, above).
                 use sea_orm::sqlx::error::DatabaseError;
                 let primary = error
                     .code()
@@ -82,7 +82,7 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                     .map(|code| code & 0xff);
                 return match primary {
                     Some(5 | 6) => Failure::LockTimeout,
-                    Some(7 | 10 | 14) => Failure::Unreachable,
+                    Some(7 | 10 | 13 | 14) => Failure::Unreachable,
                     _ => Failure::Refused,
                 };
             }
@@ -100,6 +100,8 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
                 // the session ended for idling in its transaction.
                 code if code.starts_with("08") => Failure::Unreachable,
                 "57P01" | "57P02" | "57P03" | "25P03" => Failure::Unreachable,
+                // A full disk.
+                "53100" => Failure::Unreachable,
                 _ => Failure::Refused,
             }
         }
@@ -108,9 +110,9 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
 }
 
 /// Whether the server takes no writes for now, whatever the message: a read-only server or
-/// transaction (a standby, a failover's demoted primary, MySQL's `read_only`), a full disk, no
-/// connection slot left. An outage no message causes, even while other connections reach the
-/// database.
+/// transaction (a standby, a failover's demoted primary, MySQL's `read_only`), no connection
+/// slot left. An outage no message causes, even while other connections reach the database
+/// (unlike a full disk, which one message's large write may meet while smaller ones pass).
 pub(crate) fn takes_no_writes(error: &DbErr) -> bool {
     match error {
         #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -127,21 +129,21 @@ fn takes_no_writes_sqlx(error: &sea_orm::sqlx::Error) -> bool {
     };
     #[cfg(feature = "mysql")]
     if let Some(error) = error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>() {
-        // `read_only`, a read-only transaction, read-only server mode; out of disk.
-        return matches!(error.number(), 1290 | 1792 | 1836 | 1021);
+        // `read_only`, a read-only transaction, read-only server mode.
+        return matches!(error.number(), 1290 | 1792 | 1836);
     }
     #[cfg(feature = "sqlite")]
     if error
         .try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>()
         .is_some()
     {
-        // SQLITE_READONLY (8), SQLITE_FULL (13), whatever the extended code.
+        // SQLITE_READONLY (8), whatever the extended code.
         let primary = error.code().and_then(|code| code.parse::<i32>().ok());
-        return matches!(primary.map(|code| code & 0xff), Some(8 | 13));
+        return primary.map(|code| code & 0xff) == Some(8);
     }
-    // A read-only transaction, a full disk, no connection slot left. (Other insufficient
-    // resources, such as too many locks, come from the statement itself.)
-    matches!(error.code().as_deref(), Some("25006" | "53100" | "53300"))
+    // A read-only transaction, no connection slot left. (Other insufficient resources, such as
+    // too many locks, come from the statement itself.)
+    matches!(error.code().as_deref(), Some("25006" | "53300"))
 }
 
 /// Whether the database refused a statement for a value it was given (too long, not valid in

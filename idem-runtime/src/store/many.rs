@@ -62,8 +62,15 @@ fn placeholders(n: usize) -> String {
     list
 }
 
-/// The most bytes of keys and outputs one completion statement of a batch carries.
-const COMPLETE_BYTES: usize = 4 << 20;
+/// The most bytes one completion statement of a batch carries, counted as [`completion_bytes`]
+/// (well under MySQL 5.7's default `max_allowed_packet`, 4 MiB).
+const COMPLETE_BYTES: usize = 1 << 20;
+
+/// What one message's completion adds to a statement, at most: its key twice (the MySQL/MariaDB
+/// statement binds it twice), its output, and the framing of each.
+fn completion_bytes(key: &MessageKey, output: Option<&str>) -> usize {
+    2 * key.as_str().len() + output.map_or(0, str::len) + 64
+}
 
 impl Store {
     /// Names the key's index where MySQL/MariaDB must look many keys up through it: an `IN`
@@ -217,10 +224,9 @@ impl Store {
     }
 
     /// Completes the claims `token` holds on `outputs`' keys, each with its output, in as few
-    /// statements as keep each under [`COMPLETE_BYTES`] of keys and outputs (a MySQL/MariaDB
-    /// server refuses a statement larger than its `max_allowed_packet`, 16 MiB by default, and
-    /// closes the connection); returns how many it completed (fewer than asked when the
-    /// transaction lost some of them).
+    /// statements as keep each under [`COMPLETE_BYTES`] (a MySQL/MariaDB server refuses a
+    /// statement larger than its `max_allowed_packet` and closes the connection); returns how
+    /// many it completed (fewer than asked when the transaction lost some of them).
     pub(crate) async fn complete_many(
         &self,
         conn: &impl ConnectionTrait,
@@ -236,7 +242,7 @@ impl Store {
             let taken = rest
                 .iter()
                 .take_while(|(key, output)| {
-                    bytes += key.as_str().len() + output.map_or(0, str::len);
+                    bytes += completion_bytes(key, *output);
                     bytes <= COMPLETE_BYTES
                 })
                 .count()
