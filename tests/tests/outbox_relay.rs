@@ -75,6 +75,11 @@ mod postgres_only {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_messages_to_a_missing_exchange_hold_up_no_other_run() {
+        super::many_messages_to_a_missing_exchange_hold_up_no_other_run().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_database_outage_is_ridden_out_and_listening_resumes() {
         super::a_database_outage_is_ridden_out_and_listening_resumes(Backend::Postgres).await
     }
@@ -909,6 +914,44 @@ async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only() {
     expected.sort();
     assert_eq!(got, expected, "every other run goes out");
     assert_eq!(f.unsent().await, 1);
+    relay.shutdown().await;
+}
+
+/// Many messages, each its own run, to an exchange that does not exist, staged before the
+/// others: each closes the channel it is published on. The exchange is held back once found, and
+/// every other run goes out promptly. Found one message at a time, each search a failed round
+/// with its back-off, the culprits took turns at the head of the table longer than their holds
+/// lasted, and nothing else went out.
+async fn many_messages_to_a_missing_exchange_hold_up_no_other_run() {
+    let f = Fixture::new(Backend::Postgres).await;
+    let nowhere = Stager {
+        exchange: unique("idem_no_such_exchange"),
+        count: 1,
+    };
+    for i in 0..8 {
+        f.inbox
+            .process(
+                &nowhere,
+                Msg::new(format!("n{i}"), "ok"),
+                &Metadata::default(),
+            )
+            .await
+            .expect("the handler commits");
+    }
+    let runs: Vec<String> = (0..20).map(|i| format!("r{i:02}")).collect();
+    for run in &runs {
+        f.stage(run, 1).await;
+    }
+    // The default back-off (200 ms doubling to 10 s), as in production.
+    let relay = Relay::builder(amqp_url(), f.outbox.clone())
+        .connection_name(unique("idem-relay"))
+        .poll_interval(POLL)
+        .start()
+        .await
+        .unwrap();
+    let got = ids(&f.receive(runs.len(), Duration::from_secs(20)).await);
+    assert_eq!(got.len(), runs.len(), "every other run goes out");
+    assert_eq!(f.unsent().await, 8);
     relay.shutdown().await;
 }
 

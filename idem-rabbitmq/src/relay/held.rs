@@ -9,8 +9,9 @@ use std::time::Duration;
 use idem_runtime::{HeldBack, PendingMessage};
 use tokio::time::Instant;
 
-/// How long a message whose publish closed the channel is held back before it is tried again.
-pub(super) const HOLD: Duration = Duration::from_secs(30);
+/// How long a message whose publish closed the channel is held back before it is tried again
+/// the first time; the hold doubles at each try, up to [`MAX_HOLD`].
+const HOLD: Duration = Duration::from_secs(30);
 
 /// How long a message the broker did not take is held back before it is tried again the first
 /// time; the hold doubles at each try, up to [`MAX_HOLD`].
@@ -31,6 +32,9 @@ const MAX_LEFT_OUT: usize = 100;
 pub(super) struct Held {
     /// Held messages by id.
     messages: HashMap<String, HeldMessage>,
+    /// Exchanges held back until then, every message to them with its run: a publish to them
+    /// closed the channel (no such exchange, or no access to it).
+    exchanges: HashMap<String, Instant>,
     /// Publishes left to send one at a time, after a channel closed under several in flight:
     /// the next one to close it alone is the culprit.
     careful: u32,
@@ -87,6 +91,7 @@ impl Held {
         &mut self,
         messages: &'a [PendingMessage],
     ) -> Vec<&'a PendingMessage> {
+        self.hold_for_their_exchanges(messages);
         // Where each held run stops, its held message possibly in an earlier batch.
         let mut stopped_from: HashMap<Option<&str>, i64> = HashMap::new();
         for held in self.holding() {
@@ -112,12 +117,26 @@ impl Held {
         publishable
     }
 
+    /// Holds back the messages of `messages` to a held exchange, for as long as it is held.
+    fn hold_for_their_exchanges(&mut self, messages: &[PendingMessage]) {
+        let now = Instant::now();
+        self.exchanges.retain(|_, until| *until > now);
+        for message in messages {
+            let Some(until) = self.exchanges.get(&message.exchange).copied() else {
+                continue;
+            };
+            let held = self.messages.get(&message.message_id);
+            if held.is_none_or(|held| held.until <= now) {
+                let tries = self.tries(&message.message_id);
+                self.hold(message, until - now, tries);
+            }
+        }
+    }
+
     /// Holds back `message`, which the broker did not take (`why`), with the rest of its run.
     pub(super) fn not_taken(&mut self, message: &PendingMessage, why: &impl std::fmt::Display) {
         let tries = self.tries(&message.message_id) + 1;
-        let pause = RETRY_NOT_TAKEN
-            .saturating_mul(1 << (tries - 1).min(16))
-            .min(MAX_HOLD);
+        let pause = grown(RETRY_NOT_TAKEN, tries);
         // Said at the first tries and then less and less often, not at every one.
         if tries.is_power_of_two() {
             tracing::warn!(
@@ -152,20 +171,37 @@ impl Held {
     }
 
     /// Notes that the channel closed under `published`, the messages of a round sent before
-    /// it closed: the one message, if it was alone, is held back; otherwise the next publishes
-    /// go one at a time, `careful_for` of them, to find it.
-    pub(super) fn channel_closed(&mut self, published: &[&PendingMessage], careful_for: u32) {
+    /// it closed: the one message, if it was alone, is held back, and with it every message to
+    /// its exchange if the broker refused the exchange itself (`exchange_refused`: not found, no
+    /// access); otherwise the next publishes go one at a time, `careful_for` of them, to find
+    /// it.
+    pub(super) fn channel_closed(
+        &mut self,
+        published: &[&PendingMessage],
+        careful_for: u32,
+        exchange_refused: bool,
+    ) {
         match published {
             [culprit] => {
+                let tries = self.tries(&culprit.message_id) + 1;
+                let pause = grown(HOLD, tries);
                 tracing::error!(
                     message_id = culprit.message_id,
                     exchange = culprit.exchange,
-                    retry_in = ?HOLD,
+                    retry_in = ?pause,
                     "publishing this outbox message closed the channel (no such exchange, or no \
-                     access to it); it is held back with the rest of its run"
+                     access to it); it is held back with the rest of its run{}",
+                    if exchange_refused {
+                        ", and so is every message to its exchange"
+                    } else {
+                        ""
+                    }
                 );
-                let tries = self.tries(&culprit.message_id) + 1;
-                self.hold(culprit, HOLD, tries);
+                self.hold(culprit, pause, tries);
+                if exchange_refused {
+                    let until = Instant::now() + pause;
+                    self.exchanges.insert(culprit.exchange.clone(), until);
+                }
                 self.careful = 0;
             }
             _ => self.careful = careful_for,
@@ -178,4 +214,10 @@ impl Held {
             .careful
             .saturating_sub(u32::try_from(published).unwrap_or(u32::MAX));
     }
+}
+
+/// `base` doubled at each try after the first, up to [`MAX_HOLD`].
+fn grown(base: Duration, tries: u32) -> Duration {
+    base.saturating_mul(1 << tries.saturating_sub(1).min(16))
+        .min(MAX_HOLD)
 }

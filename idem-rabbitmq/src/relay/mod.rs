@@ -55,7 +55,9 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 ///   A message whose publish makes the broker close the channel (an exchange that does not
 ///   exist, or that the relay's user may not write to) fails every publish in flight with it:
 ///   the relay then publishes one message at a time until it finds that message, and holds it
-///   back, with the rest of its run, for 30 s between tries.
+///   back, with the rest of its run, 30 s at first and then longer, up to 5 minutes; when the
+///   broker refused its exchange (not found, no access), every message to that exchange is held
+///   back with it. Finding it is no failure to back off from.
 /// - **At least once, deduplicated downstream.** A message whose confirm is lost, or whose
 ///   "sent" mark does not commit, is published again with the same id; the next hop's inbox
 ///   recognises it.

@@ -166,11 +166,14 @@ impl Runner {
         let wait = self.settings.confirm_timeout;
         let settled = pipeline::publish(session, &publishable, wait).await;
         // Closed by the broker over a publish (an error of the channel, not of the connection).
-        let closed = (settled.not_taken.iter())
-            .any(|(_, why)| matches!(why, NotTaken::Channel(error) if error.is_amqp_soft_error()));
-        if closed {
-            self.held
-                .channel_closed(&publishable, self.settings.batch_size);
+        let closure = (settled.not_taken.iter()).find_map(|(_, why)| match why {
+            NotTaken::Channel(error) if error.is_amqp_soft_error() => Some(error),
+            _ => None,
+        });
+        let closed = closure.is_some();
+        if let Some(error) = closure {
+            let exchange_refused = refuses_exchange(error);
+            (self.held).channel_closed(&publishable, self.settings.batch_size, exchange_refused);
         } else {
             self.held.channel_kept(publishable.len());
         }
@@ -217,8 +220,10 @@ impl Runner {
             return Err(failed.unwrap_or(problem));
         }
         match failed {
-            Some(problem) => Err(problem),
-            None => Ok(Round::Worked),
+            // A channel closed over a publish is no outage to back off from: the next rounds
+            // find the message and hold it back.
+            Some(problem) if !closed => Err(problem),
+            _ => Ok(Round::Worked),
         }
     }
 
@@ -299,4 +304,17 @@ impl Runner {
             () = tokio::time::sleep(delay) => true,
         }
     }
+}
+
+/// Whether the broker closed a channel for the exchange published to, whatever the message: it
+/// does not exist, or the relay may not write to it.
+fn refuses_exchange(error: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(amqp) if matches!(
+            amqp.kind(),
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND | AMQPSoftError::ACCESSREFUSED)
+        )
+    )
 }
