@@ -183,6 +183,11 @@ impl Runner {
         metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone())
             .increment(published);
         let mut replace = false;
+        // A message whose confirm never came while others of the round were confirmed is held
+        // back like one the broker did not take (a queue without its quorum, say), rather than
+        // fail every round with the wait for it.
+        let unconfirmed_alone =
+            |why: &NotTaken| matches!(why, NotTaken::NoConfirm(_)) && published > 0;
         for (message, why) in &not_taken {
             Stats::add(&self.stats.failed, 1);
             metrics::counter!(
@@ -194,14 +199,14 @@ impl Runner {
             // A confirm that never came may still come, on a channel now used for other
             // publishes: a new channel keeps confirms and returns apart.
             replace |= why.is_channel_failure();
-            if !why.is_channel_failure() {
+            if !why.is_channel_failure() || unconfirmed_alone(why) {
                 self.held.not_taken(message, why);
             }
         }
         // A message the broker did not take is held back; only a failed channel fails the
         // round.
         let failed = (not_taken.into_iter())
-            .find(|(_, why)| why.is_channel_failure())
+            .find(|(_, why)| why.is_channel_failure() && !unconfirmed_alone(why))
             .map(|(message, why)| Problem::Publish {
                 message_id: message.message_id.clone(),
                 why,
