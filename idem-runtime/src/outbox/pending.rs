@@ -51,10 +51,6 @@ pub struct HeldBack {
     pub seq: i64,
 }
 
-/// How long a relay's batch may stay idle in its PostgreSQL transaction (publishing) before the
-/// server ends it.
-const RELAY_IDLE_LIMIT: Duration = Duration::from_secs(300);
-
 impl HeldBack {
     /// The message at `seq` of `run` held back.
     pub fn new(run: Option<String>, seq: i64) -> Self {
@@ -127,17 +123,7 @@ impl Outbox {
                 .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
                 .await?
         } else {
-            let tx = self.inner.dialect.begin(&self.inner.db).await?;
-            // A relay whose host vanished while it published (power lost, a partition) would
-            // keep these rows locked until TCP gives up on its connection, hours later; the
-            // server ends the transaction after this long idle instead. Its messages are then
-            // published again, with the same ids.
-            tx.execute_unprepared(&format!(
-                "SET LOCAL idle_in_transaction_session_timeout = {}",
-                RELAY_IDLE_LIMIT.as_millis()
-            ))
-            .await?;
-            tx
+            self.inner.dialect.begin(&self.inner.db).await?
         };
         let rows = tx
             .query_all_raw(self.pending_statement(limit, held, after, " FOR UPDATE SKIP LOCKED"))
