@@ -115,13 +115,7 @@ impl Outbox {
             .message_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().hyphenated().to_string());
-        self.stage_as(conn, &id, None, &message, false).await?;
-        // Only a wake-up: on a connection the row is committed already, and a caller told of a
-        // failure here would stage it again (under another id, unless it gave one); in a
-        // transaction the failed statement fails the commit, which the caller sees.
-        if let Err(error) = self.announce(conn).await {
-            tracing::warn!(%error, "staged, but the relays could not be told; they find it when they next look");
-        }
+        self.stage_as(conn, &id, None, &message, true).await?;
         Ok(id)
     }
 
@@ -183,16 +177,8 @@ impl Outbox {
                     .to_owned(),
             ));
         }
-        if notify {
-            self.announce(conn).await?;
-        }
-        Ok(())
-    }
-
-    /// On PostgreSQL, tells listening relays of a staging: delivered when the transaction
-    /// commits, never if it rolls back.
-    async fn announce(&self, conn: &impl ConnectionTrait) -> Result<(), DbErr> {
-        if self.backend() == DbBackend::Postgres {
+        if notify && self.backend() == DbBackend::Postgres {
+            // Delivered to listening relays when the transaction commits; never if it rolls back.
             let notify = "SELECT pg_notify(?, '')";
             conn.query_one_raw(self.statement(notify, vec![Value::from(self.channel())]))
                 .await?;
