@@ -100,7 +100,8 @@ impl ConfirmChannel {
     }
 
     /// Publishes `payload` with `properties` to `exchange`, `mandatory`, once the publishes
-    /// before it are confirmed, and waits for the broker's confirm: `wait` at most in all.
+    /// before it are confirmed (`wait` at most), and waits for the broker's confirm (`wait` at
+    /// most).
     pub(crate) async fn publish(
         &self,
         exchange: &str,
@@ -122,14 +123,15 @@ impl ConfirmChannel {
             wait,
             in_flight: true,
         };
-        let left = deadline.saturating_duration_since(Instant::now());
+        // Its own whole wait once it has the turn: a publish that waited long for its turn,
+        // then its confirm, would take the channel for one that confirms nothing.
         let sent = send(
             &self.channel,
             exchange,
             routing_key,
             payload,
             properties,
-            left,
+            wait,
         );
         let taken = match sent.await {
             Ok(sent) => confirmed(sent).await,
@@ -174,7 +176,10 @@ impl Drop for Turn {
                     ?wait,
                     "the broker confirms nothing on a channel; closing it"
                 );
-                let _ = channel.close(200, "no publisher confirm".into()).await;
+                // Closing from its first poll (later publishes on it fail); a blocked connection
+                // may never answer the close, which is not waited for longer.
+                let closing = channel.close(200, "no publisher confirm".into());
+                let _ = tokio::time::timeout(wait, closing).await;
             }
             drop(guard);
         });

@@ -56,12 +56,16 @@ impl Held {
     pub(super) fn left_out(&mut self) -> Vec<HeldBack> {
         let now = Instant::now();
         self.messages.retain(|_, held| held.until + REMEMBER > now);
-        let mut left_out: Vec<HeldBack> = self
-            .messages
-            .values()
-            .filter(|held| held.until > now)
-            .map(|held| held.held_back.clone())
-            .collect();
+        // A run is left out from its earliest held message: later ones add nothing.
+        let mut earliest: HashMap<Option<&str>, &HeldBack> = HashMap::new();
+        for held in self.messages.values().filter(|held| held.until > now) {
+            let back = &held.held_back;
+            let entry = earliest.entry(back.run.as_deref()).or_insert(back);
+            if back.seq < entry.seq {
+                *entry = back;
+            }
+        }
+        let mut left_out: Vec<HeldBack> = earliest.into_values().cloned().collect();
         left_out.sort_by_key(|held| held.seq);
         left_out.truncate(MAX_LEFT_OUT);
         left_out

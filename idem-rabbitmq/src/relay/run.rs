@@ -25,6 +25,9 @@ enum Round {
     Idle,
     /// The relay was asked to stop before it took a batch.
     Stopped,
+    /// The broker closed the channel over one of its publishes: the next rounds look for the
+    /// message that did it.
+    Closed,
 }
 
 /// Why a round failed.
@@ -107,6 +110,12 @@ impl Runner {
                     }
                 }
                 Ok(Round::Stopped) => break,
+                // The failures so far stand: an outage before this round is not over.
+                Ok(Round::Closed) => {
+                    if !self.pause(self.settings.backoff.base()).await {
+                        break;
+                    }
+                }
                 Err(problem) => {
                     failures = failures.saturating_add(1);
                     let delay = self.settings.backoff.after(failures);
@@ -226,9 +235,10 @@ impl Runner {
         }
         match failed {
             // A channel closed over a publish is no outage to back off from: the next rounds
-            // find the message and hold it back.
-            Some(problem) if !closed => Err(problem),
-            _ => Ok(Round::Worked),
+            // find the message and hold it back, after a short pause.
+            Some(_) if closed => Ok(Round::Closed),
+            Some(problem) => Err(problem),
+            None => Ok(Round::Worked),
         }
     }
 
@@ -313,13 +323,17 @@ impl Runner {
 
 /// Whether the broker closed a channel for the exchange published to, whatever the message: it
 /// does not exist, or the relay may not write to it.
+/// (Topic authorisation refuses a routing key with the same code: not the whole exchange.)
 fn refuses_exchange(error: &lapin::Error) -> bool {
     use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
-    matches!(
-        error.kind(),
-        lapin::ErrorKind::ProtocolError(amqp) if matches!(
-            amqp.kind(),
-            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND | AMQPSoftError::ACCESSREFUSED)
-        )
-    )
+    let lapin::ErrorKind::ProtocolError(amqp) = error.kind() else {
+        return false;
+    };
+    match amqp.kind() {
+        AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => true,
+        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => {
+            !amqp.get_message().as_str().contains("access to topic")
+        }
+        _ => false,
+    }
 }
