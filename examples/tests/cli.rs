@@ -143,6 +143,12 @@ fn orders_help_lists_the_count_and_the_broker_options() {
 }
 
 #[test]
+fn options_that_need_another_are_refused_without_it() {
+    assert_refused(&run(BILLING, &["--json"], &[]), "--demo");
+    assert_refused(&run(BILLING, &["--trust-handlers"], &[]), "--batch");
+}
+
+#[test]
 fn a_demo_of_no_orders_is_refused() {
     let output = run(BILLING, &["--demo", "0"], &[]);
     assert_refused(&output, "--demo");

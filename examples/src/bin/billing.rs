@@ -93,7 +93,7 @@ struct Args {
     /// With --batch: check each batch's transaction once, before its commit, instead of after
     /// each message (billing's handler returns every database error and never ends its
     /// transaction)
-    #[arg(long, env = "BILLING_TRUST_HANDLERS")]
+    #[arg(long, env = "BILLING_TRUST_HANDLERS", requires = "batch")]
     trust_handlers: bool,
 
     /// The exchange billing publishes `InvoiceIssued` events to, through its outbox
@@ -115,7 +115,7 @@ struct Args {
     notifications_queue: String,
 
     /// With --demo: print the report as one JSON object on standard output
-    #[arg(long)]
+    #[arg(long, requires = "demo")]
     json: bool,
 }
 
