@@ -137,7 +137,9 @@ use proc_macro::TokenStream;
 /// ## `key = <expr>` (required)
 ///
 /// The message key: a stable identity of the logical message, never a delivery tag or a
-/// timestamp. Any expression over the message parameter and the `&Metadata` parameter; the
+/// timestamp (a key that reads the metadata's `redelivered`, `correlation_id` or
+/// `payload_fingerprint`, or calls `now()`, `new_v4()`, `random()` and the like, is refused at
+/// the token). Any expression over the message parameter and the `&Metadata` parameter; the
 /// message is bound *by reference*, so `order.id` does not move it. The value may be a string,
 /// an integer, a `bool`, a `char`, a `Uuid`, an `Option` of those (`None` is a missing key,
 /// dead-lettered), a `MessageKey`, a `Result<MessageKey, KeyError>`, or a tuple of them: a
