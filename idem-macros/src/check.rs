@@ -35,6 +35,7 @@ pub(crate) fn check(cx: &Ctxt, handler: &Handler<'_>) {
     check_params_unconditional(cx, handler);
     check_not_generic(cx, handler);
     check_receiver_is_ref_self(cx, handler);
+    check_method_names_its_consumer(cx, handler);
     check_not_associated_without_self(cx, handler);
     check_special_params_by_shared_reference(cx, handler);
     check_message_by_value(cx, handler);
@@ -111,6 +112,25 @@ fn check_receiver_is_ref_self(cx: &Ctxt, handler: &Handler<'_>) {
             receiver,
             "an `#[idempotent]` method takes `&self`: the generated handler holds the service in \
              an `Arc` and may run many messages at once",
+        );
+    }
+}
+
+// A consumer name keys the inbox's records. A free function's default, its module path and
+// name, is its own; a method's would leave out its type (the macro does not see it), and two
+// types' methods of one name in one module, or one generic type's for two type arguments,
+// would share their records: each would take the other's messages for duplicates.
+fn check_method_names_its_consumer(cx: &Ctxt, handler: &Handler<'_>) {
+    if handler.is_method() && handler.consumer.is_none() {
+        let name = handler.ident();
+        cx.error_spanned_by(
+            name,
+            format!(
+                "a method handler names its consumer, `consumer = \"...\"`: the default, the \
+                 module's path and `{name}`, would leave out the type, so that another type's \
+                 `{name}` in this module would share its inbox records (to keep records made \
+                 under that default, give it: `consumer = \"<module path>::{name}\"`)"
+            ),
         );
     }
 }

@@ -26,7 +26,7 @@
 //!
 //! The generated `Handler` implementation:
 //!
-//! - `consumer()` is the `consumer = "..."` option, or `"<module path>::<function name>"`, checked
+//! - `consumer()` is the `consumer = "..."` option, or for a free function `"<module path>::<function name>"`, checked
 //!   at compile time by a constant that applies the runtime's own rules (`ConsumerName::check`);
 //! - `key()` evaluates the `key = <expr>` expression with the message parameter bound to a
 //!   *reference* to the message and the `&Metadata` parameter (if any) bound to the transport's
@@ -186,9 +186,10 @@ use proc_macro::TokenStream;
 /// it, and a renamed consumer forgets what it processed. **Set it explicitly for production
 /// handlers.**
 ///
-/// On a method the default names the module and the method, not the type: two types in one
-/// module with a handler method of the same name would share a consumer, so each must set
-/// `consumer = "..."`.
+/// A method has no default: it would name the module and the method, not the type (which the
+/// macro does not see), and two types in one module with a handler method of the same name, or
+/// one generic type for two type arguments, would share their inbox records. A method without
+/// `consumer = "..."` is refused.
 ///
 /// ```
 /// # use idem_runtime::{Handler, idempotent};
@@ -331,8 +332,7 @@ use proc_macro::TokenStream;
 /// holds a clone of the `Arc`. The service must be `Send + Sync + 'static`. Methods of generic
 /// `impl` blocks work; generic *functions* are refused (a handler has one message type).
 /// Associated functions without `self` are not supported: take `&self`, or write a free
-/// function. The default consumer name is `"<module path>::<method name>"`, without the type
-/// (see `consumer`).
+/// function. A method names its consumer (see `consumer`).
 ///
 /// ```
 /// use std::sync::Arc;

@@ -12,7 +12,7 @@ pub struct Billing {
 }
 
 impl Billing {
-    #[idempotent(key = format!("{}{}", self.prefix, order.id))]
+    #[idempotent(key = format!("{}{}", self.prefix, order.id), consumer = "billing")]
     async fn charge(&self, tx: &DatabaseTransaction, order: Order) -> Result<(), DbErr> {
         let _ = (tx, order);
         Ok(())

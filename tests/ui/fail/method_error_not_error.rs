@@ -15,7 +15,7 @@ pub struct BillingError;
 pub struct Billing;
 
 impl Billing {
-    #[idempotent(key = order.id)]
+    #[idempotent(key = order.id, consumer = "billing")]
     async fn charge(&self, tx: &DatabaseTransaction, order: Order) -> Result<(), BillingError> {
         let _ = (tx, order);
         Ok(())

@@ -11,7 +11,7 @@ pub struct Order {
 pub struct Billing;
 
 impl Billing {
-    #[idempotent(key = order.id)]
+    #[idempotent(key = order.id, consumer = "billing")]
     async fn charge(&self, tx: &DatabaseTransaction, order: Order) -> Result<(), DbErr> {
         let local = std::rc::Rc::new(order);
         tx.execute_unprepared("SELECT 1").await?;

@@ -15,7 +15,7 @@ pub struct Receipt {
 pub struct Billing;
 
 impl Billing {
-    #[idempotent(key = order.id)]
+    #[idempotent(key = order.id, consumer = "billing")]
     async fn charge(&self, tx: &DatabaseTransaction, order: Order) -> Result<Receipt, DbErr> {
         let _ = (tx, order);
         Ok(Receipt { amount: 1 })

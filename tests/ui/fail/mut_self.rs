@@ -11,7 +11,7 @@ pub struct Order {
 pub struct Billing;
 
 impl Billing {
-    #[idempotent(key = order.id)]
+    #[idempotent(key = order.id, consumer = "billing")]
     async fn charge(&mut self, tx: &DatabaseTransaction, order: Order) -> Result<(), DbErr> {
         let _ = (tx, order);
         Ok(())

@@ -15,7 +15,7 @@ pub struct Billing {
 }
 
 impl Billing {
-    #[idempotent(key = order.id)]
+    #[idempotent(key = order.id, consumer = "billing")]
     async fn charge(&self, tx: &DatabaseTransaction, order: Order) -> Result<(), DbErr> {
         let _ = (tx, order);
         Ok(())

@@ -46,7 +46,7 @@ pub struct Notifier<T> {
 }
 
 impl<T: Transport> Notifier<T> {
-    #[idempotent(key = mail.subject, mode = two_phase)]
+    #[idempotent(key = mail.subject, consumer = "notifier.notify", mode = two_phase)]
     async fn notify(&self, cx: &Context<'_>, mail: SendMail) -> Result<u32, MailError> {
         self.transport.send(&mail.to, cx.message_key().as_str())
     }
@@ -69,8 +69,7 @@ fn main() {
     let notifier = Arc::new(Notifier { transport: Smtp });
     let handler = notifier.notify_handler();
     is_handler(&handler);
-    // The module and the method, not the type.
-    assert_eq!(handler.consumer(), concat!(module_path!(), "::notify"));
+    assert_eq!(handler.consumer(), "notifier.notify");
     assert_eq!(handler.mode(), Mode::two_phase());
     let mail = SendMail { to: "a@b.c".into(), subject: "hi".into() };
     let meta = idem_runtime::Metadata::default();

@@ -52,13 +52,13 @@ mod aliased {
 pub struct Billing;
 
 impl Billing {
-    #[idempotent(key = order.id, permanent = is_declined)]
+    #[idempotent(key = order.id, consumer = "billing.charge", permanent = is_declined)]
     async fn charge(&self, order: Order) -> anyhow::Result<u32> {
         let _ = order;
         Ok(2)
     }
 
-    #[idempotent(key = order.id)]
+    #[idempotent(key = order.id, consumer = "billing.refund")]
     async fn refund(&self, order: Order) -> Result<u32, anyhow::Error> {
         let _ = order;
         Ok(3)
