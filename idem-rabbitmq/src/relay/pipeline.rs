@@ -112,7 +112,16 @@ impl<'a> Pipeline<'a> {
         }
         let ids: HashSet<&str> = answers.iter().map(|(m, _)| m.message_id.as_str()).collect();
         let (returned, stray) = match_returns(returns, &ids);
+        // A confirm given up on may have been handed a return of another publish of the lot
+        // (lapin hands returns to whichever confirm completes first): no ack of the lot is
+        // trusted, and its messages are published again, with the same ids.
+        let distrusted =
+            (answers.iter()).any(|(_, answer)| matches!(answer, Err(NotTaken::NoConfirm(_))));
         for (message, answer) in answers {
+            if distrusted && answer.is_ok() {
+                self.stopped.insert(message.run.as_deref());
+                continue;
+            }
             let unroutable = stray
                 .clone()
                 .or_else(|| returned.get(message.message_id.as_str()).cloned());
