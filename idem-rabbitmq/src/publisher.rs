@@ -246,7 +246,8 @@ impl Publisher {
             Ok(channel) => {
                 let old = std::mem::replace(&mut *current, ConfirmChannel::new(channel));
                 drop(current);
-                let _ = old.channel().close(200, "replaced".into()).await;
+                let closing = old.channel().close(200, "replaced".into());
+                let _ = tokio::time::timeout(self.confirm_timeout, closing).await;
             }
             Err(error) => tracing::warn!(%error, "cannot open a new publisher channel"),
         }
