@@ -27,6 +27,21 @@ on_each_backend!(
     a_held_run_leaves_out_no_run_that_differs_only_in_case,
 );
 
+mod servers_only {
+    use idem_tests::Backend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::messages_staged_outside_handlers_keep_their_order_across_relays(Backend::Postgres)
+            .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mysql() {
+        super::messages_staged_outside_handlers_keep_their_order_across_relays(Backend::MySql).await
+    }
+}
+
 mod sqlite_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_batch_in_hand_holds_up_no_handler_and_relays_take_turns() {
@@ -254,6 +269,28 @@ async fn relays_take_pending_messages_in_order_and_never_share_them(backend: Bac
     let seqs: Vec<i64> = first.messages().iter().map(|m| m.seq).collect();
     first.mark_sent(&seqs).await.unwrap();
     assert_eq!(pending_ids(&outbox).await, all[3..4]);
+}
+
+/// Messages staged outside handlers are one run across relays too: while another relay holds
+/// the first of them, this one takes none of the later ones (it published them at once, ahead
+/// of the first, should that one be held back).
+async fn messages_staged_outside_handlers_keep_their_order_across_relays(backend: Backend) {
+    let (db, _inbox, outbox, _effects) = setup(backend).await;
+    for routing_key in ["first", "second"] {
+        let message = OutboxMessage::new("events", routing_key, b"{}".to_vec());
+        outbox.stage(&db.db, message).await.unwrap();
+    }
+    let other = Outbox::builder(db.another_pool(2).await)
+        .table(outbox.table().as_str())
+        .build()
+        .await
+        .unwrap();
+    let first = other.take_pending(1).await.unwrap();
+    assert_eq!(first.messages()[0].routing_key, "first");
+    let second = outbox.take_pending(100).await.unwrap();
+    assert!(second.messages().is_empty(), "{:?}", second.messages());
+    second.mark_sent(&[]).await.unwrap();
+    first.mark_sent(&[]).await.unwrap();
 }
 
 /// Runs are told apart by their bytes: holding back run `o-a` leaves out its messages only,

@@ -136,12 +136,7 @@ impl Outbox {
         let scanned = (taken.len(), taken.last().map(|m| m.seq));
         let messages = taken
             .into_iter()
-            .filter(|message| {
-                message
-                    .run
-                    .as_ref()
-                    .is_none_or(|o| !held_back.contains_key(o))
-            })
+            .filter(|message| !held_back.contains_key(&message.run))
             .collect();
         Ok(PendingBatch {
             tx: Some(tx),
@@ -192,13 +187,30 @@ impl Outbox {
         self.statement(&sql, values)
     }
 
-    /// The handler runs among `taken` whose earlier messages are still unsent and not taken
-    /// here: another relay holds them, and these must wait for them.
+    /// The runs among `taken` (handler runs, and `None` for the messages staged outside
+    /// handlers) whose earlier messages are still unsent and not taken here: another relay
+    /// holds them, and these must wait for them.
     async fn runs_held_elsewhere(
         &self,
         tx: &DatabaseTransaction,
         taken: &[PendingMessage],
-    ) -> Result<HashMap<String, i64>, DbErr> {
+    ) -> Result<HashMap<Option<String>, i64>, DbErr> {
+        let mut held = HashMap::new();
+        // The messages staged outside handlers, one run.
+        if let Some(ours) = taken.iter().find(|m| m.run.is_none()).map(|m| m.seq) {
+            let sql = format!(
+                "SELECT MIN(seq) FROM {} WHERE sent_at IS NULL AND origin IS NULL",
+                self.quoted()
+            );
+            let row = tx.query_one_raw(self.statement(&sql, Vec::new())).await?;
+            let earliest: Option<i64> = match row {
+                Some(row) => row.try_get_by_index(0)?,
+                None => None,
+            };
+            if let Some(earliest) = earliest.filter(|earliest| *earliest < ours) {
+                held.insert(None, earliest);
+            }
+        }
         let mut first: HashMap<String, i64> = HashMap::new();
         for message in taken {
             if let Some(origin) = &message.run {
@@ -206,7 +218,7 @@ impl Outbox {
             }
         }
         if first.is_empty() {
-            return Ok(HashMap::new());
+            return Ok(held);
         }
         let origins: Vec<&String> = first.keys().collect();
         let list = vec!["?"; origins.len()].join(", ");
@@ -218,12 +230,11 @@ impl Outbox {
         );
         let values = origins.iter().map(|o| Value::from((*o).clone())).collect();
         let rows = tx.query_all_raw(self.statement(&sql, values)).await?;
-        let mut held = HashMap::new();
         for row in rows {
             let origin = self.read_text(&row, 0, "run")?;
             let earliest: i64 = row.try_get_by_index(1)?;
             if first.get(&origin).is_some_and(|ours| earliest < *ours) {
-                held.insert(origin, earliest);
+                held.insert(Some(origin), earliest);
             }
         }
         Ok(held)
