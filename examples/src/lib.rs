@@ -21,6 +21,11 @@
 //! | `--stats-every-ms` | `BILLING_STATS_EVERY_MS` | `60000` | how often billing logs its delivery counters (`billing stats`), when they changed |
 //! | `--batch` | `BILLING_BATCH` | one at a time | how many deliveries billing processes per transaction, 1 to [`idem_runtime::MAX_BATCH`] |
 //! | `--trust-handlers` | `BILLING_TRUST_HANDLERS` | off | with `--batch`, check each batch's transaction once before its commit ([`idem_runtime::BatchChecks::BeforeCommit`]) |
+//! | `--events-exchange` | `BILLING_EVENTS_EXCHANGE` | `billing.events` | the exchange billing publishes `InvoiceIssued` to, through its outbox |
+//! | `--provider-url` | `NOTIFICATIONS_PROVIDER_URL` | none | also run the notifications service, calling this provider (the demo runs a loopback stub of its own) |
+//! | `--notifications-queue` | `NOTIFICATIONS_QUEUE` | `notifications.invoices` | the quorum queue the notifications service consumes |
+//! | `--demo [N]` | | | publish N demo orders (100 without N), check orders → charges → invoices → notifications, exit non-zero if anything is off |
+//! | `--json` | | off | with `--demo`, print the report as one JSON object (`orders`, `messages_published`, `invoices`, `events_published`, `notified`, `stub_calls_distinct_keys`, `dead_lettered`, `lost`, ...) |
 //!
 //! Logs go to standard error, in colour only on a terminal and without `NO_COLOR`; on a terminal
 //! a progress line follows long runs (the demo, publishing orders).

@@ -421,6 +421,16 @@ async fn run_demo(
     if invoices != expected {
         return Err(format!("expected {expected} invoices, found {invoices}").into());
     }
+    // The invalid order and the reused id go to the dead-letter queue (messages an earlier run
+    // left on the queue may add to them).
+    let refused = (plan.invalid + plan.reused_ids) as u64;
+    if report.dead_lettered < refused {
+        return Err(format!(
+            "{refused} messages should have been dead-lettered, {} were",
+            report.dead_lettered
+        )
+        .into());
+    }
     if hops.stub.is_some() && notified != expected as u64 {
         return Err(format!("{notified} of {expected} orders notified").into());
     }
