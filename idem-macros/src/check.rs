@@ -118,8 +118,8 @@ fn check_receiver_is_ref_self(cx: &Ctxt, handler: &Handler<'_>) {
 
 // A consumer name keys the inbox's records. A free function's default, its module path and
 // name, is its own; a method's would leave out its type (the macro does not see it), and two
-// types' methods of one name in one module, or one generic type's for two type arguments,
-// would share their records: each would take the other's messages for duplicates.
+// types' methods of one name in one module would share their records: each would take the
+// other's messages for duplicates.
 fn check_method_names_its_consumer(cx: &Ctxt, handler: &Handler<'_>) {
     if handler.is_method() && handler.consumer.is_none() {
         let name = handler.ident();
@@ -448,6 +448,14 @@ fn check_key_names_the_message(cx: &Ctxt, handler: &Handler<'_>) {
     let Some(key) = &handler.key else {
         return;
     };
+    let readable: Vec<Ident> = (handler.params.iter())
+        .filter(|p| matches!(p.role, Role::Message | Role::Metadata))
+        .flat_map(|p| p.bindings())
+        .collect();
+    if !Uses::of(key).vars.iter().any(|v| readable.contains(v)) {
+        // A key that reads neither has its error already.
+        return;
+    }
     let metadata: Vec<Ident> = handler
         .params
         .iter()

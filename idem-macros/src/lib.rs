@@ -187,9 +187,10 @@ use proc_macro::TokenStream;
 /// handlers.**
 ///
 /// A method has no default: it would name the module and the method, not the type (which the
-/// macro does not see), and two types in one module with a handler method of the same name, or
-/// one generic type for two type arguments, would share their inbox records. A method without
-/// `consumer = "..."` is refused.
+/// macro does not see), and two types in one module with a handler method of the same name
+/// would share their inbox records. A method without `consumer = "..."` is refused. A generic
+/// service bound for two type arguments shares its name too: give each binding its own with
+/// `Configured::with_consumer`.
 ///
 /// ```
 /// # use idem_runtime::{Handler, idempotent};

@@ -19,7 +19,7 @@ use crate::metadata::Metadata;
 ///
 /// | setting | 1st | 2nd | 3rd | otherwise |
 /// |---|---|---|---|---|
-/// | consumer name | [`Configured::with_consumer`] | the handler's (`consumer = ...`) | | the module path and function name |
+/// | consumer name | [`Configured::with_consumer`] | the handler's (`consumer = ...`) | | a free function's module path and name (a method has none: it must name its consumer, and a generic service bound for two type arguments gives each its own with [`Configured::with_consumer`]) |
 /// | lease | `InboxBuilder::lease` | [`Configured::with_lease`] | the handler's (`lease = ...`) | [`Mode::DEFAULT_LEASE`] |
 /// | retention | `RetentionPolicy::with_consumer` | [`Configured::with_retention`] | the handler's (`retention = ...`) | the policy's default (7 days) |
 ///

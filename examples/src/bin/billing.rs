@@ -93,7 +93,7 @@ struct Args {
     /// With --batch: check each batch's transaction once, before its commit, instead of after
     /// each message (billing's handler returns every database error and never ends its
     /// transaction)
-    #[arg(long, env = "BILLING_TRUST_HANDLERS", requires = "batch")]
+    #[arg(long, env = "BILLING_TRUST_HANDLERS", requires_if("true", "batch"))]
     trust_handlers: bool,
 
     /// The exchange billing publishes `InvoiceIssued` events to, through its outbox
@@ -407,7 +407,8 @@ async fn run_demo(
         stub_calls: stub.calls - stub_before.calls,
         stub_calls_distinct_keys: distinct_keys,
         dead_lettered: stats.dead_lettered - before.dead_lettered,
-        // Without the notifications hop (an outside provider), invoices are as far as it goes.
+        // With an outside provider, notifications are not measured: invoices are as far as it
+        // goes.
         lost: (expected as u64).saturating_sub(match hops.stub {
             Some(_) => notified.min(invoices as u64),
             None => invoices as u64,

@@ -19,6 +19,9 @@ pub(super) struct Settled<'a> {
     pub(super) sent: Vec<i64>,
     /// The messages it did not take, in the order they were sent, and why.
     pub(super) not_taken: Vec<(&'a PendingMessage, NotTaken)>,
+    /// Messages the broker acked along with a confirm given up on, whose acks are not trusted:
+    /// left unsent, to be published again.
+    pub(super) distrusted: usize,
 }
 
 /// Publishes `messages` (a batch, in the order staged) on `session`, each confirm awaited at
@@ -120,6 +123,7 @@ impl<'a> Pipeline<'a> {
         for (message, answer) in answers {
             if distrusted && answer.is_ok() {
                 self.stopped.insert(message.run.as_deref());
+                settled.distrusted += 1;
                 continue;
             }
             let unroutable = stray

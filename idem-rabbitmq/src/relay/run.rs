@@ -186,7 +186,11 @@ impl Runner {
         } else {
             self.held.channel_kept(publishable.len());
         }
-        let pipeline::Settled { sent, not_taken } = settled;
+        let pipeline::Settled {
+            sent,
+            not_taken,
+            distrusted,
+        } = settled;
         let published = sent.len() as u64;
         Stats::add(&self.stats.published, published);
         metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone())
@@ -195,8 +199,9 @@ impl Runner {
         // A message whose confirm never came while others of the round were confirmed is held
         // back like one the broker did not take (a queue without its quorum, say), rather than
         // fail every round with the wait for it.
-        let unconfirmed_alone =
-            |why: &NotTaken| matches!(why, NotTaken::NoConfirm(_)) && published > 0;
+        let unconfirmed_alone = |why: &NotTaken| {
+            matches!(why, NotTaken::NoConfirm(_)) && (published > 0 || distrusted > 0)
+        };
         for (message, why) in &not_taken {
             Stats::add(&self.stats.failed, 1);
             metrics::counter!(
