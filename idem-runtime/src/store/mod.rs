@@ -603,12 +603,7 @@ impl Store {
         key: &InboxKey,
         token: i64,
     ) -> Result<bool, DbErr> {
-        let mut values = Self::key_values(key).to_vec();
-        values.push(Value::from(token));
-        let result = conn
-            .execute_raw(self.statement(&self.sql.release, values))
-            .await?;
-        Ok(result.rows_affected() == 1)
+        self.on_claim(conn, &self.sql.release, key, token).await
     }
 
     /// Ends the lease of the claim `token` holds on `key` at once, keeping the record and its
@@ -619,11 +614,21 @@ impl Store {
         key: &InboxKey,
         token: i64,
     ) -> Result<bool, DbErr> {
+        self.on_claim(conn, &self.sql.hand_on, key, token).await
+    }
+
+    /// Runs `sql`, which binds a key and a claim token, on the claim `token` holds on `key`;
+    /// returns whether it met the claim.
+    async fn on_claim(
+        &self,
+        conn: &impl ConnectionTrait,
+        sql: &str,
+        key: &InboxKey,
+        token: i64,
+    ) -> Result<bool, DbErr> {
         let mut values = Self::key_values(key).to_vec();
         values.push(Value::from(token));
-        let result = conn
-            .execute_raw(self.statement(&self.sql.hand_on, values))
-            .await?;
+        let result = conn.execute_raw(self.statement(sql, values)).await?;
         Ok(result.rows_affected() == 1)
     }
 
