@@ -89,8 +89,9 @@ impl QueueTopology {
     /// fresh copies that reach the queue by its name: should the broker dead-letter one itself
     /// (its `x-delivery-limit`, a TTL), it routes it by that name. Unless the dead-letter
     /// exchange is a fanout or the key is given, bind the dead-letter queue for the queue's name
-    /// too, or keep [`max_deliveries`](crate::ConsumerBuilder::max_deliveries) below the
-    /// queue's delivery limit; the consumer warns at start.
+    /// too, or state the queue's limit with
+    /// [`delivery_limit`](QueueTopology::delivery_limit), so that the consumer dead-letters a
+    /// failing message first; the consumer warns at start.
     ///
     /// ```
     /// use idem_rabbitmq::{QueueKind, QueueTopology};
@@ -150,7 +151,10 @@ impl QueueTopology {
     /// often is dead-lettered by the broker. It catches messages whose processing crashes the
     /// consumer; the consumer's own limit
     /// ([`ConsumerBuilder::max_deliveries`](crate::ConsumerBuilder::max_deliveries)) catches
-    /// the rest with a reason.
+    /// the rest with a reason, and when this limit is lower, the consumer dead-letters a failing
+    /// message itself at the delivery after which the broker would. For an
+    /// [`existing`](QueueTopology::existing) quorum queue, state the queue's limit here: the
+    /// broker does not tell it.
     pub fn delivery_limit(mut self, limit: u32) -> Self {
         self.delivery_limit = Some(limit);
         self
@@ -240,8 +244,8 @@ impl QueueTopology {
             "requeues that do not count are fresh copies routed by the queue's name: should the \
              broker dead-letter one itself (its delivery limit, a TTL), a dead-letter exchange \
              that routes by key routes it by that name; bind the dead-letter queue for it, give \
-             the queue's x-dead-letter-routing-key with dead_letter_routing_key, or keep \
-             max_deliveries below the queue's x-delivery-limit"
+             the queue's x-dead-letter-routing-key with dead_letter_routing_key, or state its \
+             x-delivery-limit with delivery_limit, so that the consumer dead-letters first"
         );
     }
 

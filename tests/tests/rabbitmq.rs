@@ -1996,6 +1996,40 @@ async fn a_fresh_copy_is_dead_lettered_by_the_route_it_first_came_by() {
     consumer.shutdown().await;
 }
 
+/// An operator's quorum queue whose delivery limit (here 1) is below the consumer's
+/// `max_deliveries`, stated on the topology: the consumer dead-letters a failing message itself,
+/// with its reason and by the route it came by, at the delivery after which the broker would
+/// have dead-lettered it without a reason (a fresh copy, by the queue's name, unroutable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stated_broker_delivery_limit_is_reached_by_the_consumer_first() {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let (queue, dlx, dlq, orders) = ops_orders_layout(&broker, Some(1)).await;
+    let handler = Recorder::new(&db, &effects, "mailer").keyed_by_message_id();
+    handler.fail_next(100);
+    let topology = QueueTopology::existing(&queue, &dlx).delivery_limit(1);
+    let consumer = start(&inbox, topology, handler).await;
+    let producer = Publisher::connect(amqp_url()).await.unwrap();
+    producer
+        .publish(&orders, "placed", &Msg::new("mail-1", "hi"), with_id("m-1"))
+        .await
+        .unwrap();
+    broker
+        .eventually("the message dead-lettered", WAIT, || async {
+            broker.depth(&dlq).await == 1
+        })
+        .await;
+    let letters = broker.drain(&dlq).await;
+    assert_eq!(
+        letters[0].reason(),
+        "delivery-limit",
+        "{:?}",
+        letters[0].headers
+    );
+    assert_eq!(consumer.stats().dead_lettered, 1);
+    consumer.shutdown().await;
+}
+
 /// An operator's layout: a direct exchange of orders routing `placed` and `cancelled` to a work
 /// queue (quorum with the broker's delivery limit `quorum_limit`, if given), whose direct
 /// dead-letter exchange keeps the routing key and has a queue for `placed` only. Returns the

@@ -612,13 +612,19 @@ impl Settling {
     /// The settler of this session's deliveries.
     pub(crate) fn settler(&self) -> Settler<'_> {
         let topology = self.binding.topology();
+        let mut retry = self.settings.retry;
+        // A quorum queue's broker dead-letters a message returned more often than its limit,
+        // without a reason (and a fresh copy by the queue's name): the consumer does it first.
+        if let (true, Some(limit)) = (self.quorum, topology.broker_delivery_limit()) {
+            retry.max_deliveries = retry.max_deliveries.min(limit.saturating_add(1));
+        }
         Settler {
             queue: topology.queue(),
             consumer: self.binding.consumer(),
             dead_letter_exchange: topology.dead_letter_exchange(),
             dead_letter_routing_key: topology.dead_letter_key(),
             publisher: &self.publisher,
-            retry: self.settings.retry,
+            retry,
             retries: &self.retries,
             quorum: self.quorum,
             shutdown: &self.shutdown,
