@@ -121,6 +121,12 @@ impl<'a> Context<'a> {
         self
     }
 
+    /// The same context for a run whose transaction holds `claim`, which its stagings check.
+    pub(crate) fn with_run_claim(mut self, claim: crate::outbox::RunClaim<'a>) -> Self {
+        self.outbound = self.outbound.with_run_claim(claim);
+        self
+    }
+
     /// Where the run stages outgoing messages and gets keys for downstream calls.
     pub fn outbound(&self) -> &Outbound<'a> {
         &self.outbound

@@ -22,7 +22,7 @@ use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, RunClaim};
 use crate::store::dialect::{Failure, classify, refuses_value};
 use crate::store::{BatchClaim, Row, Status, Store};
 
@@ -522,13 +522,20 @@ impl Inbox {
             store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
             None
         };
-        let outbox = self.inner.outbox.as_ref();
+        let inbox_table = store.table().quoted(store.backend());
+        let staging = Staging {
+            outbox: self.inner.outbox.as_ref(),
+            claim: RunClaim {
+                inbox_table: &inbox_table,
+                token,
+            },
+        };
         let unguarded = (guard != Guard::Savepoints).then_some(Unguarded {
             store,
             tx: &tx,
             transaction_id,
             check_each: guard == Guard::CheckEach,
-            outbox,
+            staging,
         });
         let mut savepoints = Savepoints {
             tx: &tx,
@@ -541,7 +548,7 @@ impl Inbox {
             let metadata = &metadata[leads[at].index];
             let Some(unguarded) = &unguarded else {
                 savepoints.take(leads).await?;
-                if run_fresh(handler, &tx, &mut leads[at], metadata, outbox).await? {
+                if run_fresh(handler, &tx, &mut leads[at], metadata, staging).await? {
                     savepoints.open = Some(at);
                 }
                 continue;
@@ -870,7 +877,7 @@ struct Unguarded<'a> {
     transaction_id: Option<i64>,
     /// Whether the transaction is checked after each handler.
     check_each: bool,
-    outbox: Option<&'a Outbox>,
+    staging: Staging<'a>,
 }
 
 /// What the check after an unguarded handler found of the batch's transaction.
@@ -910,7 +917,7 @@ impl Unguarded<'_> {
         H::Message: Clone,
     {
         let message = lead.message_copy();
-        let ran = handle(handler, self.tx, &lead.key, metadata, self.outbox, message).await;
+        let ran = handle(handler, self.tx, &lead.key, metadata, self.staging, message).await;
         let (failure, checked) = match ran {
             Err(failure) if failure.is_store_unavailable() => return Err(lost_database()),
             Ok(handled) if !self.check_each => {
@@ -960,6 +967,13 @@ impl Unguarded<'_> {
     }
 }
 
+/// Where a batch's handlers stage: the outbox, under the batch's claims.
+#[derive(Debug, Clone, Copy)]
+struct Staging<'a> {
+    outbox: Option<&'a Outbox>,
+    claim: RunClaim<'a>,
+}
+
 /// What a handler that succeeded gave: its output, the JSON stored for it, and how many
 /// messages it staged in the outbox.
 struct Handled<T> {
@@ -993,10 +1007,12 @@ async fn handle<H: Handler>(
     tx: &DatabaseTransaction,
     key: &InboxKey,
     metadata: &Metadata,
-    outbox: Option<&Outbox>,
+    staging: Staging<'_>,
     message: H::Message,
 ) -> Result<Handled<H::Output>> {
-    let cx = Context::new(&key.message_key, metadata, Some(tx)).with_origin(key, outbox);
+    let cx = Context::new(&key.message_key, metadata, Some(tx))
+        .with_origin(key, staging.outbox)
+        .with_run_claim(staging.claim);
     match run(handler, &cx, message).await {
         Ok(output) => match serde_json::to_string(&output) {
             Ok(json) => Ok(Handled {
@@ -1091,13 +1107,13 @@ async fn run_fresh<H: Handler>(
     tx: &DatabaseTransaction,
     lead: &mut Lead<H::Message, H::Output>,
     metadata: &Metadata,
-    outbox: Option<&Outbox>,
+    staging: Staging<'_>,
 ) -> Result<bool, Lost>
 where
     H::Message: Clone,
 {
     let message = lead.message_copy();
-    let failure = match handle(handler, tx, &lead.key, metadata, outbox, message).await {
+    let failure = match handle(handler, tx, &lead.key, metadata, staging, message).await {
         Ok(handled) => {
             lead.processed(handled);
             return Ok(true);

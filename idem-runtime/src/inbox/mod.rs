@@ -25,7 +25,7 @@ use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, RunClaim};
 use crate::retention::policy::check_covers;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
@@ -213,9 +213,15 @@ impl Inbox {
                 Err(error) => return Err(error),
             }
         };
+        let inbox_table = store.table().quoted(store.backend());
+        let claim = RunClaim {
+            inbox_table: &inbox_table,
+            token,
+        };
         let cx = Context::new(&request.key.message_key, metadata, Some(&tx))
             .with_attempt(attempt, previous_claim_at.map(from_epoch_ms))
-            .with_origin(request.key, self.inner.outbox.as_ref());
+            .with_origin(request.key, self.inner.outbox.as_ref())
+            .with_run_claim(claim);
         let output = match run(handler, &cx, message).await {
             Ok(output) => output,
             Err(error) => return Err(outage_or(error, &tx).await),

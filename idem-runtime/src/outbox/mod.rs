@@ -16,11 +16,13 @@ use tokio::sync::Notify;
 
 use crate::clock::duration_ms;
 use crate::error::{ConfigError, Error, Result};
+use crate::key::InboxKey;
 use crate::store::dialect::Dialect;
 use crate::store::table::TableName;
 
 pub use message::{OutboxMessage, derived_id};
 pub use outbound::Outbound;
+pub(crate) use outbound::RunClaim;
 pub use pending::{HeldBack, PendingBatch, PendingMessage};
 pub use table::create_outbox_statements;
 #[cfg(feature = "migration")]
@@ -115,7 +117,7 @@ impl Outbox {
             .message_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().hyphenated().to_string());
-        self.stage_as(conn, &id, None, &message, true).await?;
+        self.stage_as(conn, &id, None, &message, true, None).await?;
         Ok(id)
     }
 
@@ -129,6 +131,7 @@ impl Outbox {
         origin: Option<&str>,
         message: &OutboxMessage,
         notify: bool,
+        claim: Option<(RunClaim<'_>, &InboxKey)>,
     ) -> Result<(), DbErr> {
         if let Some(problem) = message.problem() {
             return Err(DbErr::Custom(format!(
@@ -142,25 +145,36 @@ impl Outbox {
         let columns =
             "message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
         let values = format!("?, ?, ?, ?, ?, ?, ?, {now}");
-        // A handler run's staging only while its transaction is open: MariaDB rolls the whole
-        // transaction back on a deadlock, and a handler that swallowed it would stage an event,
-        // committed on its own, of an effect that never was.
-        let in_run = origin.is_some() && self.inner.dialect.tells_open_transaction();
-        let sql = match self.backend() {
-            DbBackend::MySql if in_run => format!(
-                "INSERT INTO {t} ({columns}) SELECT {values} FROM DUAL \
-                 WHERE @@in_transaction = 1 ON DUPLICATE KEY UPDATE seq = seq"
+        // A handler run stages only while its transaction still holds its inbox claim: one the
+        // database rolled back under the handler (a MySQL/MariaDB deadlock, a SQLite error the
+        // handler ignored) or that the handler ended itself no longer does, and the event would
+        // commit on its own, of an effect that never was.
+        let held = claim.map(|(claim, _)| {
+            format!(
+                " WHERE EXISTS (SELECT 1 FROM {} WHERE consumer = ? AND message_key = ? \
+                 AND claim_token = ?)",
+                claim.inbox_table
+            )
+        });
+        let sql = match (self.backend(), held) {
+            (DbBackend::MySql, Some(held)) => format!(
+                "INSERT INTO {t} ({columns}) SELECT {values} FROM DUAL{held} \
+                 ON DUPLICATE KEY UPDATE seq = seq"
+            ),
+            (_, Some(held)) => format!(
+                "INSERT INTO {t} ({columns}) SELECT {values}{held} \
+                 ON CONFLICT (message_id) DO NOTHING"
             ),
             // Not `INSERT IGNORE`, which would also store a value too long for its column
             // truncated, with a warning.
-            DbBackend::MySql => format!(
+            (DbBackend::MySql, None) => format!(
                 "INSERT INTO {t} ({columns}) VALUES ({values}) ON DUPLICATE KEY UPDATE seq = seq"
             ),
-            _ => format!(
+            (_, None) => format!(
                 "INSERT INTO {t} ({columns}) VALUES ({values}) ON CONFLICT (message_id) DO NOTHING"
             ),
         };
-        let values = vec![
+        let mut values = vec![
             Value::from(id.to_owned()),
             Value::from(message.exchange.clone()),
             Value::from(message.routing_key.clone()),
@@ -169,11 +183,19 @@ impl Outbox {
             Value::from(message.payload.clone()),
             Value::from(origin.map(str::to_owned)),
         ];
+        if let Some((claim, key)) = claim {
+            values.extend(claim.values(key));
+        }
         let staged = conn.execute_raw(self.statement(&sql, values)).await?;
-        if in_run && staged.rows_affected() == 0 {
+        // Nothing written: a message of this id staged already (a repeat of the run), or the
+        // claim gone with the transaction.
+        if let Some((claim, key)) = claim
+            && staged.rows_affected() == 0
+            && !self.claim_held(conn, claim, key).await?
+        {
             return Err(DbErr::Custom(
                 "nothing staged: the handler's transaction is no longer open (the database \
-                 rolled it back, after a deadlock)"
+                 rolled it back, or the handler ended it)"
                     .to_owned(),
             ));
         }
@@ -184,6 +206,23 @@ impl Outbox {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Whether `conn`'s transaction still holds the run's inbox claim.
+    async fn claim_held(
+        &self,
+        conn: &impl ConnectionTrait,
+        claim: RunClaim<'_>,
+        key: &InboxKey,
+    ) -> Result<bool, DbErr> {
+        let sql = format!(
+            "SELECT 1 FROM {} WHERE consumer = ? AND message_key = ? AND claim_token = ?",
+            claim.inbox_table
+        );
+        let row = conn
+            .query_one_raw(self.statement(&sql, claim.values(key)))
+            .await?;
+        Ok(row.is_some())
     }
 
     /// Wakes the relays of this process: call it after committing a transaction that staged

@@ -22,8 +22,29 @@ pub struct Outbound<'a> {
     transaction: Option<&'a DatabaseTransaction>,
     outbox: Option<&'a Outbox>,
     origin: Origin<'a>,
+    /// The run's inbox claim, which each staging checks is still its transaction's.
+    claim: Option<RunClaim<'a>>,
     next: AtomicU32,
     staged: AtomicU32,
+}
+
+/// The inbox claim a handler run holds in its transaction.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunClaim<'a> {
+    /// The inbox table, quoted.
+    pub(crate) inbox_table: &'a str,
+    pub(crate) token: i64,
+}
+
+impl RunClaim<'_> {
+    /// The values its checks bind for `key`: consumer, message key, claim token.
+    pub(crate) fn values(&self, key: &InboxKey) -> Vec<sea_orm::Value> {
+        vec![
+            key.consumer.as_str().into(),
+            key.message_key.as_str().into(),
+            self.token.into(),
+        ]
+    }
 }
 
 /// Which message's run this is.
@@ -43,6 +64,7 @@ impl<'a> Outbound<'a> {
             transaction,
             outbox: None,
             origin: Origin::Key(message_key),
+            claim: None,
             next: AtomicU32::new(0),
             staged: AtomicU32::new(0),
         }
@@ -51,6 +73,11 @@ impl<'a> Outbound<'a> {
     pub(crate) fn with_origin(mut self, origin: &'a InboxKey, outbox: Option<&'a Outbox>) -> Self {
         self.origin = Origin::Inbox(origin);
         self.outbox = outbox;
+        self
+    }
+
+    pub(crate) fn with_run_claim(mut self, claim: RunClaim<'a>) -> Self {
+        self.claim = Some(claim);
         self
     }
 
@@ -81,8 +108,12 @@ impl<'a> Outbound<'a> {
         // Relays in other processes are told once per run (one announcement wakes them for
         // all), and only when none runs here: the inbox wakes that one after the commit.
         let notify = self.staged() == 0 && !outbox.has_local_relay();
+        let claim = match (self.claim, &self.origin) {
+            (Some(claim), Origin::Inbox(key)) => Some((claim, *key)),
+            _ => None,
+        };
         outbox
-            .stage_as(tx, &id, Some(&origin), &message, notify)
+            .stage_as(tx, &id, Some(&origin), &message, notify, claim)
             .await?;
         self.staged.fetch_add(1, Ordering::Relaxed);
         Ok(id)
