@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::{
-    BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, HeldBack, Inbox, KeyError,
-    MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, derived_id, idempotent,
+    BatchChecks, BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, HeldBack,
+    Inbox, KeyError, MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome,
+    derived_id, idempotent,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
 
@@ -44,6 +45,11 @@ mod servers_only {
 }
 
 mod sqlite_only {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback() {
+        super::a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback().await
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_batch_in_hand_holds_up_no_handler_and_relays_take_turns() {
         super::a_batch_in_hand_holds_up_no_handler_and_relays_take_turns().await
@@ -583,6 +589,64 @@ impl Handler for Relabel {
         }
         staged
     }
+}
+
+/// Stages an event, and returns the error if it could not; rolls its transaction back first
+/// (swallowed, as a SQLite error that rolled it back would be) when the body says `rollback`.
+#[derive(Debug)]
+struct StagesUnlessRollingBack;
+
+impl Handler for StagesUnlessRollingBack {
+    type Message = Msg;
+    type Output = String;
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        CONSUMER
+    }
+    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(msg.id.as_str())
+    }
+    fn fingerprint(&self, _: &Msg, _: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(None)
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<String, DbErr> {
+        if msg.body == "rollback" {
+            let tx = cx.transaction().expect("transactional");
+            let _swallowed = tx.execute_unprepared("ROLLBACK").await;
+            return Ok(String::new());
+        }
+        cx.stage(OutboxMessage::new("orders", "placed", b"{}".to_vec()))
+            .await
+    }
+}
+
+/// In a batch trusted to leave its transaction whole, a handler that rolls it back makes the next
+/// handler's staging fail: that message is not blamed (counted) for it, as it was; the batch runs
+/// again, checked, which finds the culprit, and the other message is requeued uncounted with
+/// nothing staged. SQLite.
+async fn a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback() {
+    let (_db, inbox, outbox, _effects) = setup(Backend::Sqlite).await;
+    let item = |id: &str, body: &str| BatchItem {
+        key: MessageKey::new(id),
+        message: Msg::new(id, body),
+        metadata: meta(),
+    };
+    let results = inbox
+        .process_batch_with(
+            &StagesUnlessRollingBack,
+            vec![item("a", "rollback"), item("b", "stage")],
+            BatchChecks::BeforeCommit,
+        )
+        .await;
+    let culprit = results[0].as_ref().unwrap_err();
+    assert!(culprit.counts_as_attempt(), "{culprit:?}");
+    let other = results[1].as_ref().unwrap_err();
+    assert!(
+        matches!(other, Error::BatchRolledBack { .. }) && !other.counts_as_attempt(),
+        "{other:?}"
+    );
+    assert!(pending_ids(&outbox).await.is_empty());
 }
 
 /// Statements after a rolled-back transaction commit on their own (a MySQL/MariaDB deadlock or a

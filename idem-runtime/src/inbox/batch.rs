@@ -928,6 +928,13 @@ impl Unguarded<'_> {
                 // Aborted by a failed statement, or ended: by this handler, unless an unchecked
                 // handler before it did so.
                 Checked::Aborted | Checked::Ended if !self.check_each => return Ok(Ran::Unsure),
+                // Where the database cannot tell, the claim does: gone with a transaction an
+                // unchecked handler before this one let the database roll back, or ended.
+                Checked::Open
+                    if self.transaction_id.is_none() && !self.holds(&lead.key).await? =>
+                {
+                    return Ok(Ran::Unsure);
+                }
                 checked => (failure, checked),
             },
             Ok(handled) => match self.check().await? {
@@ -951,6 +958,16 @@ impl Unguarded<'_> {
             return Err(Lost::RolledBack);
         }
         Ok(Ran::Failed)
+    }
+
+    /// Whether the batch's transaction still holds its claim on `key`.
+    async fn holds(&self, key: &InboxKey) -> Result<bool, Lost> {
+        match self.store.find(self.tx, key).await {
+            Ok(row) => Ok(row.is_some_and(|row| row.claim_token == self.staging.claim.token)),
+            Err(error) if classify(&error) == Failure::Unreachable => Err(Lost::Database(error)),
+            // Not told: the checked try will.
+            Err(_) => Ok(false),
+        }
     }
 
     /// Looks at the batch's transaction after a handler; open where the database cannot tell.
