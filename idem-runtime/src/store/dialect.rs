@@ -249,6 +249,12 @@ impl Dialect {
         self.backend == DbBackend::Postgres
     }
 
+    /// Whether a statement can tell that it runs inside a transaction (`@@in_transaction`):
+    /// MariaDB.
+    pub(crate) fn tells_open_transaction(self) -> bool {
+        self.backend == DbBackend::MySql && self.mariadb
+    }
+
     /// Whether `INSERT ... RETURNING` reports the rows a conditional insert wrote: PostgreSQL,
     /// SQLite and MariaDB; not MySQL.
     pub(crate) fn has_insert_returning(self) -> bool {
