@@ -497,8 +497,7 @@ impl Uses {
     /// `vec!`), reading the names a format string captures (`"{order_id}"`); otherwise every
     /// identifier not after a `.`, a macro being opaque to a visitor.
     fn macro_tokens(&mut self, tokens: TokenStream) {
-        let parser = Punctuated::<Expr, Token![,]>::parse_terminated;
-        match syn::parse::Parser::parse2(parser, tokens.clone()) {
+        match macro_args(tokens.clone()) {
             Ok(exprs) => {
                 for expr in &exprs {
                     if let Expr::Lit(syn::ExprLit {
@@ -549,6 +548,11 @@ impl Uses {
             after_dot = matches!(&tree, TokenTree::Punct(p) if p.as_char() == '.');
         }
     }
+}
+
+/// A macro's arguments as expressions (`format!`, `concat!`, `vec!`), where they parse so.
+pub(crate) fn macro_args(tokens: TokenStream) -> syn::Result<Punctuated<Expr, Token![,]>> {
+    syn::parse::Parser::parse2(Punctuated::<Expr, Token![,]>::parse_terminated, tokens)
 }
 
 impl<'ast> Visit<'ast> for Uses {

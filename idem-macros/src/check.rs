@@ -526,8 +526,7 @@ impl<'ast> syn::visit::Visit<'ast> for PerDelivery<'_> {
 
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
         // `format!` and its kin: their arguments, where they parse as expressions.
-        let parser = syn::punctuated::Punctuated::<Expr, syn::Token![,]>::parse_terminated;
-        if let Ok(args) = syn::parse::Parser::parse2(parser, mac.tokens.clone()) {
+        if let Ok(args) = ast::macro_args(mac.tokens.clone()) {
             for arg in &args {
                 self.visit_expr(arg);
             }

@@ -525,13 +525,7 @@ async fn mysql_a_latin1_database_stages_any_text() {
     let db = TestDb::connect_url(Backend::MySql, format!("{server_url}/{database}"), 4).await;
     let (inbox, outbox) = inbox_and_outbox(&db, Duration::from_secs(3600)).await;
     let staged = inbox
-        .process(
-            &Relabel {
-                roll_back_first: false,
-            },
-            Msg::new("заказ-42", "x"),
-            &meta(),
-        )
+        .process(&Relabel, Msg::new("заказ-42", "x"), &meta())
         .await
         .unwrap()
         .into_inner();
@@ -553,14 +547,12 @@ async fn mysql_a_latin1_database_stages_any_text() {
     server.exec(&format!("DROP DATABASE {database}")).await;
 }
 
-/// Stages one event whose routing key and header are the message's own, in Cyrillic; with
-/// `roll_back_first`, only after ending its transaction with a `ROLLBACK` it swallows (as MariaDB
-/// rolls the transaction back on a deadlock the handler ignored), carrying on whatever the
-/// staging gave.
+/// Stages one event whose routing key and header are the message's own, in Cyrillic, and returns
+/// the staging's error; when the body says `rollback`, only after ending its transaction with a
+/// `ROLLBACK` it swallows (as MariaDB rolls the transaction back on a deadlock the handler
+/// ignored), carrying on whatever the staging gave.
 #[derive(Debug)]
-struct Relabel {
-    roll_back_first: bool,
-}
+struct Relabel;
 
 impl Handler for Relabel {
     type Message = Msg;
@@ -577,47 +569,18 @@ impl Handler for Relabel {
         Ok(None)
     }
     async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<String, DbErr> {
-        if self.roll_back_first {
+        let rolls_back = msg.body == "rollback";
+        if rolls_back {
             let tx = cx.transaction().expect("transactional");
             let _swallowed = tx.execute_unprepared("ROLLBACK").await;
         }
         let event = OutboxMessage::new("orders", "заказ.принят", b"{}".to_vec())
             .header("order", msg.id.as_str());
         let staged = cx.stage(event).await;
-        if self.roll_back_first {
+        if rolls_back {
             return Ok(staged.unwrap_or_default());
         }
         staged
-    }
-}
-
-/// Stages an event, and returns the error if it could not; rolls its transaction back first
-/// (swallowed, as a SQLite error that rolled it back would be) when the body says `rollback`.
-#[derive(Debug)]
-struct StagesUnlessRollingBack;
-
-impl Handler for StagesUnlessRollingBack {
-    type Message = Msg;
-    type Output = String;
-    type Error = DbErr;
-
-    fn consumer(&self) -> &str {
-        CONSUMER
-    }
-    fn key(&self, msg: &Msg, _: &Metadata) -> Result<MessageKey, KeyError> {
-        MessageKey::new(msg.id.as_str())
-    }
-    fn fingerprint(&self, _: &Msg, _: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> {
-        Ok(None)
-    }
-    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<String, DbErr> {
-        if msg.body == "rollback" {
-            let tx = cx.transaction().expect("transactional");
-            let _swallowed = tx.execute_unprepared("ROLLBACK").await;
-            return Ok(String::new());
-        }
-        cx.stage(OutboxMessage::new("orders", "placed", b"{}".to_vec()))
-            .await
     }
 }
 
@@ -634,7 +597,7 @@ async fn a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback() {
     };
     let results = inbox
         .process_batch_with(
-            &StagesUnlessRollingBack,
+            &Relabel,
             vec![item("a", "rollback"), item("b", "stage")],
             BatchChecks::BeforeCommit,
         )
@@ -656,13 +619,7 @@ async fn a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback() {
 async fn nothing_is_staged_once_the_handlers_transaction_is_lost(backend: Backend) {
     let (_db, inbox, outbox, _effects) = setup(backend).await;
     let result = inbox
-        .process(
-            &Relabel {
-                roll_back_first: true,
-            },
-            Msg::new("lost-1", "x"),
-            &meta(),
-        )
+        .process(&Relabel, Msg::new("lost-1", "rollback"), &meta())
         .await;
     assert!(
         matches!(result, Err(Error::TransactionAborted { .. })),

@@ -370,7 +370,7 @@ impl ConsumerBuilder {
                 batches: Arc::new(Semaphore::new(batches)),
                 retirees: Arc::clone(&retirees),
                 shutdown: stop.clone(),
-                queue_facts: OnceLock::new(),
+                queue_kind: OnceLock::new(),
             };
             match worker.start().await {
                 Ok(handle) => consumer.workers.push(handle),

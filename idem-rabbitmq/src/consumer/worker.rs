@@ -66,14 +66,6 @@ struct Session {
     publisher: ConfirmChannel,
     consumer: lapin::Consumer,
     events: Pin<Box<dyn Stream<Item = Event> + Send + Sync>>,
-    /// What the consumer learnt of its queue.
-    queue: QueueFacts,
-}
-
-/// What a worker learns of its queue when it first opens a session, for every later one: an
-/// existing queue's type is asked of the broker at start only.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct QueueFacts {
     /// The queue's type, as declared or as the broker told.
     kind: QueueKind,
 }
@@ -172,8 +164,9 @@ pub(crate) struct Worker {
     pub(crate) batches: Arc<Semaphore>,
     pub(crate) retirees: Arc<Retirees>,
     pub(crate) shutdown: watch::Receiver<bool>,
-    /// What the first session learnt of the queue.
-    pub(crate) queue_facts: OnceLock<QueueFacts>,
+    /// The queue's type, learnt by the first session and kept for every later one: an existing
+    /// queue's is asked of the broker at start only.
+    pub(crate) queue_kind: OnceLock<QueueKind>,
 }
 
 impl Worker {
@@ -205,7 +198,7 @@ impl Worker {
             };
         let channels = self.open_channels(&connection.connection, &publishing.connection, &name);
         let opened = within(limit, "opening the channels", channels).await;
-        let (channel, publisher, consumer, queue) = match opened {
+        let (channel, publisher, consumer, kind) = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 self.discard(connection).await;
@@ -222,7 +215,7 @@ impl Worker {
             publisher,
             consumer,
             events,
-            queue,
+            kind,
         })
     }
 
@@ -239,15 +232,15 @@ impl Worker {
         connection: &Connection,
         publishing: &Connection,
         name: &str,
-    ) -> Result<(Channel, ConfirmChannel, lapin::Consumer, QueueFacts)> {
+    ) -> Result<(Channel, ConfirmChannel, lapin::Consumer, QueueKind)> {
         let channel = connection
             .create_channel()
             .await
             .map_err(Error::amqp("channel.open"))?;
         let topology = self.binding.topology();
         topology.declare(&channel).await?;
-        let facts = match self.queue_facts.get() {
-            Some(facts) => *facts,
+        let kind = match self.queue_kind.get() {
+            Some(kind) => *kind,
             None => {
                 let kind = topology.resolve_kind(&self.settings.url, name).await?;
                 if kind == QueueKind::Quorum {
@@ -255,7 +248,7 @@ impl Worker {
                         .warn_of_copies_routed_by_queue_name(connection)
                         .await;
                 }
-                *self.queue_facts.get_or_init(|| QueueFacts { kind })
+                *self.queue_kind.get_or_init(|| kind)
             }
         };
         channel
@@ -279,7 +272,7 @@ impl Worker {
             )
             .await
             .map_err(Error::amqp(format!("basic.consume {}", self.queue())))?;
-        Ok((channel, ConfirmChannel::new(publisher), consumer, facts))
+        Ok((channel, ConfirmChannel::new(publisher), consumer, kind))
     }
 
     /// Opens the first session, so that a wrong URL or topology fails `start`.
@@ -494,7 +487,7 @@ impl Worker {
             stats: Arc::clone(&self.stats),
             retries: Arc::clone(&self.retries),
             publisher: session.publisher.clone(),
-            quorum: session.queue.kind == QueueKind::Quorum,
+            quorum: session.kind == QueueKind::Quorum,
             shutdown: self.shutdown.clone(),
         }
     }

@@ -522,11 +522,10 @@ impl Inbox {
             store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
             None
         };
-        let inbox_table = store.table().quoted(store.backend());
         let staging = Staging {
             outbox: self.inner.outbox.as_ref(),
             claim: RunClaim {
-                inbox_table: &inbox_table,
+                inbox_table: store.quoted_table(),
                 token,
             },
         };

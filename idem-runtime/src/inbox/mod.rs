@@ -213,9 +213,8 @@ impl Inbox {
                 Err(error) => return Err(error),
             }
         };
-        let inbox_table = store.table().quoted(store.backend());
         let claim = RunClaim {
-            inbox_table: &inbox_table,
+            inbox_table: store.quoted_table(),
             token,
         };
         let cx = Context::new(&request.key.message_key, metadata, Some(&tx))

@@ -98,7 +98,7 @@ impl Store {
                 .pg_insert_claims(conn, consumer, claims, token, retention)
                 .await;
         }
-        let t = self.dialect.quote(self.table.as_str());
+        let t = &self.quoted;
         let now = self.dialect.now_ms();
         let row = format!("(?, ?, ?, ?, 1, ?, {now}, {now}, NULL, NULL, {now} + ?)");
         let rows = vec![row.as_str(); claims.len()].join(", ");
@@ -177,7 +177,7 @@ impl Store {
         if self.backend() == DbBackend::Postgres {
             return self.pg_find_many(conn, consumer, keys).await;
         }
-        let t = self.dialect.quote(self.table.as_str());
+        let t = &self.quoted;
         let now = self.dialect.now_ms();
         let mut values = Vec::with_capacity(keys.len() + 1);
         let sql = if self.backend() == DbBackend::MySql && self.key_index.is_none() {
@@ -271,7 +271,7 @@ impl Store {
                 .pg_complete_many(conn, consumer, token, outputs, retention)
                 .await;
         }
-        let t = self.dialect.quote(self.table.as_str());
+        let t = &self.quoted;
         let now = self.dialect.now_ms();
         let all_null = outputs.iter().all(|(_, output)| output.is_none());
         let mut values = Vec::with_capacity(outputs.len() * 3 + 3);
@@ -333,7 +333,7 @@ impl Store {
         if self.backend() == DbBackend::Postgres {
             return self.pg_release_many(conn, consumer, token, keys).await;
         }
-        let t = self.dialect.quote(self.table.as_str());
+        let t = &self.quoted;
         let mut values = Vec::with_capacity(keys.len() + 2);
         let sql = if self.backend() == DbBackend::MySql && self.key_index.is_none() {
             // Joined from a table of the keys: see `find_many`.
@@ -380,7 +380,7 @@ impl Store {
     ) -> Result<u64, DbErr> {
         let tx = db.begin().await?;
         let rows = tx.query_all_raw(select).await?;
-        let t = self.dialect.quote(self.table.as_str());
+        let t = &self.quoted;
         let mut deleted = 0;
         // A statement binds at most 65 535 values.
         for rows in rows.chunks(MAX_BATCH) {

@@ -57,7 +57,7 @@ impl Store {
         token: i64,
         retention: Duration,
     ) -> Result<HashSet<String>, DbErr> {
-        let t = self.dialect.quote(self.table.as_str());
+        let t = &self.quoted;
         let now = self.dialect.now_ms();
         let sql = format!(
             "INSERT INTO {t} (consumer, message_key, status, fingerprint, attempts, claim_token, \
@@ -92,7 +92,7 @@ impl Store {
         consumer: &ConsumerName,
         keys: &[&MessageKey],
     ) -> Result<HashMap<String, Row>, DbErr> {
-        let t = self.dialect.quote(self.table.as_str());
+        let t = &self.quoted;
         let now = self.dialect.now_ms();
         let sql = format!(
             "SELECT message_key, {READ_COLUMNS}, {now} FROM {t} \
@@ -114,7 +114,7 @@ impl Store {
         outputs: &[(&MessageKey, Option<&str>)],
         retention: Duration,
     ) -> Result<u64, DbErr> {
-        let t = self.dialect.quote(self.table.as_str());
+        let t = &self.quoted;
         let now = self.dialect.now_ms();
         let sql = format!(
             "UPDATE {t} AS r SET status = 'completed', output = CASE WHEN v.h THEN v.o END, \
@@ -148,7 +148,7 @@ impl Store {
         token: i64,
         keys: &[&MessageKey],
     ) -> Result<u64, DbErr> {
-        let t = self.dialect.quote(self.table.as_str());
+        let t = &self.quoted;
         let sql = format!(
             "DELETE FROM {t} WHERE consumer = $1 AND claim_token = $2 \
              AND message_key = ANY($3::text[])"

@@ -148,6 +148,8 @@ impl ClaimValues<'_> {
 pub(crate) struct Store {
     dialect: Dialect,
     table: TableName,
+    /// The table's name quoted for the backend, for statements made elsewhere.
+    quoted: String,
     sql: Statements,
     /// PostgreSQL's `lock_timeout` as configured, restored after each claim.
     lock_timeout: String,
@@ -171,6 +173,7 @@ impl Store {
         let sql = Statements::new(dialect, &table, claim_wait);
         Self {
             dialect,
+            quoted: dialect.quote(table.as_str()),
             table,
             sql,
             lock_timeout: "0".to_owned(),
@@ -231,6 +234,11 @@ impl Store {
 
     pub(crate) fn table(&self) -> &TableName {
         &self.table
+    }
+
+    /// The table's name, quoted.
+    pub(crate) fn quoted_table(&self) -> &str {
+        &self.quoted
     }
 
     fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
