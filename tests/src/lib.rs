@@ -11,6 +11,7 @@ pub mod db;
 pub mod proxy;
 pub mod rabbit;
 pub mod recorder;
+pub mod skew;
 
 pub use cut::CutWorker;
 pub use db::{Backend, TestDb, unique};

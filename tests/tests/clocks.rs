@@ -1,9 +1,9 @@
-//! Replicas whose clocks disagree: a worker process whose clock runs two hours behind (run under
-//! `faketime`) claims a key with a lease; a worker with a true clock must still see the claim as
+//! Replicas whose clocks disagree: a worker process whose clock runs two hours behind (a library
+//! preloaded into it shifts its wall clock, see `idem_tests::skew`) claims a key with a lease; a worker with a true clock must still see the claim as
 //! live. Leases are the database's clock, so no host's clock can shorten them.
 //!
-//! Run: `cargo test -p idem-tests --test clocks` with PostgreSQL and MariaDB up and `faketime`
-//! installed (`.ci/run` installs it). SQLite is left out: its clock is the clock of the process
+//! Run: `cargo test -p idem-tests --test clocks` with PostgreSQL and MariaDB up (a C compiler
+//! builds the preloaded library). SQLite is left out: its clock is the clock of the process
 //! that runs the statement, and one host owns a SQLite file.
 
 use std::process::Stdio;
@@ -40,13 +40,9 @@ async fn mysql_a_worker_whose_clock_is_behind_keeps_its_lease() {
 
 async fn a_worker_whose_clock_is_behind_keeps_its_lease(backend: Backend) {
     let (db, inbox, effects) = setup(backend).await;
-    let child = tokio::process::Command::new("faketime")
-        .arg("-f")
-        .arg(format!("-{}s", SKEW.as_secs()))
-        .arg(std::env::current_exe().unwrap())
+    // Timers keep the true monotonic clock; only the wall clock is skewed.
+    let child = idem_tests::skew::behind(std::env::current_exe().unwrap(), SKEW)
         .args(["--exact", "skewed_worker", "--ignored", "--nocapture"])
-        // Timers keep the true monotonic clock; only the wall clock is skewed.
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .env(CHILD_URL, backend.url(""))
         .env(CHILD_BACKEND, format!("{backend:?}"))
         .env(CHILD_INBOX, inbox.table().as_str())
@@ -54,7 +50,7 @@ async fn a_worker_whose_clock_is_behind_keeps_its_lease(backend: Backend) {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("faketime runs the skewed worker: install it (apt-get install faketime)");
+        .expect("the skewed worker starts");
 
     // Wait for the skewed worker's claim.
     let key = inbox_key("clocks", "mail-1");
@@ -99,10 +95,10 @@ async fn a_worker_whose_clock_is_behind_keeps_its_lease(backend: Backend) {
     assert_eq!(db.count(&effects, "body = 'hello'").await, 1);
 }
 
-/// The worker whose clock is behind, started by the tests above under `faketime`; it does
+/// The worker whose clock is behind, started by the tests above with its clock skewed; it does
 /// nothing when run on its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a worker process started by the clock tests under faketime"]
+#[ignore = "a worker process started by the clock tests with a skewed clock"]
 async fn skewed_worker() {
     let (Ok(url), Ok(table), Ok(effects), Ok(backend)) = (
         std::env::var(CHILD_URL),
