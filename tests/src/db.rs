@@ -33,6 +33,22 @@ impl Backend {
         }
     }
 
+    /// The statement that makes a session take no writes (as a standby or a failover's demoted
+    /// primary takes none), and the one that ends it.
+    pub fn read_only_session(self) -> (&'static str, &'static str) {
+        match self {
+            Backend::Postgres => (
+                "SET SESSION default_transaction_read_only = on",
+                "SET SESSION default_transaction_read_only = off",
+            ),
+            Backend::MySql => (
+                "SET SESSION tx_read_only = 1",
+                "SET SESSION tx_read_only = 0",
+            ),
+            Backend::Sqlite => ("PRAGMA query_only = 1", "PRAGMA query_only = 0"),
+        }
+    }
+
     /// The server backend a child process was given by name (its `Debug` form), as tests pass
     /// it to the processes they start; panics on another name.
     pub fn of_child(name: &str) -> Self {
@@ -117,6 +133,18 @@ impl TestDb {
             .unwrap_or_else(|error| panic!("{} is not reachable: {error}", self.url))
     }
 
+    /// Another pool on the same database whose connections are given up on after
+    /// `acquire_timeout` when every one is busy.
+    pub async fn pool_waiting_at_most(
+        &self,
+        max_connections: u32,
+        acquire_timeout: Duration,
+    ) -> DatabaseConnection {
+        connect_with(&self.url, max_connections, acquire_timeout)
+            .await
+            .unwrap_or_else(|error| panic!("{} is not reachable: {error}", self.url))
+    }
+
     /// A fresh table name, dropped when this `TestDb` is.
     pub fn table(&self, prefix: &str) -> String {
         let name = unique(prefix);
@@ -158,21 +186,42 @@ impl TestDb {
         holder
     }
 
-    /// Makes the inbox `table` refuse outputs of `length` characters or more, as a packet limit
-    /// would: a check constraint, or a trigger on SQLite.
+    /// Makes the inbox `table` refuse outputs of `length` characters or more, as a column too
+    /// small for them would: a check constraint (on SQLite, which adds none to a table, the
+    /// table is made again with it).
     pub async fn refuse_outputs_from(&self, table: &str, length: usize) {
-        let sql = match self.backend {
-            Backend::Sqlite => format!(
-                "CREATE TRIGGER {table}_small BEFORE UPDATE ON {table} \
-                 WHEN length(NEW.output) >= {length} \
-                 BEGIN SELECT RAISE(ABORT, 'output too large'); END"
-            ),
-            _ => format!(
-                "ALTER TABLE {table} ADD CONSTRAINT {table}_small \
-                 CHECK (output IS NULL OR LENGTH(output) < {length})"
-            ),
-        };
-        self.exec(&sql).await;
+        let check = format!("CHECK (output IS NULL OR LENGTH(output) < {length})");
+        if self.backend != Backend::Sqlite {
+            self.exec(&format!(
+                "ALTER TABLE {table} ADD CONSTRAINT {table}_small {check}"
+            ))
+            .await;
+            return;
+        }
+        let row = self
+            .db
+            .query_one_raw(Statement::from_string(
+                self.db.get_database_backend(),
+                format!("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = '{table}'"),
+            ))
+            .await
+            .unwrap()
+            .expect("the table exists");
+        let create: String = row.try_get_by_index(0).unwrap();
+        let end = create.rfind(')').expect("a table's columns");
+        let checked = format!("{}, {check})", &create[..end]);
+        let table_name = idem_runtime::TableName::new(table).expect("a valid table name");
+        self.exec(&format!("ALTER TABLE {table} RENAME TO {table}_old"))
+            .await;
+        self.exec(&checked).await;
+        self.exec(&format!("INSERT INTO {table} SELECT * FROM {table}_old"))
+            .await;
+        self.exec(&format!("DROP TABLE {table}_old")).await;
+        for sql in
+            idem_runtime::create_table_statements(self.db.get_database_backend(), &table_name)
+        {
+            self.exec(&sql).await;
+        }
     }
 
     /// Counts the rows of `table` matching `filter` (a SQL condition, `1=1` for all).
@@ -232,43 +281,68 @@ impl Drop for TestDb {
     }
 }
 
-async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, sea_orm::DbErr> {
+// Not an `async fn` of its own: each layer of futures deepens the tests' own, which the
+// compiler lays out only so deep.
+fn connect(
+    url: &str,
+    max_connections: u32,
+) -> impl Future<Output = Result<DatabaseConnection, sea_orm::DbErr>> + '_ {
+    connect_with(url, max_connections, Duration::from_secs(30))
+}
+
+/// Connects a pool of at most `max_connections` to `url`.
+pub async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<DatabaseConnection, sea_orm::DbErr> {
     let mut options = ConnectOptions::new(url);
     options
         .max_connections(max_connections)
         .connect_timeout(Duration::from_secs(5))
-        .acquire_timeout(Duration::from_secs(30))
+        .acquire_timeout(acquire_timeout)
         .sqlx_logging(false);
     Database::connect(options).await
 }
 
 /// Defines one test per backend for each listed async function taking a [`Backend`]:
 /// `on_each_backend!(fresh_then_duplicate)` gives `sqlite::fresh_then_duplicate`,
-/// `postgres::fresh_then_duplicate` and `mysql::fresh_then_duplicate`.
+/// `postgres::fresh_then_duplicate` and `mysql::fresh_then_duplicate`;
+/// `on_each_backend!([postgres, mysql]: failover)` gives the listed backends' tests only.
 #[macro_export]
 macro_rules! on_each_backend {
+    ([$($backend:ident),+ $(,)?]: $($name:ident),* $(,)?) => {
+        $crate::__tests_on_backend!(@each [$($backend),+] [$($name),*]);
+    };
     ($($name:ident),* $(,)?) => {
-        mod sqlite {
+        $crate::on_each_backend!([sqlite, postgres, mysql]: $($name),*);
+    };
+}
+
+/// One module of [`on_each_backend!`]: the tests of one backend.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tests_on_backend {
+    (@each [] $names:tt) => {};
+    (@each [$first:ident $(, $rest:ident)*] $names:tt) => {
+        $crate::__tests_on_backend!($first: $names);
+        $crate::__tests_on_backend!(@each [$($rest),*] $names);
+    };
+    (sqlite: [$($name:ident),*]) => {
+        $crate::__tests_on_backend!(@module sqlite, Sqlite: $($name),*);
+    };
+    (postgres: [$($name:ident),*]) => {
+        $crate::__tests_on_backend!(@module postgres, Postgres: $($name),*);
+    };
+    (mysql: [$($name:ident),*]) => {
+        $crate::__tests_on_backend!(@module mysql, MySql: $($name),*);
+    };
+    (@module $module:ident, $variant:ident: $($name:ident),*) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    super::$name($crate::db::Backend::Sqlite).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name($crate::db::Backend::Postgres).await
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name($crate::db::Backend::MySql).await
+                    super::$name($crate::db::Backend::$variant).await
                 }
             )*
         }

@@ -11,6 +11,7 @@ pub mod db;
 pub mod proxy;
 pub mod rabbit;
 pub mod recorder;
+pub mod script;
 pub mod skew;
 
 pub use cut::CutWorker;
@@ -35,6 +36,25 @@ pub async fn inbox_and_effects_with(
         .expect("inbox builds");
     let effects = db.effects_table().await;
     (db, inbox, effects)
+}
+
+/// An inbox on the table of `inbox`, on a pool of one connection that is given up on after a
+/// second when it is busy, and that pool: to make the inbox's database take no writes, or have
+/// no free connection.
+pub async fn one_connection_inbox(
+    db: &TestDb,
+    inbox: &idem_runtime::Inbox,
+) -> (idem_runtime::Inbox, sea_orm::DatabaseConnection) {
+    let pool = db
+        .pool_waiting_at_most(1, std::time::Duration::from_secs(1))
+        .await;
+    let one = idem_runtime::Inbox::builder(pool.clone())
+        .table(inbox.table().as_str())
+        .create_table(false)
+        .build()
+        .await
+        .expect("the inbox builds");
+    (one, pool)
 }
 
 /// The inbox key of `consumer` and `key`, both valid.

@@ -9,18 +9,31 @@
 use std::time::Duration;
 
 use idem_rabbitmq::{Binding, ConfigError, Consumer, Error, PublishOptions, QueueTopology};
+use idem_runtime::sea_orm::{ConnectionTrait, Statement};
 use idem_runtime::{BatchChecks, BatchItem, Inbox, MessageKey, Metadata, Outcome};
 use idem_tests::rabbit::consumer_builder;
 use idem_tests::recorder::{PANICS_IN_FINGERPRINT, PANICS_IN_KEY};
-use idem_tests::{Backend, Msg, Recorder, TestBroker, inbox_and_effects, on_each_backend, unique};
+use idem_tests::script::{Script, another_database_that_is_down};
+use idem_tests::{
+    Backend, Msg, Recorder, TestBroker, inbox_and_effects, on_each_backend, one_connection_inbox,
+    unique,
+};
 
 on_each_backend!(
+    a_batching_consumer_never_counts_a_database_that_takes_no_writes,
+    a_handler_whose_own_database_is_down_holds_up_no_other_delivery,
     a_batching_binding_settles_each_delivery_as_it_would_alone,
     a_batching_binding_checked_before_commit_settles_the_same,
     a_crash_between_commit_and_ack_is_replayed_as_duplicates,
     a_key_or_fingerprint_that_panics_fails_only_its_own_delivery,
     a_binding_has_at_most_its_batches_in_flight,
 );
+
+/// Faults of MySQL/MariaDB's own.
+mod server {
+    use super::*;
+    on_each_backend!([mysql]: an_output_larger_than_a_packet_is_dead_lettered_alone);
+}
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -296,4 +309,151 @@ async fn batch_settings_that_cannot_work_are_refused_at_start() {
         ),
         "{error:?}"
     );
+}
+
+/// A consumer binding `handler` in batches of five, quick to requeue, giving a message up at its
+/// second failed delivery.
+async fn start_quick_batches(inbox: &Inbox, topology: QueueTopology, handler: Script) -> Consumer {
+    consumer_builder(inbox, &unique("idem-batch"))
+        .prefetch(50)
+        .max_deliveries(2)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .without_cleaner()
+        .bind_with(Binding::new(topology, handler).batch(5, Duration::from_millis(20)))
+        .start()
+        .await
+        .expect("consumer starts")
+}
+
+/// A server that takes no writes (a standby, a failover's demoted primary) requeues every
+/// delivery of a batch without counting it, however many times it comes back: far past the
+/// delivery limit, nothing is dead-lettered, and once the server takes writes every message is
+/// processed once.
+async fn a_batching_consumer_never_counts_a_database_that_takes_no_writes(backend: Backend) {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    let (inbox, pool) = one_connection_inbox(&db, &inbox).await;
+    let (read_only, writable) = backend.read_only_session();
+    pool.execute_unprepared(read_only).await.unwrap();
+    let topology = broker.classic_queue();
+    broker.declare(&topology).await;
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    for i in 0..5 {
+        let id = format!("o-{i}");
+        broker
+            .send(&queue, &Msg::new(&id, "ok"), with_id(&id))
+            .await;
+    }
+    let consumer = start_quick_batches(&inbox, topology, Script::new(&effects)).await;
+    broker
+        .eventually("each delivery requeued four times", WAIT, || async {
+            consumer.stats().requeued >= 20
+        })
+        .await;
+    assert_eq!(consumer.stats().dead_lettered, 0, "{:?}", consumer.stats());
+    // The pool's one connection takes writes again once the consumer gives it back.
+    broker
+        .eventually("the session takes writes", WAIT, || async {
+            pool.execute_unprepared(writable).await.is_ok()
+        })
+        .await;
+    broker
+        .eventually("every delivery acked", WAIT, || async {
+            consumer.stats().acked == 5
+        })
+        .await;
+    assert_eq!(consumer.stats().dead_lettered, 0);
+    assert_eq!(db.count(&effects, "1=1").await, 5);
+    assert!(broker.drain(&dlq).await.is_empty());
+    consumer.shutdown().await;
+}
+
+/// A handler whose error says its own database is unreachable (another database it reads is
+/// down) is requeued without counting, as it would be alone; the other messages of its batches
+/// are acknowledged at once, and it is processed once that database is back.
+async fn a_handler_whose_own_database_is_down_holds_up_no_other_delivery(backend: Backend) {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    let (other, proxy) = another_database_that_is_down().await;
+    let handler = Script::new(&effects).reading(other);
+    let topology = broker.classic_queue();
+    broker.declare(&topology).await;
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    for (id, body) in [("a", "ok"), ("b", "ok"), ("p", "other-db"), ("c", "ok")] {
+        broker.send(&queue, &Msg::new(id, body), with_id(id)).await;
+    }
+    let consumer = start_quick_batches(&inbox, topology, handler).await;
+    broker
+        .eventually(
+            "the others acked, p requeued past the limit",
+            WAIT,
+            || async {
+                let stats = consumer.stats();
+                stats.acked == 3 && stats.requeued >= 3
+            },
+        )
+        .await;
+    assert_eq!(consumer.stats().dead_lettered, 0, "{:?}", consumer.stats());
+    assert_eq!(db.count(&effects, "message_key = 'p'").await, 0);
+    proxy.restore();
+    broker
+        .eventually("p acked once its database is back", WAIT, || async {
+            consumer.stats().acked == 4
+        })
+        .await;
+    assert_eq!(db.count(&effects, "1=1").await, 4);
+    assert!(broker.drain(&dlq).await.is_empty());
+    consumer.shutdown().await;
+}
+
+/// An output larger than MySQL/MariaDB's `max_allowed_packet`, which resets the connection that
+/// sends it: its delivery is dead-lettered as `output-not-storable`, and the others of its batch
+/// are acknowledged.
+async fn an_output_larger_than_a_packet_is_dead_lettered_alone(backend: Backend) {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    let row = db
+        .db
+        .query_one_raw(Statement::from_string(
+            db.db.get_database_backend(),
+            "SELECT CAST(@@max_allowed_packet AS SIGNED)",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let packet = usize::try_from(row.try_get_by_index::<i64>(0).unwrap()).unwrap();
+    let handler = Script::new(&effects).with_huge_outputs(packet + (1 << 20));
+    let topology = broker.classic_queue();
+    broker.declare(&topology).await;
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    for (id, body) in [("a", "ok"), ("big", "huge"), ("b", "ok")] {
+        broker.send(&queue, &Msg::new(id, body), with_id(id)).await;
+    }
+    let consumer = start_quick_batches(&inbox, topology, handler).await;
+    broker
+        .eventually("every delivery settled", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.dead_lettered == 3
+        })
+        .await;
+    let stats = consumer.stats();
+    assert_eq!((stats.acked, stats.dead_lettered), (2, 1), "{stats:?}");
+    let reasons: Vec<String> = broker
+        .drain(&dlq)
+        .await
+        .iter()
+        .map(|copy| copy.reason().to_owned())
+        .collect();
+    assert_eq!(reasons, ["output-not-storable"]);
+    assert_eq!(db.count(&effects, "1=1").await, 2);
+    consumer.shutdown().await;
 }

@@ -162,6 +162,7 @@ impl InboxBuilder {
             })?;
         store.read_lock_timeout(&self.db).await?;
         store.read_key_index(&self.db).await?;
+        store.read_packet_limit(&self.db).await?;
         Ok(Inbox {
             inner: Arc::new(Inner {
                 db: self.db,

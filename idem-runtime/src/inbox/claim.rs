@@ -45,6 +45,26 @@ pub(crate) enum Claimed {
     Completed(Option<String>),
 }
 
+/// How many times a claim that lost a deadlock is tried again before the error goes to the
+/// transport.
+const MAX_CLAIM_DEADLOCKS: u32 = 5;
+
+/// The deadlocks a claim lost, to try it again a bounded number of times: copies racing to take
+/// over one expired record, or batches sharing keys, can deadlock on MySQL/MariaDB; the victim's
+/// transaction is rolled back, and a new one finds the winner's record. Nothing has run yet,
+/// so the claim is simply tried again, at most [`MAX_CLAIM_DEADLOCKS`] times.
+#[derive(Debug, Default)]
+pub(crate) struct Deadlocks(u32);
+
+impl Deadlocks {
+    /// Whether a claim that failed with `error` is to be tried again.
+    pub(crate) fn try_again(&mut self, error: &DbErr) -> bool {
+        let again = classify(error) == Failure::Deadlock && self.0 < MAX_CLAIM_DEADLOCKS;
+        self.0 += u32::from(again);
+        again
+    }
+}
+
 /// A claim token: unique per claim, so that a takeover is a compare-and-swap on it. A random
 /// base per process plus a counter: unique within the process, and colliding across processes
 /// with a probability of about one in 2^64 per pair of claims on the same key.

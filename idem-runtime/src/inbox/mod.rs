@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use crate::clock::{capped, duration_ms, from_epoch_ms};
-use crate::error::{ConfigError, Error, Result};
+use crate::error::{BoxError, ConfigError, Error, Result};
 use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
@@ -37,7 +37,7 @@ pub use builder::InboxBuilder;
 pub(crate) use builder::{dialect_of, starting};
 pub use record::InboxRecord;
 
-use claim::{ClaimRequest, Claimed};
+use claim::{ClaimRequest, Claimed, Deadlocks};
 pub(crate) use renewal::ClaimWatch;
 use renewal::{Held, renew_until_lost};
 
@@ -188,7 +188,7 @@ impl Inbox {
         metadata: &Metadata,
     ) -> Result<Outcome<H::Output>> {
         let store = &self.inner.store;
-        let mut deadlocks = 0;
+        let mut deadlocks = Deadlocks::default();
         let (tx, token, attempt, previous_claim_at) = loop {
             let tx = store.dialect().begin(&self.inner.db).await?;
             match claim::claim(store, &tx, request).await {
@@ -201,15 +201,7 @@ impl Inbox {
                     attempt,
                     previous_claim_at,
                 }) => break (tx, token, attempt, previous_claim_at),
-                // Copies racing to take over one expired record can deadlock on MySQL/MariaDB;
-                // the victim's transaction is rolled back, and a new one finds the winner's
-                // record. Nothing has run yet, so the claim is simply tried again.
-                Err(Error::Contention(error))
-                    if classify(&error) == Failure::Deadlock && deadlocks < MAX_CLAIM_DEADLOCKS =>
-                {
-                    deadlocks += 1;
-                    drop(tx);
-                }
+                Err(Error::Contention(error)) if deadlocks.try_again(&error) => drop(tx),
                 Err(error) => return Err(error),
             }
         };
@@ -228,6 +220,11 @@ impl Inbox {
         let json = serde_json::to_string(&output)
             .map_err(|error| Error::OutputNotStorable(Box::new(error)))?;
         let stored = (json != "null").then_some(json.as_str());
+        if let Some(json) = stored {
+            store
+                .check_output(&request.key.message_key, json)
+                .map_err(|error| Error::OutputNotStorable(Box::new(error)))?;
+        }
         // The completion is the transaction's last statement, whatever the output: it must find
         // this claim in progress, which a transaction the database aborted or rolled back no
         // longer has. Only then does the commit mean the effects and the record are stored.
@@ -329,7 +326,14 @@ impl Inbox {
         // The side effect has happened: an output that cannot be stored (it does not serialize,
         // or the database refuses it) still completes the record, without it, so that no
         // redelivery repeats the effect.
-        let json = serde_json::to_string(&output);
+        let json = serde_json::to_string(&output)
+            .map_err(BoxError::from)
+            .and_then(
+                |json| match store.check_output(&request.key.message_key, &json) {
+                    Ok(()) => Ok(json),
+                    Err(too_large) => Err(BoxError::from(too_large)),
+                },
+            );
         let stored = json.as_deref().ok().filter(|json| *json != "null");
         let complete = |output| {
             completion::complete_while_held(store, db, (request, token), output, &watch, held.lease)
@@ -350,7 +354,7 @@ impl Inbox {
             }),
             Some(Some(refused)) => Err(Error::OutputNotStorable(Box::new(refused))),
             Some(None) => {
-                json.map_err(|error| Error::OutputNotStorable(Box::new(error)))?;
+                json.map_err(Error::OutputNotStorable)?;
                 Ok(Outcome::Processed(output))
             }
         }
@@ -480,9 +484,9 @@ async fn outage_or(error: Error, tx: &DatabaseTransaction) -> Error {
         if let Some(db_error) = current.downcast_ref::<DbErr>()
             && classify(db_error) == Failure::Unreachable
         {
-            return Error::StoreUnavailable(DbErr::Conn(sea_orm::RuntimeErr::Internal(format!(
-                "the handler's transaction lost the database: {db_error}"
-            ))));
+            // The database's own error, whose kind (no connection free, a server that takes no
+            // writes) decides how the delivery is retried.
+            return Error::StoreUnavailable(db_error.clone());
         }
         cause = current.source();
     }
@@ -538,10 +542,6 @@ fn decode_stored<T: DeserializeOwned>(key: &InboxKey, output: Option<String>) ->
         }
     })
 }
-
-/// How many times a transactional claim that lost a deadlock is tried again before the error
-/// goes to the transport.
-const MAX_CLAIM_DEADLOCKS: u32 = 5;
 
 /// The default number of claims before a key needs intervention.
 pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 5;

@@ -129,8 +129,9 @@ fn takes_no_writes_sqlx(error: &sea_orm::sqlx::Error) -> bool {
     };
     #[cfg(feature = "mysql")]
     if let Some(error) = error.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>() {
-        // `read_only`, a read-only transaction, read-only server mode.
-        return matches!(error.number(), 1290 | 1792 | 1836);
+        // `read_only`, a read-only transaction, read-only server mode; every statement the
+        // server may prepare prepared already (`max_prepared_stmt_count`, across its clients).
+        return matches!(error.number(), 1290 | 1792 | 1836 | 1461);
     }
     #[cfg(feature = "sqlite")]
     if error
@@ -177,11 +178,14 @@ fn sqlx_refuses_value(error: &sea_orm::sqlx::Error) -> bool {
             .try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>()
             .is_some()
         {
-            // The primary result code: SQLITE_TOOBIG (18), SQLITE_CONSTRAINT (19).
+            // The primary result code: SQLITE_TOOBIG (18), SQLITE_CONSTRAINT (19), but not a
+            // trigger's `RAISE` (SQLITE_CONSTRAINT_TRIGGER, 1811): a rule of the database's
+            // own, which another try may pass, as PostgreSQL's `RAISE EXCEPTION` and
+            // MySQL/MariaDB's `SIGNAL` are.
             return error
                 .code()
                 .and_then(|code| code.parse::<i32>().ok())
-                .is_some_and(|code| matches!(code & 0xff, 18 | 19));
+                .is_some_and(|code| code != 1811 && matches!(code & 0xff, 18 | 19));
         }
         // Data exceptions (class 22: too long, invalid or untranslatable characters), integrity
         // constraints (23), program limits (54: a row or a value too large).

@@ -1,9 +1,11 @@
 //! Statements over many keys of one consumer at once, for batches: one multi-row claim that
 //! tells which keys are fresh, one read of the known ones, one completion, one release.
 //!
-//! Here, their text depends on how many keys they carry, so they are built per batch; a
-//! consumer's batches mostly have the same size, and each connection caches the prepared
-//! statement by its text. PostgreSQL's bind arrays instead (`many_pg`).
+//! Here, their text depends on how many keys they carry, so each is written for the next power
+//! of two ([`rows_for`]), padded with rows that change nothing: batches of any size share a few
+//! texts. Each connection prepares every text it runs and keeps the last hundred, and
+//! MySQL/MariaDB count them against `max_prepared_stmt_count` across all their clients, after
+//! which every statement fails. PostgreSQL's bind arrays instead (`many_pg`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -48,6 +50,22 @@ fn key_table(n: usize, outputs: bool) -> String {
     }
     table.push(')');
     table
+}
+
+/// How many rows a statement over `n` keys is written for: the next power of two.
+fn rows_for(n: usize) -> usize {
+    n.max(1).next_power_of_two()
+}
+
+/// A message key no record has (keys are never empty): the padding of key lists.
+const NO_KEY: &str = "";
+
+/// `keys`, then [`NO_KEY`] up to [`rows_for`] of them.
+fn padded_keys(keys: &[&MessageKey]) -> impl Iterator<Item = Value> {
+    let padding = rows_for(keys.len()) - keys.len();
+    keys.iter()
+        .map(|key| text(key.as_str()))
+        .chain(std::iter::repeat_n(text(NO_KEY), padding))
 }
 
 /// `?, ?, ...`: `n` placeholders.
@@ -101,7 +119,9 @@ impl Store {
         let t = &self.quoted;
         let now = self.dialect.now_ms();
         let row = format!("(?, ?, ?, ?, 1, ?, {now}, {now}, NULL, NULL, {now} + ?)");
-        let rows = vec![row.as_str(); claims.len()].join(", ");
+        // Padded with repeats of the last claim, which conflict with it and insert nothing.
+        let padded = rows_for(claims.len());
+        let rows = vec![row.as_str(); padded].join(", ");
         let columns = "consumer, message_key, status, fingerprint, attempts, claim_token, \
                        created_at, claimed_at, lease_until, completed_at, expires_at";
         let returning = self.dialect.has_insert_returning();
@@ -123,8 +143,13 @@ impl Store {
             ),
         };
         let expiry = Value::from(duration_ms(retention));
-        let mut values = Vec::with_capacity(claims.len() * 6);
-        for claim in claims {
+        let mut values = Vec::with_capacity(padded * 6);
+        let last = claims
+            .last()
+            .into_iter()
+            .cycle()
+            .take(padded - claims.len());
+        for claim in claims.iter().chain(last) {
             values.extend([
                 text(consumer.as_str()),
                 text(claim.key.as_str()),
@@ -184,7 +209,7 @@ impl Store {
             // No unique index on the key to name (a table provisioned without one): joined from
             // a table of the keys, which MySQL/MariaDB may still read by a scan that locks the
             // whole consumer's records.
-            values.extend(keys.iter().map(|key| text(key.as_str())));
+            values.extend(padded_keys(keys));
             values.push(text(consumer.as_str()));
             let columns = READ_COLUMNS
                 .split(", ")
@@ -195,18 +220,18 @@ impl Store {
                 &format!(
                     "SELECT r.message_key, {columns}, {now} FROM {} AS v JOIN {t} AS r \
                      ON r.consumer = ? AND r.message_key = v.k LOCK IN SHARE MODE",
-                    key_table(keys.len(), false)
+                    key_table(rows_for(keys.len()), false)
                 ),
                 self.claim_wait,
             )
         } else {
             values.push(text(consumer.as_str()));
-            values.extend(keys.iter().map(|key| text(key.as_str())));
+            values.extend(padded_keys(keys));
             let select = format!(
                 "SELECT message_key, {READ_COLUMNS}, {now} FROM {t}{} \
                  WHERE consumer = ? AND message_key IN ({})",
                 self.key_index_hint(),
-                placeholders(keys.len())
+                placeholders(rows_for(keys.len()))
             );
             if self.backend() == DbBackend::MySql {
                 self.dialect
@@ -274,14 +299,20 @@ impl Store {
         let t = &self.quoted;
         let now = self.dialect.now_ms();
         let all_null = outputs.iter().all(|(_, output)| output.is_none());
-        let mut values = Vec::with_capacity(outputs.len() * 3 + 3);
+        let rows = rows_for(outputs.len());
+        let padding = std::iter::repeat_n((NO_KEY, None), rows - outputs.len());
+        let padded = outputs
+            .iter()
+            .map(|(key, output)| (key.as_str(), *output))
+            .chain(padding);
+        let mut values = Vec::with_capacity(rows * 3 + 3);
         let retention = Value::from(duration_ms(retention));
         let sql = if self.backend() == DbBackend::MySql && self.key_index.is_none() {
             // Joined from a table of keys and outputs: see `find_many`.
-            for (key, output) in outputs {
-                values.push(text(key.as_str()));
+            for (key, output) in padded {
+                values.push(text(key));
                 if !all_null {
-                    values.push(opt_text(*output));
+                    values.push(opt_text(output));
                 }
             }
             values.extend([text(consumer.as_str()), retention, Value::from(token)]);
@@ -291,28 +322,29 @@ impl Store {
                  SET r.status = 'completed', r.output = {output}, r.completed_at = {now}, \
                  r.expires_at = {now} + ?, r.lease_until = NULL \
                  WHERE r.claim_token = ? AND r.status = 'in_progress'",
-                key_table(outputs.len(), !all_null)
+                key_table(rows, !all_null)
             )
         } else {
+            let keys: Vec<&str> = padded.clone().map(|(key, _)| key).collect();
             let output = if all_null {
                 "NULL".to_owned()
             } else {
                 let mut case = "CASE message_key".to_owned();
-                for (key, output) in outputs {
+                for (key, output) in padded {
                     case.push_str(" WHEN ? THEN ?");
-                    values.extend([text(key.as_str()), opt_text(*output)]);
+                    values.extend([text(key), opt_text(output)]);
                 }
                 case + " END"
             };
             values.extend([retention, text(consumer.as_str()), Value::from(token)]);
-            values.extend(outputs.iter().map(|(key, _)| text(key.as_str())));
+            values.extend(keys.into_iter().map(text));
             format!(
                 "UPDATE {t}{} SET status = 'completed', output = {output}, \
                  completed_at = {now}, expires_at = {now} + ?, lease_until = NULL \
                  WHERE consumer = ? AND claim_token = ? AND status = 'in_progress' \
                  AND message_key IN ({})",
                 self.key_index_hint(),
-                placeholders(outputs.len())
+                placeholders(rows)
             )
         };
         let result = conn
@@ -337,29 +369,29 @@ impl Store {
         let mut values = Vec::with_capacity(keys.len() + 2);
         let sql = if self.backend() == DbBackend::MySql && self.key_index.is_none() {
             // Joined from a table of the keys: see `find_many`.
-            values.extend(keys.iter().map(|key| text(key.as_str())));
+            values.extend(padded_keys(keys));
             values.extend([text(consumer.as_str()), Value::from(token)]);
             format!(
                 "DELETE r FROM {t} AS r JOIN {} AS v ON r.consumer = ? AND r.message_key = v.k \
                  WHERE r.claim_token = ?",
-                key_table(keys.len(), false)
+                key_table(rows_for(keys.len()), false)
             )
         } else if self.backend() == DbBackend::MySql {
             // Only the multi-table form of `DELETE` takes an index hint.
             values.extend([text(consumer.as_str()), Value::from(token)]);
-            values.extend(keys.iter().map(|key| text(key.as_str())));
+            values.extend(padded_keys(keys));
             format!(
                 "DELETE r FROM {t} AS r{} WHERE r.consumer = ? AND r.claim_token = ? \
                  AND r.message_key IN ({})",
                 self.key_index_hint(),
-                placeholders(keys.len())
+                placeholders(rows_for(keys.len()))
             )
         } else {
             values.extend([text(consumer.as_str()), Value::from(token)]);
-            values.extend(keys.iter().map(|key| text(key.as_str())));
+            values.extend(padded_keys(keys));
             format!(
                 "DELETE FROM {t} WHERE consumer = ? AND claim_token = ? AND message_key IN ({})",
-                placeholders(keys.len())
+                placeholders(rows_for(keys.len()))
             )
         };
         let result = conn
@@ -384,13 +416,17 @@ impl Store {
         let mut deleted = 0;
         // A statement binds at most 65 535 values.
         for rows in rows.chunks(MAX_BATCH) {
-            let mut values = Vec::with_capacity(rows.len() * 2);
+            let padded = rows_for(rows.len());
+            let mut values = Vec::with_capacity(padded * 2);
             for row in rows {
                 values.push(text(&self.read_key(row, 0)?));
                 values.push(text(&self.read_key(row, 1)?));
             }
+            for _ in rows.len()..padded {
+                values.extend([text(NO_KEY), text(NO_KEY)]);
+            }
             let mut keys = String::from("(SELECT ? AS c, ? AS k");
-            keys.push_str(&" UNION ALL SELECT ?, ?".repeat(rows.len() - 1));
+            keys.push_str(&" UNION ALL SELECT ?, ?".repeat(padded - 1));
             keys.push(')');
             let sql = format!(
                 "DELETE r FROM {keys} AS v STRAIGHT_JOIN {t} AS r{} \

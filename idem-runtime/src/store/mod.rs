@@ -158,7 +158,25 @@ pub(crate) struct Store {
     /// On MySQL/MariaDB, the hint naming the table's unique index on `(consumer, message_key)`
     /// (see [`Store::read_key_index`]).
     key_index: Option<String>,
+    /// On MySQL/MariaDB, the largest packet the server takes (`max_allowed_packet`, see
+    /// [`Store::read_packet_limit`]).
+    packet_limit: Option<usize>,
 }
+
+/// An output the database would not take in one statement: MySQL/MariaDB reset the connection
+/// that sends a packet larger than `max_allowed_packet`, and the transaction goes with it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "an output of {bytes} bytes is more than the database takes in one statement \
+     (max_allowed_packet is {limit} bytes)"
+)]
+pub(crate) struct OutputTooLarge {
+    bytes: usize,
+    limit: usize,
+}
+
+/// What a completion's packet carries besides its output, key and consumer, at most.
+const PACKET_ROOM: usize = 4096;
 
 fn text(value: &str) -> Value {
     Value::from(value.to_owned())
@@ -179,6 +197,7 @@ impl Store {
             lock_timeout: "0".to_owned(),
             claim_wait,
             key_index: None,
+            packet_limit: None,
         }
     }
 
@@ -208,6 +227,40 @@ impl Store {
                 self.key_index = Some(format!(" FORCE INDEX (`{}`)", name.replace('`', "``")));
                 break;
             }
+        }
+        Ok(())
+    }
+
+    /// Reads the largest packet a MySQL/MariaDB server takes, which an output must leave room
+    /// under (see [`Store::check_output`]).
+    pub(crate) async fn read_packet_limit(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
+        if self.backend() == DbBackend::MySql {
+            let sql = "SELECT CAST(@@max_allowed_packet AS SIGNED)";
+            let limit: i64 = self.first_column(db, sql, Vec::new()).await?;
+            self.packet_limit = usize::try_from(limit).ok();
+        }
+        Ok(())
+    }
+
+    /// Refuses an output the database would not take in the statement that completes `key`'s
+    /// record: checked before it is sent, since a MySQL/MariaDB server meets a packet larger
+    /// than it takes by resetting the connection, and the transaction with it.
+    pub(crate) fn check_output(
+        &self,
+        key: &MessageKey,
+        output: &str,
+    ) -> Result<(), OutputTooLarge> {
+        let Some(limit) = self.packet_limit else {
+            return Ok(());
+        };
+        // The completion binds the key and the consumer beside the output, each with a few
+        // bytes of framing, in a packet with a header of its own.
+        let bytes = output.len() + 2 * key.as_str().len() + ConsumerName::MAX_LEN + PACKET_ROOM;
+        if bytes > limit {
+            return Err(OutputTooLarge {
+                bytes: output.len(),
+                limit,
+            });
         }
         Ok(())
     }

@@ -38,7 +38,10 @@ fn library() -> &'static PathBuf {
             .unwrap_or_else(|error| {
                 panic!("the clock tests build a small C library with `{compiler}`: {error}")
             });
-        assert!(status.success(), "{compiler} could not build the skew library");
+        assert!(
+            status.success(),
+            "{compiler} could not build the skew library"
+        );
         library
     })
 }

@@ -1,0 +1,171 @@
+//! A batch's transaction, tried until it commits or is lost: each try claims every key
+//! (`claims.rs`), runs the fresh messages' handlers under a guard (`guard.rs`), and completes and
+//! commits (`finish.rs`).
+
+use std::time::Duration;
+
+use sea_orm::DbBackend;
+
+use super::BatchChecks;
+use super::fates::Lead;
+use super::guard::{Guard, Run, Savepoints, Staging, Step, Unguarded};
+use super::lost::{self, Lost};
+use crate::handler::Handler;
+use crate::inbox::Inbox;
+use crate::key::ConsumerName;
+use crate::metadata::Metadata;
+use crate::outbox::RunClaim;
+
+/// What every try at one batch shares.
+pub(super) struct Batch<'a, H> {
+    pub(super) handler: &'a H,
+    pub(super) consumer: &'a ConsumerName,
+    pub(super) metadata: &'a [Metadata],
+    pub(super) retention: Duration,
+    pub(super) checks: BatchChecks,
+}
+
+/// How one try at a batch's transaction ended, short of losing it.
+pub(super) enum Tried {
+    /// Committed, or nothing to commit (every message left for the per-message path).
+    Ended,
+    /// A message failed in a way nothing else of the try could be kept apart from (a handler
+    /// without a savepoint, an output the database refused): rolled back, to run the others
+    /// again under savepoints. Its error stands.
+    Again,
+}
+
+/// How one try keeps its handlers apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keeping {
+    /// A savepoint per message.
+    Savepoints,
+    /// None, the transaction checked after each handler.
+    CheckEach,
+    /// None, the transaction checked once before the commit ([`BatchChecks::BeforeCommit`]).
+    Trusted,
+}
+
+impl Inbox {
+    /// Runs the batch's transaction to its end; each first copy's fate is set as it is
+    /// decided; an error means nothing was committed.
+    ///
+    /// Where a failed statement aborts the whole transaction (PostgreSQL), the handlers first
+    /// run without savepoints, which cost a subtransaction each (and slow every statement once
+    /// a transaction has more than 64), with one check of the transaction after each handler:
+    /// if one fails, its error stands, but nothing can be kept apart from it, so the
+    /// transaction is rolled back and the others run again with a savepoint per message.
+    /// Elsewhere a handler could carry on past a transaction the database ended under it, its
+    /// later writes committed on their own, so each message always has its savepoint there.
+    /// Trusted handlers ([`BatchChecks::BeforeCommit`]) first run without savepoints or checks
+    /// on every backend, the transaction checked once before the commit.
+    pub(super) async fn transact<H: Handler>(
+        &self,
+        batch: &Batch<'_, H>,
+        leads: &mut [Lead<H::Message, H::Output>],
+    ) -> Result<(), Lost>
+    where
+        H::Message: Clone,
+    {
+        let _turn = match self.inner.store.backend() {
+            DbBackend::Sqlite => Some(self.inner.sqlite_batches.lock().await),
+            _ => None,
+        };
+        let mut keeping = match batch.checks {
+            BatchChecks::BeforeCommit => Keeping::Trusted,
+            BatchChecks::EachMessage if self.inner.store.dialect().aborts_on_error() => {
+                Keeping::CheckEach
+            }
+            BatchChecks::EachMessage => Keeping::Savepoints,
+        };
+        // Each try again leaves out at least one message whose failure stands, or runs under
+        // savepoints where every failure is kept apart: it ends.
+        for _ in 0..=leads.len() + 1 {
+            match self.attempt(batch, leads, keeping).await? {
+                Tried::Ended => return Ok(()),
+                Tried::Again => {
+                    tracing::debug!(
+                        consumer = batch.consumer.as_str(),
+                        "a message of the batch failed, or broke its transaction; running the \
+                         others again with a savepoint per message"
+                    );
+                    keeping = Keeping::Savepoints;
+                }
+            }
+        }
+        Err(Lost::RolledBack)
+    }
+
+    /// One try at the batch's transaction.
+    async fn attempt<H: Handler>(
+        &self,
+        batch: &Batch<'_, H>,
+        leads: &mut [Lead<H::Message, H::Output>],
+        keeping: Keeping,
+    ) -> Result<Tried, Lost>
+    where
+        H::Message: Clone,
+    {
+        let store = &self.inner.store;
+        // Unguarded handlers are checked to leave the transaction they were given, on
+        // PostgreSQL against its id; elsewhere a transaction rolled back under a handler shows
+        // in the completion's count.
+        let checked = match keeping {
+            Keeping::CheckEach => true,
+            Keeping::Trusted => store.dialect().aborts_on_error(),
+            Keeping::Savepoints => false,
+        };
+        let Some(claimed) = self.claim_batch(batch, leads, checked).await? else {
+            return Ok(Tried::Ended);
+        };
+        let run = Run {
+            handler: batch.handler,
+            tx: &claimed.tx,
+            metadata: batch.metadata,
+            store,
+            staging: Staging {
+                outbox: self.inner.outbox.as_ref(),
+                claim: RunClaim {
+                    inbox_table: store.quoted_table(),
+                    token: claimed.token,
+                },
+            },
+        };
+        let step = match keeping {
+            Keeping::Savepoints => run_all(&run, leads, Savepoints::new(&claimed.tx)).await?,
+            _ => {
+                let guard = Unguarded::new(
+                    store,
+                    &claimed.tx,
+                    claimed.transaction_id,
+                    keeping == Keeping::CheckEach,
+                    claimed.token,
+                );
+                run_all(&run, leads, guard).await?
+            }
+        };
+        if step == Step::Again {
+            lost::roll_back(claimed.tx).await?;
+            return Ok(Tried::Again);
+        }
+        self.finish(claimed, batch, leads, keeping == Keeping::Trusted)
+            .await
+    }
+}
+
+/// Runs every fresh message's handler under `guard`, in the order of their keys.
+async fn run_all<H: Handler, G: Guard>(
+    run: &Run<'_, H>,
+    leads: &mut [Lead<H::Message, H::Output>],
+    mut guard: G,
+) -> Result<Step, Lost>
+where
+    H::Message: Clone,
+{
+    for at in 0..leads.len() {
+        if leads[at].is_fresh() && guard.run(run, leads, at).await? == Step::Again {
+            return Ok(Step::Again);
+        }
+    }
+    guard.close(leads).await
+}

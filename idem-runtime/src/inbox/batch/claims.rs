@@ -1,0 +1,148 @@
+//! The start of a try at a batch's transaction: every key claimed in one statement, and the
+//! known ones read in another.
+
+use std::collections::HashSet;
+
+use sea_orm::{DatabaseTransaction, DbErr};
+
+use super::attempt::Batch;
+use super::fates::{Fate, Lead, known_fate};
+use super::lost::Lost;
+use crate::handler::Handler;
+use crate::inbox::Inbox;
+use crate::inbox::claim::{Deadlocks, new_token};
+use crate::key::MessageKey;
+use crate::store::dialect::{Failure, classify, refuses_value};
+use crate::store::{BatchClaim, Store};
+
+/// A try's transaction, its keys claimed.
+pub(super) struct Claimed {
+    pub(super) tx: DatabaseTransaction,
+    /// The token every claim of this try carries.
+    pub(super) token: i64,
+    /// The batch's transaction as the database identifies it, where the try checks that its
+    /// handlers leave it open (PostgreSQL).
+    pub(super) transaction_id: Option<i64>,
+}
+
+impl Inbox {
+    /// Begins a try's transaction and claims every first copy's key in it (the fresh ones are
+    /// marked so), reads the records of the known ones, and ends the claims' bounded lock
+    /// wait; with `checked`, also reads the transaction's id. `None` when every message goes
+    /// the per-message way instead: a key held by a long transaction elsewhere, or a claim's
+    /// value the table refuses (a constraint of its operators), so that only that key waits,
+    /// or fails.
+    pub(super) async fn claim_batch<H: Handler>(
+        &self,
+        batch: &Batch<'_, H>,
+        leads: &mut [Lead<H::Message, H::Output>],
+        checked: bool,
+    ) -> Result<Option<Claimed>, Lost> {
+        let store = &self.inner.store;
+        let token = new_token();
+        let claims: Vec<BatchClaim<'_>> = leads
+            .iter()
+            .filter(|lead| !lead.failed_alone)
+            .map(|lead| BatchClaim {
+                key: &lead.key.message_key,
+                fingerprint: lead.fingerprint.as_ref(),
+            })
+            .collect();
+        // Batches sharing keys claim them in one order; a deadlock can still come from
+        // elsewhere, and is tried again as the per-message path does.
+        let mut deadlocks = Deadlocks::default();
+        let (tx, fresh) = loop {
+            let tx = store
+                .dialect()
+                .begin(&self.inner.db)
+                .await
+                .map_err(Lost::Database)?;
+            match claim_all(store, &tx, batch, &claims, token).await {
+                Ok(fresh) => break (tx, fresh),
+                Err(error) if deadlocks.try_again(&error) => {}
+                Err(error) if classify(&error) == Failure::LockTimeout || refuses_value(&error) => {
+                    for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
+                        lead.fate = Fate::Deferred;
+                    }
+                    return Ok(None);
+                }
+                Err(error) => return Err(Lost::Database(error)),
+            }
+        };
+        drop(claims);
+        for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
+            lead.claimed = fresh.contains(lead.key.message_key.as_str());
+            lead.fate = if lead.claimed {
+                Fate::Fresh
+            } else {
+                Fate::Deferred
+            };
+        }
+        if fresh.len() < leads.len() {
+            read_known(store, &tx, batch, leads)
+                .await
+                .map_err(Lost::Database)?;
+        }
+        let transaction_id = if checked && !fresh.is_empty() {
+            Some(
+                store
+                    .end_claim_wait_with_id(&tx)
+                    .await
+                    .map_err(Lost::Database)?,
+            )
+        } else {
+            store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
+            None
+        };
+        Ok(Some(Claimed {
+            tx,
+            token,
+            transaction_id,
+        }))
+    }
+}
+
+/// Claims every key of `claims` in one statement; returns the fresh ones.
+async fn claim_all<H: Handler>(
+    store: &Store,
+    tx: &DatabaseTransaction,
+    batch: &Batch<'_, H>,
+    claims: &[BatchClaim<'_>],
+    token: i64,
+) -> Result<HashSet<String>, DbErr> {
+    if claims.is_empty() {
+        return Ok(HashSet::new());
+    }
+    store.bound_claim_wait(tx).await?;
+    store
+        .insert_claims(tx, batch.consumer, claims, token, batch.retention)
+        .await
+}
+
+/// Reads the records of the keys that were not fresh, in one statement: a completed,
+/// unexpired record answers as a duplicate; anything else is left for the per-message path.
+async fn read_known<H: Handler>(
+    store: &Store,
+    tx: &DatabaseTransaction,
+    batch: &Batch<'_, H>,
+    leads: &mut [Lead<H::Message, H::Output>],
+) -> Result<(), DbErr> {
+    let known: Vec<&MessageKey> = leads
+        .iter()
+        .filter(|lead| matches!(lead.fate, Fate::Deferred) && !lead.failed_alone)
+        .map(|lead| &lead.key.message_key)
+        .collect();
+    if known.is_empty() {
+        return Ok(());
+    }
+    let mut rows = store.find_many(tx, batch.consumer, &known).await?;
+    for lead in leads.iter_mut() {
+        if !matches!(lead.fate, Fate::Deferred) || lead.failed_alone {
+            continue;
+        }
+        if let Some(row) = rows.remove(lead.key.message_key.as_str()) {
+            lead.fate = known_fate(lead, row);
+        }
+    }
+    Ok(())
+}

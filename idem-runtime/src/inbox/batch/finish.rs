@@ -1,0 +1,168 @@
+//! The end of a try at a batch's transaction: the failed messages' claims released, the
+//! processed ones completed with their outputs in one statement, one commit.
+
+use sea_orm::DatabaseTransaction;
+
+use super::attempt::{Batch, Tried};
+use super::claims::Claimed;
+use super::fates::{Fate, Lead};
+use super::lost::{self, Lost};
+use crate::error::Error;
+use crate::handler::Handler;
+use crate::inbox::Inbox;
+use crate::key::MessageKey;
+use crate::store::dialect::{Failure, classify, refuses_value};
+
+impl Inbox {
+    /// Releases the claims of the messages that failed, completes the processed ones and
+    /// commits. A transaction found lost under a handler (fewer claims completed than taken)
+    /// is lost, or, for `trusted` handlers, run again checked, which tells whose doing it was.
+    /// An output the database refuses fails its message alone: the try is rolled back and the
+    /// others run again.
+    pub(super) async fn finish<H: Handler>(
+        &self,
+        claimed: Claimed,
+        batch: &Batch<'_, H>,
+        leads: &mut [Lead<H::Message, H::Output>],
+        trusted: bool,
+    ) -> Result<Tried, Lost> {
+        let Claimed { tx, token, .. } = claimed;
+        let store = &self.inner.store;
+        let released: Vec<&MessageKey> = leads
+            .iter()
+            .filter(|lead| lead.claim_to_release())
+            .map(|lead| &lead.key.message_key)
+            .collect();
+        if !released.is_empty() {
+            store
+                .release_many(&tx, batch.consumer, token, &released)
+                .await
+                .map_err(Lost::Database)?;
+        }
+        match self.complete_all(&tx, batch, leads, token).await? {
+            Completion::All => {}
+            // Fewer claims completed than this transaction took: the database rolled it back
+            // under a handler, or a handler ended it. Trusted, which handler only a checked try
+            // tells; checked, that handler was found, and the batch is lost.
+            Completion::Lost if trusted => {
+                lost::roll_back(tx).await?;
+                return Ok(Tried::Again);
+            }
+            Completion::Lost => return Err(Lost::RolledBack),
+            // The refused outputs' messages failed alone; the others run again without them.
+            Completion::Refused => {
+                lost::roll_back(tx).await?;
+                return Ok(Tried::Again);
+            }
+        }
+        if let Err(error) = tx.commit().await {
+            if classify(&error) != Failure::Refused {
+                return Err(Lost::Database(error));
+            }
+            // A constraint checked at the commit refused what a handler wrote; nothing is
+            // committed, and only each message's own commit tells whose write it was.
+            for lead in leads.iter_mut().filter(|lead| lead.is_processed()) {
+                lead.fate = Fate::Deferred;
+            }
+            return Ok(Tried::Ended);
+        }
+        let staged = leads
+            .iter()
+            .filter(|lead| lead.is_processed())
+            .map(|lead| lead.staged)
+            .sum();
+        self.staged(staged);
+        Ok(Tried::Ended)
+    }
+
+    /// Records the outputs of the messages processed here in one statement. A statement the
+    /// database refuses (an output too large for it, against a constraint) is tried message by
+    /// message to find which; where a refused statement aborts the transaction (PostgreSQL),
+    /// the statement runs under a savepoint, rolled back to before the search; elsewhere the
+    /// database undoes the refused statement alone.
+    async fn complete_all<H: Handler>(
+        &self,
+        tx: &DatabaseTransaction,
+        batch: &Batch<'_, H>,
+        leads: &mut [Lead<H::Message, H::Output>],
+        token: i64,
+    ) -> Result<Completion, Lost> {
+        let store = &self.inner.store;
+        let outputs: Vec<(&MessageKey, Option<&str>)> = leads
+            .iter()
+            .filter_map(|lead| match &lead.fate {
+                Fate::Processed(_, json) => Some((&lead.key.message_key, json.as_deref())),
+                _ => None,
+            })
+            .collect();
+        if outputs.is_empty() {
+            return Ok(Completion::All);
+        }
+        let expected = outputs.len() as u64;
+        let aborts = store.dialect().aborts_on_error();
+        if aborts {
+            lost::execute(tx, "SAVEPOINT idem_complete").await?;
+        }
+        let completed = store
+            .complete_many(tx, batch.consumer, token, &outputs, batch.retention)
+            .await;
+        drop(outputs);
+        match completed {
+            // Each claim is this batch's, in progress, in this transaction: fewer completed
+            // means the database rolled the transaction back under a handler, or a handler
+            // ended it.
+            Ok(completed) if completed == expected => Ok(Completion::All),
+            Ok(_) => Ok(Completion::Lost),
+            Err(error) if refuses_value(&error) => {
+                if aborts {
+                    lost::execute(tx, "ROLLBACK TO SAVEPOINT idem_complete").await?;
+                }
+                self.find_refused_outputs(tx, leads, token, batch).await?;
+                Ok(Completion::Refused)
+            }
+            Err(error) => Err(Lost::Database(error)),
+        }
+    }
+
+    /// Completes each processed message on its own, each under a savepoint rolled back at once,
+    /// and fails the ones whose output the database refuses; the next try leaves them out.
+    async fn find_refused_outputs<H: Handler>(
+        &self,
+        tx: &DatabaseTransaction,
+        leads: &mut [Lead<H::Message, H::Output>],
+        token: i64,
+        batch: &Batch<'_, H>,
+    ) -> Result<(), Lost> {
+        for lead in leads.iter_mut() {
+            let Fate::Processed(_, json) = &lead.fate else {
+                continue;
+            };
+            lost::execute(tx, "SAVEPOINT idem_probe").await?;
+            let tried = self
+                .inner
+                .store
+                .complete(tx, &lead.key, token, json.as_deref(), batch.retention)
+                .await;
+            lost::execute(tx, "ROLLBACK TO SAVEPOINT idem_probe").await?;
+            // An unreachable database fails the next savepoint statement.
+            if let Err(error) = tried
+                && refuses_value(&error)
+            {
+                lead.failed(Error::OutputNotStorable(Box::new(error)));
+                lead.claimed = false;
+                lead.failed_alone = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What completing a try's processed messages found.
+enum Completion {
+    /// Every one completed.
+    All,
+    /// Fewer than its claims: the transaction was lost under a handler.
+    Lost,
+    /// The database refused some outputs; their messages failed.
+    Refused,
+}
