@@ -75,7 +75,10 @@ impl BatchJob {
                 verdict => others.push((delivery, verdict, handled.key)),
             }
         }
-        let acked = settler.ack_batch(&acks, &unsettled, epoch).await;
+        // Counted at once: the others' settling may wait out a back-off.
+        for settled in settler.ack_batch(&acks, &unsettled, epoch).await {
+            settling.count(settled);
+        }
         // The batch's slots go back before any back-off of the others.
         drop(permit);
         let settled = join_all(others.into_iter().map(|(delivery, verdict, key)| {
@@ -89,7 +92,7 @@ impl BatchJob {
             }
         }))
         .await;
-        for settled in acked.into_iter().chain(settled) {
+        for settled in settled {
             settling.count(settled);
         }
     }
