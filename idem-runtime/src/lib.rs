@@ -172,6 +172,7 @@ pub mod observe;
 mod outbox;
 mod report;
 mod retention;
+mod slice;
 mod store;
 
 #[cfg(feature = "migration")]
@@ -195,6 +196,7 @@ pub use outbox::{
 };
 pub use report::{Report, ReportSource};
 pub use retention::{Cleaner, CleanerHandle, CleanupReport, RedeliveryWindow, RetentionPolicy};
+pub use slice::{SliceContext, SliceHandler};
 pub use store::Status;
 pub use store::table::{TableName, create_table_statements};
 

@@ -23,6 +23,7 @@ mod fates;
 mod finish;
 mod guard;
 mod lost;
+mod slice;
 
 use std::time::Duration;
 
@@ -266,7 +267,7 @@ impl Inbox {
 }
 
 /// The span of one transaction's worth of a batch.
-fn chunk_span<H: Handler>(handler: &H, size: usize) -> tracing::Span {
+pub(super) fn chunk_span<H: Handler>(handler: &H, size: usize) -> tracing::Span {
     tracing::info_span!("idem.batch", consumer = handler.consumer(), size)
 }
 

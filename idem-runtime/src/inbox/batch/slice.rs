@@ -1,0 +1,281 @@
+//! A slice handler's batch: the fresh messages handled in one call; when it fails, the
+//! messages that fail are found by halving the slice, each half under a savepoint of its own.
+
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
+use sea_orm::{ConnectionTrait, DbBackend};
+
+use super::attempt::{Batch, Tried};
+use super::fates::{Handled, Lead};
+use super::guard::{Run, Staging};
+use super::lost::{self, Lost};
+use super::{BatchChecks, BatchItem, MAX_BATCH, chunk_span};
+use crate::error::{Error, Result};
+use crate::handler::{Context, Mode, Outcome};
+use crate::inbox::{Inbox, outage_or, panic_message};
+use crate::key::InboxKey;
+use crate::outbox::RunClaim;
+use crate::slice::{SliceContext, SliceHandler};
+use tracing::Instrument;
+
+impl Inbox {
+    /// Processes `items` with a slice handler in one transaction, returning one result per item,
+    /// in order, each what [`Inbox::process`] would have returned for that message: as
+    /// [`Inbox::process_batch`] does, but with the fresh messages handled in one call of
+    /// [`SliceHandler::handle_slice`].
+    ///
+    /// The call runs under a savepoint. When it fails (an error, a panic, an output count that
+    /// is not the slice's, an output the database would not store), it is rolled back and each
+    /// half of the slice runs again under a savepoint of its own, down to single messages:
+    /// a message that fails alone gets its error, and the others commit. A handler whose
+    /// failure says the database is unreachable loses the batch when the batch's own
+    /// transaction no longer reaches it, as in [`Inbox::process_batch`]. A slice handler that
+    /// ends its transaction (or carries on after a MySQL/MariaDB deadlock rolled it back) fails
+    /// every message of that slice with [`Error::TransactionAborted`].
+    ///
+    /// A slice handler that is not transactional processes its messages one by one.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future rolls the batch's transaction back: nothing of it is recorded.
+    pub async fn process_slices<S: SliceHandler>(
+        &self,
+        handler: &S,
+        items: Vec<BatchItem<S::Message>>,
+    ) -> Vec<Result<Outcome<S::Output>>>
+    where
+        S::Message: Clone,
+    {
+        let mut results = Vec::with_capacity(items.len());
+        if handler.mode() != Mode::Transactional {
+            for item in items {
+                let result = self
+                    .process_with_key(handler, item.key, item.message, &item.metadata)
+                    .await;
+                results.push(result);
+            }
+            return results;
+        }
+        let mut items = items.into_iter().peekable();
+        while items.peek().is_some() {
+            let chunk: Vec<_> = items.by_ref().take(MAX_BATCH).collect();
+            let span = chunk_span(handler, chunk.len());
+            results.extend(self.one_slice_batch(handler, chunk).instrument(span).await);
+        }
+        results
+    }
+
+    /// One transaction's worth of a slice handler's batch.
+    async fn one_slice_batch<S: SliceHandler>(
+        &self,
+        handler: &S,
+        items: Vec<BatchItem<S::Message>>,
+    ) -> Vec<Result<Outcome<S::Output>>>
+    where
+        S::Message: Clone,
+    {
+        let (mut sorted, consumer, retention) = match self.sort(handler, items) {
+            Ok(sorted) => sorted,
+            Err(failed) => return failed,
+        };
+        let mut leads = std::mem::take(&mut sorted.leads);
+        let batch = Batch {
+            handler,
+            consumer: &consumer,
+            metadata: &sorted.metadata,
+            retention,
+            checks: BatchChecks::EachMessage,
+        };
+        let transacted = self.transact_slices(&batch, &mut leads).await;
+        self.conclude(handler, sorted, leads, &consumer, transacted)
+            .await
+    }
+
+    /// The batch's transaction, tried until it commits or is lost: claims, the slices, the
+    /// completion. An output the database refuses at the completion fails its message, and the
+    /// others run again.
+    async fn transact_slices<S: SliceHandler>(
+        &self,
+        batch: &Batch<'_, S>,
+        leads: &mut [Lead<S::Message, S::Output>],
+    ) -> Result<(), Lost>
+    where
+        S::Message: Clone,
+    {
+        let _turn = match self.inner.store.backend() {
+            DbBackend::Sqlite => Some(self.inner.sqlite_batches.lock().await),
+            _ => None,
+        };
+        let store = &self.inner.store;
+        for _ in 0..=leads.len() + 1 {
+            let Some(claimed) = self.claim_batch(batch, leads, false).await? else {
+                return Ok(());
+            };
+            let run = Run {
+                handler: batch.handler,
+                tx: &claimed.tx,
+                metadata: batch.metadata,
+                store,
+                staging: Staging {
+                    outbox: self.inner.outbox.as_ref(),
+                    claim: RunClaim {
+                        inbox_table: store.quoted_table(),
+                        token: claimed.token,
+                    },
+                },
+            };
+            run_slices(&run, leads).await?;
+            match self.finish(claimed, batch, leads, false).await? {
+                Tried::Ended => return Ok(()),
+                Tried::Again => {}
+            }
+        }
+        Err(Lost::RolledBack)
+    }
+}
+
+/// Runs the fresh leads' handler in slices: all of them at first; a slice that fails is rolled
+/// back to its savepoint and its halves run in turn, down to single messages, which fail alone.
+async fn run_slices<S: SliceHandler>(
+    run: &Run<'_, S>,
+    leads: &mut [Lead<S::Message, S::Output>],
+) -> Result<(), Lost>
+where
+    S::Message: Clone,
+{
+    let fresh: Vec<usize> = (0..leads.len())
+        .filter(|at| leads[*at].is_fresh())
+        .collect();
+    // Slices still to run, the next one last.
+    let mut slices: Vec<&[usize]> = Vec::new();
+    if !fresh.is_empty() {
+        slices.push(&fresh);
+    }
+    while let Some(slice) = slices.pop() {
+        lost::execute(run.tx, "SAVEPOINT idem_slice").await?;
+        let called = {
+            let messages = slice.iter().map(|at| leads[*at].message_copy()).collect();
+            let keys: Vec<(&InboxKey, usize)> = slice
+                .iter()
+                .map(|at| (&leads[*at].key, leads[*at].index))
+                .collect();
+            call(run, &keys, messages).await?
+        };
+        let failure = match called {
+            Ok(handled) => match run
+                .tx
+                .execute_unprepared("RELEASE SAVEPOINT idem_slice")
+                .await
+            {
+                Ok(_) => {
+                    for (at, handled) in slice.iter().zip(handled) {
+                        leads[*at].processed(handled);
+                    }
+                    continue;
+                }
+                // A failed statement the handler swallowed (PostgreSQL), or a transaction it
+                // ended or let the database roll back.
+                Err(error) => {
+                    Lost::unless_unreachable(error)?;
+                    None
+                }
+            },
+            Err(failure) => Some(failure),
+        };
+        let undo = "ROLLBACK TO SAVEPOINT idem_slice; RELEASE SAVEPOINT idem_slice";
+        if let Err(lost) = lost::execute(run.tx, undo).await {
+            // The transaction is gone with the slice: each of its messages is at fault.
+            for at in slice {
+                let key = leads[*at].key.clone();
+                leads[*at].failed(Error::TransactionAborted { key });
+            }
+            return Err(lost);
+        }
+        match slice {
+            [at] => {
+                let key = leads[*at].key.clone();
+                let error = failure.unwrap_or(Error::TransactionAborted { key });
+                leads[*at].failed(error);
+            }
+            _ => {
+                let (first, second) = slice.split_at(slice.len() / 2);
+                slices.push(second);
+                slices.push(first);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Calls the slice handler on `messages`, whose keys and places in the batch are `keys`: what
+/// each gave, or why the call failed (`Err` from the outer result when the batch's transaction
+/// is lost).
+async fn call<S: SliceHandler>(
+    run: &Run<'_, S>,
+    keys: &[(&InboxKey, usize)],
+    messages: Vec<S::Message>,
+) -> Result<Result<Vec<Handled<S::Output>>>, Lost> {
+    let contexts: Vec<Context<'_>> = keys
+        .iter()
+        .map(|(key, index)| {
+            Context::new(&key.message_key, &run.metadata[*index], Some(run.tx))
+                .with_origin(key, run.staging.outbox)
+                .with_run_claim(run.staging.claim)
+        })
+        .collect();
+    let cx = SliceContext::new(run.tx, &contexts);
+    let called = AssertUnwindSafe(run.handler.handle_slice(&cx, messages))
+        .catch_unwind()
+        .await;
+    let failure = match called {
+        Ok(Ok(outputs)) if outputs.len() == keys.len() => {
+            return Ok(stored(run, keys, &contexts, outputs));
+        }
+        Ok(Ok(outputs)) => Error::Handler {
+            source: format!(
+                "the slice handler returned {} outputs for {} messages",
+                outputs.len(),
+                keys.len()
+            )
+            .into(),
+            permanent: false,
+        },
+        Ok(Err(error)) => Error::Handler {
+            permanent: run.handler.is_permanent(&error),
+            source: Box::new(error),
+        },
+        Err(panic) => Error::HandlerPanicked(panic_message(panic.as_ref())),
+    };
+    let failure = outage_or(failure, run.tx).await;
+    if failure.is_store_unavailable() {
+        lost::still_reached(run.tx).await?;
+    }
+    Ok(Err(failure))
+}
+
+/// The slice's outputs as they are stored, or the first that cannot be.
+fn stored<S: SliceHandler>(
+    run: &Run<'_, S>,
+    keys: &[(&InboxKey, usize)],
+    contexts: &[Context<'_>],
+    outputs: Vec<S::Output>,
+) -> Result<Vec<Handled<S::Output>>> {
+    let mut handled = Vec::with_capacity(outputs.len());
+    for (((key, _), cx), output) in keys.iter().zip(contexts).zip(outputs) {
+        let json = serde_json::to_string(&output)
+            .map_err(|error| Error::OutputNotStorable(Box::new(error)))?;
+        let stored = (json != "null").then_some(json);
+        if let Some(json) = &stored {
+            run.store
+                .check_output(&key.message_key, json)
+                .map_err(|error| Error::OutputNotStorable(Box::new(error)))?;
+        }
+        handled.push(Handled {
+            output,
+            stored,
+            staged: cx.outbound().staged(),
+        });
+    }
+    Ok(handled)
+}
