@@ -49,13 +49,14 @@ impl Backend {
         }
     }
 
-    /// The server backend a child process was given by name (its `Debug` form), as tests pass
-    /// it to the processes they start; panics on another name.
+    /// The backend a child process was given by name (its `Debug` form), as tests pass it to
+    /// the processes they start; panics on another name.
     pub fn of_child(name: &str) -> Self {
         match name {
+            "Sqlite" => Backend::Sqlite,
             "Postgres" => Backend::Postgres,
             "MySql" => Backend::MySql,
-            other => panic!("no child process on {other}"),
+            other => panic!("no backend named {other}"),
         }
     }
 }
@@ -124,6 +125,12 @@ impl TestDb {
             sqlite_path: None,
             tables: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The URL the pool was connected with: another process connects to the same database with
+    /// it.
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     /// Another pool on the same database, as another process would have.

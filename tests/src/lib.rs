@@ -13,6 +13,7 @@ pub mod rabbit;
 pub mod recorder;
 pub mod script;
 pub mod skew;
+pub mod slicer;
 
 pub use cut::CutWorker;
 pub use db::{Backend, TestDb, unique};

@@ -14,9 +14,11 @@ use idem_runtime::{BatchChecks, BatchItem, Inbox, MessageKey, Metadata, Outcome}
 use idem_tests::rabbit::consumer_builder;
 use idem_tests::recorder::{PANICS_IN_FINGERPRINT, PANICS_IN_KEY};
 use idem_tests::script::{Script, another_database_that_is_down};
+use idem_tests::slicer::Slicer;
 use idem_tests::{Backend, Msg, Recorder, TestBroker, inbox_and_effects, on_each_backend, unique};
 
 on_each_backend!(
+    a_slicing_binding_settles_each_delivery_as_it_would_alone,
     a_handler_whose_own_database_is_down_holds_up_no_other_delivery,
     a_batching_binding_settles_each_delivery_as_it_would_alone,
     a_batching_binding_checked_before_commit_settles_the_same,
@@ -503,5 +505,74 @@ async fn an_output_larger_than_a_packet_is_dead_lettered_alone(backend: Backend)
         .collect();
     assert_eq!(reasons, ["output-not-storable"]);
     assert_eq!(db.count(&effects, "1=1").await, 2);
+    consumer.shutdown().await;
+}
+
+/// A slice handler bound in slices: each delivery settles as it would alone, whatever else its
+/// slice holds (a producer's retries, a payload that is not JSON, a reused key, a message that
+/// always fails).
+async fn a_slicing_binding_settles_each_delivery_as_it_would_alone(backend: Backend) {
+    let broker = TestBroker::connect().await;
+    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    let topology = broker.classic_queue();
+    broker.declare(&topology).await;
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    let mut published = 0;
+    for i in 0..110 {
+        // Every eleventh a producer's retry of an earlier order.
+        let order = if i % 11 == 10 { i - 5 } else { i };
+        let id = format!("o-{order}");
+        broker
+            .send(&queue, &Msg::new(&id, "charge"), with_id(&id))
+            .await;
+        published += 1;
+    }
+    broker
+        .send_bytes(&queue, b"{not json", with_id("bad"))
+        .await;
+    broker
+        .send(&queue, &Msg::new("o-1", "charge 99"), with_id("o-1"))
+        .await;
+    broker
+        .send(&queue, &Msg::new("f-1", "fail"), with_id("f-1"))
+        .await;
+    published += 3;
+    let slicer = Slicer::new(&effects);
+    let consumer = consumer_builder(&inbox, &unique("idem-slices"))
+        .prefetch(100)
+        .max_deliveries(3)
+        .retry_backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .bind_with(Binding::new(topology, slicer.clone()).slices(25, Duration::from_millis(20)))
+        .start()
+        .await
+        .expect("consumer starts");
+    broker
+        .eventually("every delivery settled", WAIT, || async {
+            let stats = consumer.stats();
+            stats.acked + stats.duplicates + stats.dead_lettered == published
+        })
+        .await;
+    let stats = consumer.stats();
+    assert_eq!(stats.acked, 100, "{stats:?}");
+    assert_eq!(stats.duplicates, 10, "{stats:?}");
+    assert_eq!(stats.dead_lettered, 3, "{stats:?}");
+    assert_eq!(db.count(&effects, "1=1").await, 100);
+    // Slices: far fewer calls than messages.
+    assert!(slicer.calls().len() < 60, "{} calls", slicer.calls().len());
+    let mut reasons: Vec<String> = broker
+        .drain(&dlq)
+        .await
+        .iter()
+        .map(|copy| copy.reason().to_owned())
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        ["delivery-limit", "fingerprint-mismatch", "undecodable"]
+    );
+    assert_eq!(broker.depth(&queue).await, 0);
     consumer.shutdown().await;
 }

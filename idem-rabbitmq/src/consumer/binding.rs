@@ -10,6 +10,7 @@ use futures_util::future::BoxFuture;
 
 use idem_runtime::{
     BatchChecks, BatchItem, Handler, Inbox, MAX_BATCH, Metadata, Mode, Outcome, Settle,
+    SliceHandler,
 };
 use lapin::message::Delivery;
 use serde::de::DeserializeOwned;
@@ -52,6 +53,19 @@ where
     H::Message: Clone,
 {
     Box::pin(inbox.process_batch_with(handler, items, checks))
+}
+
+/// [`Inbox::process_slices`], for a slice handler's bindings.
+fn process_slices<'a, H: SliceHandler>(
+    inbox: &'a Inbox,
+    handler: &'a H,
+    items: Vec<BatchItem<H::Message>>,
+    _: BatchChecks,
+) -> BoxFuture<'a, BatchResults<H>>
+where
+    H::Message: Clone,
+{
+    Box::pin(inbox.process_slices(handler, items))
 }
 
 /// How a binding in batch mode groups its deliveries.
@@ -119,6 +133,20 @@ impl<H: Handler, C: Codec> Binding<H, C> {
         self
     }
 
+    /// Processes this queue's deliveries in batches as [`Binding::batch`] does, the fresh
+    /// messages of each handled in one call of the slice handler
+    /// ([`Inbox::process_slices`]): its business write can be one statement for them all.
+    /// Each message still settles as it would alone: when the call fails, the messages that
+    /// fail are found by halving the slice, and the others commit.
+    pub fn slices(mut self, size: usize, max_wait: Duration) -> Self
+    where
+        H: SliceHandler,
+        H::Message: Clone,
+    {
+        self.batch = Some((Batching { size, max_wait }, process_slices::<H>));
+        self
+    }
+
     /// How many batches of this binding may be in flight at once (default
     /// [`DEFAULT_BATCHES_IN_FLIGHT`]); each also counts as one handler in flight
     /// ([`max_in_flight`](crate::ConsumerBuilder::max_in_flight)). No effect outside batch mode.
@@ -130,7 +158,8 @@ impl<H: Handler, C: Codec> Binding<H, C> {
     /// How batches check what each handler did to their transaction
     /// ([`BatchChecks::EachMessage`] unless set): [`BatchChecks::BeforeCommit`] saves a round
     /// trip per message for handlers that return every failed statement's error and never
-    /// commit or roll back the transaction themselves. No effect outside batch mode.
+    /// commit or roll back the transaction themselves. No effect outside batch mode, nor for
+    /// slices (one call, under one savepoint).
     pub fn batch_checks(mut self, checks: BatchChecks) -> Self {
         self.checks = checks;
         self
