@@ -70,7 +70,9 @@ pub(crate) enum Role {
     Context,
     /// `&Outbound<'_>`: what the run stages and passes downstream.
     Outbound,
-    /// Any other type: the message.
+    /// `&SliceContext<'_>`: a slice handler's messages' contexts.
+    SliceContext,
+    /// Any other type: the message (a slice handler's messages, `Vec<M>`).
     Message,
 }
 
@@ -82,6 +84,7 @@ impl Role {
             Role::Metadata => "metadata",
             Role::Context => "context",
             Role::Outbound => "outbound",
+            Role::SliceContext => "slice context",
             Role::Message => "message",
         }
     }
@@ -93,6 +96,7 @@ impl Role {
             Role::Metadata => "Metadata",
             Role::Context => "Context",
             Role::Outbound => "Outbound",
+            Role::SliceContext => "SliceContext",
             Role::Message => "the message type",
         }
     }
@@ -144,6 +148,8 @@ pub(crate) struct Handler<'a> {
     pub(crate) retention: Option<Duration>,
     pub(crate) fingerprint: Option<FingerprintArg>,
     pub(crate) permanent: Option<syn::Path>,
+    /// `slice`, at its token.
+    pub(crate) slice: Option<Span>,
 }
 
 impl<'a> Handler<'a> {
@@ -174,7 +180,55 @@ impl<'a> Handler<'a> {
             retention: args.retention.map(duration),
             fingerprint: args.fingerprint,
             permanent: args.permanent,
+            slice: args.slice,
         })
+    }
+
+    /// Whether the function handles a slice of messages at once.
+    pub(crate) fn is_slice(&self) -> bool {
+        self.slice.is_some()
+    }
+
+    /// The type of one message: the message parameter's, or its element for a slice handler
+    /// (`None` when a slice handler's is not a `Vec`).
+    pub(crate) fn message_type(&self) -> Option<&'a Type> {
+        let ty = &*self.param(Role::Message)?.arg.ty;
+        if self.is_slice() {
+            vec_element(ty)
+        } else {
+            Some(ty)
+        }
+    }
+
+    /// The type of one output: the `Ok` type, or its element for a slice handler.
+    pub(crate) fn output_type(&self) -> Option<&'a Type> {
+        let ok = self.output.ok?;
+        if self.is_slice() {
+            vec_element(ok)
+        } else {
+            Some(ok)
+        }
+    }
+
+    /// The names an option's expression may read one message by: the message parameter's
+    /// bindings, or for a slice handler the first name it reads that no parameter binds (one
+    /// message of the slice, `order` in `key = order.id`).
+    pub(crate) fn message_names(&self, expr: &Expr) -> Vec<Ident> {
+        if !self.is_slice() {
+            return self
+                .param(Role::Message)
+                .map(|param| param.bindings())
+                .unwrap_or_default();
+        }
+        let bound: Vec<Ident> = self.params.iter().flat_map(|p| p.bindings()).collect();
+        // A name starting with a capital is a constant or a unit struct, not a message.
+        let variable = |var: &Ident| !var.to_string().starts_with(char::is_uppercase);
+        Uses::of(expr)
+            .vars
+            .into_iter()
+            .find(|var| !bound.contains(var) && variable(var))
+            .into_iter()
+            .collect()
     }
 
     pub(crate) fn ident(&self) -> &'a Ident {
@@ -195,6 +249,8 @@ impl<'a> Handler<'a> {
     /// transactional` says so.
     pub(crate) fn is_transactional(&self) -> bool {
         match self.mode {
+            // A slice shares the batch's transaction.
+            None if self.is_slice() => true,
             Some((ModeArg::Transactional, _)) => true,
             Some((ModeArg::TwoPhase, _)) => false,
             None => self.param(Role::Transaction).is_some(),
@@ -226,6 +282,7 @@ impl<'a> Param<'a> {
             Some(name) if name == "Metadata" => Role::Metadata,
             Some(name) if name == "Context" => Role::Context,
             Some(name) if name == "Outbound" => Role::Outbound,
+            Some(name) if name == "SliceContext" => Role::SliceContext,
             _ => Role::Message,
         };
         Param {
@@ -233,6 +290,24 @@ impl<'a> Param<'a> {
             role,
             reference,
         }
+    }
+}
+
+/// The `T` of a type written `Vec<T>` (any path ending in `Vec`).
+pub(crate) fn vec_element(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else {
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    if path.qself.is_some() || last.ident != "Vec" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.iter().collect::<Vec<_>>().as_slice() {
+        [GenericArgument::Type(element)] => Some(element),
+        _ => None,
     }
 }
 

@@ -28,6 +28,8 @@ pub(crate) struct Args {
     pub(crate) fingerprint: Option<FingerprintArg>,
     /// `permanent = <path>`.
     pub(crate) permanent: Option<Path>,
+    /// `slice`: the function handles a `Vec` of messages at once.
+    pub(crate) slice: Option<Span>,
 }
 
 /// The mode asked for.
@@ -46,7 +48,7 @@ pub(crate) enum FingerprintArg {
 }
 
 const OPTIONS: &str =
-    "`key`, `consumer`, `mode`, `lease`, `retention`, `fingerprint` or `permanent`";
+    "`key`, `consumer`, `mode`, `lease`, `retention`, `fingerprint`, `permanent` or `slice`";
 
 impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
@@ -64,6 +66,7 @@ impl Parse for Args {
                 "retention" => option(input, &name, &mut args.retention, <LitStr as Parse>::parse)?,
                 "fingerprint" => option(input, &name, &mut args.fingerprint, parse_fingerprint)?,
                 "permanent" => option(input, &name, &mut args.permanent, <Path as Parse>::parse)?,
+                "slice" => flag(input, &name, &mut args.slice)?,
                 _ => {
                     return Err(syn::Error::new(
                         name.span(),
@@ -97,6 +100,24 @@ fn option<T>(
         ));
     }
     *slot = Some(value);
+    Ok(())
+}
+
+/// An option without a value, such as `slice`: "`slice` takes no value" at a `=`.
+fn flag(input: ParseStream<'_>, name: &Ident, slot: &mut Option<Span>) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`{name}` takes no value: write `{name}` alone"),
+        ));
+    }
+    if slot.is_some() {
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`{name}` specified more than once"),
+        ));
+    }
+    *slot = Some(name.span());
     Ok(())
 }
 
@@ -194,6 +215,14 @@ mod tests {
         let repeated = syn::parse_str::<Args>("key = a.b, key = a.c");
         let error = repeated.err().expect("a repeated option is refused");
         assert_eq!(error.to_string(), "`key` specified more than once");
+        let slice: Args = syn::parse_quote!(key = order.id, slice);
+        assert!(slice.slice.is_some());
+        let valued = syn::parse_str::<Args>("key = a.b, slice = true");
+        let error = valued.err().expect("a value is refused");
+        assert_eq!(
+            error.to_string(),
+            "`slice` takes no value: write `slice` alone"
+        );
         let unknown = syn::parse_str::<Args>("retries = 3")
             .err()
             .expect("refused");

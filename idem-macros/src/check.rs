@@ -50,6 +50,14 @@ pub(crate) fn check(cx: &Ctxt, handler: &Handler<'_>) {
     check_durations(cx, handler);
     check_two_phase_without_transaction(cx, handler);
     check_lease_only_two_phase(cx, handler);
+    check_slice_context_only_in_slices(cx, handler);
+    if let Some(slice) = handler.slice {
+        check_slice_is_free_function(cx, handler, slice);
+        check_slice_takes_vec(cx, handler);
+        check_slice_returns_vec(cx, handler);
+        check_slice_has_no_single_message_params(cx, handler);
+        check_slice_is_transactional(cx, handler);
+    }
 }
 
 // The inbox awaits the handler, so it is an `async fn`; `const`, `unsafe`, `extern` and
@@ -356,6 +364,11 @@ fn check_expressions_read_the_message(cx: &Ctxt, handler: &Handler<'_>) {
 }
 
 fn check_expression(cx: &Ctxt, handler: &Handler<'_>, option: &str, expr: &Expr) {
+    if handler.is_slice() && handler.message_type().is_none() {
+        // Which name reads one message is unclear until the messages are a `Vec`, which has
+        // its own error.
+        return;
+    }
     let uses = Uses::of(expr);
     let bound_by = |roles: &[Role]| -> Vec<Ident> {
         handler
@@ -365,18 +378,32 @@ fn check_expression(cx: &Ctxt, handler: &Handler<'_>, option: &str, expr: &Expr)
             .flat_map(|p| p.bindings())
             .collect()
     };
-    let readable_roles: &[Role] = if option == "key" {
-        &[Role::Message, Role::Metadata]
-    } else {
-        &[Role::Message]
-    };
-    let readable = bound_by(readable_roles);
-    let later = bound_by(&[
+    let mut readable = handler.message_names(expr);
+    if option == "key" {
+        readable.extend(bound_by(&[Role::Metadata]));
+    }
+    let mut later = bound_by(&[
         Role::Transaction,
         Role::Context,
         Role::Metadata,
         Role::Outbound,
+        Role::SliceContext,
     ]);
+    if handler.is_slice() {
+        // The slice as a whole: the option reads one of its messages.
+        let slice = bound_by(&[Role::Message]);
+        if let Some(ident) = uses.vars.iter().find(|v| slice.contains(v)) {
+            cx.error_spanned_by(
+                ident,
+                format!(
+                    "`{ident}` is the whole slice: `{option}` reads one of its messages, under a \
+                     name of its own (as `order` in `{option} = order.id`)"
+                ),
+            );
+            return;
+        }
+        later.extend(slice);
+    }
     let from = if option == "key" {
         "the message and its `&Metadata` only"
     } else {
@@ -448,10 +475,12 @@ fn check_key_names_the_message(cx: &Ctxt, handler: &Handler<'_>) {
     let Some(key) = &handler.key else {
         return;
     };
-    let readable: Vec<Ident> = (handler.params.iter())
-        .filter(|p| matches!(p.role, Role::Message | Role::Metadata))
-        .flat_map(|p| p.bindings())
-        .collect();
+    let mut readable = handler.message_names(key);
+    readable.extend(
+        (handler.params.iter())
+            .filter(|p| p.role == Role::Metadata)
+            .flat_map(|p| p.bindings()),
+    );
     if !Uses::of(key).vars.iter().any(|v| readable.contains(v)) {
         // A key that reads neither has its error already.
         return;
@@ -586,4 +615,93 @@ fn check_lease_only_two_phase(cx: &Ctxt, handler: &Handler<'_>) {
              {why}"
         ),
     );
+}
+
+// `&SliceContext<'_>` holds the contexts of a slice's messages: only a slice handler gets one.
+fn check_slice_context_only_in_slices(cx: &Ctxt, handler: &Handler<'_>) {
+    if handler.is_slice() {
+        return;
+    }
+    if let Some(param) = handler.param(Role::SliceContext) {
+        cx.error_spanned_by(
+            &param.arg.ty,
+            "`&SliceContext<'_>` is a slice handler's (`slice`, with the messages as `Vec<M>`); \
+             a handler of one message takes `&Context<'_>`",
+        );
+    }
+}
+
+// A slice handler is generated as a free function's: a method's handler is assembled from
+// hidden associated functions one message at a time.
+fn check_slice_is_free_function(cx: &Ctxt, handler: &Handler<'_>, slice: proc_macro2::Span) {
+    if handler.is_method() {
+        cx.error_at(
+            slice,
+            "`slice` applies to free functions: write the slice handler as a function taking \
+             its dependencies from the application (a `static`, a `OnceLock`), or handle one \
+             message per call in the method",
+        );
+    }
+}
+
+// The slice's messages come in one `Vec`, in the batch's order.
+fn check_slice_takes_vec(cx: &Ctxt, handler: &Handler<'_>) {
+    if let Some(message) = handler.param(Role::Message)
+        && message.reference.is_none()
+        && ast::vec_element(&message.arg.ty).is_none()
+    {
+        let ty = &message.arg.ty;
+        cx.error_spanned_by(
+            ty,
+            format!(
+                "a slice handler takes its messages as `Vec<M>`: `{}: Vec<{}>`",
+                message.arg.pat.to_token_stream(),
+                ty.to_token_stream()
+            ),
+        );
+    }
+}
+
+// One output per message, in their order: each is recorded with its message.
+fn check_slice_returns_vec(cx: &Ctxt, handler: &Handler<'_>) {
+    if let Some(ok) = handler.output.ok
+        && ast::vec_element(ok).is_none()
+    {
+        cx.error_spanned_by(
+            ok,
+            format!(
+                "a slice handler returns one output per message, in their order: \
+                 `Result<Vec<{}>, _>`",
+                ok.to_token_stream()
+            ),
+        );
+    }
+}
+
+// What is one message's (its metadata, its context, its outbound) comes through the slice's
+// context, message by message.
+fn check_slice_has_no_single_message_params(cx: &Ctxt, handler: &Handler<'_>) {
+    for param in &handler.params {
+        if matches!(param.role, Role::Metadata | Role::Context | Role::Outbound) {
+            cx.error_spanned_by(
+                &param.arg.ty,
+                format!(
+                    "a slice handler takes `&SliceContext<'_>`, whose `messages()` give each \
+                     message's context (its key, metadata and stagings), not `&{}`",
+                    param.role.type_name()
+                ),
+            );
+        }
+    }
+}
+
+// A slice's messages share the batch's transaction: a slice cannot run in two phases.
+fn check_slice_is_transactional(cx: &Ctxt, handler: &Handler<'_>) {
+    if let Some((ModeArg::TwoPhase, span)) = handler.mode {
+        cx.error_at(
+            span,
+            "a slice handler is transactional: its messages' effects commit in the batch's \
+             transaction; handle one message per call for two-phase mode",
+        );
+    }
 }

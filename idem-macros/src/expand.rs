@@ -13,6 +13,8 @@ pub(crate) fn expand(handler: &Handler<'_>) -> TokenStream {
     let func = handler.func;
     let generated = if handler.is_method() {
         method(handler)
+    } else if handler.is_slice() {
+        free_slice(handler)
     } else {
         free(handler)
     };
@@ -54,13 +56,19 @@ struct Types {
 impl Types {
     fn of(handler: &Handler<'_>) -> Self {
         let message = handler
-            .param(Role::Message)
-            .expect("checked: one message parameter");
+            .message_type()
+            .expect("checked: one message parameter (a `Vec` for a slice)");
         let ret = handler.output.ty.expect("checked: a return type");
-        let output_span = handler.output.ok.map_or_else(|| ret.span(), Spanned::span);
+        let output_span = handler
+            .output_type()
+            .map_or_else(|| ret.span(), Spanned::span);
         let error_span = handler.output.err.map_or_else(|| ret.span(), Spanned::span);
-        let output = match handler.output.ok {
+        let output = match handler.output_type() {
             Some(ty) => ty.to_token_stream(),
+            None if handler.is_slice() => {
+                let rt = rt_at(output_span);
+                quote_spanned!(output_span=> #rt::ElementOf<#rt::OutputOf<#ret>>)
+            }
             None => {
                 let rt = rt_at(output_span);
                 quote_spanned!(output_span=> #rt::OutputOf<#ret>)
@@ -90,7 +98,7 @@ impl Types {
             }
         };
         Types {
-            message: message.arg.ty.to_token_stream(),
+            message: message.to_token_stream(),
             output,
             output_span,
             error,
@@ -212,9 +220,19 @@ fn borrowed(expr: &Expr) -> TokenStream {
     }
 }
 
-/// `let <message pattern> = __idem_message;` and, for the key, the metadata's.
-fn bindings(handler: &Handler<'_>, with_metadata: bool) -> TokenStream {
+/// `let <message pattern> = __idem_message;` and, for the key, the metadata's; for a slice
+/// handler, the name `expr` reads one message by.
+fn bindings(handler: &Handler<'_>, expr: &Expr, with_metadata: bool) -> TokenStream {
     let mut out = TokenStream::new();
+    if handler.is_slice() {
+        for name in handler.message_names(expr) {
+            out.extend(quote! {
+                #[allow(unused_variables)]
+                let #name = __idem_message;
+            });
+        }
+        return out;
+    }
     let roles: &[Role] = if with_metadata {
         &[Role::Message, Role::Metadata]
     } else {
@@ -239,7 +257,7 @@ fn bindings(handler: &Handler<'_>, with_metadata: bool) -> TokenStream {
 /// The body of the key function, with `__idem_message: &M` and `__idem_meta: &Metadata`.
 fn key_body(handler: &Handler<'_>) -> TokenStream {
     let key = handler.key.as_ref().expect("checked: a key");
-    let bindings = bindings(handler, true);
+    let bindings = bindings(handler, key, true);
     let span = key.span();
     let rt = rt_at(span);
     let key = borrowed(key);
@@ -264,7 +282,7 @@ fn fingerprint_body(handler: &Handler<'_>, message: &TokenStream) -> TokenStream
         }
         Some(FingerprintArg::Off) => quote!(#rt::Ok(#rt::None)),
         Some(FingerprintArg::Expr(expr)) => {
-            let bindings = bindings(handler, false);
+            let bindings = bindings(handler, expr, false);
             let span = expr.span();
             let rt = rt_at(span);
             let expr = borrowed(expr);
@@ -289,7 +307,23 @@ fn call_args(handler: &Handler<'_>) -> Vec<TokenStream> {
             Role::Metadata => quote!(__idem_cx.metadata()),
             Role::Context => quote!(__idem_cx),
             Role::Outbound => quote!(__idem_cx.outbound()),
+            Role::SliceContext => quote!(__idem_cx),
             Role::Message => quote!(__idem_message),
+        })
+        .collect()
+}
+
+/// The arguments a slice handler's function is called with, from `__idem_cx` (the slice's
+/// context) and `__idem_messages`.
+fn slice_call_args(handler: &Handler<'_>) -> Vec<TokenStream> {
+    handler
+        .params
+        .iter()
+        .map(|param| match param.role {
+            Role::Transaction => quote!(__idem_cx.transaction()),
+            Role::Message => quote!(__idem_messages),
+            // Checked: a slice context, or nothing else.
+            _ => quote!(__idem_cx),
         })
         .collect()
 }
@@ -394,6 +428,130 @@ fn free(handler: &Handler<'_>) -> TokenStream {
                     __idem_cx: &#rt::Context<'_>,
                     __idem_message: Self::Message,
                 ) -> #future {
+                    #call
+                }
+            }
+
+            #handler_fn {}
+        }
+    }
+}
+
+/// A slice handler: `fn <name>_handler() -> impl SliceHandler`, whose `handle_slice` calls the
+/// function with the slice and whose `handle` calls it with a slice of one message.
+fn free_slice(handler: &Handler<'_>) -> TokenStream {
+    let rt = rt();
+    let vis = &handler.func.vis;
+    let ident = handler.ident();
+    let handler_fn = handler_ident(ident);
+    let types = Types::of(handler);
+    let (message, output) = (&types.message, &types.output);
+    let handler_error = types.handler_error();
+    let ret_ty = {
+        let rt = rt_at(types.output_span);
+        quote_spanned! {types.output_span=>
+            impl #rt::SliceHandler<Message = #message, Output = #output, Error = #handler_error>
+                + 'static
+        }
+    };
+    let message_item = quote_spanned!(message.span()=> type Message = #message;);
+    let output_item = quote_spanned!(types.output_span=> type Output = #output;);
+    let error_item = quote_spanned!(types.error_span=> type Error = #handler_error;);
+    // Messages a slice handler gets are cloned (a slice may run again in halves): a message
+    // type that is not `Clone` is reported on it.
+    let clone_check = {
+        let span = message.span();
+        let rt = rt_at(span);
+        quote_spanned!(span=> #rt::slice_message::<#message>();)
+    };
+    let adapter = types.adapter();
+    let (consumer_check, consumer) = consumer(handler);
+    let retention = retention(handler);
+    let key = key_body(handler);
+    let fingerprint = fingerprint_body(handler, message);
+    let args = slice_call_args(handler);
+    let permanent = match &handler.permanent {
+        Some(path) => quote!((#path)(#adapter::inner(__idem_error))),
+        None => quote!(false),
+    };
+    // A future that is not `Send` is reported on the function's name.
+    let span = ident.span();
+    let rt_span = rt_at(span);
+    let future = quote_spanned! {span=>
+        impl #rt_span::Future<Output = #rt_span::Result<Self::Output, Self::Error>> + #rt_span::Send
+    };
+    let slice_future = quote_spanned! {span=>
+        impl #rt_span::Future<
+            Output = #rt_span::Result<#rt_span::Vec<Self::Output>, Self::Error>,
+        > + #rt_span::Send
+    };
+    let call = quote_spanned!(span=> #adapter::adapt_future(#ident(#(#args),*)));
+    let doc = handler_doc(&ident.to_string());
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code)]
+        #vis fn #handler_fn() -> #ret_ty {
+            #consumer_check
+            #clone_check
+
+            #[allow(non_camel_case_types)]
+            struct #handler_fn {}
+
+            #[automatically_derived]
+            impl #rt::Handler for #handler_fn {
+                #message_item
+                #output_item
+                #error_item
+
+                fn consumer(&self) -> &str {
+                    #consumer
+                }
+
+                fn key(
+                    &self,
+                    __idem_message: &Self::Message,
+                    __idem_meta: &#rt::Metadata,
+                ) -> #rt::Result<#rt::MessageKey, #rt::KeyError> {
+                    #key
+                }
+
+                #[allow(unused_variables)]
+                fn fingerprint(
+                    &self,
+                    __idem_message: &Self::Message,
+                    __idem_fp_meta: &#rt::Metadata,
+                ) -> #rt::Result<#rt::Option<#rt::Fingerprint>, #rt::FingerprintError> {
+                    #fingerprint
+                }
+
+                fn mode(&self) -> #rt::Mode {
+                    #rt::Mode::Transactional
+                }
+
+                fn retention(&self) -> #rt::Option<#rt::Duration> {
+                    #retention
+                }
+
+                fn is_permanent(&self, __idem_error: &Self::Error) -> bool {
+                    #permanent
+                }
+
+                fn handle(
+                    &self,
+                    __idem_cx: &#rt::Context<'_>,
+                    __idem_message: Self::Message,
+                ) -> #future {
+                    #rt::handle_one(self, __idem_cx, __idem_message)
+                }
+            }
+
+            #[automatically_derived]
+            impl #rt::SliceHandler for #handler_fn {
+                fn handle_slice(
+                    &self,
+                    __idem_cx: &#rt::SliceContext<'_>,
+                    __idem_messages: #rt::Vec<Self::Message>,
+                ) -> #slice_future {
                     #call
                 }
             }

@@ -128,6 +128,7 @@ use proc_macro::TokenStream;
 /// | `meta: &Metadata` | what the transport knows: message id, headers, CloudEvents attributes |
 /// | `cx: &Context<'_>` | the message key (to pass downstream), the attempt number on a takeover |
 /// | `message: M`, by value | the decoded message; exactly one |
+/// | `cx: &SliceContext<'_>` | a slice handler's messages' contexts (see `slice`) |
 ///
 /// Any path ending in `DatabaseTransaction`, `Metadata` or `Context` counts. A method takes
 /// `&self` as well; dependencies belong there, not in the parameters.
@@ -325,6 +326,43 @@ use proc_macro::TokenStream;
 ///
 /// assert!(send_handler().is_permanent(&MailError::NoSuchMailbox));
 /// assert!(!send_handler().is_permanent(&MailError::Unavailable));
+/// ```
+///
+/// ## `slice`
+///
+/// The function handles many messages at once: the fresh messages of a batch, in order, in one
+/// call, so that its business write can be one multi-row statement. It takes them as
+/// `Vec<M>` and returns one output per message, `Result<Vec<O>, E>`, in their order; besides,
+/// `&DatabaseTransaction` (the batch's) and `&SliceContext<'_>` (each message's context, to
+/// stage its outgoing messages with ids derived from it), never `&Metadata`, `&Context<'_>` or
+/// `&Outbound<'_>`. `key` and `fingerprint` read *one* message, under a name of their own:
+/// `order` in `key = order.id` for `orders: Vec<Order>`. `M` must be `Clone` (a slice that
+/// fails runs again in halves, on copies). The generated `<name>_handler()` is an
+/// `idem_runtime::SliceHandler`: bind it with `Binding::slices` or run `Inbox::process_slices`;
+/// one message alone (`Inbox::process`, a record that expired) is a slice of one. Slice
+/// handlers are transactional free functions.
+///
+/// Each message settles as it would alone: duplicates never reach the slice, and when the call
+/// fails, the messages that fail are found by halving it, each half under a savepoint of its
+/// own, and the others commit.
+///
+/// ```
+/// # use idem_runtime::sea_orm::sea_query::{Alias, Query};
+/// # use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
+/// # use idem_runtime::{SliceHandler, idempotent};
+/// # #[derive(Clone, serde::Serialize, serde::Deserialize)] struct OrderPlaced { id: String, amount: i64 }
+/// #[idempotent(key = order.id, consumer = "billing.charge", slice)]
+/// async fn charge_all(tx: &DatabaseTransaction, orders: Vec<OrderPlaced>) -> Result<Vec<i64>, DbErr> {
+///     let mut insert = Query::insert();
+///     insert.into_table(Alias::new("charges")).columns(["order_id", "amount"]);
+///     for order in &orders {
+///         insert.values_panic([order.id.as_str().into(), order.amount.into()]);
+///     }
+///     tx.execute(&insert).await?; // one statement for the whole slice
+///     Ok(orders.iter().map(|order| order.amount).collect())
+/// }
+/// # fn is_slice_handler(_: impl SliceHandler) {}
+/// # is_slice_handler(charge_all_handler());
 /// ```
 ///
 /// # Methods: handlers with dependencies

@@ -20,6 +20,7 @@ pub use std::option::Option::{self, None, Some};
 pub use std::result::Result::{self, Err, Ok};
 pub use std::sync::Arc;
 pub use std::time::Duration;
+pub use std::vec::Vec;
 pub use std::{assert, concat, module_path};
 
 pub use sea_orm::DatabaseTransaction;
@@ -29,6 +30,7 @@ pub use crate::handler::{Context, Handler, Mode};
 pub use crate::key::{ConsumerName, KeyError, KeySource, MessageKey};
 pub use crate::metadata::Metadata;
 pub use crate::report::{Report, ReportSource};
+pub use crate::slice::{SliceContext, SliceHandler};
 
 /// A boxed, `Send` future: what a method handler's hidden `handle` function returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -206,6 +208,42 @@ pub fn content_fingerprint<T: Serialize + ?Sized>(
     metadata: &Metadata,
 ) -> Result<Option<Fingerprint>, FingerprintError> {
     metadata.content_fingerprint(message).map(Some)
+}
+
+/// The element type of a slice handler's outputs, `O` of `Vec<O>`.
+pub type ElementOf<V> = <V as IntoIterator>::Item;
+
+/// What a slice handler's message type must be: `Clone`, with an error that says why.
+#[diagnostic::on_unimplemented(
+    message = "the slice handler's message type `{Self}` is not `Clone`",
+    label = "a slice that fails runs again in halves, on copies of its messages",
+    note = "derive `Clone` for `{Self}`"
+)]
+pub trait SliceMessage: Clone {}
+
+impl<T: Clone> SliceMessage for T {}
+
+/// Nothing, where `T` can be a slice handler's message: checked at the user's type.
+pub const fn slice_message<T: SliceMessage>() {}
+
+/// A slice handler's [`Handler::handle`]: one message, as a slice of one.
+///
+/// # Panics
+///
+/// When the slice handler returns other than one output for it (caught by the inbox: the
+/// message fails as a panicking handler would).
+pub async fn handle_one<S: SliceHandler>(
+    handler: &S,
+    cx: &Context<'_>,
+    message: S::Message,
+) -> Result<S::Output, S::Error> {
+    let slice = SliceContext::new(transaction(cx), std::slice::from_ref(cx));
+    let mut outputs = handler.handle_slice(&slice, vec![message]).await?;
+    let count = outputs.len();
+    match (outputs.pop(), count) {
+        (Some(output), 1) => Ok(output),
+        _ => panic!("the slice handler returned {count} outputs for one message"),
+    }
 }
 
 /// The transaction of a transactional handler's context.

@@ -7,19 +7,78 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idem_runtime::sea_orm::sea_query::{Alias, Query};
+use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
 use idem_runtime::{
     BatchItem, Inbox, KeyError, MessageKey, Metadata, Outbox, Outcome, Status, derived_id,
+    idempotent,
 };
 use idem_tests::on_each_backend;
 use idem_tests::slicer::{SLICER_CONSUMER, Slicer};
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_and_effects as setup, inbox_key};
 
 on_each_backend!(
+    an_idempotent_slice_function_writes_its_slice_in_one_statement,
     a_mixed_slice_batch_settles_each_message_as_it_would_alone,
     a_failing_message_is_found_by_halving,
     a_slice_stages_each_messages_events_under_its_own_ids,
     slices_from_two_processes_sharing_keys_have_one_effect_per_key,
 );
+
+/// The table [`charge_all`] writes into, on each backend (a function names its tables).
+const CHARGES: &str = "idem_slice_charges";
+
+/// A slice function: every fresh message's charge in one multi-row insert.
+#[idempotent(key = order.id, consumer = "slices.charge", slice)]
+async fn charge_all(tx: &DatabaseTransaction, orders: Vec<Msg>) -> Result<Vec<String>, DbErr> {
+    let mut insert = Query::insert();
+    insert
+        .into_table(Alias::new(CHARGES))
+        .columns(["consumer", "message_key", "body"]);
+    for order in &orders {
+        insert.values_panic([
+            "charge".into(),
+            order.id.as_str().into(),
+            order.body.as_str().into(),
+        ]);
+    }
+    tx.execute(&insert).await?;
+    Ok(orders
+        .into_iter()
+        .map(|order| format!("charged {}", order.id))
+        .collect())
+}
+
+/// The handler `#[idempotent(..., slice)]` generates takes a batch's fresh messages in one call
+/// and one message alone as a slice of one.
+async fn an_idempotent_slice_function_writes_its_slice_in_one_statement(backend: Backend) {
+    let (db, inbox, _) = setup(backend).await;
+    let table = CHARGES;
+    db.exec(&format!("DROP TABLE IF EXISTS {table}")).await;
+    db.exec(&format!(
+        "CREATE TABLE {table} (consumer VARCHAR(128), message_key VARCHAR(255), body VARCHAR(255))"
+    ))
+    .await;
+    let handler = charge_all_handler();
+    let alone = inbox
+        .process(&handler, Msg::new("o-0", "one"), &Metadata::default())
+        .await
+        .unwrap();
+    assert_eq!(alone, Outcome::Processed("charged o-0".to_owned()));
+    let items = vec![item("o-1", "a"), item("o-0", "one"), item("o-2", "b")];
+    let results = inbox.process_slices(&handler, items).await;
+    let settled: Vec<String> = results.iter().map(settled_as).collect();
+    assert_eq!(
+        settled,
+        [
+            "processed charged o-1",
+            "duplicate charged o-0",
+            "processed charged o-2"
+        ]
+    );
+    assert_eq!(db.count(table, "1=1").await, 3);
+    db.exec(&format!("DROP TABLE {table}")).await;
+}
 
 fn item(id: &str, body: &str) -> BatchItem<Msg> {
     BatchItem {
