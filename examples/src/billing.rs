@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem_rabbitmq::QueueTopology;
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_runtime::{Outbound, OutboxMessage, idempotent};
+use idem_runtime::{Outbound, OutboxMessage, SliceContext, idempotent};
 use sea_orm::sea_query::{Asterisk, Expr, ExprTrait, Func, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
@@ -100,6 +100,58 @@ impl Billing {
             order_id: order.order_id,
             amount_cents: order.amount_cents,
         })
+    }
+}
+
+impl Billing {
+    /// Charges a slice of orders at once: their invoices in one multi-row insert, and each
+    /// order's `InvoiceIssued` event staged through that order's own context (its id derived
+    /// from the order, as [`Billing::charge`] derives it). The same consumer as `charge`: the
+    /// two share their records, and a service can switch between them.
+    #[idempotent(
+        key = order.order_id,
+        consumer = "billing.charge",
+        retention = "14d",
+        permanent = is_permanent,
+        slice
+    )]
+    pub async fn charge_all(
+        &self,
+        cx: &SliceContext<'_>,
+        orders: Vec<OrderPlaced>,
+    ) -> Result<Vec<Receipt>, BillingError> {
+        if let Some(order) = orders.iter().find(|order| order.amount_cents <= 0) {
+            return Err(BillingError::InvalidAmount(order.amount_cents));
+        }
+        let mut insert = Query::insert();
+        insert
+            .into_table("invoices")
+            .columns(["order_id", "customer", "amount_cents"]);
+        for order in &orders {
+            insert.values_panic([
+                order.order_id.clone().into(),
+                order.customer.clone().into(),
+                order.amount_cents.into(),
+            ]);
+        }
+        cx.transaction().execute(&insert).await?;
+        let mut receipts = Vec::with_capacity(orders.len());
+        for (message, order) in cx.messages().iter().zip(orders) {
+            let event = InvoiceIssued {
+                order_id: order.order_id.clone(),
+                customer: order.customer,
+                amount_cents: order.amount_cents,
+            };
+            let outgoing = OutboxMessage::json(&self.events_exchange, INVOICE_ISSUED, &event)
+                .map_err(|error| DbErr::Custom(error.to_string()))?;
+            message.stage(outgoing).await?;
+            receipts.push(Receipt {
+                order_id: order.order_id,
+                amount_cents: order.amount_cents,
+            });
+        }
+        tracing::debug!(orders = receipts.len(), "charged a slice");
+        Ok(receipts)
     }
 }
 

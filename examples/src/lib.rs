@@ -21,6 +21,7 @@
 //! | `--stats-every-ms` | `BILLING_STATS_EVERY_MS` | `60000` | how often billing logs its delivery counters (`billing stats`), when they changed |
 //! | `--batch` | `BILLING_BATCH` | one at a time | how many deliveries billing processes per transaction, 1 to [`idem_runtime::MAX_BATCH`] |
 //! | `--trust-handlers` | `BILLING_TRUST_HANDLERS` | off | with `--batch`, check each batch's transaction once before its commit ([`idem_runtime::BatchChecks::BeforeCommit`]) |
+//! | `--slices` | `BILLING_SLICES` | off | with `--batch`, charge each batch's fresh orders in one call of the slice handler `charge_all` ([`idem_runtime::SliceHandler`]) |
 //! | `--events-exchange` | `BILLING_EVENTS_EXCHANGE` | `billing.events` | the exchange billing publishes `InvoiceIssued` to, through its outbox |
 //! | `--provider-url` | `NOTIFICATIONS_PROVIDER_URL` | none | also run the notifications service, calling this provider (the demo runs a loopback stub of its own) |
 //! | `--notifications-queue` | `NOTIFICATIONS_QUEUE` | `notifications.invoices` | the quorum queue the notifications service consumes |

@@ -89,6 +89,19 @@ async fn chaos_in_trusted_batches_on_mariadb_charges_each_order_once() {
     chaos(Backend::MySql, Taking::TrustedBatches(20)).await;
 }
 
+/// Slice handlers: each batch's fresh orders charged in one call, a failing slice halved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_in_slices_on_postgres_charges_each_order_once() {
+    let _serial = SERIAL.lock().await;
+    chaos(Backend::Postgres, Taking::Slices(20)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_in_slices_on_mariadb_charges_each_order_once() {
+    let _serial = SERIAL.lock().await;
+    chaos(Backend::MySql, Taking::Slices(20)).await;
+}
+
 /// How big a run is.
 #[derive(Debug, Clone, Copy)]
 struct Size {
@@ -501,6 +514,8 @@ enum Taking {
     Batches(usize),
     /// Batches of up to that many, checked once before their commit.
     TrustedBatches(usize),
+    /// Batches of up to that many, their fresh orders charged by the slice handler.
+    Slices(usize),
 }
 
 /// One run, the billing processes taking their deliveries as `taking` says.
@@ -545,6 +560,10 @@ async fn chaos(backend: Backend, taking: Taking) {
         Taking::TrustedBatches(size) => {
             env.push(("BILLING_BATCH", size.to_string()));
             env.push(("BILLING_TRUST_HANDLERS", "true".to_owned()));
+        }
+        Taking::Slices(size) => {
+            env.push(("BILLING_BATCH", size.to_string()));
+            env.push(("BILLING_SLICES", "true".to_owned()));
         }
     }
     let mut fleet = Fleet::start(&size, env, name);

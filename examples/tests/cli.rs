@@ -18,7 +18,7 @@ const NO_BROKER: &str = "amqp://guest:guest@127.0.0.1:1/%2f";
 
 /// The environment variables the binaries read, removed so that the caller's own settings do
 /// not leak into a test.
-const VARIABLES: [&str; 9] = [
+const VARIABLES: [&str; 10] = [
     "AMQP_URL",
     "DATABASE_URL",
     "ORDERS_EXCHANGE",
@@ -27,6 +27,7 @@ const VARIABLES: [&str; 9] = [
     "BILLING_STATS_EVERY_MS",
     "BILLING_BATCH",
     "BILLING_TRUST_HANDLERS",
+    "BILLING_SLICES",
     "NO_COLOR",
 ];
 
@@ -99,6 +100,7 @@ fn billing_help_lists_the_options_and_their_variables() {
         "--stats-every-ms <MS>",
         "--batch <N>",
         "--trust-handlers",
+        "--slices",
         "[env: AMQP_URL]",
         "[env: DATABASE_URL]",
         "[env: ORDERS_EXCHANGE=]",
@@ -107,6 +109,7 @@ fn billing_help_lists_the_options_and_their_variables() {
         "[env: BILLING_STATS_EVERY_MS=]",
         "[env: BILLING_BATCH=]",
         "[env: BILLING_TRUST_HANDLERS=]",
+        "[env: BILLING_SLICES=]",
         &format!("from 1 to {}", idem_runtime::MAX_BATCH),
     ] {
         assert!(help.contains(expected), "no {expected:?} in:\n{help}");
@@ -146,6 +149,7 @@ fn orders_help_lists_the_count_and_the_broker_options() {
 fn options_that_need_another_are_refused_without_it() {
     assert_refused(&run(BILLING, &["--json"], &[]), "--demo");
     assert_refused(&run(BILLING, &["--trust-handlers"], &[]), "--batch");
+    assert_refused(&run(BILLING, &["--slices"], &[]), "--batch");
 }
 
 #[test]

@@ -51,8 +51,7 @@ pub(crate) fn check(cx: &Ctxt, handler: &Handler<'_>) {
     check_two_phase_without_transaction(cx, handler);
     check_lease_only_two_phase(cx, handler);
     check_slice_context_only_in_slices(cx, handler);
-    if let Some(slice) = handler.slice {
-        check_slice_is_free_function(cx, handler, slice);
+    if handler.is_slice() {
         check_slice_takes_vec(cx, handler);
         check_slice_returns_vec(cx, handler);
         check_slice_has_no_single_message_params(cx, handler);
@@ -627,19 +626,6 @@ fn check_slice_context_only_in_slices(cx: &Ctxt, handler: &Handler<'_>) {
             &param.arg.ty,
             "`&SliceContext<'_>` is a slice handler's (`slice`, with the messages as `Vec<M>`); \
              a handler of one message takes `&Context<'_>`",
-        );
-    }
-}
-
-// A slice handler is generated as a free function's: a method's handler is assembled from
-// hidden associated functions one message at a time.
-fn check_slice_is_free_function(cx: &Ctxt, handler: &Handler<'_>, slice: proc_macro2::Span) {
-    if handler.is_method() {
-        cx.error_at(
-            slice,
-            "`slice` applies to free functions: write the slice handler as a function taking \
-             its dependencies from the application (a `static`, a `OnceLock`), or handle one \
-             message per call in the method",
         );
     }
 }

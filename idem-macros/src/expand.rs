@@ -569,30 +569,57 @@ fn method(handler: &Handler<'_>) -> TokenStream {
     let ident = handler.ident();
     let handler_fn = handler_ident(ident);
     let types = Types::of(handler);
-    let ret_ty = types.return_type();
     let message = &types.message;
     let output = &types.output;
     let handler_error = types.handler_error();
+    let ret_ty = if handler.is_slice() {
+        let rt = rt_at(types.output_span);
+        quote_spanned! {types.output_span=>
+            impl #rt::SliceHandler<Message = #message, Output = #output, Error = #handler_error>
+                + 'static
+        }
+    } else {
+        types.return_type()
+    };
     let adapter = types.adapter();
     let (consumer_check, consumer) = consumer(handler);
     let mode = mode(handler);
     let retention = retention(handler);
     let key = key_body(handler);
     let fingerprint = fingerprint_body(handler, message);
-    let args = call_args(handler);
     let key_fn = format_ident!("__idem_{}_key", ident);
     let fingerprint_fn = format_ident!("__idem_{}_fingerprint", ident);
     let handle_fn = format_ident!("__idem_{}_handle", ident);
+    let handle_slice_fn = format_ident!("__idem_{}_handle_slice", ident);
     // A future that is not `Send` is reported on the method's name.
     let span = ident.span();
     let rt_span = rt_at(span);
-    let boxed = quote_spanned! {span=>
-        #rt_span::Box::pin(async move {
-            match __idem_this.#ident(#(#args),*).await {
-                #rt_span::Ok(output) => #rt_span::Ok(output),
-                #rt_span::Err(error) => #rt_span::Err(#adapter::adapt(error)),
-            }
-        })
+    let calling = |args: Vec<TokenStream>| {
+        quote_spanned! {span=>
+            #rt_span::Box::pin(async move {
+                match __idem_this.#ident(#(#args),*).await {
+                    #rt_span::Ok(output) => #rt_span::Ok(output),
+                    #rt_span::Err(error) => #rt_span::Err(#adapter::adapt(error)),
+                }
+            })
+        }
+    };
+    // A slice method's one message is a slice of one.
+    let boxed = if handler.is_slice() {
+        quote! {
+            #rt::Box::pin(async move {
+                let __idem_slice = #rt::SliceContext::new(
+                    #rt::transaction(__idem_cx),
+                    #rt::slice_of_one(__idem_cx),
+                );
+                let __idem_messages = #rt::vec_of_one(__idem_message);
+                let __idem_outputs =
+                    Self::#handle_slice_fn(__idem_this, &__idem_slice, __idem_messages).await?;
+                #rt::Ok(#rt::single_output(__idem_outputs))
+            })
+        }
+    } else {
+        calling(call_args(handler))
     };
     let permanent = match &handler.permanent {
         Some(path) => quote!(|__idem_error| (#path)(#adapter::inner(__idem_error))),
@@ -610,28 +637,82 @@ fn method(handler: &Handler<'_>) -> TokenStream {
     // and the `impl Handler` returned is not checked again (a bound of the function would be
     // reported a second time there, at the output type).
     let handler_with_error = quote_spanned!(types.error_span=> handler_with_error);
-    let construct = quote! {
-        #[allow(non_camel_case_types)]
-        struct #handler_fn<E> {
-            error: #rt::PhantomData<fn() -> E>,
-        }
-        impl<E> #handler_fn<E>
-        where
-            E: #rt::StdError + #rt::Send + #rt::Sync + 'static,
-        {
-            fn handler_with_error<S, M, O>(
-                service: &#rt::Arc<S>,
-                spec: #rt::MethodSpec<S, M, O, E>,
-            ) -> impl #rt::Handler<Message = M, Output = O, Error = E> + 'static
-            where
-                S: #rt::Send + #rt::Sync + 'static,
-                M: #rt::Send + 'static,
-                O: #rt::Serialize + #rt::DeserializeOwned + #rt::Send + 'static,
-            {
-                #rt::MethodHandler::new(service, spec)
+    let construct = if handler.is_slice() {
+        quote! {
+            #[allow(non_camel_case_types)]
+            struct #handler_fn<E> {
+                error: #rt::PhantomData<fn() -> E>,
             }
+            impl<E> #handler_fn<E>
+            where
+                E: #rt::StdError + #rt::Send + #rt::Sync + 'static,
+            {
+                fn handler_with_error<S, M, O>(
+                    service: &#rt::Arc<S>,
+                    spec: #rt::MethodSpec<S, M, O, E>,
+                    handle_slice: #rt::HandleSliceFn<S, M, O, E>,
+                ) -> impl #rt::SliceHandler<Message = M, Output = O, Error = E> + 'static
+                where
+                    S: #rt::Send + #rt::Sync + 'static,
+                    M: #rt::Send + 'static,
+                    O: #rt::Serialize + #rt::DeserializeOwned + #rt::Send + 'static,
+                {
+                    #rt::MethodSliceHandler::new(service, spec, handle_slice)
+                }
+            }
+            #handler_fn::<#handler_error>::#handler_with_error::<Self, #message, #output>(
+                self,
+                __idem_spec,
+                Self::#handle_slice_fn,
+            )
         }
-        #handler_fn::<#handler_error>::#handler_with_error::<Self, #message, #output>(self, __idem_spec)
+    } else {
+        quote! {
+            #[allow(non_camel_case_types)]
+            struct #handler_fn<E> {
+                error: #rt::PhantomData<fn() -> E>,
+            }
+            impl<E> #handler_fn<E>
+            where
+                E: #rt::StdError + #rt::Send + #rt::Sync + 'static,
+            {
+                fn handler_with_error<S, M, O>(
+                    service: &#rt::Arc<S>,
+                    spec: #rt::MethodSpec<S, M, O, E>,
+                ) -> impl #rt::Handler<Message = M, Output = O, Error = E> + 'static
+                where
+                    S: #rt::Send + #rt::Sync + 'static,
+                    M: #rt::Send + 'static,
+                    O: #rt::Serialize + #rt::DeserializeOwned + #rt::Send + 'static,
+                {
+                    #rt::MethodHandler::new(service, spec)
+                }
+            }
+            #handler_fn::<#handler_error>::#handler_with_error::<Self, #message, #output>(self, __idem_spec)
+        }
+    };
+    // A slice method's hidden function for a slice, and the check that its messages clone.
+    let (slice_fn, clone_check) = if handler.is_slice() {
+        let boxed_slice = calling(slice_call_args(handler));
+        let message_span = message.span();
+        let rt_message = rt_at(message_span);
+        let check = quote_spanned!(message_span=> #rt_message::slice_message::<#message>(););
+        let slice_fn = quote! {
+            #[doc(hidden)]
+            #[allow(dead_code)]
+            fn #handle_slice_fn<'__idem>(
+                __idem_this: #rt::Arc<Self>,
+                __idem_cx: &'__idem #rt::SliceContext<'__idem>,
+                __idem_messages: #rt::Vec<#message>,
+            ) -> #rt::BoxFuture<'__idem, #rt::Result<#rt::Vec<#output>, #handler_error>>
+            #service_bounds
+            {
+                #boxed_slice
+            }
+        };
+        (slice_fn, check)
+    } else {
+        (TokenStream::new(), TokenStream::new())
     };
     quote! {
         #[doc = #doc]
@@ -640,6 +721,7 @@ fn method(handler: &Handler<'_>) -> TokenStream {
         #service_bounds
         {
             #consumer_check
+            #clone_check
             let __idem_spec = #rt::MethodSpec {
                 consumer: #consumer,
                 mode: #mode,
@@ -681,6 +763,8 @@ fn method(handler: &Handler<'_>) -> TokenStream {
         {
             #boxed
         }
+
+        #slice_fn
     }
 }
 

@@ -340,7 +340,7 @@ use proc_macro::TokenStream;
 /// fails runs again in halves, on copies). The generated `<name>_handler()` is an
 /// `idem_runtime::SliceHandler`: bind it with `Binding::slices` or run `Inbox::process_slices`;
 /// one message alone (`Inbox::process`, a record that expired) is a slice of one. Slice
-/// handlers are transactional free functions.
+/// handlers are transactional; functions and methods alike.
 ///
 /// Each message settles as it would alone: duplicates never reach the slice, and when the call
 /// fails, the messages that fail are found by halving it, each half under a savepoint of its

@@ -39,6 +39,10 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub type HandleFn<S, M, O, E> =
     for<'a> fn(Arc<S>, &'a Context<'a>, M) -> BoxFuture<'a, Result<O, E>>;
 
+/// The hidden function that calls a slice handler method on a clone of its service's `Arc`.
+pub type HandleSliceFn<S, M, O, E> =
+    for<'a> fn(Arc<S>, &'a SliceContext<'a>, Vec<M>) -> BoxFuture<'a, Result<Vec<O>, E>>;
+
 /// The return type of an idempotent handler: a `Result<T, E>`, however it is spelled
 /// (`Result<T, E>`, `anyhow::Result<T>`, a crate's own `type Result<T> = ...`).
 #[diagnostic::on_unimplemented(
@@ -227,21 +231,36 @@ impl<T: Clone> SliceMessage for T {}
 pub const fn slice_message<T: SliceMessage>() {}
 
 /// A slice handler's [`Handler::handle`]: one message, as a slice of one.
-///
-/// # Panics
-///
-/// When the slice handler returns other than one output for it (caught by the inbox: the
-/// message fails as a panicking handler would).
 pub async fn handle_one<S: SliceHandler>(
     handler: &S,
     cx: &Context<'_>,
     message: S::Message,
 ) -> Result<S::Output, S::Error> {
-    let slice = SliceContext::new(transaction(cx), std::slice::from_ref(cx));
-    let mut outputs = handler.handle_slice(&slice, vec![message]).await?;
+    let slice = SliceContext::new(transaction(cx), slice_of_one(cx));
+    let outputs = handler.handle_slice(&slice, vec_of_one(message)).await?;
+    Ok(single_output(outputs))
+}
+
+/// A slice of the one context `cx`.
+pub fn slice_of_one<T>(item: &T) -> &[T] {
+    std::slice::from_ref(item)
+}
+
+/// A `Vec` of the one message `message`.
+pub fn vec_of_one<T>(message: T) -> Vec<T> {
+    vec![message]
+}
+
+/// The output of a slice of one message.
+///
+/// # Panics
+///
+/// When the slice handler returned other than one output (caught by the inbox: the message
+/// fails as a panicking handler would).
+pub fn single_output<O>(mut outputs: Vec<O>) -> O {
     let count = outputs.len();
     match (outputs.pop(), count) {
-        (Some(output), 1) => Ok(output),
+        (Some(output), 1) => output,
         _ => panic!("the slice handler returned {count} outputs for one message"),
     }
 }
@@ -365,6 +384,95 @@ where
 
     fn handle(&self, cx: &Context<'_>, message: M) -> impl Future<Output = Result<O, E>> + Send {
         (self.spec.handle)(Arc::clone(&self.service), cx, message)
+    }
+}
+
+/// The handler of an `#[idempotent(..., slice)]` method: a [`MethodHandler`] (its `handle` a
+/// slice of one) and the hidden function that calls the method on a slice.
+pub struct MethodSliceHandler<S, M, O, E> {
+    handler: MethodHandler<S, M, O, E>,
+    handle_slice: HandleSliceFn<S, M, O, E>,
+}
+
+impl<S, M, O, E> MethodSliceHandler<S, M, O, E> {
+    /// A slice handler calling the method on `service`.
+    pub fn new(
+        service: &Arc<S>,
+        spec: MethodSpec<S, M, O, E>,
+        handle_slice: HandleSliceFn<S, M, O, E>,
+    ) -> Self {
+        Self {
+            handler: MethodHandler::new(service, spec),
+            handle_slice,
+        }
+    }
+}
+
+impl<S, M, O, E> fmt::Debug for MethodSliceHandler<S, M, O, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MethodSliceHandler")
+            .field("handler", &self.handler)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, M, O, E> Handler for MethodSliceHandler<S, M, O, E>
+where
+    S: Send + Sync + 'static,
+    M: Send + 'static,
+    O: Serialize + DeserializeOwned + Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    type Message = M;
+    type Output = O;
+    type Error = E;
+
+    fn consumer(&self) -> &str {
+        self.handler.consumer()
+    }
+
+    fn key(&self, message: &M, metadata: &Metadata) -> Result<MessageKey, KeyError> {
+        self.handler.key(message, metadata)
+    }
+
+    fn fingerprint(
+        &self,
+        message: &M,
+        metadata: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        self.handler.fingerprint(message, metadata)
+    }
+
+    fn mode(&self) -> Mode {
+        self.handler.mode()
+    }
+
+    fn retention(&self) -> Option<Duration> {
+        self.handler.retention()
+    }
+
+    fn is_permanent(&self, error: &E) -> bool {
+        self.handler.is_permanent(error)
+    }
+
+    fn handle(&self, cx: &Context<'_>, message: M) -> impl Future<Output = Result<O, E>> + Send {
+        self.handler.handle(cx, message)
+    }
+}
+
+impl<S, M, O, E> SliceHandler for MethodSliceHandler<S, M, O, E>
+where
+    S: Send + Sync + 'static,
+    M: Send + 'static,
+    O: Serialize + DeserializeOwned + Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    fn handle_slice(
+        &self,
+        cx: &SliceContext<'_>,
+        messages: Vec<M>,
+    ) -> impl Future<Output = Result<Vec<O>, E>> + Send {
+        (self.handle_slice)(Arc::clone(&self.handler.service), cx, messages)
     }
 }
 

@@ -96,6 +96,16 @@ struct Args {
     #[arg(long, env = "BILLING_TRUST_HANDLERS", requires_if("true", "batch"))]
     trust_handlers: bool,
 
+    /// With --batch: charge each batch's fresh orders in one call, their invoices in one
+    /// multi-row insert (the slice handler `charge_all`)
+    #[arg(
+        long,
+        env = "BILLING_SLICES",
+        requires_if("true", "batch"),
+        conflicts_with = "trust_handlers"
+    )]
+    slices: bool,
+
     /// The exchange billing publishes `InvoiceIssued` events to, through its outbox
     #[arg(
         long,
@@ -144,6 +154,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         stats_every,
         batch,
         trust_handlers,
+        slices,
         events_exchange,
         provider_url,
         notifications_queue,
@@ -157,6 +168,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         connection_name,
         batch = batch.unwrap_or(1),
         trust_handlers,
+        slices,
         "billing starting"
     );
     let mut options = ConnectOptions::new(database_url.as_str());
@@ -192,30 +204,30 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let service = Arc::new(Billing {
         events_exchange: events_exchange.clone(),
     });
-    let binding = Binding::new(
-        billing::topology_on(&queue, &exchange),
-        service.charge_handler(),
-    );
-    let (binding, prefetch) = match batch {
+    let topology = billing::topology_on(&queue, &exchange);
+    let consumer = Consumer::builder(amqp_url.as_str(), inbox.clone())
+        .connection_name(connection_name.clone())
         // Room for the next batch to gather while one commits.
-        Some(size) => (
-            binding
-                .batch(size, Duration::from_millis(20))
+        .prefetch(batch.map_or(32, |size| {
+            u16::try_from(size * 2).unwrap_or(u16::MAX).max(32)
+        }));
+    let wait = Duration::from_millis(20);
+    let consumer = match batch {
+        Some(size) if slices => consumer
+            .bind_with(Binding::new(topology, service.charge_all_handler()).slices(size, wait)),
+        Some(size) => consumer.bind_with(
+            Binding::new(topology, service.charge_handler())
+                .batch(size, wait)
                 .batch_checks(if trust_handlers {
                     BatchChecks::BeforeCommit
                 } else {
                     BatchChecks::EachMessage
                 }),
-            u16::try_from(size * 2).unwrap_or(u16::MAX).max(32),
         ),
-        None => (binding, 32),
-    };
-    let consumer = Consumer::builder(amqp_url.as_str(), inbox.clone())
-        .connection_name(connection_name.clone())
-        .prefetch(prefetch)
-        .bind_with(binding)
-        .start()
-        .await?;
+        None => consumer.bind_with(Binding::new(topology, service.charge_handler())),
+    }
+    .start()
+    .await?;
     // The notifications hop: against the given provider, or in the demo a stub of its own.
     let stub = match (&provider_url, demo) {
         (None, Some(_)) => Some(Stub::start("127.0.0.1:0").await?),

@@ -45,6 +45,28 @@ async fn announce_all(
     Ok(ids)
 }
 
+/// A slice method: the service's dependencies in `&self`.
+pub struct Billing {
+    pub table: String,
+}
+
+impl Billing {
+    #[idempotent(key = order.id, consumer = "billing.method", slice)]
+    async fn charge_all(
+        &self,
+        cx: &SliceContext<'_>,
+        orders: Vec<OrderPlaced>,
+    ) -> Result<Vec<i64>, DbErr> {
+        let mut insert = Query::insert();
+        insert.into_table(Alias::new(&self.table)).columns(["id", "amount"]);
+        for order in &orders {
+            insert.values_panic([order.id.as_str().into(), order.amount.into()]);
+        }
+        cx.transaction().execute(&insert).await?;
+        Ok(orders.iter().map(|order| order.amount).collect())
+    }
+}
+
 fn requires_slice_handler<S: SliceHandler>(_: &S) {}
 
 fn main() {
@@ -56,6 +78,10 @@ fn main() {
         charge.key(&order, &Metadata::default()).unwrap(),
         MessageKey::new("o-1").unwrap()
     );
+    let billing = std::sync::Arc::new(Billing { table: "charges".into() });
+    let method = billing.charge_all_handler();
+    requires_slice_handler(&method);
+    assert_eq!(method.consumer(), "billing.method");
     let announce = announce_all_handler();
     requires_slice_handler(&announce);
     assert_eq!(
