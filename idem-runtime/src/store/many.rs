@@ -29,6 +29,14 @@ pub(crate) struct BatchClaim<'a> {
     pub(crate) fingerprint: Option<&'a Fingerprint>,
 }
 
+/// What a batch's claim statement did: the keys it inserted, and where the database tells it
+/// (PostgreSQL), the id of the transaction that holds them.
+#[derive(Debug)]
+pub(crate) struct Claims {
+    pub(crate) fresh: HashSet<String>,
+    pub(crate) transaction_id: Option<i64>,
+}
+
 /// A derived table of `n` rows binding a key `k` each, and an output `o` when `outputs`:
 /// `(SELECT ? AS k UNION ALL SELECT ? ...)`.
 fn key_table(n: usize, outputs: bool) -> String {
@@ -100,7 +108,7 @@ impl Store {
     /// Claims every key of `claims` for `consumer` in one statement, each recorded in progress
     /// with `token`, unless a record exists; returns the keys this statement inserted. A
     /// concurrent claim of a key that has not committed is waited for at most the claim wait
-    /// (see [`Store::bound_claim_wait`] for PostgreSQL). Callers pass the keys sorted, so that
+    /// (on PostgreSQL until [`Store::end_claim_wait`]). Callers pass the keys sorted, so that
     /// batches sharing keys take their locks in one order.
     pub(crate) async fn insert_claims(
         &self,
@@ -109,7 +117,7 @@ impl Store {
         claims: &[BatchClaim<'_>],
         token: i64,
         retention: Duration,
-    ) -> Result<HashSet<String>, DbErr> {
+    ) -> Result<Claims, DbErr> {
         #[cfg(feature = "postgres")]
         if self.backend() == DbBackend::Postgres {
             return self
@@ -166,29 +174,25 @@ impl Store {
             conn.execute_raw(statement).await?;
             let keys: Vec<&MessageKey> = claims.iter().map(|claim| claim.key).collect();
             let rows = self.find_many(conn, consumer, &keys).await?;
-            return Ok(rows
+            let fresh = rows
                 .into_iter()
                 .filter(|(_, row)| row.claim_token == token)
                 .map(|(key, _)| key)
-                .collect());
+                .collect();
+            return Ok(Claims {
+                fresh,
+                transaction_id: None,
+            });
         }
         let inserted = conn.query_all_raw(statement).await?;
-        inserted
+        let fresh = inserted
             .iter()
             .map(|row| self.read_key(row, 0))
-            .collect::<Result<_, _>>()
-    }
-
-    /// Bounds PostgreSQL's lock waits in this transaction to the claim wait, until
-    /// [`Store::end_claim_wait`]; MariaDB bounds each claim statement itself.
-    pub(crate) async fn bound_claim_wait(&self, conn: &impl ConnectionTrait) -> Result<(), DbErr> {
-        if self.backend() == DbBackend::Postgres {
-            let wait = self.claim_wait.as_millis().max(1).to_string();
-            let sql = "SELECT set_config('lock_timeout', $1, true)";
-            conn.query_one_raw(self.statement(sql, vec![text(&wait)]))
-                .await?;
-        }
-        Ok(())
+            .collect::<Result<_, _>>()?;
+        Ok(Claims {
+            fresh,
+            transaction_id: None,
+        })
     }
 
     /// Reads the records of `keys` for `consumer`, with the database's clock, by message key.
@@ -251,7 +255,8 @@ impl Store {
     /// Completes the claims `token` holds on `outputs`' keys, each with its output, in as few
     /// statements as keep each under [`COMPLETE_BYTES`] (a MySQL/MariaDB server refuses a
     /// statement larger than its `max_allowed_packet` and closes the connection); returns how
-    /// many it completed (fewer than asked when the transaction lost some of them).
+    /// many it completed (fewer than asked when the transaction lost some of them). With the
+    /// batch's `transaction_id` (PostgreSQL), only in that transaction.
     pub(crate) async fn complete_many(
         &self,
         conn: &impl ConnectionTrait,
@@ -259,6 +264,7 @@ impl Store {
         token: i64,
         outputs: &[(&MessageKey, Option<&str>)],
         retention: Duration,
+        transaction_id: Option<i64>,
     ) -> Result<u64, DbErr> {
         let mut completed = 0;
         let mut rest = outputs;
@@ -274,7 +280,7 @@ impl Store {
                 .max(1);
             let (chunk, after) = rest.split_at(taken);
             completed += self
-                .complete_chunk(conn, consumer, token, chunk, retention)
+                .complete_chunk(conn, consumer, token, chunk, retention, transaction_id)
                 .await?;
             rest = after;
         }
@@ -289,13 +295,16 @@ impl Store {
         token: i64,
         outputs: &[(&MessageKey, Option<&str>)],
         retention: Duration,
+        transaction_id: Option<i64>,
     ) -> Result<u64, DbErr> {
         #[cfg(feature = "postgres")]
         if self.backend() == DbBackend::Postgres {
             return self
-                .pg_complete_many(conn, consumer, token, outputs, retention)
+                .pg_complete_many(conn, consumer, token, outputs, retention, transaction_id)
                 .await;
         }
+        // Elsewhere the database does not tell the transaction's id.
+        let _ = transaction_id;
         let t = &self.quoted;
         let now = self.dialect.now_ms();
         let all_null = outputs.iter().all(|(_, output)| output.is_none());

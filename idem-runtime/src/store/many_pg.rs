@@ -3,14 +3,14 @@
 //! The server then parses and plans it once per connection, where a statement with a row of
 //! placeholders per key is planned anew for each size, which costs more than running it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use sea_orm::sea_query::ArrayType;
 use sea_orm::{ConnectionTrait, DbErr, Value};
 
 use super::statements::READ_COLUMNS;
-use super::{BatchClaim, Row, Status, Store, text};
+use super::{BatchClaim, Claims, Row, Status, Store, text};
 use crate::clock::duration_ms;
 use crate::key::{ConsumerName, MessageKey};
 
@@ -56,15 +56,21 @@ impl Store {
         claims: &[BatchClaim<'_>],
         token: i64,
         retention: Duration,
-    ) -> Result<HashSet<String>, DbErr> {
+    ) -> Result<Claims, DbErr> {
         let t = &self.quoted;
         let now = self.dialect.now_ms();
+        // The claim wait is bounded (for the rest of the transaction, until
+        // `Store::end_claim_wait`) before the first row is inserted, in the statement itself:
+        // the subquery that sets it runs once, before any row it joins. The transaction's id
+        // comes back with each claim inserted.
         let sql = format!(
             "INSERT INTO {t} (consumer, message_key, status, fingerprint, attempts, claim_token, \
              created_at, claimed_at, lease_until, completed_at, expires_at) \
              SELECT $1, u.k, $2, NULLIF(u.f, ''::bytea), 1, $3, c.n, c.n, NULL, NULL, c.n + $4 \
-             FROM (SELECT {now} AS n) AS c, unnest($5::text[], $6::bytea[]) AS u(k, f) \
-             ON CONFLICT (consumer, message_key) DO NOTHING RETURNING message_key"
+             FROM (SELECT {now} AS n, set_config('lock_timeout', $7, true) AS bounded) AS c, \
+             unnest($5::text[], $6::bytea[]) AS u(k, f) \
+             ON CONFLICT (consumer, message_key) DO NOTHING \
+             RETURNING message_key, txid_current()"
         );
         let values = vec![
             text(consumer.as_str()),
@@ -77,12 +83,21 @@ impl Store {
                     .iter()
                     .map(|claim| claim.fingerprint.map(|print| print.as_bytes().to_vec())),
             ),
+            text(&self.claim_wait.as_millis().max(1).to_string()),
         ];
         let inserted = conn.query_all_raw(self.statement(&sql, values)).await?;
-        inserted
+        let transaction_id = match inserted.first() {
+            Some(row) => Some(row.try_get_by_index(1)?),
+            None => None,
+        };
+        let fresh = inserted
             .iter()
             .map(|row| row.try_get_by_index(0))
-            .collect::<Result<_, _>>()
+            .collect::<Result<_, _>>()?;
+        Ok(Claims {
+            fresh,
+            transaction_id,
+        })
     }
 
     /// [`Store::find_many`] on PostgreSQL.
@@ -113,18 +128,27 @@ impl Store {
         token: i64,
         outputs: &[(&MessageKey, Option<&str>)],
         retention: Duration,
+        transaction_id: Option<i64>,
     ) -> Result<u64, DbErr> {
         let t = &self.quoted;
         let now = self.dialect.now_ms();
+        // In the batch's transaction only, when its id is known: a statement run after a
+        // handler ended the transaction commits on its own, under another id, and completes
+        // nothing.
+        let guard = if transaction_id.is_some() {
+            " AND txid_current() = $7"
+        } else {
+            ""
+        };
         let sql = format!(
             "UPDATE {t} AS r SET status = 'completed', output = CASE WHEN v.h THEN v.o END, \
              completed_at = c.n, expires_at = c.n + $1, lease_until = NULL \
              FROM (SELECT {now} AS n) AS c, unnest($2::text[], $3::text[], $4::boolean[]) \
              AS v(k, o, h) \
              WHERE r.consumer = $5 AND r.message_key = v.k AND r.claim_token = $6 \
-             AND r.status = 'in_progress'"
+             AND r.status = 'in_progress'{guard}"
         );
-        let values = vec![
+        let mut values = vec![
             Value::from(duration_ms(retention)),
             keys_array(outputs.iter().map(|(key, _)| *key)),
             texts(
@@ -136,6 +160,9 @@ impl Store {
             text(consumer.as_str()),
             Value::from(token),
         ];
+        if let Some(id) = transaction_id {
+            values.push(Value::from(id));
+        }
         let result = conn.execute_raw(self.statement(&sql, values)).await?;
         Ok(result.rows_affected())
     }

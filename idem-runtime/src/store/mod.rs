@@ -17,7 +17,7 @@ use sea_orm::{
 use crate::clock::duration_ms;
 use crate::key::{ConsumerName, InboxKey, MessageKey};
 use dialect::{Dialect, Failure, classify};
-pub(crate) use many::BatchClaim;
+pub(crate) use many::{BatchClaim, Claims};
 use statements::Statements;
 use table::TableName;
 
@@ -543,17 +543,6 @@ impl Store {
                 .await?;
         }
         Ok(())
-    }
-
-    /// [`Store::end_claim_wait`] on PostgreSQL only, returning the id of the transaction `conn` is
-    /// in, to compare [`Store::transaction_id`] with later.
-    pub(crate) async fn end_claim_wait_with_id(
-        &self,
-        conn: &impl ConnectionTrait,
-    ) -> Result<i64, DbErr> {
-        let sql = "SELECT txid_current(), set_config('lock_timeout', $1, true)";
-        self.first_column(conn, sql, vec![text(&self.lock_timeout)])
-            .await
     }
 
     /// The id of the transaction `conn` is in, if it has written (PostgreSQL): a handler that

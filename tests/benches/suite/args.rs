@@ -4,9 +4,7 @@ use clap::{Parser, ValueEnum};
 use idem_tests::Backend;
 
 #[derive(Debug, Parser)]
-#[command(
-    about = "idem's benchmark suite (issues 9 and 10): side by side on RabbitMQ with each database"
-)]
+#[command(about = "idem's benchmark suite: side by side on RabbitMQ with each database")]
 pub(crate) struct Args {
     /// Messages per round for `raw` and the batch modes.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
@@ -25,7 +23,7 @@ pub(crate) struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["100", "500"], value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) prefetch: Vec<u16>,
     /// Modes to run.
-    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "hand-batch-multirow", "idem-batch", "idem-batch-trusted", "idem-batch-during-cleanup", "hand-outbox", "idem-outbox"])]
+    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "hand-batch-multirow", "idem-batch", "idem-batch-trusted", "idem-batch-slice", "idem-batch-during-cleanup", "hand-outbox", "idem-outbox"])]
     pub(crate) modes: Vec<Mode>,
     /// Largest batch of the batch modes (capped by the prefetch).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
@@ -84,6 +82,8 @@ pub(crate) enum Mode {
     IdemBatch,
     /// `idem-batch` with [`idem_runtime::BatchChecks::BeforeCommit`].
     IdemBatchTrusted,
+    /// idem's batches with a slice handler: the fresh orders in one multi-row insert.
+    IdemBatchSlice,
     IdemBatchDuringCleanup,
     HandOutbox,
     IdemOutbox,
@@ -99,6 +99,7 @@ impl Mode {
             Mode::HandBatchMultirow => "hand-batch-multirow",
             Mode::IdemBatch => "idem-batch",
             Mode::IdemBatchTrusted => "idem-batch-trusted",
+            Mode::IdemBatchSlice => "idem-batch-slice",
             Mode::IdemBatchDuringCleanup => "idem-batch-during-cleanup",
             Mode::HandOutbox => "hand-outbox",
             Mode::IdemOutbox => "idem-outbox",
@@ -118,6 +119,7 @@ impl Mode {
             Mode::IdemPerMessage
                 | Mode::IdemBatch
                 | Mode::IdemBatchTrusted
+                | Mode::IdemBatchSlice
                 | Mode::IdemBatchDuringCleanup
                 | Mode::IdemOutbox
         )
@@ -135,6 +137,7 @@ impl Mode {
                 | Mode::HandBatchMultirow
                 | Mode::IdemBatch
                 | Mode::IdemBatchTrusted
+                | Mode::IdemBatchSlice
                 | Mode::IdemBatchDuringCleanup
         )
     }

@@ -416,6 +416,11 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
             )
             .await
         }
+        Mode::IdemBatchSlice => {
+            let binding = Binding::new(case.topology.clone(), charge(&case.charges))
+                .slices(suite.batch_size(case.prefetch), suite.max_wait());
+            start_idem(idem_consumer(url, case).bind_with(binding)).await
+        }
         Mode::IdemPerMessage
         | Mode::IdemBatch
         | Mode::IdemBatchTrusted

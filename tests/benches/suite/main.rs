@@ -166,6 +166,7 @@ fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
     for mode in [
         Mode::IdemBatch,
         Mode::IdemBatchTrusted,
+        Mode::IdemBatchSlice,
         Mode::IdemBatchDuringCleanup,
         Mode::HandOutbox,
         Mode::IdemOutbox,

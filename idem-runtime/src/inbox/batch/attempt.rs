@@ -35,6 +35,17 @@ pub(super) enum Tried {
     Again,
 }
 
+/// How a try's handlers ran, for its end.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Finishing {
+    /// Trusted: a transaction found lost runs again checked, which tells whose doing it was.
+    pub(super) trusted: bool,
+    /// Under savepoints: a refused output is searched for in this try, under a savepoint of
+    /// its own; otherwise (on PostgreSQL, where a refusal aborts the transaction) the try runs
+    /// again under savepoints, which finds it.
+    pub(super) under_savepoints: bool,
+}
+
 /// How one try keeps its handlers apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Keeping {
@@ -107,15 +118,7 @@ impl Inbox {
         H::Message: Clone,
     {
         let store = &self.inner.store;
-        // Unguarded handlers are checked to leave the transaction they were given, on
-        // PostgreSQL against its id; elsewhere a transaction rolled back under a handler shows
-        // in the completion's count.
-        let checked = match keeping {
-            Keeping::CheckEach => true,
-            Keeping::Trusted => store.dialect().aborts_on_error(),
-            Keeping::Savepoints => false,
-        };
-        let Some(claimed) = self.claim_batch(batch, leads, checked).await? else {
+        let Some(claimed) = self.claim_batch(batch, leads).await? else {
             return Ok(Tried::Ended);
         };
         let run = Run {
@@ -137,6 +140,9 @@ impl Inbox {
                 let guard = Unguarded::new(
                     store,
                     &claimed.tx,
+                    // Unguarded handlers are checked to leave the transaction they were given,
+                    // on PostgreSQL against its id; elsewhere a transaction rolled back under
+                    // a handler shows in the completion's count.
                     claimed.transaction_id,
                     keeping == Keeping::CheckEach,
                     claimed.token,
@@ -148,8 +154,11 @@ impl Inbox {
             lost::roll_back(claimed.tx).await?;
             return Ok(Tried::Again);
         }
-        self.finish(claimed, batch, leads, keeping == Keeping::Trusted)
-            .await
+        let finishing = Finishing {
+            trusted: keeping == Keeping::Trusted,
+            under_savepoints: keeping == Keeping::Savepoints,
+        };
+        self.finish(claimed, batch, leads, finishing).await
     }
 }
 

@@ -13,22 +13,22 @@ use crate::inbox::Inbox;
 use crate::inbox::claim::{Deadlocks, new_token};
 use crate::key::MessageKey;
 use crate::store::dialect::{Failure, classify, refuses_value};
-use crate::store::{BatchClaim, Store};
+use crate::store::{BatchClaim, Claims, Store};
 
 /// A try's transaction, its keys claimed.
 pub(super) struct Claimed {
     pub(super) tx: DatabaseTransaction,
     /// The token every claim of this try carries.
     pub(super) token: i64,
-    /// The batch's transaction as the database identifies it, where the try checks that its
-    /// handlers leave it open (PostgreSQL).
+    /// The batch's transaction as the database identifies it (PostgreSQL, when a key was
+    /// fresh): its handlers must leave it open, and its completion runs only in it.
     pub(super) transaction_id: Option<i64>,
 }
 
 impl Inbox {
     /// Begins a try's transaction and claims every first copy's key in it (the fresh ones are
     /// marked so), reads the records of the known ones, and ends the claims' bounded lock
-    /// wait; with `checked`, also reads the transaction's id. `None` when every message goes
+    /// wait. `None` when every message goes
     /// the per-message way instead: a key held by a long transaction elsewhere, or a claim's
     /// value the table refuses (a constraint of its operators), so that only that key waits,
     /// or fails.
@@ -36,7 +36,6 @@ impl Inbox {
         &self,
         batch: &Batch<'_, H>,
         leads: &mut [Lead<H::Message, H::Output>],
-        checked: bool,
     ) -> Result<Option<Claimed>, Lost> {
         let store = &self.inner.store;
         let token = new_token();
@@ -51,14 +50,14 @@ impl Inbox {
         // Batches sharing keys claim them in one order; a deadlock can still come from
         // elsewhere, and is tried again as the per-message path does.
         let mut deadlocks = Deadlocks::default();
-        let (tx, fresh) = loop {
+        let (tx, taken) = loop {
             let tx = store
                 .dialect()
                 .begin(&self.inner.db)
                 .await
                 .map_err(Lost::Database)?;
             match claim_all(store, &tx, batch, &claims, token).await {
-                Ok(fresh) => break (tx, fresh),
+                Ok(taken) => break (tx, taken),
                 Err(error) if deadlocks.try_again(&error) => {}
                 Err(error) if classify(&error) == Failure::LockTimeout || refuses_value(&error) => {
                     for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
@@ -71,49 +70,45 @@ impl Inbox {
         };
         drop(claims);
         for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
-            lead.claimed = fresh.contains(lead.key.message_key.as_str());
+            lead.claimed = taken.fresh.contains(lead.key.message_key.as_str());
             lead.fate = if lead.claimed {
                 Fate::Fresh
             } else {
                 Fate::Deferred
             };
         }
-        if fresh.len() < leads.len() {
+        if taken.fresh.len() < leads.len() {
             read_known(store, &tx, batch, leads)
                 .await
                 .map_err(Lost::Database)?;
         }
-        let transaction_id = if checked && !fresh.is_empty() {
-            Some(
-                store
-                    .end_claim_wait_with_id(&tx)
-                    .await
-                    .map_err(Lost::Database)?,
-            )
-        } else {
+        // The handlers' statements wait for locks as long as the application configured, not
+        // as long as a claim does (nothing runs when nothing is fresh).
+        if !taken.fresh.is_empty() {
             store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
-            None
-        };
+        }
         Ok(Some(Claimed {
             tx,
             token,
-            transaction_id,
+            transaction_id: taken.transaction_id,
         }))
     }
 }
 
-/// Claims every key of `claims` in one statement; returns the fresh ones.
+/// Claims every key of `claims` in one statement.
 async fn claim_all<H: Handler>(
     store: &Store,
     tx: &DatabaseTransaction,
     batch: &Batch<'_, H>,
     claims: &[BatchClaim<'_>],
     token: i64,
-) -> Result<HashSet<String>, DbErr> {
+) -> Result<Claims, DbErr> {
     if claims.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(Claims {
+            fresh: HashSet::new(),
+            transaction_id: None,
+        });
     }
-    store.bound_claim_wait(tx).await?;
     store
         .insert_claims(tx, batch.consumer, claims, token, batch.retention)
         .await

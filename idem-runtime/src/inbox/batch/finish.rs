@@ -3,7 +3,7 @@
 
 use sea_orm::DatabaseTransaction;
 
-use super::attempt::{Batch, Tried};
+use super::attempt::{Batch, Finishing, Tried};
 use super::claims::Claimed;
 use super::fates::{Fate, Lead};
 use super::lost::{self, Lost};
@@ -15,18 +15,22 @@ use crate::store::dialect::{Failure, classify, refuses_value};
 
 impl Inbox {
     /// Releases the claims of the messages that failed, completes the processed ones and
-    /// commits. A transaction found lost under a handler (fewer claims completed than taken)
-    /// is lost, or, for `trusted` handlers, run again checked, which tells whose doing it was.
-    /// An output the database refuses fails its message alone: the try is rolled back and the
-    /// others run again.
+    /// commits. A transaction found lost under a handler (fewer claims completed than taken,
+    /// or aborted) is lost, or, for trusted handlers, run again checked, which tells whose
+    /// doing it was. An output the database refuses fails its message alone: the try is rolled
+    /// back and the others run again.
     pub(super) async fn finish<H: Handler>(
         &self,
         claimed: Claimed,
         batch: &Batch<'_, H>,
         leads: &mut [Lead<H::Message, H::Output>],
-        trusted: bool,
+        finishing: Finishing,
     ) -> Result<Tried, Lost> {
-        let Claimed { tx, token, .. } = claimed;
+        let Claimed {
+            tx,
+            token,
+            transaction_id,
+        } = claimed;
         let store = &self.inner.store;
         let released: Vec<&MessageKey> = leads
             .iter()
@@ -39,17 +43,24 @@ impl Inbox {
                 .await
                 .map_err(Lost::Database)?;
         }
-        match self.complete_all(&tx, batch, leads, token).await? {
+        let completing = Completing {
+            token,
+            transaction_id,
+            under_savepoints: finishing.under_savepoints,
+        };
+        match self.complete_all(&tx, batch, leads, completing).await? {
             Completion::All => {}
             // Fewer claims completed than this transaction took: the database rolled it back
-            // under a handler, or a handler ended it. Trusted, which handler only a checked try
-            // tells; checked, that handler was found, and the batch is lost.
-            Completion::Lost if trusted => {
+            // under a handler, or a handler ended it or swallowed a failed statement. Trusted,
+            // which handler only a checked try tells; checked, that handler was found, and the
+            // batch is lost.
+            Completion::Lost if finishing.trusted => {
                 lost::roll_back(tx).await?;
                 return Ok(Tried::Again);
             }
             Completion::Lost => return Err(Lost::RolledBack),
-            // The refused outputs' messages failed alone; the others run again without them.
+            // The refused outputs' messages failed alone, or are to be found by a try under
+            // savepoints; the others run again without them.
             Completion::Refused => {
                 lost::roll_back(tx).await?;
                 return Ok(Tried::Again);
@@ -75,18 +86,24 @@ impl Inbox {
         Ok(Tried::Ended)
     }
 
-    /// Records the outputs of the messages processed here in one statement. A statement the
-    /// database refuses (an output too large for it, against a constraint) is tried message by
-    /// message to find which; where a refused statement aborts the transaction (PostgreSQL),
-    /// the statement runs under a savepoint, rolled back to before the search; elsewhere the
-    /// database undoes the refused statement alone.
+    /// Records the outputs of the messages processed here in one statement, in the batch's
+    /// transaction only where its id is known. A statement the database refuses (an output
+    /// too large for it, against a constraint) is tried message by message to find which;
+    /// where a refused statement aborts the transaction (PostgreSQL), the search needs the
+    /// statement under a savepoint, taken in a try under savepoints only (another try runs
+    /// again so); elsewhere the database undoes the refused statement alone.
     async fn complete_all<H: Handler>(
         &self,
         tx: &DatabaseTransaction,
         batch: &Batch<'_, H>,
         leads: &mut [Lead<H::Message, H::Output>],
-        token: i64,
+        completing: Completing,
     ) -> Result<Completion, Lost> {
+        let Completing {
+            token,
+            transaction_id,
+            under_savepoints,
+        } = completing;
         let store = &self.inner.store;
         let outputs: Vec<(&MessageKey, Option<&str>)> = leads
             .iter()
@@ -100,11 +117,19 @@ impl Inbox {
         }
         let expected = outputs.len() as u64;
         let aborts = store.dialect().aborts_on_error();
-        if aborts {
+        let searchable = !aborts || under_savepoints;
+        if aborts && under_savepoints {
             lost::execute(tx, "SAVEPOINT idem_complete").await?;
         }
         let completed = store
-            .complete_many(tx, batch.consumer, token, &outputs, batch.retention)
+            .complete_many(
+                tx,
+                batch.consumer,
+                token,
+                &outputs,
+                batch.retention,
+                transaction_id,
+            )
             .await;
         drop(outputs);
         match completed {
@@ -113,13 +138,16 @@ impl Inbox {
             // ended it.
             Ok(completed) if completed == expected => Ok(Completion::All),
             Ok(_) => Ok(Completion::Lost),
-            Err(error) if refuses_value(&error) => {
+            // A failed statement a handler swallowed aborted the transaction (PostgreSQL).
+            Err(error) if classify(&error) == Failure::Aborted => Ok(Completion::Lost),
+            Err(error) if refuses_value(&error) && searchable => {
                 if aborts {
                     lost::execute(tx, "ROLLBACK TO SAVEPOINT idem_complete").await?;
                 }
                 self.find_refused_outputs(tx, leads, token, batch).await?;
                 Ok(Completion::Refused)
             }
+            Err(error) if refuses_value(&error) => Ok(Completion::Refused),
             Err(error) => Err(Lost::Database(error)),
         }
     }
@@ -155,6 +183,14 @@ impl Inbox {
         }
         Ok(())
     }
+}
+
+/// What completing a try's processed messages needs.
+#[derive(Debug, Clone, Copy)]
+struct Completing {
+    token: i64,
+    transaction_id: Option<i64>,
+    under_savepoints: bool,
 }
 
 /// What completing a try's processed messages found.

@@ -6,7 +6,7 @@ use std::panic::AssertUnwindSafe;
 use futures_util::FutureExt;
 use sea_orm::{ConnectionTrait, DbBackend};
 
-use super::attempt::{Batch, Tried};
+use super::attempt::{Batch, Finishing, Tried};
 use super::fates::{Handled, Lead};
 use super::guard::{Run, Staging};
 use super::lost::{self, Lost};
@@ -109,7 +109,7 @@ impl Inbox {
         };
         let store = &self.inner.store;
         for _ in 0..=leads.len() + 1 {
-            let Some(claimed) = self.claim_batch(batch, leads, false).await? else {
+            let Some(claimed) = self.claim_batch(batch, leads).await? else {
                 return Ok(());
             };
             let run = Run {
@@ -126,7 +126,11 @@ impl Inbox {
                 },
             };
             run_slices(&run, leads).await?;
-            match self.finish(claimed, batch, leads, false).await? {
+            let finishing = Finishing {
+                trusted: false,
+                under_savepoints: true,
+            };
+            match self.finish(claimed, batch, leads, finishing).await? {
                 Tried::Ended => return Ok(()),
                 Tried::Again => {}
             }
