@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem_rabbitmq::QueueTopology;
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_runtime::{Outbound, OutboxMessage, SliceContext, idempotent};
+use idem_runtime::{Outbound, OutboxMessage, SliceContext, StagingError, idempotent};
 use sea_orm::sea_query::{Asterisk, Expr, ExprTrait, Func, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
@@ -41,6 +41,9 @@ pub enum BillingError {
     /// The database failed: worth retrying.
     #[error("database error: {0}")]
     Database(#[from] DbErr),
+    /// The invoice's event was not staged (the database failed, or the transaction was lost).
+    #[error(transparent)]
+    Staging(#[from] StagingError),
     /// The order cannot be charged, ever.
     #[error("cannot charge {0} cents")]
     InvalidAmount(i64),

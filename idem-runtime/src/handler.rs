@@ -11,7 +11,7 @@ use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::inbox::ClaimWatch;
 use crate::key::{InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
-use crate::outbox::{Outbound, Outbox, OutboxMessage};
+use crate::outbox::{Outbound, Outbox, OutboxMessage, StagingError};
 
 /// How a handler's effects are committed with its inbox record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +138,7 @@ impl<'a> Context<'a> {
     /// # Errors
     ///
     /// See [`Outbound::stage`].
-    pub async fn stage(&self, message: OutboxMessage) -> Result<String, sea_orm::DbErr> {
+    pub async fn stage(&self, message: OutboxMessage) -> Result<String, StagingError> {
         self.outbound.stage(message).await
     }
 

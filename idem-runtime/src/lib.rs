@@ -193,8 +193,8 @@ pub use inbox::{
 pub use key::{ConsumerName, InboxKey, KeyError, KeySource, MessageKey};
 pub use metadata::{CloudEvent, Metadata};
 pub use outbox::{
-    HeldBack, LocalRelay, OUTBOX_STAGED_TOTAL, Outbound, Outbox, OutboxBuilder, OutboxMessage,
-    PendingBatch, PendingMessage, create_outbox_statements, derived_id,
+    LocalRelay, OUTBOX_STAGED_TOTAL, Outbound, Outbox, OutboxBuilder, OutboxMessage, PendingBatch,
+    PendingMessage, StagingError, create_outbox_statements, derived_id, upgrade_outbox_statements,
 };
 pub use report::{Report, ReportSource};
 pub use retention::{Cleaner, CleanerHandle, CleanupReport, RedeliveryWindow, RetentionPolicy};

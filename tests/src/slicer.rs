@@ -35,6 +35,9 @@ pub enum SlicerError {
     /// A statement failed.
     #[error(transparent)]
     Db(#[from] DbErr),
+    /// A staging failed.
+    #[error(transparent)]
+    Staging(#[from] idem_runtime::StagingError),
 }
 
 impl Slicer {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::{
-    BatchChecks, BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, HeldBack,
-    Inbox, KeyError, MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome,
+    BatchChecks, BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox,
+    KeyError, MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, StagingError,
     derived_id, idempotent,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
@@ -34,13 +34,14 @@ mod servers_only {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn postgres() {
-        super::messages_staged_outside_handlers_keep_their_order_across_relays(Backend::Postgres)
+        super::messages_of_a_run_outside_handlers_keep_their_order_across_relays(Backend::Postgres)
             .await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn mysql() {
-        super::messages_staged_outside_handlers_keep_their_order_across_relays(Backend::MySql).await
+        super::messages_of_a_run_outside_handlers_keep_their_order_across_relays(Backend::MySql)
+            .await
     }
 }
 
@@ -70,6 +71,12 @@ struct InvoiceError(String);
 
 impl From<DbErr> for InvoiceError {
     fn from(error: DbErr) -> Self {
+        Self(error.to_string())
+    }
+}
+
+impl From<StagingError> for InvoiceError {
+    fn from(error: StagingError) -> Self {
         Self(error.to_string())
     }
 }
@@ -107,6 +114,11 @@ impl Handler for Invoicer {
         }
         Ok(ids)
     }
+}
+
+/// The run of this file's consumer's handler for `key`, as the outbox names it.
+fn run_of(key: &str) -> String {
+    format!("{}:{CONSUMER}/{key}", CONSUMER.len())
 }
 
 async fn setup(backend: Backend) -> (TestDb, Inbox, Outbox, String) {
@@ -281,10 +293,10 @@ async fn relays_take_pending_messages_in_order_and_never_share_them(backend: Bac
 /// Messages staged outside handlers are one run across relays too: while another relay holds
 /// the first of them, this one takes none of the later ones (it published them at once, ahead
 /// of the first, should that one be held back).
-async fn messages_staged_outside_handlers_keep_their_order_across_relays(backend: Backend) {
+async fn messages_of_a_run_outside_handlers_keep_their_order_across_relays(backend: Backend) {
     let (db, _inbox, outbox, _effects) = setup(backend).await;
     for routing_key in ["first", "second"] {
-        let message = OutboxMessage::new("events", routing_key, b"{}".to_vec());
+        let message = OutboxMessage::new("events", routing_key, b"{}".to_vec()).in_run("events");
         outbox.stage(&db.db, message).await.unwrap();
     }
     let other = Outbox::builder(db.another_pool(2).await)
@@ -313,15 +325,12 @@ async fn a_held_run_leaves_out_no_run_that_differs_only_in_case(backend: Backend
     }
     let all = outbox.take_pending(100).await.unwrap();
     let first = &all.messages()[0];
-    let held = HeldBack::new(first.run.clone(), first.seq);
-    assert_eq!(held.run, Some(format!("{CONSUMER}/o-a")));
+    assert_eq!(first.run, Some(run_of("o-a")));
+    all.hold(first, Duration::from_secs(60)).await.unwrap();
     all.mark_sent(&[]).await.unwrap();
-    let batch = outbox
-        .take_pending_except(100, &[held], None)
-        .await
-        .unwrap();
+    let batch = outbox.take_pending(100).await.unwrap();
     let runs: Vec<Option<String>> = batch.messages().iter().map(|m| m.run.clone()).collect();
-    let other = Some(format!("{CONSUMER}/o-A"));
+    let other = Some(run_of("o-A"));
     assert_eq!(runs, [other.clone(), other]);
     batch.mark_sent(&[]).await.unwrap();
 }
@@ -496,7 +505,7 @@ async fn ship(
     let _ = tx;
     let event = OutboxMessage::json("shipping.events", "shipment.created", &order)
         .map_err(|error| DbErr::Custom(error.to_string()))?;
-    outbound.stage(event).await
+    Ok(outbound.stage(event).await?)
 }
 
 async fn an_idempotent_function_stages_through_its_outbound_parameter(backend: Backend) {
@@ -540,7 +549,7 @@ async fn mysql_a_latin1_database_stages_any_text() {
     );
     assert_eq!(
         messages[0].run.as_deref(),
-        Some(format!("{CONSUMER}/заказ-42").as_str())
+        Some(run_of("заказ-42").as_str())
     );
     drop(batch);
     drop(db);
@@ -580,7 +589,7 @@ impl Handler for Relabel {
         if rolls_back {
             return Ok(staged.unwrap_or_default());
         }
-        staged
+        Ok(staged?)
     }
 }
 

@@ -155,6 +155,12 @@ impl From<DbErr> for StageError {
     }
 }
 
+impl From<idem_runtime::StagingError> for StageError {
+    fn from(error: idem_runtime::StagingError) -> Self {
+        Self(error.to_string())
+    }
+}
+
 impl Handler for Stager {
     type Message = Msg;
     type Output = ();
@@ -723,8 +729,11 @@ async fn killed_relay_child() {
 
 async fn an_unroutable_message_holds_back_the_ones_after_it() {
     let f = Fixture::new(Backend::Postgres).await;
+    // Outside handlers, in one run: its messages go out in order.
     let message = |id: &str, routing_key: &str| {
-        OutboxMessage::new(&f.exchange, routing_key, id.as_bytes().to_vec()).message_id(id)
+        OutboxMessage::new(&f.exchange, routing_key, id.as_bytes().to_vec())
+            .message_id(id)
+            .in_run("order-1")
     };
     let tx = f.db.db.begin().await.unwrap();
     f.outbox
@@ -892,8 +901,8 @@ async fn held_back_messages_do_not_fill_the_batches() {
 }
 
 /// A message to an exchange that does not exist: the broker closes the channel it was published
-/// on, and every publish in flight on it fails. That message is found and held back with its run
-/// (the messages staged outside handlers); the other runs all go out.
+/// on, and every publish in flight on it fails. That message is found and held back (it has no
+/// run); the other runs all go out.
 async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only() {
     let f = Fixture::new(Backend::Postgres).await;
     let tx = f.db.db.begin().await.unwrap();

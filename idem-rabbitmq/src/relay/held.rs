@@ -1,12 +1,14 @@
-//! Messages a relay holds back for a while, each with the rest of its run: one the broker did
-//! not take (unroutable, refused), tried again after a few seconds; one a publish of which
-//! closed the channel (an exchange that does not exist, or that the relay may not write to),
-//! after longer; and how the relay finds such a message among a batch's publishes.
+//! What a relay remembers of the holds it makes. The holds themselves are in the outbox table
+//! ([`PendingBatch::hold`](idem_runtime::PendingBatch::hold)), where no relay takes a held
+//! message, nor the rest of its run, until the hold runs out; here are how many times each
+//! run, message of no run or exchange was held (its holds grow), the exchanges held (messages
+//! to them that turn up later are held on sight), when the next hold runs out, and how the relay
+//! finds the message whose publish closed the channel.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idem_runtime::{HeldBack, PendingMessage};
+use idem_runtime::PendingMessage;
 use tokio::time::Instant;
 
 /// How long a message whose publish closed the channel is held back before it is tried again
@@ -20,127 +22,122 @@ pub(super) const RETRY_NOT_TAKEN: Duration = Duration::from_secs(5);
 /// The longest hold of a message the broker keeps refusing.
 const MAX_HOLD: Duration = Duration::from_secs(300);
 
-/// How long the tries of a message whose hold ran out are remembered: one taken meanwhile is
-/// forgotten then.
+/// How long the tries of a hold that ran out are remembered: one taken meanwhile is forgotten
+/// then.
 const REMEMBER: Duration = Duration::from_secs(600);
 
-/// The most held-back runs a batch's statement leaves out; the oldest come first.
-const MAX_LEFT_OUT: usize = 100;
+/// What was held: the holds of each grow apart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Subject {
+    /// A run, with its messages from the held one on.
+    Run(String),
+    /// A message of no run, by id.
+    Message(String),
+    /// Every message to an exchange, with their runs.
+    Exchange(String),
+}
 
-/// The messages held back, and whether the relay is looking for one.
+impl Subject {
+    fn of(message: &PendingMessage) -> Self {
+        match &message.run {
+            Some(run) => Subject::Run(run.clone()),
+            None => Subject::Message(message.message_id.clone()),
+        }
+    }
+}
+
+/// The holds of one subject.
+#[derive(Debug)]
+struct Holds {
+    /// Holds so far, the last one included.
+    tries: u32,
+    /// When the last one runs out.
+    until: Instant,
+    /// When the oldest message it held was staged, by this process's clock.
+    staged: Instant,
+}
+
+/// A hold to write: the message (with the rest of its run) or the exchange, and for how long.
+#[derive(Debug)]
+pub(super) struct Hold<'a> {
+    pub(super) message: &'a PendingMessage,
+    pub(super) pause: Duration,
+    /// Every message to the message's exchange too: the broker refused the exchange itself.
+    pub(super) exchange: bool,
+}
+
+/// The holds this relay made, and whether it is looking for a message that closed the channel.
 #[derive(Debug, Default)]
 pub(super) struct Held {
-    /// Held messages by id.
-    messages: HashMap<String, HeldMessage>,
-    /// Exchanges held back until then, every message to them with its run: a publish to them
-    /// closed the channel (no such exchange, or no access to it).
-    exchanges: HashMap<String, Instant>,
+    holds: HashMap<Subject, Holds>,
     /// Publishes left to send one at a time, after a channel closed under several in flight:
     /// the next one to close it alone is the culprit.
     careful: u32,
 }
 
-#[derive(Debug)]
-struct HeldMessage {
-    until: Instant,
-    /// Holds so far, this one included.
-    tries: u32,
-    /// When it was staged, by this process's clock.
-    staged: Instant,
-    held_back: HeldBack,
-}
-
 impl Held {
-    /// Forgets the holds that ran out; the runs still held back, oldest first, for the next
-    /// batch to leave out.
-    pub(super) fn left_out(&mut self) -> Vec<HeldBack> {
-        let now = Instant::now();
-        self.messages.retain(|_, held| held.until + REMEMBER > now);
-        // A run is left out from its earliest held message: later ones add nothing.
-        let mut earliest: HashMap<Option<&str>, &HeldBack> = HashMap::new();
-        for held in self.messages.values().filter(|held| held.until > now) {
-            let back = &held.held_back;
-            let entry = earliest.entry(back.run.as_deref()).or_insert(back);
-            if back.seq < entry.seq {
-                *entry = back;
-            }
-        }
-        let mut left_out: Vec<HeldBack> = earliest.into_values().cloned().collect();
-        left_out.sort_by_key(|held| held.seq);
-        left_out.truncate(MAX_LEFT_OUT);
-        left_out
-    }
-
-    /// How long ago the oldest held message was staged: the batches leave it out, not the
-    /// pending age.
-    pub(super) fn oldest_age(&self) -> Option<Duration> {
-        let oldest = self.holding().map(|held| held.staged).min()?;
-        Some(oldest.elapsed())
-    }
-
-    /// When the next hold runs out, if any.
-    pub(super) fn next_release(&self) -> Option<Instant> {
-        self.holding().map(|held| held.until).min()
-    }
-
-    /// The messages held back now.
-    fn holding(&self) -> impl Iterator<Item = &HeldMessage> {
-        let now = Instant::now();
-        self.messages.values().filter(move |held| held.until > now)
-    }
-
-    /// The messages of `messages` (a batch, in the order staged) to publish now: none of a held
-    /// message's run from it on, and only the first of them while the relay is careful.
-    pub(super) fn publishable<'a>(
+    /// Forgets the holds long run out; the messages of `messages` (a batch, in the order
+    /// staged) to publish now, and those to hold on sight (their exchange is held); only the
+    /// first to publish while the relay is careful.
+    pub(super) fn sort<'a>(
         &mut self,
         messages: &'a [PendingMessage],
-    ) -> Vec<&'a PendingMessage> {
-        self.hold_for_their_exchanges(messages);
-        // Where each held run stops, its held message possibly in an earlier batch.
-        let mut stopped_from: HashMap<Option<&str>, i64> = HashMap::new();
-        for held in self.holding() {
-            let from = stopped_from
-                .entry(held.held_back.run.as_deref())
-                .or_insert(i64::MAX);
-            *from = (*from).min(held.held_back.seq);
-        }
-        let mut publishable = Vec::new();
+    ) -> (Vec<&'a PendingMessage>, Vec<Hold<'a>>) {
+        let now = Instant::now();
+        self.holds.retain(|_, holds| holds.until + REMEMBER > now);
+        let mut publishable = Vec::with_capacity(messages.len());
+        let mut holds = Vec::new();
         for message in messages {
-            let run = message.run.as_deref();
-            if stopped_from
-                .get(&run)
-                .is_some_and(|from| *from <= message.seq)
-            {
-                continue;
+            let exchange = Subject::Exchange(message.exchange.clone());
+            match self.holds.get(&exchange) {
+                Some(held) if held.until > now => holds.push(Hold {
+                    message,
+                    pause: held.until - now,
+                    exchange: false,
+                }),
+                _ => publishable.push(message),
             }
-            publishable.push(message);
         }
         if self.careful > 0 {
             publishable.truncate(1);
         }
-        publishable
+        (publishable, holds)
     }
 
-    /// Holds back the messages of `messages` to a held exchange, for as long as it is held.
-    fn hold_for_their_exchanges(&mut self, messages: &[PendingMessage]) {
+    /// The oldest message held, by when it was staged: the batches leave the held ones out, not
+    /// the pending age.
+    pub(super) fn oldest_age(&self) -> Option<Duration> {
         let now = Instant::now();
-        self.exchanges.retain(|_, until| *until > now);
-        for message in messages {
-            let Some(until) = self.exchanges.get(&message.exchange).copied() else {
-                continue;
-            };
-            let held = self.messages.get(&message.message_id);
-            if held.is_none_or(|held| held.until <= now) {
-                let tries = self.tries(&message.message_id);
-                self.hold(message, until - now, tries);
-            }
-        }
+        let oldest = (self.holds.values())
+            .filter(|holds| holds.until > now)
+            .map(|holds| holds.staged)
+            .min()?;
+        Some(oldest.elapsed())
     }
 
-    /// Holds back `message`, which the broker did not take (`why`), with the rest of its run.
-    pub(super) fn not_taken(&mut self, message: &PendingMessage, why: &impl std::fmt::Display) {
-        let tries = self.tries(&message.message_id) + 1;
-        let pause = grown(RETRY_NOT_TAKEN, tries);
+    /// When the next hold this relay made runs out, if one runs: the relay releases it then.
+    pub(super) fn next_release(&self) -> Option<Instant> {
+        let now = Instant::now();
+        (self.holds.values())
+            .map(|holds| holds.until)
+            .filter(|until| *until > now)
+            .min()
+    }
+
+    /// Whether a hold this relay made ran out after `since` (and by `now`): it is to be
+    /// released.
+    pub(super) fn ran_out(&self, since: Instant, now: Instant) -> bool {
+        (self.holds.values()).any(|holds| holds.until > since && holds.until <= now)
+    }
+
+    /// The hold of `message`, which the broker did not take (`why`), with the rest of its run.
+    pub(super) fn not_taken<'a>(
+        &mut self,
+        message: &'a PendingMessage,
+        why: &impl std::fmt::Display,
+    ) -> Hold<'a> {
+        let pause = self.held(Subject::of(message), message, RETRY_NOT_TAKEN);
+        let tries = self.tries(&Subject::of(message));
         // Said at the first tries and then less and less often, not at every one.
         if tries.is_power_of_two() {
             tracing::warn!(
@@ -154,62 +151,57 @@ impl Held {
                  its run"
             );
         }
-        self.hold(message, pause, tries);
-    }
-
-    /// The holds of the message of `id` remembered so far.
-    fn tries(&self, id: &str) -> u32 {
-        self.messages.get(id).map_or(0, |held| held.tries)
-    }
-
-    fn hold(&mut self, message: &PendingMessage, pause: Duration, tries: u32) {
-        let held_back = HeldBack::new(message.run.clone(), message.seq);
-        let now = Instant::now();
-        let held = HeldMessage {
-            until: now + pause,
-            tries,
-            staged: now.checked_sub(message.age).unwrap_or(now),
-            held_back,
-        };
-        self.messages.insert(message.message_id.clone(), held);
+        Hold {
+            message,
+            pause,
+            exchange: false,
+        }
     }
 
     /// Notes that the channel closed under `published`, the messages of a round sent before
-    /// it closed: the one message, if it was alone, is held back, and with it every message to
-    /// its exchange if the broker refused the exchange itself (`exchange_refused`: not found, no
-    /// access); otherwise the next publishes go one at a time, `careful_for` of them, to find
-    /// it.
-    pub(super) fn channel_closed(
+    /// it closed. The one message, if it was alone, is to be held back (and with it every
+    /// message to its exchange if the broker refused the exchange itself, `exchange_refused`:
+    /// not found, no access); otherwise the next publishes go one at a time, `careful_for` of
+    /// them, to find it.
+    pub(super) fn channel_closed<'a>(
         &mut self,
-        published: &[&PendingMessage],
+        published: &[&'a PendingMessage],
         careful_for: u32,
         exchange_refused: bool,
-    ) {
-        match published {
-            [culprit] => {
-                let tries = self.tries(&culprit.message_id) + 1;
-                let pause = grown(HOLD, tries);
-                tracing::error!(
-                    message_id = culprit.message_id,
-                    exchange = culprit.exchange,
-                    retry_in = ?pause,
-                    "publishing this outbox message closed the channel (no such exchange, or no \
-                     access to it); it is held back with the rest of its run{}",
-                    if exchange_refused {
-                        ", and so is every message to its exchange"
-                    } else {
-                        ""
-                    }
-                );
-                self.hold(culprit, pause, tries);
-                if exchange_refused {
-                    let until = Instant::now() + pause;
-                    self.exchanges.insert(culprit.exchange.clone(), until);
+    ) -> Option<Hold<'a>> {
+        let [culprit] = published else {
+            self.careful = careful_for;
+            return None;
+        };
+        self.careful = 0;
+        let mut pause = self.held(Subject::of(culprit), culprit, HOLD);
+        if exchange_refused {
+            // The exchange's holds grow apart from the run's; both last the longer of the two.
+            let exchange = Subject::Exchange(culprit.exchange.clone());
+            pause = pause.max(self.held(exchange.clone(), culprit, HOLD));
+            for subject in [Subject::of(culprit), exchange] {
+                if let Some(holds) = self.holds.get_mut(&subject) {
+                    holds.until = Instant::now() + pause;
                 }
-                self.careful = 0;
             }
-            _ => self.careful = careful_for,
         }
+        tracing::error!(
+            message_id = culprit.message_id,
+            exchange = culprit.exchange,
+            retry_in = ?pause,
+            "publishing this outbox message closed the channel (no such exchange, or no access \
+             to it); it is held back with the rest of its run{}",
+            if exchange_refused {
+                ", and so is every message to its exchange"
+            } else {
+                ""
+            }
+        );
+        Some(Hold {
+            message: culprit,
+            pause,
+            exchange: exchange_refused,
+        })
     }
 
     /// Notes a round whose publishes left the channel open.
@@ -218,10 +210,28 @@ impl Held {
             .careful
             .saturating_sub(u32::try_from(published).unwrap_or(u32::MAX));
     }
-}
 
-/// `base` doubled at each try after the first, up to [`MAX_HOLD`].
-fn grown(base: Duration, tries: u32) -> Duration {
-    base.saturating_mul(1 << tries.saturating_sub(1).min(16))
-        .min(MAX_HOLD)
+    /// The holds of `subject` so far.
+    fn tries(&self, subject: &Subject) -> u32 {
+        self.holds.get(subject).map_or(0, |holds| holds.tries)
+    }
+
+    /// Notes one more hold of `subject`, for `message`: `base` at first, doubling at each try
+    /// after, up to [`MAX_HOLD`]; returns its length.
+    fn held(&mut self, subject: Subject, message: &PendingMessage, base: Duration) -> Duration {
+        let now = Instant::now();
+        let staged = now.checked_sub(message.age).unwrap_or(now);
+        let holds = self.holds.entry(subject).or_insert(Holds {
+            tries: 0,
+            until: now,
+            staged,
+        });
+        holds.tries += 1;
+        let pause = base
+            .saturating_mul(1 << holds.tries.saturating_sub(1).min(16))
+            .min(MAX_HOLD);
+        holds.until = now + pause;
+        holds.staged = holds.staged.min(staged);
+        pause
+    }
 }

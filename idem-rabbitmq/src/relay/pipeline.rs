@@ -43,7 +43,11 @@ pub(super) async fn publish<'a>(
                 return settled;
             }
         }
-        if pipeline.stopped.contains(&message.run.as_deref()) {
+        if message
+            .run
+            .as_deref()
+            .is_some_and(|run| pipeline.stopped.contains(run))
+        {
             continue;
         }
         if let Err(why) = pipeline.send(session, message, wait).await {
@@ -60,11 +64,10 @@ pub(super) async fn publish<'a>(
 #[derive(Debug, Default)]
 struct Pipeline<'a> {
     in_flight: Vec<(&'a PendingMessage, Sent)>,
-    /// The runs with a message in flight; `None` stands for the messages staged outside
-    /// handlers, which keep their order among themselves.
-    runs: HashSet<Option<&'a str>>,
+    /// The runs with a message in flight (a message of no run is ordered with no other).
+    runs: HashSet<&'a str>,
     /// The runs with a message the broker did not take: their later messages wait.
-    stopped: HashSet<Option<&'a str>>,
+    stopped: HashSet<&'a str>,
     /// Whether a confirm said the channel failed: nothing more is sent on it.
     channel_failed: bool,
 }
@@ -72,7 +75,10 @@ struct Pipeline<'a> {
 impl<'a> Pipeline<'a> {
     /// Whether a message of `message`'s run is in flight.
     fn holds_run_of(&self, message: &PendingMessage) -> bool {
-        self.runs.contains(&message.run.as_deref())
+        message
+            .run
+            .as_deref()
+            .is_some_and(|run| self.runs.contains(run))
     }
 
     async fn send(
@@ -82,7 +88,7 @@ impl<'a> Pipeline<'a> {
         wait: Duration,
     ) -> Result<(), NotTaken> {
         let sent = session.send(message, wait).await?;
-        self.runs.insert(message.run.as_deref());
+        self.runs.extend(message.run.as_deref());
         self.in_flight.push((message, sent));
         Ok(())
     }
@@ -122,7 +128,7 @@ impl<'a> Pipeline<'a> {
             (answers.iter()).any(|(_, answer)| matches!(answer, Err(NotTaken::NoConfirm(_))));
         for (message, answer) in answers {
             if distrusted && answer.is_ok() {
-                self.stopped.insert(message.run.as_deref());
+                self.stopped.extend(message.run.as_deref());
                 settled.distrusted += 1;
                 continue;
             }
@@ -139,7 +145,7 @@ impl<'a> Pipeline<'a> {
                 Ok(()) => settled.sent.push(message.seq),
                 Err(why) => {
                     self.channel_failed |= why.is_channel_failure();
-                    self.stopped.insert(message.run.as_deref());
+                    self.stopped.extend(message.run.as_deref());
                     settled.not_taken.push((message, why));
                 }
             }

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::sea_orm::DbErr;
-use idem_runtime::{HeldBack, LocalRelay, Outbox, PendingBatch};
+use idem_runtime::{LocalRelay, Outbox, PendingBatch};
 use tokio::sync::{Notify, watch};
 
 use super::Settings;
-use super::held::Held;
+use super::held::{Held, Hold};
 use super::pipeline;
 use super::session::Session;
 use super::stats::Stats;
@@ -62,8 +62,10 @@ pub(super) struct Runner {
     wake: Arc<Notify>,
     stop: watch::Receiver<bool>,
     table: String,
-    /// Messages held back for a while, with their runs: the broker did not take them.
+    /// The holds it made: the broker did not take their messages.
     held: Held,
+    /// When it last released the holds that ran out.
+    released: tokio::time::Instant,
     /// Tells handlers in this process that this relay runs, until it stops.
     _local: LocalRelay,
 }
@@ -90,6 +92,7 @@ impl Runner {
             stop,
             table,
             held: Held::default(),
+            released: tokio::time::Instant::now(),
             _local: local,
         }
     }
@@ -141,18 +144,19 @@ impl Runner {
     /// Takes a batch, publishes it ([`pipeline::publish`]), holding back each message the
     /// broker does not take with its run, and marks the confirmed ones sent.
     async fn round(&mut self) -> Result<Round, Problem> {
-        let left_out = self.held.left_out();
+        self.release_holds().await?;
         let limit = self.settings.batch_size;
         let mut after = None;
         let batch = loop {
-            let Some(batch) = self.take(limit, &left_out, after).await? else {
+            let Some(batch) = self.take(limit, after).await? else {
                 return Ok(Round::Stopped);
             };
             let full = batch.rows_taken() >= usize::try_from(limit).unwrap_or(usize::MAX);
-            if !full || !self.held.publishable(batch.messages()).is_empty() {
+            if !full || !batch.messages().is_empty() {
                 break batch;
             }
-            // A whole batch of held runs (more than the statement leaves out): the next one.
+            // A whole batch of runs waiting for an earlier message another relay has in hand:
+            // the next one.
             after = batch.last_seq_taken();
             batch
                 .mark_sent(&[])
@@ -167,13 +171,25 @@ impl Runner {
             .map_or(oldest, |held| held.max(oldest));
         metrics::gauge!(OUTBOX_PENDING_AGE_SECONDS, "table" => self.table.clone())
             .set(oldest.as_secs_f64());
-        let publishable = self.held.publishable(messages);
+        let (publishable, on_sight) = self.held.sort(messages);
         if publishable.is_empty() {
-            return Ok(Round::Idle);
+            self.write_holds(&batch, &on_sight).await?;
+            let round = if on_sight.is_empty() {
+                Round::Idle
+            } else {
+                Round::Worked
+            };
+            drop(on_sight);
+            batch
+                .mark_sent(&[])
+                .await
+                .map_err(|e| self.database_error(e))?;
+            return Ok(round);
         }
         let session = self.session.as_ref().expect("connected above");
         let wait = self.settings.confirm_timeout;
         let settled = pipeline::publish(session, &publishable, wait).await;
+        let mut holds = on_sight;
         // Closed by the broker over a publish (an error of the channel, not of the connection).
         let closure = (settled.not_taken.iter()).find_map(|(_, why)| match why {
             NotTaken::Channel(error) if error.is_amqp_soft_error() => Some(error),
@@ -182,7 +198,12 @@ impl Runner {
         let closed = closure.is_some();
         if let Some(error) = closure {
             let exchange_refused = refuses_exchange(error);
-            (self.held).channel_closed(&publishable, self.settings.batch_size, exchange_refused);
+            let culprit = (self.held).channel_closed(
+                &publishable,
+                self.settings.batch_size,
+                exchange_refused,
+            );
+            holds.extend(culprit);
         } else {
             self.held.channel_kept(publishable.len());
         }
@@ -214,7 +235,7 @@ impl Runner {
             // publishes: a new channel keeps confirms and returns apart.
             replace |= why.is_channel_failure();
             if !why.is_channel_failure() || unconfirmed_alone(why) {
-                self.held.not_taken(message, why);
+                holds.push(self.held.not_taken(message, why));
             }
         }
         // A message the broker did not take is held back; only a failed channel fails the
@@ -225,12 +246,18 @@ impl Runner {
                 message_id: message.message_id.clone(),
                 why,
             });
-        let marked = batch.mark_sent(&sent).await;
+        let written = self.write_holds(&batch, &holds).await;
+        let marked = match written {
+            Ok(()) => batch
+                .mark_sent(&sent)
+                .await
+                .map_err(|e| self.database_error(e)),
+            Err(problem) => Err(problem),
+        };
         if replace {
             self.replace_session();
         }
-        if let Err(error) = marked {
-            let problem = self.database_error(error);
+        if let Err(problem) = marked {
             tracing::warn!(
                 table = self.table,
                 %problem,
@@ -247,20 +274,56 @@ impl Runner {
         }
     }
 
-    /// Connects if needed and takes up to `limit` pending messages after `after`, leaving out
-    /// the runs held back; `None` when asked to stop first. Nothing is in hand until then: a
-    /// shutdown need not wait for a broker or a database that does not answer.
+    /// Writes `holds` with `batch`: each message with the rest of its run, and every message to
+    /// an exchange the broker refused.
+    async fn write_holds(&self, batch: &PendingBatch, holds: &[Hold<'_>]) -> Result<(), Problem> {
+        for hold in holds {
+            let written = match hold.exchange {
+                true => batch
+                    .hold_exchange(&hold.message.exchange, hold.pause)
+                    .await
+                    .map(drop),
+                false => batch.hold(hold.message, hold.pause).await,
+            };
+            written.map_err(|error| self.database_error(error))?;
+        }
+        Ok(())
+    }
+
+    /// Releases the holds that ran out, when one of this relay's did or a poll interval
+    /// passed since the last release (a relay that stopped leaves its holds to the others).
+    async fn release_holds(&mut self) -> Result<(), Problem> {
+        let now = tokio::time::Instant::now();
+        let due = self.held.ran_out(self.released, now)
+            || self.released + self.settings.poll_interval <= now;
+        if !due {
+            return Ok(());
+        }
+        self.released = now;
+        let released = self
+            .outbox
+            .release_holds()
+            .await
+            .map_err(|error| self.database_error(error))?;
+        if released > 0 {
+            tracing::debug!(table = self.table, released, "outbox holds ran out");
+        }
+        Ok(())
+    }
+
+    /// Connects if needed and takes up to `limit` pending messages after `after`; `None` when
+    /// asked to stop first. Nothing is in hand until then: a shutdown need not wait for a
+    /// broker or a database that does not answer.
     async fn take(
         &mut self,
         limit: u32,
-        left_out: &[HeldBack],
         after: Option<i64>,
     ) -> Result<Option<PendingBatch>, Problem> {
         let mut stop = self.stop.clone();
         let taking = async {
             self.connect().await?;
             self.outbox
-                .take_pending_except(limit, left_out, after)
+                .take_pending_after(limit, after)
                 .await
                 .map_err(|error| self.database_error(error))
         };

@@ -163,8 +163,11 @@ impl InboxBuilder {
         store.read_lock_timeout(&self.db).await?;
         store.read_key_index(&self.db).await?;
         store.read_packet_limit(&self.db).await?;
+        let run_statements =
+            (self.outbox.as_ref()).map(|outbox| outbox.statements_for_inbox(store.quoted_table()));
         Ok(Inbox {
             inner: Arc::new(Inner {
+                run_statements,
                 db: self.db,
                 store,
                 retention: self.retention,

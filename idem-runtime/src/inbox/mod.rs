@@ -25,7 +25,7 @@ use crate::handler::{Context, Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;
-use crate::outbox::{Outbox, RunClaim};
+use crate::outbox::{Outbox, RunClaim, RunStatements};
 use crate::retention::policy::check_covers;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
@@ -86,6 +86,8 @@ pub(crate) struct Inner {
     leases: HashMap<String, Duration>,
     /// Where handlers stage outgoing messages.
     pub(crate) outbox: Option<Outbox>,
+    /// The statements that stage under this inbox's claims, with an outbox.
+    pub(crate) run_statements: Option<RunStatements>,
     /// Taken by each batch's transaction on SQLite, which writes one transaction at a time:
     /// batches waiting here take their turn at once, where SQLite's busy handler would have
     /// them sleep and poll.
@@ -206,7 +208,7 @@ impl Inbox {
             }
         };
         let claim = RunClaim {
-            inbox_table: store.quoted_table(),
+            statements: self.inner.run_statements.as_ref(),
             token,
         };
         let cx = Context::new(&request.key.message_key, metadata, Some(&tx))

@@ -27,6 +27,10 @@ pub struct OutboxMessage {
     pub(crate) content_type: Option<String>,
     pub(crate) headers: BTreeMap<String, String>,
     pub(crate) message_id: Option<String>,
+    /// The caller's key its id derives from ([`OutboxMessage::keyed`]).
+    key: Option<String>,
+    /// The run it goes out in order with, outside handlers ([`OutboxMessage::in_run`]).
+    pub(crate) run: Option<String>,
 }
 
 impl OutboxMessage {
@@ -44,6 +48,8 @@ impl OutboxMessage {
             content_type: None,
             headers: BTreeMap::new(),
             message_id: None,
+            key: None,
+            run: None,
         }
     }
 
@@ -84,6 +90,38 @@ impl OutboxMessage {
         self
     }
 
+    /// The message id derived from `key`, a key of the caller's (an order's id, a request's
+    /// `Idempotency-Key`), for a message staged outside a handler ([`Outbox::stage`]): staged
+    /// again with the same key (a retry after an answer that never came), it is the same
+    /// message, staged once and published with the same id. See [`OutboxMessage::keyed_id`].
+    ///
+    /// [`Outbox::stage`]: crate::Outbox::stage
+    pub fn keyed(mut self, key: impl AsRef<str>) -> Self {
+        let key = key.as_ref();
+        self.message_id = Some(Self::keyed_id(key));
+        self.key = Some(key.to_owned());
+        self
+    }
+
+    /// The message id [`OutboxMessage::keyed`] derives from `key`: a UUID (version 8) of the
+    /// first 16 bytes of SHA-256 over the key, the same in every process and every version.
+    pub fn keyed_id(key: &str) -> String {
+        let mut input = Vec::with_capacity(16 + key.len());
+        input.extend_from_slice(b"idem-keyed\0");
+        input.extend_from_slice(key.as_bytes());
+        uuid_of(&input)
+    }
+
+    /// The run the message goes out in, outside handlers: the messages of one run are
+    /// published in the order they were staged, and one the broker does not take holds back
+    /// the rest of its run. Stage a run's messages one after the other, each transaction
+    /// committed before the next stages; messages of different runs, and messages without a
+    /// run, are not ordered with each other. (A handler's stagings are a run of their own.)
+    pub fn in_run(mut self, run: impl Into<String>) -> Self {
+        self.run = Some(run.into());
+        self
+    }
+
     /// The destination exchange.
     pub fn exchange_name(&self) -> &str {
         &self.exchange
@@ -119,6 +157,19 @@ impl OutboxMessage {
                     .then(|| "the message id is empty".to_owned())
             })
             .or_else(|| {
+                self.key
+                    .as_deref()
+                    .is_some_and(str::is_empty)
+                    .then(|| "the key is empty".to_owned())
+            })
+            .or_else(|| self.run.as_deref().and_then(|run| long("run", run)))
+            .or_else(|| {
+                self.run
+                    .as_deref()
+                    .is_some_and(str::is_empty)
+                    .then(|| "the run is empty".to_owned())
+            })
+            .or_else(|| {
                 self.headers
                     .keys()
                     .find_map(|name| long("header name", name))
@@ -148,12 +199,31 @@ pub fn derived_id(origin: &InboxKey, position: u32) -> String {
     input.extend_from_slice(origin.message_key.as_str().as_bytes());
     input.push(0);
     input.extend_from_slice(&position.to_be_bytes());
-    let hash = Fingerprint::of_bytes(&input);
+    uuid_of(&input)
+}
+
+/// A UUID (version 8) of the first 16 bytes of SHA-256 over `input`.
+fn uuid_of(input: &[u8]) -> String {
+    let hash = Fingerprint::of_bytes(input);
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&hash.as_bytes()[..16]);
     bytes[6] = (bytes[6] & 0x0f) | 0x80; // version 8: custom
     bytes[8] = (bytes[8] & 0x3f) | 0x80; // RFC 4122 variant
     uuid::Uuid::from_bytes(bytes).hyphenated().to_string()
+}
+
+/// What the outbox's `origin` column holds for a run: a handler's run, its consumer's length
+/// and then its consumer and key (`14:billing.charge/o-1`: no two handler runs alike, whatever
+/// their names hold), or a run named outside handlers, `run:<name>`; none for a message of no
+/// run.
+pub(crate) fn handler_run(origin: &InboxKey) -> String {
+    let consumer = origin.consumer.as_str();
+    format!("{}:{consumer}/{}", consumer.len(), origin.message_key)
+}
+
+/// See [`handler_run`].
+pub(crate) fn named_run(name: &str) -> String {
+    format!("run:{name}")
 }
 
 #[cfg(test)]
@@ -183,6 +253,30 @@ mod tests {
         ] {
             assert_ne!(a, other);
         }
+    }
+
+    #[test]
+    fn keyed_ids_and_runs_are_their_own() {
+        let a = OutboxMessage::keyed_id("order-42");
+        assert_eq!(a, OutboxMessage::keyed_id("order-42"));
+        assert_ne!(a, OutboxMessage::keyed_id("order-43"));
+        let message = OutboxMessage::new("x", "y", Vec::new()).keyed("order-42");
+        assert_eq!(message.message_id.as_deref(), Some(a.as_str()));
+        assert!(
+            OutboxMessage::new("x", "y", Vec::new())
+                .keyed("")
+                .problem()
+                .is_some()
+        );
+        assert!(
+            OutboxMessage::new("x", "y", Vec::new())
+                .in_run("")
+                .problem()
+                .is_some()
+        );
+        // A consumer holding the separator does not make two runs one.
+        assert_ne!(handler_run(&key("a/b", "c")), handler_run(&key("a", "b/c")));
+        assert_ne!(handler_run(&key("run", "x")), named_run("x"));
     }
 
     #[test]

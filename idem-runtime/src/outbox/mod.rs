@@ -2,9 +2,11 @@
 //! its effects and its inbox record or not at all, and published afterwards by a relay (the
 //! RabbitMQ adapter's `Relay`) with ids that every re-execution derives identically.
 
+mod error;
 mod message;
 mod outbound;
 mod pending;
+mod statements;
 mod table;
 
 use std::sync::Arc;
@@ -19,14 +21,18 @@ use crate::error::{ConfigError, Error, Result};
 use crate::key::InboxKey;
 use crate::store::dialect::Dialect;
 use crate::store::table::TableName;
+use statements::{Guard, Statements};
 
+pub use error::StagingError;
 pub use message::{OutboxMessage, derived_id};
+pub(crate) use message::{handler_run, named_run};
 pub use outbound::Outbound;
 pub(crate) use outbound::RunClaim;
-pub use pending::{HeldBack, PendingBatch, PendingMessage};
-pub use table::create_outbox_statements;
+pub use pending::{PendingBatch, PendingMessage};
+pub(crate) use statements::RunStatements;
 #[cfg(feature = "migration")]
 pub(crate) use table::drop_outbox_statement;
+pub use table::{create_outbox_statements, upgrade_outbox_statements};
 
 /// The counter of messages staged in committed transactions, by table.
 pub const OUTBOX_STAGED_TOTAL: &str = "idem_outbox_staged_total";
@@ -48,6 +54,7 @@ struct Inner {
     db: DatabaseConnection,
     dialect: Dialect,
     table: TableName,
+    statements: Statements,
     /// How long sent rows are kept before the cleaner deletes them.
     retention: Duration,
     /// Wakes relays in this process after a commit that staged messages.
@@ -100,135 +107,139 @@ impl Outbox {
 
     /// Stages `message` in the transaction `conn` (or on a connection, committing at once), for
     /// code outside handlers: an HTTP endpoint that writes and publishes in one transaction.
-    /// Returns its message id: the one [`OutboxMessage::message_id`] gave, else a random one. A
-    /// message whose id is already staged is not staged again. Call
-    /// [`Outbox::notify_staged`] after the commit to wake the relays of this process at once.
+    /// Returns its message id: the one [`OutboxMessage::message_id`] or
+    /// [`OutboxMessage::keyed`] gave, else a random one. A message whose id is already staged is
+    /// not staged again. Call [`Outbox::notify_staged`] after the commit to wake the relays of
+    /// this process at once; on PostgreSQL, relays in other processes are told by the same
+    /// statement.
+    ///
+    /// Outside a transaction the staging is one statement, which commits or not: an error means
+    /// nothing was staged, except when the database's answer never came, when it may have
+    /// been. A message with a key of the caller's ([`OutboxMessage::keyed`]) can be staged again
+    /// then, without a second copy. Messages staged outside handlers are ordered only within a
+    /// run ([`OutboxMessage::in_run`]).
     ///
     /// # Errors
     ///
-    /// The message cannot be published as it is (a name longer than AMQP allows), or the
-    /// database failed.
+    /// The message cannot be published as it is ([`StagingError::Invalid`]), or the database
+    /// failed ([`StagingError::Database`]).
     pub async fn stage(
         &self,
         conn: &impl ConnectionTrait,
         message: OutboxMessage,
-    ) -> Result<String, DbErr> {
+    ) -> Result<String, StagingError> {
         let id = message
             .message_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().hyphenated().to_string());
-        self.stage_as(conn, &id, None, &message, true, None).await?;
+        let run = message.run.as_deref().map(named_run);
+        let staging = Staging {
+            id: &id,
+            run: run.as_deref(),
+            announce: true,
+        };
+        self.insert(
+            conn,
+            self.inner.statements.stage(),
+            staging,
+            &message,
+            Vec::new(),
+        )
+        .await?;
         Ok(id)
     }
 
-    /// Stages `message` as `id`, from the handler run of `origin` (which orders the relay's
-    /// publishes), unless a message with that id is staged already; on PostgreSQL, with
-    /// `notify`, also announces the commit to listening relays (once per transaction is enough).
-    pub(crate) async fn stage_as(
+    /// Stages `message` as `id` for the handler run of `key`, unless a message with that id is
+    /// staged already, and, under the run's `claim` (the inbox's runs have one), only while the
+    /// run's transaction still holds it; on PostgreSQL, with `announce`, also announces the
+    /// commit to listening relays (once per transaction is enough).
+    pub(crate) async fn stage_for_run(
         &self,
         conn: &impl ConnectionTrait,
         id: &str,
-        origin: Option<&str>,
         message: &OutboxMessage,
-        notify: bool,
-        claim: Option<(RunClaim<'_>, &InboxKey)>,
-    ) -> Result<(), DbErr> {
+        announce: bool,
+        key: &InboxKey,
+        claim: Option<RunClaim<'_>>,
+    ) -> Result<(), StagingError> {
+        let run = handler_run(key);
+        let staging = Staging {
+            id,
+            run: Some(&run),
+            announce,
+        };
+        let Some((claim, statements)) = claim.and_then(|c| Some((c, c.statements?))) else {
+            // A context made by hand (a unit test's): no claim to check.
+            let statement = self.inner.statements.stage();
+            self.insert(conn, statement, staging, message, Vec::new())
+                .await?;
+            return Ok(());
+        };
+        let guard_values = match statements.guard {
+            Guard::Claim => claim.values(key),
+            _ => Vec::new(),
+        };
+        let staged = self
+            .insert(conn, &statements.stage, staging, message, guard_values)
+            .await?;
+        // Nothing written: a message of this id staged already (a repeat of the run; MariaDB
+        // counts it as written), or the claim gone with the transaction.
+        if staged == 0 {
+            let held = match statements.guard {
+                Guard::InTransaction => false,
+                _ => {
+                    let check = self.statement(&statements.claim_held, claim.values(key));
+                    conn.query_one_raw(check).await?.is_some()
+                }
+            };
+            if !held {
+                return Err(StagingError::ClaimLost);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one staging statement for `message`, binding `guard` after its values; returns
+    /// how many rows it wrote.
+    async fn insert(
+        &self,
+        conn: &impl ConnectionTrait,
+        statement: &statements::Staging,
+        staging: Staging<'_>,
+        message: &OutboxMessage,
+        guard: Vec<Value>,
+    ) -> Result<u64, StagingError> {
         if let Some(problem) = message.problem() {
-            return Err(DbErr::Custom(format!(
-                "cannot stage this message: {problem}"
-            )));
+            return Err(StagingError::Invalid(problem));
         }
         let headers = (!message.headers.is_empty())
             .then(|| serde_json::to_string(&message.headers).expect("string maps serialize"));
-        let t = self.quoted();
-        let now = self.inner.dialect.now_ms();
-        let columns =
-            "message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
-        let values = format!("?, ?, ?, ?, ?, ?, ?, {now}");
-        // A handler run stages only while its transaction still holds its inbox claim: one the
-        // database rolled back under the handler (a MySQL/MariaDB deadlock, a SQLite error the
-        // handler ignored) or that the handler ended itself no longer does, and the event would
-        // commit on its own, of an effect that never was.
-        // MariaDB tells it cheaper: a transaction is open only until it is rolled back.
-        let in_transaction = self.inner.dialect.tells_open_transaction();
-        let held = claim.map(|(claim, _)| {
-            if in_transaction {
-                " WHERE @@in_transaction = 1".to_owned()
-            } else {
-                format!(
-                    " WHERE EXISTS (SELECT 1 FROM {} WHERE consumer = ? AND message_key = ? \
-                     AND claim_token = ?)",
-                    claim.inbox_table
-                )
-            }
-        });
-        let sql = match (self.backend(), held) {
-            (DbBackend::MySql, Some(held)) => format!(
-                "INSERT INTO {t} ({columns}) SELECT {values} FROM DUAL{held} \
-                 ON DUPLICATE KEY UPDATE seq = seq"
-            ),
-            (_, Some(held)) => format!(
-                "INSERT INTO {t} ({columns}) SELECT {values}{held} \
-                 ON CONFLICT (message_id) DO NOTHING"
-            ),
-            // Not `INSERT IGNORE`, which would also store a value too long for its column
-            // truncated, with a warning.
-            (DbBackend::MySql, None) => format!(
-                "INSERT INTO {t} ({columns}) VALUES ({values}) ON DUPLICATE KEY UPDATE seq = seq"
-            ),
-            (_, None) => format!(
-                "INSERT INTO {t} ({columns}) VALUES ({values}) ON CONFLICT (message_id) DO NOTHING"
-            ),
-        };
         let mut values = vec![
-            Value::from(id.to_owned()),
+            Value::from(staging.id.to_owned()),
             Value::from(message.exchange.clone()),
             Value::from(message.routing_key.clone()),
             Value::from(message.content_type.clone()),
             Value::from(headers),
             Value::from(message.payload.clone()),
-            Value::from(origin.map(str::to_owned)),
+            Value::from(staging.run.map(str::to_owned)),
         ];
-        if let (Some((claim, key)), false) = (claim, in_transaction) {
-            values.extend(claim.values(key));
+        values.extend(guard);
+        let announce = staging.announce && self.backend() == DbBackend::Postgres;
+        if announce {
+            values.push(Value::from(self.channel()));
         }
-        let staged = conn.execute_raw(self.statement(&sql, values)).await?;
-        // Nothing written: a message of this id staged already (a repeat of the run; MariaDB
-        // counts it as written), or the claim gone with the transaction.
-        if let Some((claim, key)) = claim
-            && staged.rows_affected() == 0
-            && (in_transaction || !self.claim_held(conn, claim, key).await?)
-        {
-            return Err(DbErr::Custom(
-                "nothing staged: the handler's transaction is no longer open (the database \
-                 rolled it back, or the handler ended it)"
-                    .to_owned(),
-            ));
+        let sql = statement.sql(announce);
+        if self.backend() == DbBackend::Postgres {
+            let rows = conn.query_all_raw(self.statement(sql, values)).await?;
+            return Ok(rows.len() as u64);
         }
-        if notify && self.backend() == DbBackend::Postgres {
-            // Delivered to listening relays when the transaction commits; never if it rolls back.
-            let notify = "SELECT pg_notify(?, '')";
-            conn.query_one_raw(self.statement(notify, vec![Value::from(self.channel())]))
-                .await?;
-        }
-        Ok(())
+        let result = conn.execute_raw(self.statement(sql, values)).await?;
+        Ok(result.rows_affected())
     }
 
-    /// Whether `conn`'s transaction still holds the run's inbox claim.
-    async fn claim_held(
-        &self,
-        conn: &impl ConnectionTrait,
-        claim: RunClaim<'_>,
-        key: &InboxKey,
-    ) -> Result<bool, DbErr> {
-        let sql = format!(
-            "SELECT 1 FROM {} WHERE consumer = ? AND message_key = ? AND claim_token = ?",
-            claim.inbox_table
-        );
-        let row = conn
-            .query_one_raw(self.statement(&sql, claim.values(key)))
-            .await?;
-        Ok(row.is_some())
+    /// The statements of the handler runs of the inbox whose table is `inbox` (quoted).
+    pub(crate) fn statements_for_inbox(&self, inbox: &str) -> RunStatements {
+        self.inner.statements.for_inbox(inbox)
     }
 
     /// Wakes the relays of this process: call it after committing a transaction that staged
@@ -294,24 +305,15 @@ impl Outbox {
     ///
     /// The database failed.
     pub async fn delete_sent(&self, limit: u32) -> Result<u64, DbErr> {
-        let t = self.quoted();
-        let now = self.inner.dialect.now_ms();
-        let sql = match self.backend() {
-            DbBackend::MySql => {
-                format!("DELETE FROM {t} WHERE sent_at < {now} - ? ORDER BY sent_at LIMIT ?")
-            }
-            _ => format!(
-                "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} WHERE sent_at < {now} - ? LIMIT ?)"
-            ),
-        };
         let values = vec![
             Value::from(duration_ms(self.inner.retention)),
             Value::from(i64::from(limit)),
         ];
+        let sql = &self.inner.statements.delete_sent;
         let result = self
             .inner
             .db
-            .execute_raw(self.statement(&sql, values))
+            .execute_raw(self.statement(sql, values))
             .await?;
         Ok(result.rows_affected())
     }
@@ -320,13 +322,19 @@ impl Outbox {
         self.inner.dialect.backend()
     }
 
-    fn quoted(&self) -> String {
-        self.inner.table.quoted(self.backend())
-    }
-
+    /// A statement of the outbox's, whose text is in the backend's placeholders already.
     fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
-        Statement::from_sql_and_values(self.backend(), self.inner.dialect.placeholders(sql), values)
+        Statement::from_sql_and_values(self.backend(), sql, values)
     }
+}
+
+/// What one staging writes besides the message: its id, its run, and whether it announces
+/// itself (PostgreSQL).
+#[derive(Debug, Clone, Copy)]
+struct Staging<'a> {
+    id: &'a str,
+    run: Option<&'a str>,
+    announce: bool,
 }
 
 impl OutboxBuilder {
@@ -360,6 +368,7 @@ impl OutboxBuilder {
             inner: Arc::new(Inner {
                 db: self.db,
                 dialect,
+                statements: Statements::new(dialect, &table),
                 table,
                 retention: self.retention,
                 staged: Notify::new(),
@@ -369,6 +378,7 @@ impl OutboxBuilder {
         };
         if self.create_table {
             crate::inbox::starting(|| outbox.create_table()).await?;
+            crate::inbox::starting(|| outbox.upgrade_table()).await?;
         }
         outbox.check_schema().await.map_err(|error| {
             Error::from(ConfigError::SchemaMismatch {
@@ -394,16 +404,42 @@ impl Outbox {
         tx.commit().await
     }
 
+    /// Brings a table an earlier version created to this version's schema: the `held_until`
+    /// column and the indexes of ready rows, runs and holds.
+    async fn upgrade_table(&self) -> Result<(), DbErr> {
+        let db = &self.inner.db;
+        let column = match self.backend() {
+            DbBackend::Postgres => {
+                "SELECT 1 FROM information_schema.columns WHERE \
+                 table_schema = current_schema() AND table_name = $1 AND column_name = 'held_until'"
+            }
+            DbBackend::MySql => {
+                "SELECT 1 FROM information_schema.columns WHERE \
+                 table_schema = DATABASE() AND table_name = ? AND column_name = 'held_until'"
+            }
+            _ => "SELECT 1 FROM pragma_table_info(?) WHERE name = 'held_until'",
+        };
+        let table = Value::from(self.table().as_str().to_owned());
+        if db
+            .query_one_raw(self.statement(column, vec![table]))
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+        tracing::info!(table = self.table().as_str(), "upgrading the outbox table");
+        for sql in upgrade_outbox_statements(self.backend(), self.table()) {
+            db.execute_unprepared(&sql).await?;
+        }
+        Ok(())
+    }
+
     /// Reads every column this version uses, from no row: a table of another shape fails here.
     async fn check_schema(&self) -> Result<(), DbErr> {
-        let sql = format!(
-            "SELECT seq, message_id, exchange, routing_key, content_type, headers, payload, origin, \
-             staged_at, sent_at FROM {} WHERE 1 = 0",
-            self.quoted()
-        );
+        let sql = &self.inner.statements.check_schema;
         self.inner
             .db
-            .query_all_raw(Statement::from_string(self.backend(), sql))
+            .query_all_raw(self.statement(sql, Vec::new()))
             .await?;
         Ok(())
     }

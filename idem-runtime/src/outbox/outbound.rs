@@ -3,9 +3,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use sea_orm::{DatabaseTransaction, DbErr};
+use sea_orm::DatabaseTransaction;
 
-use super::{Outbox, OutboxMessage, derived_id};
+use super::{Outbox, OutboxMessage, RunStatements, StagingError, derived_id};
 use crate::key::{ConsumerName, InboxKey, MessageKey};
 
 /// A handler run's way out: [`Outbound::stage`] stages a message in the handler's transaction,
@@ -28,11 +28,12 @@ pub struct Outbound<'a> {
     staged: AtomicU32,
 }
 
-/// The inbox claim a handler run holds in its transaction.
+/// The inbox claim a handler run holds in its transaction, and the statements that stage
+/// under it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RunClaim<'a> {
-    /// The inbox table, quoted.
-    pub(crate) inbox_table: &'a str,
+    /// The staging statements of the inbox's runs; `None` without an outbox.
+    pub(crate) statements: Option<&'a RunStatements>,
     pub(crate) token: i64,
 }
 
@@ -82,39 +83,45 @@ impl<'a> Outbound<'a> {
     }
 
     /// Stages `message` in the handler's transaction: it is published after the commit, with
-    /// the returned message id, or never if the transaction rolls back.
+    /// the returned message id, or never if the transaction rolls back. Only a staging that
+    /// was kept takes its place in the run's order: one that failed (refused inside a
+    /// savepoint the handler rolled back, say) leaves its id to the next, as a replay derives
+    /// them.
     ///
     /// # Errors
     ///
-    /// The handler is not transactional (a two-phase handler has no transaction to stage in:
-    /// pass [`Outbound::downstream_key`] to the service it calls instead), the inbox has no
-    /// outbox ([`InboxBuilder::outbox`](crate::InboxBuilder::outbox)), the message cannot be
-    /// published as it is, or the database failed.
-    pub async fn stage(&self, message: OutboxMessage) -> Result<String, DbErr> {
+    /// The handler is not transactional ([`StagingError::NoTransaction`]: a two-phase handler
+    /// has no transaction to stage in; pass [`Outbound::downstream_key`] to the service it
+    /// calls instead), the inbox has no outbox ([`StagingError::NoOutbox`],
+    /// [`InboxBuilder::outbox`](crate::InboxBuilder::outbox)), the message cannot be published
+    /// as it is ([`StagingError::Invalid`]), the run's transaction was lost
+    /// ([`StagingError::ClaimLost`]), or the database failed ([`StagingError::Database`]).
+    pub async fn stage(&self, message: OutboxMessage) -> Result<String, StagingError> {
         let Some(tx) = self.transaction else {
-            return Err(DbErr::Custom(
-                "a two-phase handler cannot stage messages: it has no transaction".to_owned(),
-            ));
+            return Err(StagingError::NoTransaction);
         };
-        let Some(outbox) = self.outbox else {
-            return Err(DbErr::Custom(
-                "this inbox has no outbox to stage messages in: give it one with \
-                 InboxBuilder::outbox"
-                    .to_owned(),
-            ));
+        let (Some(outbox), Origin::Inbox(key)) = (self.outbox, &self.origin) else {
+            return Err(StagingError::NoOutbox);
         };
-        let id = self.downstream_key();
-        let origin = self.origin_text();
         // Relays in other processes are told once per run (one announcement wakes them for
         // all), and only when none runs here: the inbox wakes that one after the commit.
-        let notify = self.staged() == 0 && !outbox.has_local_relay();
-        let claim = match (self.claim, &self.origin) {
-            (Some(claim), Origin::Inbox(key)) => Some((claim, *key)),
-            _ => None,
-        };
-        outbox
-            .stage_as(tx, &id, Some(&origin), &message, notify, claim)
-            .await?;
+        let announce = self.staged() == 0 && !outbox.has_local_relay();
+        let position = self.next.fetch_add(1, Ordering::Relaxed);
+        let id = self.id_at(position);
+        let staged = outbox
+            .stage_for_run(tx, &id, &message, announce, key, self.claim)
+            .await;
+        if let Err(error) = staged {
+            // Given back, unless a later position was taken meanwhile (stagings at once, in
+            // no order a replay could follow anyway).
+            let _ = self.next.compare_exchange(
+                position + 1,
+                position,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            return Err(error);
+        }
         self.staged.fetch_add(1, Ordering::Relaxed);
         Ok(id)
     }
@@ -123,6 +130,11 @@ impl<'a> Outbound<'a> {
     /// this run, after a takeover or a redelivery, passes the same keys in the same order.
     pub fn downstream_key(&self) -> String {
         let position = self.next.fetch_add(1, Ordering::Relaxed);
+        self.id_at(position)
+    }
+
+    /// The id derived for `position`.
+    fn id_at(&self, position: u32) -> String {
         match self.origin {
             Origin::Inbox(origin) => derived_id(origin, position),
             Origin::Key(key) => derived_id(
@@ -138,12 +150,5 @@ impl<'a> Outbound<'a> {
     /// How many messages this run staged.
     pub fn staged(&self) -> u32 {
         self.staged.load(Ordering::Relaxed)
-    }
-
-    fn origin_text(&self) -> String {
-        match self.origin {
-            Origin::Inbox(origin) => origin.to_string(),
-            Origin::Key(key) => key.to_string(),
-        }
     }
 }

@@ -1,18 +1,22 @@
-//! What a relay takes from the outbox: committed, unsent messages, locked so that relays in
-//! other processes skip them, and marked sent once their publishes are confirmed.
+//! What a relay takes from the outbox: committed, unsent messages ready to publish, locked so
+//! that relays in other processes skip them, held back while the broker does not take them, and
+//! marked sent once their publishes are confirmed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
+use sea_orm::sea_query::ArrayType;
 use sea_orm::{
-    ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult, Statement,
+    ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult,
     TransactionTrait, Value,
 };
-
 use tokio::sync::OwnedMutexGuard;
 
 use super::Outbox;
+use super::statements::{Bound, rows_for};
+use crate::clock::duration_ms;
 
 /// A staged message waiting to be published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,28 +38,10 @@ pub struct PendingMessage {
     pub payload: Vec<u8>,
     /// How long ago it was staged, by the database's clock.
     pub age: Duration,
-    /// The handler run that staged it (its consumer and message key), whose messages go out in
-    /// the order it staged them; `None` for a message staged outside handlers
-    /// ([`Outbox::stage`]).
+    /// The run whose messages go out in the order staged (a handler run, or a run named outside
+    /// handlers, [`OutboxMessage::in_run`](crate::OutboxMessage::in_run)); `None` for a message
+    /// of no run, ordered with no other.
     pub run: Option<String>,
-}
-
-/// A message a relay holds back for a while (the broker did not take it), and with it the rest
-/// of its run: [`Outbox::take_pending_except`] leaves them out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HeldBack {
-    /// Its run, as [`PendingMessage::run`] says.
-    pub run: Option<String>,
-    /// Its place in the order of staging: its run's messages from it on are left out.
-    pub seq: i64,
-}
-
-impl HeldBack {
-    /// The message at `seq` of `run` held back.
-    pub fn new(run: Option<String>, seq: i64) -> Self {
-        Self { run, seq }
-    }
 }
 
 /// Pending messages taken by one relay, in the order they were staged, locked until
@@ -67,188 +53,88 @@ pub struct PendingBatch {
     /// On SQLite, the turn of this outbox's relays in this process.
     _turn: Option<OwnedMutexGuard<()>>,
     messages: Vec<PendingMessage>,
-    /// How many rows the statement took, and the last one's seq, before the runs another relay
-    /// holds were left out.
+    /// How many rows the statement took, and the last one's seq, before the runs waiting for
+    /// an earlier message were left out.
     scanned: (usize, Option<i64>),
     outbox: Outbox,
 }
 
 impl Outbox {
-    /// Takes up to `limit` committed, unsent messages, oldest first, skipping those another
-    /// relay holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB). Messages staged
-    /// by one handler run go out in their order: a run whose earlier message another relay
-    /// holds is left for later.
+    /// Takes up to `limit` committed, unsent messages ready to publish, oldest first, skipping
+    /// those another relay holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB) and
+    /// those held back ([`PendingBatch::hold`]). Messages of one run go out in their order: a
+    /// run whose earlier message another relay has in hand is left for later, and one whose
+    /// earlier message is held back is held back with it.
     ///
     /// SQLite serves one process, whose relays of this outbox (this value and its clones) take
     /// turns: a batch waits for the one in hand to be marked sent or dropped. No transaction is
     /// held meanwhile, so handlers can write while the batch is published: a write lock held
     /// across the broker's confirms would stop every handler for as long.
     pub async fn take_pending(&self, limit: u32) -> Result<PendingBatch, DbErr> {
-        self.take_pending_except(limit, &[], None).await
+        self.take_pending_after(limit, None).await
     }
 
-    /// Like [`Outbox::take_pending`], leaving out the runs of `held` from each held message on,
-    /// and, with `after`, every message up to that seq: messages a relay holds back do not fill
-    /// its batches, and what was staged after them still goes out.
-    pub async fn take_pending_except(
+    /// [`Outbox::take_pending`] from the message after seq `after` on: a relay whose whole
+    /// batch waited for earlier messages takes the next ones.
+    pub async fn take_pending_after(
         &self,
         limit: u32,
-        held: &[HeldBack],
         after: Option<i64>,
     ) -> Result<PendingBatch, DbErr> {
-        if self.backend() == DbBackend::Sqlite {
-            let turn = Arc::clone(&self.inner.relay_turn).lock_owned().await;
-            let rows = self
-                .inner
-                .db
-                .query_all_raw(self.pending_statement(limit, held, after, ""))
-                .await?;
-            let messages: Vec<PendingMessage> = rows
-                .iter()
-                .map(|row| self.read_pending(row))
-                .collect::<Result<_, _>>()?;
-            return Ok(PendingBatch {
-                tx: None,
-                _turn: Some(turn),
-                scanned: (messages.len(), messages.last().map(|m| m.seq)),
-                messages,
-                outbox: self.clone(),
-            });
-        }
-        let tx = if self.backend() == DbBackend::MySql {
+        let values = vec![
+            Value::from(after.unwrap_or(0)),
+            Value::from(i64::from(limit)),
+        ];
+        let statements = &self.inner.statements;
+        let (tx, turn) = match self.backend() {
+            DbBackend::Sqlite => (
+                None,
+                Some(Arc::clone(&self.inner.relay_turn).lock_owned().await),
+            ),
             // Without gap locks: under REPEATABLE READ, marking rows sent would wait for the
             // gaps another relay's skip-locked scan holds.
-            self.inner
-                .db
-                .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
-                .await?
-        } else {
-            self.inner.dialect.begin(&self.inner.db).await?
+            DbBackend::MySql => {
+                let tx = (self.inner.db)
+                    .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
+                    .await?;
+                (Some(tx), None)
+            }
+            _ => (Some(self.inner.dialect.begin(&self.inner.db).await?), None),
         };
-        let rows = tx
-            .query_all_raw(self.pending_statement(limit, held, after, " FOR UPDATE SKIP LOCKED"))
-            .await?;
-        let mut taken = Vec::with_capacity(rows.len());
-        for row in &rows {
-            taken.push(self.read_pending(row)?);
-        }
-        let held_back = self.runs_held_elsewhere(&tx, &taken).await?;
+        let rows = match &tx {
+            Some(tx) => {
+                tx.query_all_raw(self.statement(&statements.take, values))
+                    .await?
+            }
+            None => {
+                let take = self.statement(&statements.take_unlocked, values);
+                self.inner.db.query_all_raw(take).await?
+            }
+        };
+        let taken = rows
+            .iter()
+            .map(|row| self.read_pending(row))
+            .collect::<Result<Vec<_>, _>>()?;
         let scanned = (taken.len(), taken.last().map(|m| m.seq));
-        let messages = taken
-            .into_iter()
-            .filter(|message| !held_back.contains_key(&message.run))
-            .collect();
-        Ok(PendingBatch {
-            tx: Some(tx),
-            _turn: None,
-            messages,
+        let batch = PendingBatch {
+            tx,
+            _turn: turn,
+            messages: Vec::new(),
             scanned,
             outbox: self.clone(),
-        })
+        };
+        batch.keep_runs_in_order(taken).await
     }
 
-    /// The oldest `limit` unsent messages after seq `after`, but those of `held`'s runs from
-    /// each on, with `lock`.
-    fn pending_statement(
-        &self,
-        limit: u32,
-        held: &[HeldBack],
-        after: Option<i64>,
-        lock: &str,
-    ) -> Statement {
-        let t = self.quoted();
-        let now = self.inner.dialect.now_ms();
-        let mut values = Vec::with_capacity(2 * held.len() + 1);
-        let mut left_out = String::new();
-        for held in held {
-            match &held.run {
-                Some(run) => {
-                    // `origin = ?` is unknown for a NULL origin, which `NOT` would leave out.
-                    let origin = self.origin_bytes();
-                    left_out.push_str(&format!(
-                        " AND NOT (origin IS NOT NULL AND {origin} = ? AND seq >= ?)"
-                    ));
-                    values.push(Value::from(run.clone()));
-                }
-                None => left_out.push_str(" AND NOT (origin IS NULL AND seq >= ?)"),
-            }
-            values.push(Value::from(held.seq));
-        }
-        if let Some(after) = after {
-            left_out.push_str(" AND seq > ?");
-            values.push(Value::from(after));
-        }
-        values.push(Value::from(i64::from(limit)));
-        let sql = format!(
-            "SELECT seq, message_id, exchange, routing_key, content_type, headers, payload, \
-             origin, staged_at, {now} FROM {t} WHERE sent_at IS NULL{left_out} \
-             ORDER BY seq LIMIT ?{lock}"
-        );
-        self.statement(&sql, values)
-    }
-
-    /// The runs among `taken` (handler runs, and `None` for the messages staged outside
-    /// handlers) whose earlier messages are still unsent and not taken here: another relay
-    /// holds them, and these must wait for them.
-    async fn runs_held_elsewhere(
-        &self,
-        tx: &DatabaseTransaction,
-        taken: &[PendingMessage],
-    ) -> Result<HashMap<Option<String>, i64>, DbErr> {
-        let mut held = HashMap::new();
-        // The messages staged outside handlers, one run.
-        if let Some(ours) = taken.iter().find(|m| m.run.is_none()).map(|m| m.seq) {
-            let sql = format!(
-                "SELECT MIN(seq) FROM {} WHERE sent_at IS NULL AND origin IS NULL",
-                self.quoted()
-            );
-            let row = tx.query_one_raw(self.statement(&sql, Vec::new())).await?;
-            let earliest: Option<i64> = match row {
-                Some(row) => row.try_get_by_index(0)?,
-                None => None,
-            };
-            if let Some(earliest) = earliest.filter(|earliest| *earliest < ours) {
-                held.insert(None, earliest);
-            }
-        }
-        let mut first: HashMap<String, i64> = HashMap::new();
-        for message in taken {
-            if let Some(origin) = &message.run {
-                first.entry(origin.clone()).or_insert(message.seq);
-            }
-        }
-        if first.is_empty() {
-            return Ok(held);
-        }
-        let origins: Vec<&String> = first.keys().collect();
-        let list = vec!["?"; origins.len()].join(", ");
-        let origin = self.origin_bytes();
-        let sql = format!(
-            "SELECT {origin}, MIN(seq) FROM {} WHERE sent_at IS NULL AND {origin} IN ({list}) \
-             GROUP BY {origin}",
-            self.quoted()
-        );
-        let values = origins.iter().map(|o| Value::from((*o).clone())).collect();
-        let rows = tx.query_all_raw(self.statement(&sql, values)).await?;
-        for row in rows {
-            let origin = self.read_text(&row, 0, "run")?;
-            let earliest: i64 = row.try_get_by_index(1)?;
-            if first.get(&origin).is_some_and(|ours| earliest < *ours) {
-                held.insert(Some(origin), earliest);
-            }
-        }
-        Ok(held)
-    }
-
-    /// The origin column compared by its bytes: MySQL/MariaDB's default collation takes runs
-    /// that differ in case, accents or trailing spaces (`c/a`, `c/A`) for one.
-    fn origin_bytes(&self) -> &'static str {
-        if self.backend() == DbBackend::MySql {
-            // Converted first: an origin column created latin1 by an older version.
-            "CAST(CONVERT(origin USING utf8mb4) AS BINARY)"
-        } else {
-            "origin"
-        }
+    /// Releases the holds that ran out, whoever set them (a relay that stopped meanwhile);
+    /// returns how many messages it released.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn release_holds(&self) -> Result<u64, DbErr> {
+        let release = self.statement(&self.inner.statements.release, Vec::new());
+        Ok(self.inner.db.execute_raw(release).await?.rows_affected())
     }
 
     /// A text column, which MySQL/MariaDB hands over as bytes when it is binary.
@@ -284,15 +170,97 @@ impl Outbox {
     }
 }
 
+/// What the earliest unsent message of a run taken in a batch says.
+struct Earliest {
+    seq: i64,
+    /// How long the latest hold among the run's messages still runs (milliseconds), if one is
+    /// held.
+    held_for: Option<i64>,
+}
+
 impl PendingBatch {
+    /// Keeps the messages of `taken` whose run has no earlier unsent message outside the
+    /// batch: another relay has that one in hand (they wait for the next batch), or it is held
+    /// back (they are held back with it, for as long).
+    async fn keep_runs_in_order(mut self, taken: Vec<PendingMessage>) -> Result<Self, DbErr> {
+        let mut first: HashMap<&str, i64> = HashMap::new();
+        for message in &taken {
+            if let Some(run) = &message.run {
+                first.entry(run.as_str()).or_insert(message.seq);
+            }
+        }
+        let earliest = self.earliest_of(first.keys().copied().collect()).await?;
+        let mut waiting: HashSet<String> = HashSet::new();
+        for (run, ours) in &first {
+            let Some(earliest) = earliest.get(*run) else {
+                continue;
+            };
+            if earliest.seq >= *ours {
+                continue;
+            }
+            if let Some(held_for) = earliest.held_for {
+                let pause = Duration::from_millis(u64::try_from(held_for).unwrap_or(0).max(1));
+                self.hold_run(run, *ours, pause).await?;
+            }
+            waiting.insert((*run).to_owned());
+        }
+        self.messages = taken
+            .into_iter()
+            .filter(|m| m.run.as_ref().is_none_or(|run| !waiting.contains(run)))
+            .collect();
+        Ok(self)
+    }
+
+    /// The earliest unsent message of each of `runs`.
+    async fn earliest_of(&self, runs: Vec<&str>) -> Result<HashMap<String, Earliest>, DbErr> {
+        if runs.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let outbox = &self.outbox;
+        let statements = &outbox.inner.statements;
+        let (sql, values) = match outbox.backend() {
+            #[cfg(feature = "postgres")]
+            DbBackend::Postgres => {
+                let runs = runs
+                    .iter()
+                    .map(|run| Value::from((*run).to_owned()))
+                    .collect();
+                let runs = Value::Array(ArrayType::String, Some(Box::new(runs)));
+                (statements.run_earliest(1), vec![runs])
+            }
+            // Padded with a run no message has: runs are never empty.
+            _ => {
+                let padding = rows_for(runs.len()) - runs.len();
+                let values = (runs.iter().map(|run| (*run).to_owned()))
+                    .chain(std::iter::repeat_n(String::new(), padding))
+                    .map(Value::from)
+                    .collect();
+                (statements.run_earliest(runs.len()), values)
+            }
+        };
+        let rows = self.query(&sql, values).await?;
+        let mut earliest = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let run = outbox.read_text(&row, 0, "run")?;
+            let held_until: Option<i64> = row.try_get_by_index(2)?;
+            let now: i64 = row.try_get_by_index(3)?;
+            let entry = Earliest {
+                seq: row.try_get_by_index(1)?,
+                held_for: held_until.map(|until| until - now).filter(|left| *left > 0),
+            };
+            earliest.insert(run, entry);
+        }
+        Ok(earliest)
+    }
+
     /// The messages, in the order they were staged.
     pub fn messages(&self) -> &[PendingMessage] {
         &self.messages
     }
 
-    /// How many unsent rows the batch's statement took, those of runs another relay holds
-    /// included (they are not among [`PendingBatch::messages`]): a batch as large as its limit
-    /// may have more behind it.
+    /// How many unsent rows the batch's statement took, those of runs waiting for an earlier
+    /// message included (they are not among [`PendingBatch::messages`]): a batch as large as
+    /// its limit may have more behind it.
     pub fn rows_taken(&self) -> usize {
         self.scanned.0
     }
@@ -302,33 +270,114 @@ impl PendingBatch {
         self.scanned.1
     }
 
-    /// Marks the messages of `seqs` sent (their publishes were confirmed) and releases the
-    /// rest, in one commit. Should the commit fail, they are all published again later, with
-    /// the same ids: the next hop's inbox recognises them.
-    pub async fn mark_sent(self, seqs: &[i64]) -> Result<(), DbErr> {
-        let outbox = &self.outbox;
-        let now = outbox.inner.dialect.now_ms();
-        let list = vec!["?"; seqs.len()].join(", ");
-        let sql = format!(
-            "UPDATE {} SET sent_at = {now} WHERE seq IN ({list})",
-            outbox.quoted()
-        );
-        let values: Vec<Value> = seqs.iter().map(|seq| Value::from(*seq)).collect();
-        let update = Statement::from_sql_and_values(
-            outbox.backend(),
-            outbox.inner.dialect.placeholders(&sql),
-            values,
-        );
-        match self.tx {
-            Some(tx) => {
-                if !seqs.is_empty() {
-                    tx.execute_raw(update).await?;
-                }
-                tx.commit().await
+    /// Holds `message` back for `pause`, by the database's clock, and the rest of its run with
+    /// it (from it on): no relay takes them until the hold runs out
+    /// ([`Outbox::release_holds`]), and messages the run stages meanwhile are held back with
+    /// them. A message of no run is held back alone. Written with the batch
+    /// ([`PendingBatch::mark_sent`]).
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn hold(&self, message: &PendingMessage, pause: Duration) -> Result<(), DbErr> {
+        match &message.run {
+            Some(run) => self.hold_run(run, message.seq, pause).await,
+            None => {
+                let values = vec![Value::from(pause_ms(pause)), Value::from(message.seq)];
+                let sql = &self.outbox.inner.statements.hold_message;
+                self.execute(sql, values).await.map(drop)
             }
-            // SQLite: one statement, atomic by itself.
-            None if !seqs.is_empty() => outbox.inner.db.execute_raw(update).await.map(drop),
+        }
+    }
+
+    /// Holds back the messages of `run` from `seq` on.
+    async fn hold_run(&self, run: &str, seq: i64, pause: Duration) -> Result<(), DbErr> {
+        let mut values = vec![Value::from(pause_ms(pause)), Value::from(run.to_owned())];
+        if self.outbox.backend() == DbBackend::MySql {
+            // Compared by the column's collation for its index, then by its bytes.
+            values.push(Value::from(run.to_owned()));
+        }
+        values.push(Value::from(seq));
+        let sql = &self.outbox.inner.statements.hold_run;
+        self.execute(sql, values).await.map(drop)
+    }
+
+    /// Holds back every pending message to `exchange` for `pause`, and the runs they are in
+    /// (every unsent message of those runs): a broker that refused the exchange (it does not
+    /// exist, or the relay may not write to it) refuses them all. Returns how many messages it
+    /// held back.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn hold_exchange(&self, exchange: &str, pause: Duration) -> Result<u64, DbErr> {
+        let mut held = 0;
+        for (sql, binds) in self.outbox.inner.statements.hold_exchange() {
+            let values = (binds.iter())
+                .map(|bound| match bound {
+                    Bound::Pause => Value::from(pause_ms(pause)),
+                    Bound::Exchange => Value::from(exchange.to_owned()),
+                })
+                .collect();
+            held += self.execute(sql, values).await?;
+        }
+        Ok(held)
+    }
+
+    /// Marks the messages of `seqs` sent (their publishes were confirmed) and releases the
+    /// rest, in one commit, with the holds written meanwhile. Should the commit fail, they are
+    /// all published again later, with the same ids: the next hop's inbox recognises them.
+    pub async fn mark_sent(self, seqs: &[i64]) -> Result<(), DbErr> {
+        if !seqs.is_empty() {
+            let outbox = &self.outbox;
+            let (sql, values) = match outbox.backend() {
+                #[cfg(feature = "postgres")]
+                DbBackend::Postgres => {
+                    let seqs = seqs.iter().map(|seq| Value::from(*seq)).collect();
+                    let seqs = Value::Array(ArrayType::BigInt, Some(Box::new(seqs)));
+                    (outbox.inner.statements.mark_sent(1), vec![seqs])
+                }
+                // Padded with a seq no message has.
+                _ => {
+                    let padding = rows_for(seqs.len()) - seqs.len();
+                    let values = (seqs.iter().copied())
+                        .chain(std::iter::repeat_n(0, padding))
+                        .map(Value::from)
+                        .collect();
+                    (outbox.inner.statements.mark_sent(seqs.len()), values)
+                }
+            };
+            self.execute(&sql, values).await?;
+        }
+        match self.tx {
+            Some(tx) => tx.commit().await,
+            // SQLite: each statement was atomic by itself.
             None => Ok(()),
         }
     }
+
+    /// Runs a statement of the batch, in its transaction where it has one; returns the rows
+    /// it changed.
+    async fn execute(&self, sql: &str, values: Vec<Value>) -> Result<u64, DbErr> {
+        let statement = self.outbox.statement(sql, values);
+        let result = match &self.tx {
+            Some(tx) => tx.execute_raw(statement).await?,
+            None => self.outbox.inner.db.execute_raw(statement).await?,
+        };
+        Ok(result.rows_affected())
+    }
+
+    /// Runs a query of the batch, in its transaction where it has one.
+    async fn query(&self, sql: &str, values: Vec<Value>) -> Result<Vec<QueryResult>, DbErr> {
+        let statement = self.outbox.statement(sql, values);
+        match &self.tx {
+            Some(tx) => tx.query_all_raw(statement).await,
+            None => self.outbox.inner.db.query_all_raw(statement).await,
+        }
+    }
+}
+
+/// A hold's length in milliseconds, at least one.
+fn pause_ms(pause: Duration) -> i64 {
+    duration_ms(pause).max(1)
 }

@@ -65,15 +65,13 @@ fn rows_for(n: usize) -> usize {
     n.max(1).next_power_of_two()
 }
 
-/// A message key no record has (keys are never empty): the padding of key lists.
-const NO_KEY: &str = "";
-
-/// `keys`, then [`NO_KEY`] up to [`rows_for`] of them.
+/// `keys`, then the last of them again up to [`rows_for`] of them: a key of the list changes
+/// nothing a second time, where a key no record has would make MySQL/MariaDB lock the gap
+/// where it would be, holding up other consumers' claims for as long as the batch runs.
 fn padded_keys(keys: &[&MessageKey]) -> impl Iterator<Item = Value> {
     let padding = rows_for(keys.len()) - keys.len();
-    keys.iter()
-        .map(|key| text(key.as_str()))
-        .chain(std::iter::repeat_n(text(NO_KEY), padding))
+    let last = keys.last().into_iter().cycle().take(padding);
+    keys.iter().chain(last).map(|key| text(key.as_str()))
 }
 
 /// `?, ?, ...`: `n` placeholders.
@@ -268,13 +266,14 @@ impl Store {
     ) -> Result<u64, DbErr> {
         let mut completed = 0;
         let mut rest = outputs;
+        let limit = self.completion_limit();
         while !rest.is_empty() {
             let mut bytes = 0;
             let taken = rest
                 .iter()
                 .take_while(|(key, output)| {
                     bytes += completion_bytes(key, *output);
-                    bytes <= COMPLETE_BYTES
+                    bytes <= limit
                 })
                 .count()
                 .max(1);
@@ -285,6 +284,21 @@ impl Store {
             rest = after;
         }
         Ok(completed)
+    }
+
+    /// The most bytes one completion statement of a batch carries: [`COMPLETE_BYTES`], and
+    /// within what the server takes in one packet (MySQL/MariaDB). Where the statement joins a
+    /// table of keys and outputs (no key index to name), its padding repeats the last output:
+    /// half as much, so that it may.
+    fn completion_limit(&self) -> usize {
+        let limit = self.packet_limit.map_or(COMPLETE_BYTES, |packet| {
+            COMPLETE_BYTES.min(packet.saturating_sub(super::PACKET_ROOM))
+        });
+        if self.backend() == DbBackend::MySql && self.key_index.is_none() {
+            limit / 2
+        } else {
+            limit
+        }
     }
 
     /// [`Store::complete_many`] in one statement.
@@ -309,11 +323,19 @@ impl Store {
         let now = self.dialect.now_ms();
         let all_null = outputs.iter().all(|(_, output)| output.is_none());
         let rows = rows_for(outputs.len());
-        let padding = std::iter::repeat_n((NO_KEY, None), rows - outputs.len());
+        let joined = self.backend() == DbBackend::MySql && self.key_index.is_none();
+        // Padded with the last key again (see `padded_keys`), a record completed once: with its
+        // output where the statement joins a table of them (either row may set it), with none
+        // where a `CASE` takes the first match (no output carried twice).
+        let last = outputs
+            .last()
+            .map(|(key, output)| (*key, if joined { *output } else { None }));
+        let padding = last.into_iter().cycle().take(rows - outputs.len());
         let padded = outputs
             .iter()
-            .map(|(key, output)| (key.as_str(), *output))
-            .chain(padding);
+            .copied()
+            .chain(padding)
+            .map(|(key, output)| (key.as_str(), output));
         let mut values = Vec::with_capacity(rows * 3 + 3);
         let retention = Value::from(duration_ms(retention));
         let sql = if self.backend() == DbBackend::MySql && self.key_index.is_none() {
@@ -431,8 +453,10 @@ impl Store {
                 values.push(text(&self.read_key(row, 0)?));
                 values.push(text(&self.read_key(row, 1)?));
             }
+            // Padded with the last key again (see `padded_keys`).
+            let last = values[values.len() - 2..].to_vec();
             for _ in rows.len()..padded {
-                values.extend([text(NO_KEY), text(NO_KEY)]);
+                values.extend(last.iter().cloned());
             }
             let mut keys = String::from("(SELECT ? AS c, ? AS k");
             keys.push_str(&" UNION ALL SELECT ?, ?".repeat(padded - 1));

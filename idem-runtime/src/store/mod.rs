@@ -176,7 +176,7 @@ pub(crate) struct OutputTooLarge {
 }
 
 /// What a completion's packet carries besides its output, key and consumer, at most.
-const PACKET_ROOM: usize = 4096;
+pub(super) const PACKET_ROOM: usize = 4096;
 
 fn text(value: &str) -> Value {
     Value::from(value.to_owned())

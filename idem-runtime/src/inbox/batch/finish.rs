@@ -144,8 +144,13 @@ impl Inbox {
                 if aborts {
                     lost::execute(tx, "ROLLBACK TO SAVEPOINT idem_complete").await?;
                 }
-                self.find_refused_outputs(tx, leads, token, batch).await?;
-                Ok(Completion::Refused)
+                if self.find_refused_outputs(tx, leads, token, batch).await? {
+                    Ok(Completion::Refused)
+                } else {
+                    // No output of its own is refused: the statement as a whole was (its size,
+                    // say). Each message goes the per-message way, which tells.
+                    Err(Lost::Database(error))
+                }
             }
             Err(error) if refuses_value(&error) => Ok(Completion::Refused),
             Err(error) => Err(Lost::Database(error)),
@@ -154,13 +159,15 @@ impl Inbox {
 
     /// Completes each processed message on its own, each under a savepoint rolled back at once,
     /// and fails the ones whose output the database refuses; the next try leaves them out.
+    /// Returns whether it found one.
     async fn find_refused_outputs<H: Handler>(
         &self,
         tx: &DatabaseTransaction,
         leads: &mut [Lead<H::Message, H::Output>],
         token: i64,
         batch: &Batch<'_, H>,
-    ) -> Result<(), Lost> {
+    ) -> Result<bool, Lost> {
+        let mut found = false;
         for lead in leads.iter_mut() {
             let Fate::Processed(_, json) = &lead.fate else {
                 continue;
@@ -179,9 +186,10 @@ impl Inbox {
                 lead.failed(Error::OutputNotStorable(Box::new(error)));
                 lead.claimed = false;
                 lead.failed_alone = true;
+                found = true;
             }
         }
-        Ok(())
+        Ok(found)
     }
 }
 

@@ -170,8 +170,9 @@ impl Guard for Savepoints<'_> {
     async fn close<M: Send, T: Send>(&mut self, leads: &mut [Lead<M, T>]) -> Result<Step, Lost> {
         if let Some(open) = self.open.take() {
             let release = "RELEASE SAVEPOINT idem_message";
-            if let Err(Lost::RolledBack) = lost::execute(self.tx, release).await {
-                self.broken(&mut leads[open]).await?;
+            match lost::execute(self.tx, release).await {
+                Err(Lost::RolledBack) => self.broken(&mut leads[open]).await?,
+                released => released?,
             }
         }
         Ok(Step::Next)

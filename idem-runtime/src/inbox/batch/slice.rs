@@ -120,7 +120,7 @@ impl Inbox {
                 staging: Staging {
                     outbox: self.inner.outbox.as_ref(),
                     claim: RunClaim {
-                        inbox_table: store.quoted_table(),
+                        statements: self.inner.run_statements.as_ref(),
                         token: claimed.token,
                     },
                 },

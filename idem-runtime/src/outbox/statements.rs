@@ -1,0 +1,362 @@
+//! The SQL text of every outbox statement, built once per outbox for its dialect and table.
+//!
+//! Times are the database's clock ([`Dialect::now_ms`]), in milliseconds. Statements over a
+//! list of values bind an array on PostgreSQL and, elsewhere, are written for the next power of
+//! two ([`list_of`]), padded with values no row has, so that a handful of texts serve every
+//! batch.
+
+use sea_orm::DbBackend;
+
+use crate::store::dialect::Dialect;
+use crate::store::table::TableName;
+
+/// The columns a pending message is read with, in the order `Outbox::read_pending` reads them;
+/// the database's clock comes last.
+const PENDING_COLUMNS: &str =
+    "seq, message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
+
+/// The columns a staging writes, in the order it binds them; `staged_at` is the clock.
+const STAGED_COLUMNS: &str =
+    "message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
+
+/// How a staging checks that a handler run's transaction still holds its inbox claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Guard {
+    /// No check: a staging outside handlers.
+    None,
+    /// The claim's record, by consumer, key and token (bound after the message's values).
+    Claim,
+    /// The transaction open (`@@in_transaction`, MariaDB), which a rolled-back one is not.
+    InTransaction,
+}
+
+/// The stagings of one guard: plain, and announced on the outbox's channel (PostgreSQL).
+#[derive(Debug, Clone)]
+pub(crate) struct Staging {
+    /// Binds the message's seven values (then the claim's three for [`Guard::Claim`]); on
+    /// PostgreSQL it returns a row when it inserted.
+    plain: String,
+    /// The same, announcing the commit on the outbox's channel (bound last) when it inserted;
+    /// PostgreSQL only.
+    announced: Option<String>,
+}
+
+impl Staging {
+    /// The statement, announced where it can be and `announce` says so.
+    pub(super) fn sql(&self, announce: bool) -> &str {
+        match &self.announced {
+            Some(announced) if announce => announced,
+            _ => &self.plain,
+        }
+    }
+}
+
+/// The statements of the stagings of an inbox's handler runs, which read its table: built once,
+/// when the inbox is.
+#[derive(Debug, Clone)]
+pub(crate) struct RunStatements {
+    /// Staging with the run's guard.
+    pub(super) stage: Staging,
+    /// The guard.
+    pub(super) guard: Guard,
+    /// Binds consumer, message key and claim token; returns a row while the claim is held.
+    pub(super) claim_held: String,
+}
+
+#[derive(Debug)]
+pub(super) struct Statements {
+    /// Stagings by guard, the inbox table's name still to fill in (`{inbox}`).
+    stage: [Staging; 3],
+    /// Binds the seq to take after and the limit; `FOR UPDATE SKIP LOCKED` where rows lock.
+    pub(super) take: String,
+    /// The same without row locks (SQLite, whose relays take turns in process).
+    pub(super) take_unlocked: String,
+    /// The earliest unsent seq of each run of a list, with the latest hold among the run's
+    /// messages (ms, or NULL) and the database's clock; binds the runs (an array on
+    /// PostgreSQL).
+    run_earliest: String,
+    /// Holds a run from a seq on: binds the pause (ms), the run (twice on MySQL/MariaDB) and
+    /// the seq.
+    pub(super) hold_run: String,
+    /// Holds one message of no run: binds the pause and its seq.
+    pub(super) hold_message: String,
+    /// Holds every message to an exchange, and every message of a run that has one: binds the
+    /// pause and the exchange (each twice where it takes two statements, see
+    /// [`Statements::hold_exchange`]).
+    hold_exchange: Vec<String>,
+    /// Releases the holds that ran out.
+    pub(super) release: String,
+    /// Marks a list of seqs sent (an array on PostgreSQL).
+    mark_sent: String,
+    /// Deletes sent messages older than the retention: binds the retention (ms) and the limit.
+    pub(super) delete_sent: String,
+    /// Reads every column this version uses, from no row.
+    pub(super) check_schema: String,
+    /// Binds consumer, message key and claim token; the inbox table's name still to fill in.
+    claim_held: String,
+    /// Whether handler runs check their open transaction rather than their claim (MariaDB).
+    tells_open_transaction: bool,
+    backend: DbBackend,
+}
+
+impl Statements {
+    pub(super) fn new(dialect: Dialect, table: &TableName) -> Self {
+        let backend = dialect.backend();
+        let t = table.quoted(backend);
+        let now = dialect.now_ms();
+        let values = format!("?, ?, ?, ?, ?, ?, ?, {now}");
+        let claim = " WHERE EXISTS (SELECT 1 FROM {inbox} WHERE consumer = ? AND message_key = ? \
+                     AND claim_token = ?)";
+        let guarded = |guard: Guard| match guard {
+            Guard::None => String::new(),
+            Guard::Claim => claim.to_owned(),
+            Guard::InTransaction => " WHERE @@in_transaction = 1".to_owned(),
+        };
+        let insert = |guard: Guard| match (backend, guard) {
+            // Not `INSERT IGNORE`, which would also store a value too long for its column
+            // truncated, with a warning.
+            (DbBackend::MySql, Guard::None) => format!(
+                "INSERT INTO {t} ({STAGED_COLUMNS}) VALUES ({values}) \
+                 ON DUPLICATE KEY UPDATE seq = seq"
+            ),
+            (DbBackend::MySql, guard) => format!(
+                "INSERT INTO {t} ({STAGED_COLUMNS}) SELECT {values} FROM DUAL{} \
+                 ON DUPLICATE KEY UPDATE seq = seq",
+                guarded(guard)
+            ),
+            (_, Guard::None) => format!(
+                "INSERT INTO {t} ({STAGED_COLUMNS}) VALUES ({values}) \
+                 ON CONFLICT (message_id) DO NOTHING"
+            ),
+            (_, guard) => format!(
+                "INSERT INTO {t} ({STAGED_COLUMNS}) SELECT {values}{} \
+                 ON CONFLICT (message_id) DO NOTHING",
+                guarded(guard)
+            ),
+        };
+        let guards = [Guard::None, Guard::Claim, Guard::InTransaction];
+        let stage = guards.map(|guard| match backend {
+            DbBackend::Postgres => Staging {
+                plain: dialect.placeholders(&format!("{} RETURNING 1", insert(guard))),
+                // One statement: an insert that commits on its own (outside a transaction)
+                // announces itself in the same statement, or not at all.
+                announced: Some(dialect.placeholders(&format!(
+                    "WITH staged AS ({} RETURNING 1) SELECT pg_notify(?, '') FROM staged",
+                    insert(guard)
+                ))),
+            },
+            _ => Staging {
+                plain: insert(guard),
+                announced: None,
+            },
+        });
+        let origin = origin_bytes(backend);
+        let (take_lock, run_list, same_run) = match backend {
+            DbBackend::Postgres => (
+                " FOR UPDATE SKIP LOCKED",
+                "origin = ANY(?::text[])".to_owned(),
+                "origin = ?".to_owned(),
+            ),
+            // The list compares by the column's collation (a superset of the runs asked for,
+            // through its index); the run itself by its bytes.
+            DbBackend::MySql => (
+                " FOR UPDATE SKIP LOCKED",
+                "origin IN ({list})".to_owned(),
+                format!("origin = ? AND {origin} = ?"),
+            ),
+            _ => ("", "origin IN ({list})".to_owned(), "origin = ?".to_owned()),
+        };
+        let take = |lock: &str| {
+            dialect.placeholders(&format!(
+                "SELECT {PENDING_COLUMNS}, {now} FROM {t} \
+                 WHERE sent_at IS NULL AND held_until IS NULL AND seq > ? \
+                 ORDER BY seq LIMIT ?{lock}"
+            ))
+        };
+        let run_earliest = dialect.placeholders(&format!(
+            "SELECT {origin}, MIN(seq), MAX(held_until), {now} FROM {t} \
+             WHERE sent_at IS NULL AND {run_list} GROUP BY {origin}"
+        ));
+        let hold_exchange = match backend {
+            // MySQL/MariaDB update a table they read in a join only.
+            DbBackend::MySql => vec![
+                format!(
+                    "UPDATE {t} AS r JOIN (SELECT DISTINCT origin FROM {t} \
+                     WHERE sent_at IS NULL AND exchange = ? AND origin IS NOT NULL) AS h \
+                     ON r.origin = h.origin SET r.held_until = {now} + ? \
+                     WHERE r.sent_at IS NULL"
+                ),
+                format!(
+                    "UPDATE {t} SET held_until = {now} + ? \
+                     WHERE sent_at IS NULL AND exchange = ?"
+                ),
+            ],
+            _ => vec![dialect.placeholders(&format!(
+                "UPDATE {t} SET held_until = {now} + ? WHERE sent_at IS NULL AND \
+                 (exchange = ? OR origin IN (SELECT origin FROM {t} \
+                 WHERE sent_at IS NULL AND exchange = ? AND origin IS NOT NULL))"
+            ))],
+        };
+        let mark_sent = match backend {
+            DbBackend::Postgres => {
+                format!("UPDATE {t} SET sent_at = {now} WHERE seq = ANY($1::bigint[])")
+            }
+            _ => format!("UPDATE {t} SET sent_at = {now} WHERE seq IN ({{list}})"),
+        };
+        let delete_sent = match backend {
+            DbBackend::MySql => {
+                format!("DELETE FROM {t} WHERE sent_at < {now} - ? ORDER BY sent_at LIMIT ?")
+            }
+            _ => dialect.placeholders(&format!(
+                "DELETE FROM {t} WHERE seq IN \
+                 (SELECT seq FROM {t} WHERE sent_at < {now} - ? LIMIT ?)"
+            )),
+        };
+        Self {
+            stage,
+            claim_held: dialect.placeholders(
+                "SELECT 1 FROM {inbox} WHERE consumer = ? AND message_key = ? AND claim_token = ?",
+            ),
+            tells_open_transaction: dialect.tells_open_transaction(),
+            take: take(take_lock),
+            take_unlocked: take(""),
+            run_earliest,
+            hold_run: dialect.placeholders(&format!(
+                "UPDATE {t} SET held_until = {now} + ? \
+                 WHERE sent_at IS NULL AND {same_run} AND seq >= ?"
+            )),
+            hold_message: dialect.placeholders(&format!(
+                "UPDATE {t} SET held_until = {now} + ? WHERE sent_at IS NULL AND seq = ?"
+            )),
+            hold_exchange,
+            release: format!(
+                "UPDATE {t} SET held_until = NULL \
+                 WHERE held_until IS NOT NULL AND held_until <= {now}"
+            ),
+            mark_sent,
+            delete_sent,
+            check_schema: format!(
+                "SELECT {PENDING_COLUMNS}, sent_at, held_until FROM {t} WHERE 1 = 0"
+            ),
+            backend,
+        }
+    }
+
+    /// The staging of messages outside handlers.
+    pub(super) fn stage(&self) -> &Staging {
+        &self.stage[Guard::None as usize]
+    }
+
+    /// The statements of the handler runs of the inbox whose table is `inbox` (quoted): each
+    /// staging checks that the run's transaction still holds its inbox claim (MariaDB tells it
+    /// cheaper: a transaction is open only until it is rolled back).
+    pub(super) fn for_inbox(&self, inbox: &str) -> RunStatements {
+        let guard = if self.tells_open_transaction {
+            Guard::InTransaction
+        } else {
+            Guard::Claim
+        };
+        let staging = &self.stage[guard as usize];
+        let fill = |sql: &str| sql.replace("{inbox}", inbox);
+        RunStatements {
+            stage: Staging {
+                plain: fill(&staging.plain),
+                announced: staging.announced.as_deref().map(fill),
+            },
+            guard,
+            claim_held: fill(&self.claim_held),
+        }
+    }
+
+    /// [`Statements::run_earliest`] for `count` runs.
+    pub(super) fn run_earliest(&self, count: usize) -> String {
+        self.run_earliest.replace("{list}", &list_of(count))
+    }
+
+    /// The statements that hold an exchange, each with the values it binds in order: which of
+    /// the pause (`P`) and the exchange (`E`).
+    pub(super) fn hold_exchange(&self) -> impl Iterator<Item = (&str, &'static [Bound])> {
+        let binds: &[&'static [Bound]] = match self.backend {
+            DbBackend::MySql => &[
+                &[Bound::Exchange, Bound::Pause],
+                &[Bound::Pause, Bound::Exchange],
+            ],
+            _ => &[&[Bound::Pause, Bound::Exchange, Bound::Exchange]],
+        };
+        self.hold_exchange
+            .iter()
+            .map(String::as_str)
+            .zip(binds.iter().copied())
+    }
+
+    /// [`Statements::mark_sent`] for `count` seqs.
+    pub(super) fn mark_sent(&self, count: usize) -> String {
+        self.mark_sent.replace("{list}", &list_of(count))
+    }
+}
+
+/// A value an exchange hold binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Bound {
+    /// The hold's length, in milliseconds.
+    Pause,
+    /// The exchange.
+    Exchange,
+}
+
+/// `?, ?, ...`, as many as the next power of two from `count`.
+pub(super) fn list_of(count: usize) -> String {
+    vec!["?"; rows_for(count)].join(", ")
+}
+
+/// How many values a list of `count` is written for: the next power of two.
+pub(super) fn rows_for(count: usize) -> usize {
+    count.max(1).next_power_of_two()
+}
+
+/// The origin column compared by its bytes: MySQL/MariaDB's default collation takes runs that
+/// differ in case, accents or trailing spaces (`c/a`, `c/A`) for one.
+fn origin_bytes(backend: DbBackend) -> &'static str {
+    if backend == DbBackend::MySql {
+        // Converted first: an origin column created latin1 by an older version.
+        "CAST(CONVERT(origin USING utf8mb4) AS BINARY)"
+    } else {
+        "origin"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_written_for_powers_of_two() {
+        assert_eq!(list_of(0), "?");
+        assert_eq!(list_of(3), "?, ?, ?, ?");
+        assert_eq!(rows_for(1000), 1024);
+    }
+
+    #[test]
+    fn postgres_announces_in_the_staging_statement() {
+        let table = TableName::new("idem_outbox").unwrap();
+        let pg = Statements::new(Dialect::new(DbBackend::Postgres), &table);
+        let sql = pg.stage().sql(true);
+        assert!(sql.starts_with("WITH staged AS (INSERT"), "{sql}");
+        assert!(sql.contains("pg_notify($8"), "{sql}");
+        let run = pg.for_inbox("\"inbox\"");
+        assert_eq!(run.guard, Guard::Claim);
+        let guarded = run.stage.sql(false);
+        assert!(
+            guarded.contains("FROM \"inbox\" WHERE consumer = $8"),
+            "{guarded}"
+        );
+        assert!(
+            run.claim_held.contains("consumer = $1"),
+            "{}",
+            run.claim_held
+        );
+        let my = Statements::new(Dialect::new(DbBackend::MySql), &table);
+        assert!(!my.stage().sql(true).contains("pg_notify"));
+        assert_eq!(my.for_inbox("`inbox`").guard, Guard::InTransaction);
+    }
+}
