@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use idem_runtime::sea_orm::error::ConnAcquireErr;
 use idem_runtime::sea_orm::sea_query::{Alias, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
 use idem_runtime::{
@@ -16,7 +17,8 @@ use crate::recorder::Msg;
 pub const SLICER_CONSUMER: &str = "slicer";
 
 /// A slice handler: every message of a slice gets its effect row from one multi-row insert;
-/// then a slice holding a message whose body is `fail` fails, `panic` panics, `short` returns
+/// then a slice holding a message whose body is `fail` fails, `outage` fails as its own
+/// database unreachable would, `panic` panics, `short` returns
 /// one output too few, and each `stage` message stages an event (`slices.events`, its id the
 /// message's) through its own context. One message alone ([`Handler::handle`]) is a slice of
 /// one.
@@ -90,6 +92,12 @@ impl Slicer {
         let has = |body: &str| messages.iter().any(|m| m.body == body);
         if has("fail") {
             return Err(SlicerError::OnPurpose);
+        }
+        if has("outage") {
+            // What a pool of its own gives when its database is down.
+            return Err(SlicerError::Db(DbErr::ConnectionAcquire(
+                ConnAcquireErr::Timeout,
+            )));
         }
         assert!(!has("panic"), "a slice panicking on purpose");
         for (cx, message) in contexts.iter().zip(&messages) {

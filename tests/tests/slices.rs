@@ -8,13 +8,13 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::sea_orm::sea_query::{Alias, Query};
-use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
+use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::{
-    BatchItem, Inbox, KeyError, MessageKey, Metadata, Outbox, Outcome, Status, derived_id,
-    idempotent,
+    BatchItem, Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
+    Metadata, Outbox, Outcome, SliceContext, SliceHandler, Status, derived_id, idempotent,
 };
 use idem_tests::on_each_backend;
-use idem_tests::slicer::{SLICER_CONSUMER, Slicer};
+use idem_tests::slicer::{SLICER_CONSUMER, Slicer, SlicerError};
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_and_effects as setup, inbox_key};
 
 on_each_backend!(
@@ -23,7 +23,14 @@ on_each_backend!(
     a_failing_message_is_found_by_halving,
     a_slice_stages_each_messages_events_under_its_own_ids,
     slices_from_two_processes_sharing_keys_have_one_effect_per_key,
+    an_outage_of_the_handlers_own_database_fails_its_slice_in_one_call,
 );
+
+/// MySQL/MariaDB roll a deadlock's whole transaction back.
+mod server {
+    use super::*;
+    on_each_backend!([mysql]: a_deadlock_under_a_slice_requeues_its_messages);
+}
 
 /// The table [`charge_all`] writes into, on each backend (a function names its tables).
 const CHARGES: &str = "idem_slice_charges";
@@ -227,6 +234,141 @@ async fn a_failing_message_is_found_by_halving(backend: Backend) {
     assert_eq!(calls.len(), 1 + 2 * 6, "{calls:?}");
     assert!(calls.contains(&vec!["o-37".to_owned()]), "{calls:?}");
     assert_eq!(db.count(&effects, "1=1").await, 63);
+}
+
+/// A handler's own database unreachable is no one message's fault: its slice fails at once, each
+/// message with the outage (requeued without counting), instead of halving into the same outage.
+async fn an_outage_of_the_handlers_own_database_fails_its_slice_in_one_call(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let slicer = Slicer::new(&effects);
+    let items = (0..16)
+        .map(|i| item(&format!("o-{i:02}"), if i == 5 { "outage" } else { "ok" }))
+        .collect();
+    let results = inbox.process_slices(&slicer, items).await;
+    for (i, result) in results.iter().enumerate() {
+        assert_eq!(settled_as(result), "database-unavailable", "o-{i:02}");
+        assert!(!result.as_ref().unwrap_err().counts_as_attempt());
+    }
+    assert_eq!(slicer.calls().len(), 1, "{:?}", slicer.calls());
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+}
+
+/// A slice's handler chosen as a deadlock's victim: MySQL/MariaDB roll the batch's whole
+/// transaction back under it. No message of the slice is at fault: each is requeued as
+/// contention (not counted), nothing of the batch is committed, and the next delivery
+/// processes them all.
+async fn a_deadlock_under_a_slice_requeues_its_messages(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let locks = db.table("idem_slice_locks");
+    let heavy = db.table("idem_slice_heavy");
+    db.exec(&format!("CREATE TABLE {locks} (id INT PRIMARY KEY, n INT)"))
+        .await;
+    db.exec(&format!("INSERT INTO {locks} VALUES (1, 0), (2, 0)"))
+        .await;
+    db.exec(&format!("CREATE TABLE {heavy} (n INT)")).await;
+    let (go, rival) = rival_of_the_first_call(&db, &locks, &heavy).await;
+    let handler = Deadlocking {
+        slicer: Slicer::new(&effects),
+        locks: locks.clone(),
+        go: std::sync::Mutex::new(Some(go)),
+    };
+    let items = || (0..4).map(|i| item(&format!("d-{i}"), "ok")).collect();
+    let results = inbox.process_slices(&handler, items()).await;
+    rival.await.unwrap();
+    for (i, result) in results.iter().enumerate() {
+        assert_eq!(settled_as(result), "database-contention", "d-{i}");
+        assert!(!result.as_ref().unwrap_err().counts_as_attempt());
+    }
+    assert_eq!(db.count(&effects, "1=1").await, 0);
+    let again = inbox.process_slices(&handler, items()).await;
+    assert!(again.iter().all(|r| matches!(r, Ok(Outcome::Processed(_)))));
+    assert_eq!(db.count(&effects, "1=1").await, 4);
+}
+
+/// A transaction that locks row 2 of `locks` after writing enough rows of `heavy` not to be the
+/// deadlock's victim; told to go on, it locks row 1 and commits once it has it.
+async fn rival_of_the_first_call(
+    db: &TestDb,
+    locks: &str,
+    heavy: &str,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let pool = db.another_pool(1).await;
+    let tx = pool.begin().await.unwrap();
+    let rows = (0..1000).map(|n| format!("({n})")).collect::<Vec<_>>();
+    let fill = format!("INSERT INTO {heavy} (n) VALUES {}", rows.join(", "));
+    tx.execute_unprepared(&fill).await.unwrap();
+    let lock = |id: u8| format!("UPDATE {locks} SET n = n + 1 WHERE id = {id}");
+    tx.execute_unprepared(&lock(2)).await.unwrap();
+    let (go, told) = tokio::sync::oneshot::channel();
+    let second = lock(1);
+    let rival = tokio::spawn(async move {
+        told.await.unwrap();
+        tx.execute_unprepared(&second).await.unwrap();
+        tx.commit().await.unwrap();
+    });
+    (go, rival)
+}
+
+/// A slice handler that, in its first call, locks row 1 of `locks`, lets the rival go on to
+/// wait for it, and then waits for row 2, which the rival holds: a deadlock, this transaction
+/// its victim. Then it runs as [`Slicer`] does.
+struct Deadlocking {
+    slicer: Slicer,
+    locks: String,
+    go: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Deadlocking {
+    async fn lock_both(&self, tx: &DatabaseTransaction) -> Result<(), DbErr> {
+        let lock = |id: u8| format!("UPDATE {} SET n = n + 1 WHERE id = {id}", self.locks);
+        let go = self.go.lock().unwrap().take();
+        tx.execute_unprepared(&lock(1)).await?;
+        if let Some(go) = go {
+            go.send(()).unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        tx.execute_unprepared(&lock(2)).await?;
+        Ok(())
+    }
+}
+
+impl Handler for Deadlocking {
+    type Message = Msg;
+    type Output = String;
+    type Error = SlicerError;
+
+    fn consumer(&self) -> &str {
+        self.slicer.consumer()
+    }
+    fn key(&self, msg: &Msg, meta: &Metadata) -> Result<MessageKey, KeyError> {
+        self.slicer.key(msg, meta)
+    }
+    fn fingerprint(
+        &self,
+        msg: &Msg,
+        meta: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        self.slicer.fingerprint(msg, meta)
+    }
+    async fn handle(&self, cx: &Context<'_>, msg: Msg) -> Result<String, SlicerError> {
+        self.lock_both(cx.transaction().expect("transactional"))
+            .await?;
+        self.slicer.handle(cx, msg).await
+    }
+}
+
+impl SliceHandler for Deadlocking {
+    async fn handle_slice(
+        &self,
+        cx: &SliceContext<'_>,
+        messages: Vec<Msg>,
+    ) -> Result<Vec<String>, SlicerError> {
+        self.lock_both(cx.transaction()).await?;
+        self.slicer.handle_slice(cx, messages).await
+    }
 }
 
 /// A message of a slice stages through its own context: its events carry the id derived from

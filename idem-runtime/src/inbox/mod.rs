@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
@@ -29,7 +29,7 @@ use crate::outbox::{Outbox, RunClaim, RunStatements};
 use crate::retention::policy::check_covers;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
-use crate::store::dialect::{Failure, classify, refuses_value};
+use crate::store::dialect::{Failure, classify, database_error_in, refuses_value};
 use crate::store::table::TableName;
 
 pub use batch::{BatchChecks, BatchItem, MAX_BATCH};
@@ -481,16 +481,12 @@ async fn outage_or(error: Error, tx: &DatabaseTransaction) -> Error {
     let Error::Handler { source, .. } = &error else {
         return error;
     };
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
-    while let Some(current) = cause {
-        if let Some(db_error) = current.downcast_ref::<DbErr>()
-            && classify(db_error) == Failure::Unreachable
-        {
-            // The database's own error, whose kind (no connection free, a server that takes no
-            // writes) decides how the delivery is retried.
-            return Error::StoreUnavailable(db_error.clone());
-        }
-        cause = current.source();
+    if let Some(db_error) = database_error_in(source.as_ref())
+        && classify(&db_error) == Failure::Unreachable
+    {
+        // The database's own error, whose kind (no connection free, a server that takes no
+        // writes) decides how the delivery is retried.
+        return Error::StoreUnavailable(db_error);
     }
     match tx.execute_unprepared("SELECT 1").await {
         Err(probe) if classify(&probe) == Failure::Unreachable => Error::StoreUnavailable(probe),

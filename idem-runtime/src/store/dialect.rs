@@ -109,6 +109,29 @@ fn classify_sqlx(error: &sea_orm::sqlx::Error) -> Failure {
     }
 }
 
+/// The database error in `error`'s chain of sources, the nearest first: a [`DbErr`] itself, or
+/// what a wrapper that forwards its sources left of one (`#[error(transparent)]` shows the
+/// `DbErr`'s own source in its place: the driver's error, or a pool's).
+pub(crate) fn database_error_in(error: &(dyn std::error::Error + 'static)) -> Option<DbErr> {
+    let mut cause = Some(error);
+    while let Some(current) = cause {
+        if let Some(error) = current.downcast_ref::<DbErr>() {
+            return Some(error.clone());
+        }
+        if let Some(error) = current.downcast_ref::<sea_orm::error::ConnAcquireErr>() {
+            return Some(DbErr::ConnectionAcquire(error.clone()));
+        }
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        if let Some(sea_orm::RuntimeErr::SqlxError(error)) =
+            current.downcast_ref::<sea_orm::RuntimeErr>()
+        {
+            return Some(DbErr::Exec(sea_orm::RuntimeErr::SqlxError(error.clone())));
+        }
+        cause = current.source();
+    }
+    None
+}
+
 /// Whether the server takes no writes for now, whatever the message: a read-only server or
 /// transaction (a standby, a failover's demoted primary, MySQL's `read_only`), no connection
 /// slot left. An outage no message causes, even while other connections reach the database

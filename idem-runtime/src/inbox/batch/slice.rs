@@ -4,7 +4,7 @@
 use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
-use sea_orm::{ConnectionTrait, DbBackend};
+use sea_orm::{ConnectionTrait, DbBackend, DbErr};
 
 use super::attempt::{Batch, Finishing, Tried};
 use super::fates::{Handled, Lead};
@@ -17,6 +17,7 @@ use crate::inbox::{Inbox, outage_or, panic_message};
 use crate::key::InboxKey;
 use crate::outbox::RunClaim;
 use crate::slice::{SliceContext, SliceHandler};
+use crate::store::dialect::{Failure, classify, database_error_in};
 use tracing::Instrument;
 
 impl Inbox {
@@ -189,18 +190,19 @@ where
         };
         let undo = "ROLLBACK TO SAVEPOINT idem_slice; RELEASE SAVEPOINT idem_slice";
         if let Err(lost) = lost::execute(run.tx, undo).await {
-            // The transaction is gone with the slice: each of its messages is at fault.
-            for at in slice {
-                let key = leads[*at].key.clone();
-                leads[*at].failed(Error::TransactionAborted { key });
-            }
-            return Err(lost);
+            return Err(broken_under(slice, failure, lost, leads));
         }
         match slice {
             [at] => {
                 let key = leads[*at].key.clone();
                 let error = failure.unwrap_or(Error::TransactionAborted { key });
                 leads[*at].failed(error);
+            }
+            _ if let Some((kind, error)) = failure.as_ref().and_then(shared_failure) => {
+                // Halving would only call the handler again into the same outage or contention.
+                for at in slice {
+                    leads[*at].failed(kind(error.clone()));
+                }
             }
             _ => {
                 let (first, second) = slice.split_at(slice.len() / 2);
@@ -210,6 +212,59 @@ where
         }
     }
     Ok(())
+}
+
+/// The transaction went with the slice that failed (`lost`): the batch is lost. An unreachable
+/// database is no message's fault; otherwise the slice's handler broke the transaction. A
+/// message alone keeps its failure; a larger slice's messages are each failed with
+/// [`Error::TransactionAborted`], unless the failure was contention (a MySQL/MariaDB deadlock
+/// rolls the whole transaction back), which loses the batch to that contention instead, every
+/// message to be delivered again.
+fn broken_under<M, T>(
+    slice: &[usize],
+    failure: Option<Error>,
+    lost: Lost,
+    leads: &mut [Lead<M, T>],
+) -> Lost {
+    if !matches!(lost, Lost::RolledBack) {
+        return lost;
+    }
+    if let [at] = slice {
+        let key = leads[*at].key.clone();
+        leads[*at].failed(failure.unwrap_or(Error::TransactionAborted { key }));
+        return lost;
+    }
+    if let Some(contention) = failure.as_ref().and_then(contention_in) {
+        return Lost::Database(contention);
+    }
+    for at in slice {
+        let key = leads[*at].key.clone();
+        leads[*at].failed(Error::TransactionAborted { key });
+    }
+    lost
+}
+
+/// A failure no one message of the slice is at fault for, which halving would only meet again:
+/// a database of the handler's own that is unreachable, or a lock not granted in time (each
+/// half would wait as long again). Each message of the slice gets it: the error's kind and the
+/// database's error. (A deadlock's victim may well pass again: the slice is halved.)
+fn shared_failure(failure: &Error) -> Option<(fn(DbErr) -> Error, DbErr)> {
+    match failure {
+        Error::StoreUnavailable(error) => Some((Error::StoreUnavailable, error.clone())),
+        _ => contention_in(failure)
+            .filter(|error| classify(error) == Failure::LockTimeout)
+            .map(|error| (Error::Contention as fn(DbErr) -> Error, error)),
+    }
+}
+
+/// The database's deadlock or lock wait timeout a handler's failure carries, if any.
+fn contention_in(failure: &Error) -> Option<DbErr> {
+    let error = match failure {
+        Error::Handler { source, .. } => database_error_in(source.as_ref())?,
+        Error::Contention(error) => error.clone(),
+        _ => return None,
+    };
+    matches!(classify(&error), Failure::Deadlock | Failure::LockTimeout).then_some(error)
 }
 
 /// Calls the slice handler on `messages`, whose keys and places in the batch are `keys`: what
