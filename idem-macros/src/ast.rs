@@ -212,7 +212,8 @@ impl<'a> Handler<'a> {
 
     /// The names an option's expression may read one message by: the message parameter's
     /// bindings, or for a slice handler the first name it reads that no parameter binds (one
-    /// message of the slice, `order` in `key = order.id`).
+    /// message of the slice, `order` in `key = order.id`), other than a function it calls or a
+    /// name it uses as metadata.
     pub(crate) fn message_names(&self, expr: &Expr) -> Vec<Ident> {
         if !self.is_slice() {
             return self
@@ -221,12 +222,18 @@ impl<'a> Handler<'a> {
                 .unwrap_or_default();
         }
         let bound: Vec<Ident> = self.params.iter().flat_map(|p| p.bindings()).collect();
-        // A name starting with a capital is a constant or a unit struct, not a message.
-        let variable = |var: &Ident| !var.to_string().starts_with(char::is_uppercase);
-        Uses::of(expr)
-            .vars
-            .into_iter()
-            .find(|var| !bound.contains(var) && variable(var))
+        let uses = Uses::of(expr);
+        // Not a message: a name starting with a capital (a constant or a unit struct), a
+        // function called, a name used as the transport's metadata.
+        let message = |var: &Ident| {
+            !var.to_string().starts_with(char::is_uppercase)
+                && !uses.called.contains(var)
+                && !uses.metadata_like.contains(var)
+        };
+        uses.vars
+            .iter()
+            .find(|var| !bound.contains(var) && message(var))
+            .cloned()
             .into_iter()
             .collect()
     }
@@ -510,6 +517,8 @@ pub(crate) struct Uses {
     /// Variables used as metadata: `x.message_id()`, `x.header(..)`, `x.cloud_event_key()`,
     /// `x.headers`, ..., or named `meta` or `metadata`.
     pub(crate) metadata_like: Vec<Ident>,
+    /// Names called as functions: `normalize` in `normalize(order.id)`.
+    pub(crate) called: Vec<Ident>,
     /// Names bound inside the expression, while in scope.
     scope: Vec<Ident>,
 }
@@ -638,6 +647,15 @@ impl<'ast> Visit<'ast> for Uses {
             self.read(ident);
         }
         visit::visit_expr_path(self, expr);
+    }
+
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        if let Some(ident) = Self::variable(&call.func)
+            && !self.called.contains(ident)
+        {
+            self.called.push(ident.clone());
+        }
+        visit::visit_expr_call(self, call);
     }
 
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {

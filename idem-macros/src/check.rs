@@ -435,6 +435,11 @@ fn check_expression(cx: &Ctxt, handler: &Handler<'_>, option: &str, expr: &Expr)
         && option == "key"
     {
         let message = match handler.param(Role::Metadata).and_then(binding_name) {
+            _ if handler.is_slice() => format!(
+                "`{ident}` reads like the transport's metadata, which a slice handler's `key` \
+                 cannot read: it reads one message of the slice, under a name of its own (as \
+                 `order` in `key = order.id`)"
+            ),
             Some(meta) => format!(
                 "`{ident}` is not a parameter of this handler: its `&Metadata` parameter is \
                  `{meta}`"

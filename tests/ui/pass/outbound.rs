@@ -7,7 +7,8 @@ pub struct Order {
     pub id: String,
 }
 
-// A transactional handler stages an event with its writes.
+// A transactional handler stages an event with its writes; a staging's error converts into
+// the database's.
 #[idempotent(key = order.id)]
 async fn charge(
     tx: &DatabaseTransaction,
@@ -16,7 +17,7 @@ async fn charge(
 ) -> Result<String, DbErr> {
     let _ = tx;
     let event = OutboxMessage::new("billing.events", "invoice.issued", order.id.into_bytes());
-    outbound.stage(event).await
+    Ok(outbound.stage(event).await?)
 }
 
 // A two-phase handler derives the keys it passes downstream.
