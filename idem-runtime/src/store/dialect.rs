@@ -119,7 +119,7 @@ pub(crate) fn database_error_in(error: &(dyn std::error::Error + 'static)) -> Op
             return Some(error.clone());
         }
         if let Some(error) = current.downcast_ref::<sea_orm::error::ConnAcquireErr>() {
-            return Some(DbErr::ConnectionAcquire(error.clone()));
+            return Some(DbErr::ConnectionAcquire(*error));
         }
         #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
         if let Some(sea_orm::RuntimeErr::SqlxError(error)) =

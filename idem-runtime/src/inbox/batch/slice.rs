@@ -248,14 +248,17 @@ fn broken_under<M, T>(
 /// a database of the handler's own that is unreachable, or a lock not granted in time (each
 /// half would wait as long again). Each message of the slice gets it: the error's kind and the
 /// database's error. (A deadlock's victim may well pass again: the slice is halved.)
-fn shared_failure(failure: &Error) -> Option<(fn(DbErr) -> Error, DbErr)> {
+fn shared_failure(failure: &Error) -> Option<(ErrorKind, DbErr)> {
     match failure {
         Error::StoreUnavailable(error) => Some((Error::StoreUnavailable, error.clone())),
         _ => contention_in(failure)
             .filter(|error| classify(error) == Failure::LockTimeout)
-            .map(|error| (Error::Contention as fn(DbErr) -> Error, error)),
+            .map(|error| (Error::Contention as ErrorKind, error)),
     }
 }
+
+/// An [`Error`] variant that holds the database's error.
+type ErrorKind = fn(DbErr) -> Error;
 
 /// The database's deadlock or lock wait timeout a handler's failure carries, if any.
 fn contention_in(failure: &Error) -> Option<DbErr> {
