@@ -1,7 +1,8 @@
 //! Staging in the outbox, on each backend it concerns: a staging outside handlers that reports a
 //! failure committed nothing, and a key of the caller's makes its retries one message; a
 //! staging that failed uses up no position, so a replay derives the same ids; runs order what
-//! they stage, and messages outside runs hold back nothing.
+//! they stage, and messages outside runs hold back nothing; a table of an earlier version is
+//! upgraded in place.
 //!
 //! Run: `cargo test -p idem-tests --test outbox_staging` with PostgreSQL and MariaDB up (see
 //! README).
@@ -24,6 +25,7 @@ on_each_backend!(
     a_keyed_staging_retried_is_one_message,
     a_named_run_goes_out_in_order_and_a_held_message_holds_back_the_rest,
     messages_outside_runs_hold_back_nothing,
+    processes_starting_at_once_upgrade_an_earlier_versions_table,
 );
 
 /// Faults of PostgreSQL's own: its wake-up of other relays.
@@ -282,4 +284,58 @@ async fn messages_outside_runs_hold_back_nothing(backend: Backend) {
     batch.hold(held, Duration::from_secs(60)).await.unwrap();
     batch.mark_sent(&[]).await.unwrap();
     assert_eq!(pending_ids(&outbox).await, vec![b]);
+}
+
+/// The outbox table as the version before `held_until` created it, with one pending message.
+async fn earlier_versions_table(db: &TestDb) -> String {
+    let table = db.table("outbox_v0");
+    let (seq, id, payload) = match db.backend {
+        Backend::MySql => (
+            "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+            "VARBINARY(255)",
+            "LONGBLOB",
+        ),
+        Backend::Postgres => ("BIGSERIAL PRIMARY KEY", "VARCHAR(255)", "BYTEA"),
+        Backend::Sqlite => ("INTEGER PRIMARY KEY AUTOINCREMENT", "VARCHAR(255)", "BLOB"),
+    };
+    db.exec(&format!(
+        "CREATE TABLE {table} (seq {seq}, message_id {id} NOT NULL, \
+         exchange VARCHAR(255) NOT NULL, routing_key VARCHAR(255) NOT NULL, \
+         content_type VARCHAR(255) NULL, headers TEXT NULL, payload {payload} NOT NULL, \
+         origin VARCHAR(512) NULL, staged_at BIGINT NOT NULL, sent_at BIGINT NULL, \
+         CONSTRAINT {table}_message_id UNIQUE (message_id))"
+    ))
+    .await;
+    db.exec(&format!(
+        "CREATE INDEX {table}_pending ON {table} (sent_at, seq)"
+    ))
+    .await;
+    db.exec(&format!(
+        "INSERT INTO {table} (message_id, exchange, routing_key, payload, origin, staged_at) \
+         VALUES ('before', 'events', 'old', 'x', 'billing/o-1', 0)"
+    ))
+    .await;
+    table
+}
+
+/// Two processes of this version start at once on a table an earlier version created: both
+/// start, the table gains what this version needs, and the message staged before is taken
+/// with the ones staged after.
+async fn processes_starting_at_once_upgrade_an_earlier_versions_table(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let table = earlier_versions_table(&db).await;
+    let build = || Outbox::builder(db.db.clone()).table(table.clone()).build();
+    let (first, second) = tokio::join!(build(), build());
+    let (outbox, _) = (first.expect("one upgrades"), second.expect("the other too"));
+    assert_eq!(db.count(&table, "held_until IS NULL").await, 1);
+    let id = outbox
+        .stage(
+            &db.db,
+            OutboxMessage::new("events", "new", b"y".to_vec()).keyed("after"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pending_ids(&outbox).await, ["before".to_owned(), id]);
+    // Started again: nothing left to upgrade.
+    build().await.expect("an upgraded table builds");
 }

@@ -378,7 +378,6 @@ impl OutboxBuilder {
         };
         if self.create_table {
             crate::inbox::starting(|| outbox.create_table()).await?;
-            crate::inbox::starting(|| outbox.upgrade_table()).await?;
         }
         outbox.check_schema().await.map_err(|error| {
             Error::from(ConfigError::SchemaMismatch {
@@ -398,16 +397,21 @@ impl Outbox {
             tx.query_one_raw(Statement::from_sql_and_values(self.backend(), sql, values))
                 .await?;
         }
-        for sql in create_outbox_statements(self.backend(), self.table()) {
-            tx.execute_unprepared(&sql).await?;
+        // The table, a table of an earlier version brought to this one, then the indexes
+        // (some of which read columns an earlier version's table lacks).
+        let statements = create_outbox_statements(self.backend(), self.table());
+        let (table, indexes) = statements.split_first().expect("a table statement");
+        tx.execute_unprepared(table).await?;
+        self.upgrade_table(&tx).await?;
+        for sql in indexes {
+            tx.execute_unprepared(sql).await?;
         }
         tx.commit().await
     }
 
     /// Brings a table an earlier version created to this version's schema: the `held_until`
     /// column and the indexes of ready rows, runs and holds.
-    async fn upgrade_table(&self) -> Result<(), DbErr> {
-        let db = &self.inner.db;
+    async fn upgrade_table(&self, db: &impl ConnectionTrait) -> Result<(), DbErr> {
         let column = match self.backend() {
             DbBackend::Postgres => {
                 "SELECT 1 FROM information_schema.columns WHERE \
@@ -420,16 +424,22 @@ impl Outbox {
             _ => "SELECT 1 FROM pragma_table_info(?) WHERE name = 'held_until'",
         };
         let table = Value::from(self.table().as_str().to_owned());
-        if db
-            .query_one_raw(self.statement(column, vec![table]))
-            .await?
-            .is_some()
-        {
+        let upgraded = || async {
+            let check = self.statement(column, vec![table.clone()]);
+            db.query_one_raw(check).await.map(|row| row.is_some())
+        };
+        if upgraded().await? {
             return Ok(());
         }
         tracing::info!(table = self.table().as_str(), "upgrading the outbox table");
         for sql in upgrade_outbox_statements(self.backend(), self.table()) {
-            db.execute_unprepared(&sql).await?;
+            if let Err(error) = db.execute_unprepared(&sql).await {
+                // Another process starting at the same time upgraded it first.
+                if self.backend() != DbBackend::Postgres && upgraded().await? {
+                    return Ok(());
+                }
+                return Err(error);
+            }
         }
         Ok(())
     }

@@ -71,16 +71,20 @@ pub fn create_outbox_statements(backend: DbBackend, table: &TableName) -> Vec<St
 }
 
 /// The statements that bring an outbox table of an earlier version (without `held_until` and
-/// its indexes) to this version's schema, idempotently, for migrations. MySQL before MariaDB's
-/// `IF NOT EXISTS` clauses cannot run them twice: run them once there.
+/// its indexes) to this version's schema, for migrations: run them once, on a table without
+/// `held_until` (on PostgreSQL they may run again; MySQL has no `IF NOT EXISTS` for columns,
+/// and MySQL/MariaDB run the whole change as one `ALTER TABLE`).
 pub fn upgrade_outbox_statements(backend: DbBackend, table: &TableName) -> Vec<String> {
     let name = table.quoted(backend);
     match backend {
         DbBackend::MySql => {
-            let mut clauses = vec!["ADD COLUMN IF NOT EXISTS held_until BIGINT NULL".to_owned()];
-            clauses.extend(indexes(backend, table).into_iter().skip(1).map(
-                |(index, definition)| format!("ADD INDEX IF NOT EXISTS {index} {definition}"),
-            ));
+            let mut clauses = vec!["ADD COLUMN held_until BIGINT NULL".to_owned()];
+            clauses.extend(
+                indexes(backend, table)
+                    .into_iter()
+                    .skip(1)
+                    .map(|(index, definition)| format!("ADD INDEX {index} {definition}")),
+            );
             vec![format!("ALTER TABLE {name} {}", clauses.join(", "))]
         }
         DbBackend::Postgres => {
