@@ -5,6 +5,7 @@
 //! Run them with the command the README gives; the PostgreSQL and MariaDB servers must be up
 //! (`.ci/run` starts them). A missing server fails the tests, it never skips them.
 
+pub mod backlog;
 pub mod bench;
 pub mod cut;
 pub mod db;

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use idem_rabbitmq::lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ExchangeDeclareOptions,
-    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-    QueuePurgeOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions, QueuePurgeOptions,
 };
 use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use idem_rabbitmq::lapin::{
@@ -94,7 +95,7 @@ impl DeadLetter {
 /// A test's view of the broker: a connection to inspect queues, a publisher, and the queues and
 /// exchanges it made, deleted when it is dropped.
 pub struct TestBroker {
-    _connection: Connection,
+    connection: Connection,
     channel: Channel,
     /// A publisher with confirms.
     pub publisher: Publisher,
@@ -127,7 +128,7 @@ impl TestBroker {
             .await
             .unwrap_or_else(|e| fail(&e));
         Self {
-            _connection: connection,
+            connection,
             channel,
             publisher,
             queues: Mutex::new(Vec::new()),
@@ -318,6 +319,41 @@ impl TestBroker {
                 .await
                 .unwrap();
         }
+        messages
+    }
+
+    /// Takes every message out of `queue` through a consumer without acknowledgements (the
+    /// broker lets each go as it delivers it), until the queue is empty and none arrived for
+    /// `quiet`: a large queue in seconds, where [`TestBroker::drain`] asks for one message at a
+    /// time. Returns each message's id and body, in the order they arrived.
+    pub async fn consume_all(
+        &self,
+        queue: &str,
+        quiet: Duration,
+    ) -> Vec<(Option<String>, Vec<u8>)> {
+        let channel = self.connection.create_channel().await.unwrap();
+        let options = BasicConsumeOptions {
+            no_ack: true,
+            ..BasicConsumeOptions::default()
+        };
+        let mut consumer = channel
+            .basic_consume(queue.into(), "".into(), options, FieldTable::default())
+            .await
+            .unwrap_or_else(|e| panic!("consume {queue}: {e}"));
+        let mut messages = Vec::new();
+        loop {
+            match tokio::time::timeout(quiet, consumer.next()).await {
+                Ok(Some(delivery)) => {
+                    let delivery = delivery.unwrap_or_else(|e| panic!("consume {queue}: {e}"));
+                    let id = delivery.properties.message_id().as_ref();
+                    messages.push((id.map(ToString::to_string), delivery.data));
+                }
+                Ok(None) => panic!("the consumer of {queue} was cancelled"),
+                Err(_quiet) if self.depth(queue).await == 0 => break,
+                Err(_quiet) => {}
+            }
+        }
+        let _ = channel.close(200, "done".into()).await;
         messages
     }
 

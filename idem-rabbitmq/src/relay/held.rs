@@ -66,6 +66,16 @@ pub(super) struct Hold<'a> {
     pub(super) exchange: bool,
 }
 
+/// The broker closed a channel refusing the exchange published to (it does not exist, or the
+/// relay may not write to it), naming it or not.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Refused<'a> {
+    /// The exchange the broker named.
+    Exchange(&'a str),
+    /// An exchange the broker did not name.
+    Unnamed,
+}
+
 /// The holds this relay made, and whether it is looking for a message that closed the channel.
 #[derive(Debug, Default)]
 pub(super) struct Held {
@@ -159,20 +169,28 @@ impl Held {
     }
 
     /// Notes that the channel closed under `published`, the messages of a round sent before
-    /// it closed. The one message, if it was alone, is to be held back (and with it every
-    /// message to its exchange if the broker refused the exchange itself, `exchange_refused`:
-    /// not found, no access); otherwise the next publishes go one at a time, `careful_for` of
-    /// them, to find it.
+    /// it closed. The message that closed it is to be held back (and with it every message to
+    /// its exchange if the broker refused the exchange itself, `refused`: not found, no
+    /// access): the one message if it was alone, or the first to the exchange the broker named;
+    /// otherwise the next publishes go one at a time, `careful_for` of them, to find it.
     pub(super) fn channel_closed<'a>(
         &mut self,
         published: &[&'a PendingMessage],
         careful_for: u32,
-        exchange_refused: bool,
+        refused: Option<Refused<'_>>,
     ) -> Option<Hold<'a>> {
-        let [culprit] = published else {
-            self.careful = careful_for;
-            return None;
+        let named = |exchange: &str| published.iter().find(|m| m.exchange == exchange);
+        let culprit = match (published, refused) {
+            ([culprit], _) => culprit,
+            (_, Some(Refused::Exchange(exchange))) if named(exchange).is_some() => {
+                named(exchange).expect("found above")
+            }
+            _ => {
+                self.careful = careful_for;
+                return None;
+            }
         };
+        let exchange_refused = refused.is_some();
         self.careful = 0;
         let mut pause = self.held(Subject::of(culprit), culprit, HOLD);
         if exchange_refused {

@@ -9,7 +9,7 @@ use idem_runtime::{LocalRelay, Outbox, PendingBatch};
 use tokio::sync::{Notify, watch};
 
 use super::Settings;
-use super::held::{Held, Hold};
+use super::held::{Held, Hold, Refused};
 use super::pipeline;
 use super::session::Session;
 use super::stats::Stats;
@@ -197,11 +197,10 @@ impl Runner {
         });
         let closed = closure.is_some();
         if let Some(error) = closure {
-            let exchange_refused = refuses_exchange(error);
             let culprit = (self.held).channel_closed(
                 &publishable,
                 self.settings.batch_size,
-                exchange_refused,
+                refused_exchange(error),
             );
             holds.extend(culprit);
         } else {
@@ -390,18 +389,27 @@ impl Runner {
 }
 
 /// Whether the broker closed a channel for the exchange published to, whatever the message: it
-/// does not exist, or the relay may not write to it.
-/// (Topic authorisation refuses a routing key with the same code: not the whole exchange.)
-fn refuses_exchange(error: &lapin::Error) -> bool {
+/// does not exist, or the relay may not write to it; and which exchange, when its reply names
+/// it (RabbitMQ's do: "no exchange 'x' in vhost '/'", "access to exchange 'x' in vhost '/'
+/// refused ..."). (Topic authorisation refuses a routing key with the same code: not the whole
+/// exchange.)
+fn refused_exchange(error: &lapin::Error) -> Option<Refused<'_>> {
     use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
     let lapin::ErrorKind::ProtocolError(amqp) = error.kind() else {
-        return false;
+        return None;
     };
-    match amqp.kind() {
+    let reply = amqp.get_message().as_str();
+    let refused = match amqp.kind() {
         AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => true,
-        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => {
-            !amqp.get_message().as_str().contains("access to topic")
-        }
+        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => !reply.contains("access to topic"),
         _ => false,
+    };
+    if !refused {
+        return None;
     }
+    let named = reply
+        .split_once("exchange '")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(exchange, _)| exchange);
+    Some(named.map_or(Refused::Unnamed, Refused::Exchange))
 }

@@ -42,6 +42,18 @@ pub(crate) struct Args {
     /// backend and prefetch, printing resident memory every 100 k messages.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) soak: Option<u64>,
+    /// Runs the outbox relay's drains instead of the suite (issue 21), on each backend given.
+    #[arg(long)]
+    pub(crate) outbox_drain: bool,
+    /// Messages of the large drain of `--outbox-drain`.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub(crate) drain_backlog: u64,
+    /// Messages held for a missing exchange during a drain of `--outbox-drain`.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) drain_held: u64,
+    /// Sent rows the cleaner deletes during a drain of `--outbox-drain`.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub(crate) drain_sent: u64,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     pub(crate) bench: bool,

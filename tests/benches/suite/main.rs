@@ -4,7 +4,8 @@
 //! Run: `cargo bench -p idem-tests --bench suite [-- --json --messages 10000 --rounds 3
 //! --backends postgres,mysql,sqlite --prefetch 100,500 --modes raw,hand-batch,...]`, with
 //! PostgreSQL, MariaDB and RabbitMQ up (see README); `-- --help` lists every option. `--soak N`
-//! runs idem's batch consumer on N messages instead, printing its resident memory every 100 k.
+//! runs idem's batch consumer on N messages instead, printing its resident memory every 100 k;
+//! `--outbox-drain` runs the outbox relay's drains instead (see `drain.rs`).
 //!
 //! Modes:
 //! - `raw`: consume and ack, no database: the broker's limit on this machine;
@@ -59,6 +60,7 @@
 
 mod args;
 mod case;
+mod drain;
 mod feeder;
 mod hand;
 mod outbox;
@@ -323,6 +325,7 @@ async fn main() {
     };
     match soak_messages {
         Some(n) => soak::soak(&mut suite, n).await,
+        None if suite.args.outbox_drain => drain::outbox_drain(&suite).await,
         None => run_suite(&mut suite).await,
     }
 }
