@@ -1,5 +1,5 @@
-//! The outbox relay: publishes what handlers staged in the outbox, once their transactions
-//! committed, with publisher confirms, in the order each handler run staged it.
+//! The outbox relay: publishes what was staged in the outbox, once its transaction committed,
+//! with publisher confirms, in the order each run staged it.
 
 mod held;
 mod listen;
@@ -39,25 +39,32 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 /// headers and content type, persistent and `mandatory`, waits for the broker's confirms, and
 /// marks the confirmed ones sent in the batch's transaction.
 ///
-/// - **Order.** Messages are published in the order they were staged, without waiting for each
-///   confirm: a batch's publishes are in flight together, except that a message whose handler
-///   run ([`PendingMessage::run`](idem_runtime::PendingMessage::run)) has an earlier message in
-///   flight waits until every confirm in flight came (messages staged outside handlers count as
-///   one run). A message is marked sent only once the broker confirmed it. A message the
-///   broker does not take (unroutable: no queue bound for its routing key; refused) stops its
-///   run for the rest of the batch, so no later message of its run overtakes it, and is held
-///   back with the rest of its run (5 s, doubling at each try up to 5 min), while every other
-///   run goes on; it is counted (`idem_outbox_publish_failures_total{reason="unroutable"}`) at
-///   every try. Held runs are left out of the batches the relay takes, so they never fill one. A
-///   failed channel (no confirm in time, the connection lost) ends the batch, and the relay
-///   retries after a back-off ([`retry_backoff`](RelayBuilder::retry_backoff)). Returned
-///   messages are matched to publishes by message id, not by the confirm lapin hands them with.
-///   A message whose publish makes the broker close the channel (an exchange that does not
-///   exist, or that the relay's user may not write to) fails every publish in flight with it:
-///   the relay then publishes one message at a time until it finds that message, and holds it
-///   back, with the rest of its run, 30 s at first and then longer, up to 5 minutes; when the
-///   broker refused its exchange (not found, no access), every message to that exchange is held
-///   back with it. Finding it is no failure to back off from.
+/// - **Order, per run.** The messages of one run go out in the order they were staged: a
+///   handler run's ([`PendingMessage::run`](idem_runtime::PendingMessage::run)), or a run named
+///   outside handlers ([`OutboxMessage::in_run`](idem_runtime::OutboxMessage::in_run)), across
+///   transactions, relays and restarts. Messages of different runs, and messages staged outside
+///   handlers in no run, are not ordered among themselves: each goes out as soon as a relay
+///   takes it. A batch's publishes are in flight together, except that a message whose run
+///   has an earlier message in flight waits until every confirm in flight came; a run whose
+///   earlier message another relay has in hand is left to that relay. A message is marked
+///   sent only once the broker confirmed it.
+/// - **Holds.** A message the broker does not take (unroutable: no queue bound for its routing
+///   key; refused) stops its run for the rest of the batch, so no later message of its run
+///   overtakes it, and is held back with the rest of its run (5 s, doubling at each try up to
+///   5 min), while every other run goes on; it is counted
+///   (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every try. Holds are
+///   written in the table (`held_until`), so a relay restarted, or another relay, keeps them;
+///   held messages are in no batch a relay takes, so a large held backlog costs the others
+///   nothing. A failed channel (no confirm in time, the connection lost) ends the batch, and
+///   the relay retries after a back-off ([`retry_backoff`](RelayBuilder::retry_backoff)).
+///   Returned messages are matched to publishes by message id, not by the confirm lapin hands
+///   them with. A message whose publish makes the broker close the channel (an exchange that
+///   does not exist, or that the relay's user may not write to) fails every publish in flight
+///   with it: the relay finds it (the first message to the exchange the broker's reply names;
+///   when it names none, by publishing one message at a time) and holds it back, with the rest
+///   of its run, 30 s at first and then longer, up to 5 minutes; when the broker refused its
+///   exchange (not found, no access), every message to that exchange is held back with it.
+///   Finding it is no failure to back off from.
 /// - **At least once, deduplicated downstream.** A message whose confirm is lost, or whose
 ///   "sent" mark does not commit, is published again with the same id; the next hop's inbox
 ///   recognises it.
