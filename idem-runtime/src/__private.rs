@@ -25,8 +25,9 @@ pub use std::{assert, concat, module_path};
 
 pub use sea_orm::DatabaseTransaction;
 
+pub use crate::context::Context;
 pub use crate::fingerprint::{Fingerprint, FingerprintError};
-pub use crate::handler::{Context, Handler, Mode};
+pub use crate::handler::{Handler, Mode};
 pub use crate::key::{ConsumerName, KeyError, KeySource, MessageKey};
 pub use crate::metadata::Metadata;
 pub use crate::report::{Report, ReportSource};

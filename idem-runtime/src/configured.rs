@@ -3,8 +3,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::context::Context;
 use crate::fingerprint::{Fingerprint, FingerprintError};
-use crate::handler::{Context, Handler, Mode};
+use crate::handler::{Handler, Mode};
 use crate::key::{KeyError, MessageKey};
 use crate::metadata::Metadata;
 

@@ -170,6 +170,7 @@
 
 mod clock;
 mod configured;
+mod context;
 pub mod delivery;
 mod error;
 mod fingerprint;
@@ -191,9 +192,10 @@ pub mod migration;
 pub mod __private;
 
 pub use configured::Configured;
+pub use context::Context;
 pub use error::{BoxError, ConfigError, DeadLetterReason, Error, Result, Settle};
 pub use fingerprint::{Fingerprint, FingerprintError};
-pub use handler::{Context, Handler, Mode, Outcome};
+pub use handler::{Handler, Mode, Outcome};
 pub use inbox::{
     BatchChecks, BatchItem, Inbox, InboxBuilder, InboxRecord, MAX_BATCH, panic_message,
 };

@@ -5,7 +5,8 @@ use std::future::Future;
 
 use sea_orm::DatabaseTransaction;
 
-use crate::handler::{Context, Handler};
+use crate::context::Context;
+use crate::handler::Handler;
 
 /// A handler of many messages at once: the fresh messages of a batch, in order, in one call,
 /// writing their effects through one transaction (one multi-row `INSERT`, as a careful engineer

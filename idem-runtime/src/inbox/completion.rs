@@ -8,7 +8,7 @@ use sea_orm::{DatabaseConnection, DbErr};
 use tokio::time::Instant;
 
 use super::claim::ClaimRequest;
-use super::renewal::ClaimWatch;
+use crate::context::ClaimWatch;
 use crate::delivery::Backoff;
 use crate::store::dialect::{Failure, classify, refuses_value};
 use crate::store::{Status, Store};

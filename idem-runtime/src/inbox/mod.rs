@@ -20,8 +20,9 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use crate::clock::{capped, duration_ms, from_epoch_ms};
+use crate::context::{ClaimWatch, Context};
 use crate::error::{BoxError, ConfigError, Error, Result};
-use crate::handler::{Context, Handler, Mode, Outcome};
+use crate::handler::{Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;
@@ -34,11 +35,9 @@ use crate::store::table::TableName;
 
 pub use batch::{BatchChecks, BatchItem, MAX_BATCH};
 pub use builder::InboxBuilder;
-pub(crate) use builder::{dialect_of, starting};
 pub use record::InboxRecord;
 
 use claim::{ClaimRequest, Claimed, Deadlocks};
-pub(crate) use renewal::ClaimWatch;
 use renewal::{Held, renew_until_lost};
 
 /// The inbox of processed messages, kept in the application's database.

@@ -2,49 +2,14 @@
 //! every third of the lease, fenced on the claim token; when the claim is lost, the handler's
 //! [`Context`](crate::Context) says so.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::claim::ClaimRequest;
+use crate::context::ClaimWatch;
 use crate::store::Store;
-
-/// Whether a two-phase claim was lost, shared between the renewal and the handler's context.
-#[derive(Debug, Default)]
-pub(crate) struct ClaimWatch {
-    lost: AtomicBool,
-    notify: Notify,
-}
-
-impl ClaimWatch {
-    /// Whether the claim was lost: taken over, or not renewed before its lease ran out.
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-    }
-
-    /// Resolves once the claim is lost.
-    pub(crate) async fn lost(&self) {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            // Registered before the flag is read: a loss between the read and the wait still
-            // wakes this waiter.
-            notified.as_mut().enable();
-            if self.is_lost() {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    fn set_lost(&self) {
-        self.lost.store(true, Ordering::Release);
-        self.notify.notify_waiters();
-    }
-}
 
 /// What a renewal needs to know about the claim it keeps.
 #[derive(Debug, Clone, Copy)]

@@ -20,6 +20,7 @@ use crate::clock::duration_ms;
 use crate::error::{ConfigError, Error, Result};
 use crate::key::InboxKey;
 use crate::store::dialect::Dialect;
+use crate::store::startup::{dialect_of, starting};
 use crate::store::table::TableName;
 use statements::{Guard, Statements};
 
@@ -363,7 +364,7 @@ impl OutboxBuilder {
         if self.retention.is_zero() {
             return Err(ConfigError::Zero("the outbox retention").into());
         }
-        let dialect = crate::inbox::dialect_of(&self.db).await?;
+        let dialect = dialect_of(&self.db).await?;
         let outbox = Outbox {
             inner: Arc::new(Inner {
                 db: self.db,
@@ -377,7 +378,7 @@ impl OutboxBuilder {
             }),
         };
         if self.create_table {
-            crate::inbox::starting(|| outbox.create_table()).await?;
+            starting(|| outbox.create_table()).await?;
         }
         outbox.check_schema().await.map_err(|error| {
             Error::from(ConfigError::SchemaMismatch {

@@ -16,8 +16,7 @@ use sea_orm::{
 };
 
 use super::statements::READ_COLUMNS;
-use super::{Row, Status, Store, opt_text, text};
-use crate::MAX_BATCH;
+use super::{MAX_BATCH, Row, Status, Store, opt_text, text};
 use crate::clock::duration_ms;
 use crate::fingerprint::Fingerprint;
 use crate::key::{ConsumerName, MessageKey};

@@ -5,6 +5,7 @@ pub(crate) mod dialect;
 mod many;
 #[cfg(feature = "postgres")]
 mod many_pg;
+pub(crate) mod startup;
 mod statements;
 pub(crate) mod table;
 
@@ -18,6 +19,10 @@ use crate::clock::duration_ms;
 use crate::key::{ConsumerName, InboxKey, MessageKey};
 use dialect::{Dialect, Failure, classify};
 pub(crate) use many::{BatchClaim, Claims};
+
+/// The most messages one batch transaction carries: its statements bind a few values per
+/// message, and every backend limits how many one statement may have. Larger batches are split.
+pub const MAX_BATCH: usize = 1000;
 use statements::Statements;
 use table::TableName;
 

@@ -8,8 +8,9 @@ use sea_orm::DatabaseTransaction;
 
 use super::fates::{Handled, Lead};
 use super::lost::{self, Lost};
+use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::handler::{Context, Handler};
+use crate::handler::Handler;
 use crate::inbox::{outage_or, run as run_handler};
 use crate::key::InboxKey;
 use crate::metadata::Metadata;

@@ -50,9 +50,7 @@ pub struct BatchItem<M> {
     pub metadata: Metadata,
 }
 
-/// The most messages one batch transaction carries: its statements bind a few values per
-/// message, and every backend limits how many one statement may have. Larger batches are split.
-pub const MAX_BATCH: usize = 1000;
+pub use crate::store::MAX_BATCH;
 
 /// How a batch checks what its handlers did to the transaction they share.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
