@@ -178,12 +178,15 @@ mod handler;
 mod inbox;
 mod key;
 mod metadata;
+pub mod metrics;
 pub mod observe;
-mod outbox;
+pub mod outbox;
 mod report;
-mod retention;
+pub mod retention;
+pub mod schema;
 mod slice;
 mod store;
+pub mod transport;
 
 #[cfg(feature = "migration")]
 pub mod migration;

@@ -1,15 +1,5 @@
-//! Tracing spans and metrics for every processed message.
-//!
-//! Metrics go through the [`metrics`] facade, so any recorder (Prometheus, StatsD, ...) the
-//! application installs receives them:
-//!
-//! | metric | kind | labels |
-//! |---|---|---|
-//! | `idem_messages_total` | counter | `consumer`, `outcome` (`processed`, `duplicate`, or the error's [`code`](crate::Error::code)) |
-//! | `idem_cleanup_deleted_total` | counter | `table` |
-//!
-//! A rising `duplicate` rate points at producer retries, an acknowledgment window that is too
-//! short or unhealthy consumers; any `fingerprint-mismatch` deserves an alert.
+//! Tracing spans and metrics for every processed message (the metrics' names and labels are in
+//! [`metrics`](crate::metrics)).
 
 use tracing::Span;
 use tracing::field::Empty;
@@ -18,10 +8,7 @@ use crate::error::{Error, Result, Settle};
 use crate::handler::Outcome;
 use crate::metadata::Metadata;
 
-/// The counter of processed messages.
-pub const MESSAGES_TOTAL: &str = "idem_messages_total";
-/// The counter of records deleted by the cleaner.
-pub const CLEANUP_DELETED_TOTAL: &str = "idem_cleanup_deleted_total";
+pub use crate::metrics::{CLEANUP_DELETED_TOTAL, MESSAGES_TOTAL};
 
 /// The span of one message: consumer, message key, correlation id and outcome.
 pub(crate) fn span(consumer: &str, metadata: &Metadata) -> Span {

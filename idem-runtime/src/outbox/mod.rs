@@ -1,6 +1,14 @@
 //! The transactional outbox: messages a handler stages in its own transaction, committed with
 //! its effects and its inbox record or not at all, and published afterwards by a relay (the
 //! RabbitMQ adapter's `Relay`) with ids that every re-execution derives identically.
+//!
+//! Handler authors need [`Outbox`], [`OutboxMessage`] and [`Outbound`] (also at the crate's
+//! root). A relay of another broker takes committed messages in batches
+//! ([`Outbox::take_pending`], a [`PendingBatch`] of [`PendingMessage`]s, locked while it holds
+//! them), publishes them, holds back what the broker did not take ([`PendingBatch::hold`],
+//! [`PendingBatch::hold_exchange`], released by [`Outbox::release_holds`]) and marks the rest
+//! sent ([`PendingBatch::mark_sent`]); it keeps each run's order ([`PendingMessage::run`]) and
+//! is woken by commits ([`Outbox::staged`], [`Outbox::local_relay`]).
 
 mod error;
 mod message;
@@ -35,8 +43,7 @@ pub(crate) use statements::RunStatements;
 pub(crate) use table::drop_outbox_statement;
 pub use table::{create_outbox_statements, upgrade_outbox_statements};
 
-/// The counter of messages staged in committed transactions, by table.
-pub const OUTBOX_STAGED_TOTAL: &str = "idem_outbox_staged_total";
+pub use crate::metrics::OUTBOX_STAGED_TOTAL;
 
 /// The outbox table, kept in the application's database beside the inbox.
 ///

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::Result;
 use crate::inbox::{Inbox, Inner};
-use crate::observe::CLEANUP_DELETED_TOTAL;
+use crate::metrics::CLEANUP_DELETED_TOTAL;
 use crate::outbox::Outbox;
 
 /// What one cleanup run did.

@@ -1,4 +1,6 @@
-//! Retention of inbox records and their cleanup.
+//! Retention of inbox records and their cleanup: how long records are kept
+//! ([`RetentionPolicy`], checked against the broker's [`RedeliveryWindow`]), and the [`Cleaner`]
+//! that deletes expired records and sent outbox rows in bounded batches.
 
 mod cleaner;
 pub(crate) mod policy;
