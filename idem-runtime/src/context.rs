@@ -103,7 +103,7 @@ impl<'a> Context<'a> {
         self.metadata
     }
 
-    /// The transaction the handler writes its effects through ([`Mode::Transactional`]); `None`
+    /// The transaction the handler writes its effects through ([`Mode::Transactional`](crate::Mode::Transactional)); `None`
     /// in two-phase mode.
     pub fn transaction(&self) -> Option<&'a DatabaseTransaction> {
         self.transaction
