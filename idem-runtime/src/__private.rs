@@ -205,14 +205,37 @@ impl<E: ReportSource> AdaptError<E> for ErrorKind<true> {
 /// The handler's error type for a function's error type `E`.
 pub type AdaptedError<E, const REPORT: bool> = <ErrorKind<REPORT> as AdaptError<E>>::Error;
 
-/// The fingerprint of the whole message, by default: the payload as received when the transport
-/// gave it.
-#[inline]
-pub fn content_fingerprint<T: Serialize + ?Sized>(
-    message: &T,
-    metadata: &Metadata,
-) -> Result<Option<Fingerprint>, FingerprintError> {
-    metadata.content_fingerprint(message).map(Some)
+/// What a message type must be for its whole content to be fingerprinted, the default without
+/// `fingerprint = ...`: `Serialize`, with an error that says why and how to do without.
+///
+/// The generated code calls `<M as Fingerprintable>::content_fingerprint` with `M` spanned at the
+/// user's message type, so that the error is reported there. The blanket impl is not recommended,
+/// so the error is this trait's rather than `Serialize`'s with a note naming this module; and the
+/// crate root re-exports the trait, hidden, so that the compiler prints its plain name (it does
+/// not shorten a path that only goes through a hidden module).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted: the message type must implement `Serialize`",
+    label = "not `Serialize`",
+    note = "by default the inbox fingerprints the message's content, serialized, to tell a redelivery (the same key with the same content) from a key reused with other content, which it refuses",
+    note = "derive `Serialize` for `{Self}`; or fingerprint only part of the message, `fingerprint = <expr>` (any `Serialize` value read from it); or turn the check off, `fingerprint = none`"
+)]
+pub trait Fingerprintable {
+    /// The fingerprint of the whole message: the payload as received when the transport gave it.
+    fn content_fingerprint(
+        &self,
+        metadata: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + ?Sized> Fingerprintable for T {
+    #[inline]
+    fn content_fingerprint(
+        &self,
+        metadata: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        metadata.content_fingerprint(self).map(Some)
+    }
 }
 
 /// The element type of a slice handler's outputs, `O` of `Vec<O>`.

@@ -6,6 +6,7 @@ mod claim;
 mod completion;
 mod record;
 mod renewal;
+mod two_phase;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -20,8 +21,8 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use crate::clock::{capped, duration_ms, from_epoch_ms};
-use crate::context::{ClaimWatch, Context};
-use crate::error::{BoxError, ConfigError, Error, Result};
+use crate::context::Context;
+use crate::error::{ConfigError, Error, Result};
 use crate::handler::{Handler, Mode, Outcome};
 use crate::key::{ConsumerName, InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
@@ -38,7 +39,6 @@ pub use builder::InboxBuilder;
 pub use record::InboxRecord;
 
 use claim::{ClaimRequest, Claimed, Deadlocks};
-use renewal::{Held, renew_until_lost};
 
 /// The inbox of processed messages, kept in the application's database.
 ///
@@ -263,101 +263,6 @@ impl Inbox {
                 "table" => outbox.table().to_string()
             )
             .increment(u64::from(count));
-        }
-    }
-
-    /// Claim with a lease, handler outside any transaction, completion fenced by the claim token.
-    async fn two_phase<H: Handler>(
-        &self,
-        handler: &H,
-        request: ClaimRequest<'_>,
-        message: H::Message,
-        metadata: &Metadata,
-    ) -> Result<Outcome<H::Output>> {
-        let store = &self.inner.store;
-        let db = &self.inner.db;
-        let claim_sent = tokio::time::Instant::now();
-        let (token, attempt, previous_claim_at) = match claim::claim(store, db, request).await? {
-            Claimed::Completed(output) => {
-                return decode_stored(request.key, output).map(Outcome::Duplicate);
-            }
-            Claimed::Acquired {
-                token,
-                attempt,
-                previous_claim_at,
-            } => (token, attempt, previous_claim_at),
-        };
-        let watch = ClaimWatch::default();
-        let cx = Context::new(&request.key.message_key, metadata, None)
-            .with_attempt(attempt, previous_claim_at.map(from_epoch_ms))
-            .with_origin(request.key, None)
-            .with_claim(&watch);
-        let held = Held {
-            request,
-            token,
-            lease: request.lease.unwrap_or(Mode::DEFAULT_LEASE),
-            claim_sent,
-        };
-        // The renewal runs beside the handler and its completion, in this task: dropping this
-        // future (a crashed worker) stops them all. A lost claim ends the renewal; the handler
-        // still runs to its end.
-        let mut renewal = Some(Box::pin(renew_until_lost(store, db, held, &watch)));
-        let result = beside(run(handler, &cx, message), &mut renewal).await;
-        let output = match result {
-            Ok(output) => output,
-            Err(error) => {
-                // A renewal under way would hold its pooled connection, and could extend the
-                // lease after it is ended.
-                drop(renewal);
-                // Never hold a key after a failed handler: the redelivery must be able to retry.
-                // A first attempt's claim is deleted; a takeover's is handed on, its lease ended,
-                // so that the next claim knows it follows attempts whose side effects may have
-                // happened (`Context::is_takeover`), and they count toward `max_attempts`.
-                let released = if attempt > 1 {
-                    store.hand_on(db, request.key, token).await
-                } else {
-                    store.release(db, request.key, token).await
-                };
-                if let Err(release) = released {
-                    tracing::warn!(error = %release, "could not release the claim; it expires with its lease");
-                }
-                return Err(error);
-            }
-        };
-        // The side effect has happened: an output that cannot be stored (it does not serialize,
-        // or the database refuses it) still completes the record, without it, so that no
-        // redelivery repeats the effect.
-        let json = serde_json::to_string(&output)
-            .map_err(BoxError::from)
-            .and_then(
-                |json| match store.check_output(&request.key.message_key, &json) {
-                    Ok(()) => Ok(json),
-                    Err(too_large) => Err(BoxError::from(too_large)),
-                },
-            );
-        let stored = json.as_deref().ok().filter(|json| *json != "null");
-        let complete = |output| {
-            completion::complete_while_held(store, db, (request, token), output, &watch, held.lease)
-        };
-        let completing = async {
-            match complete(stored).await {
-                Ok(completed) => Ok(completed.then_some(None)),
-                Err(error) if stored.is_some() && classify(&error) == Failure::Refused => {
-                    Ok(complete(None).await?.then_some(Some(error)))
-                }
-                Err(error) => Err(error),
-            }
-        };
-        let completed = beside(completing, &mut renewal).await?;
-        match completed {
-            None => Err(Error::ClaimLost {
-                key: request.key.clone(),
-            }),
-            Some(Some(refused)) => Err(Error::OutputNotStorable(Box::new(refused))),
-            Some(None) => {
-                json.map_err(Error::OutputNotStorable)?;
-                Ok(Outcome::Processed(output))
-            }
         }
     }
 

@@ -121,51 +121,11 @@ impl Store {
                 .pg_insert_claims(conn, consumer, claims, token, retention)
                 .await;
         }
-        let t = &self.quoted;
-        let now = self.dialect.now_ms();
-        let row = format!("(?, ?, ?, ?, 1, ?, {now}, {now}, NULL, NULL, {now} + ?)");
-        // Padded with repeats of the last claim, which conflict with it and insert nothing.
         let padded = rows_for(claims.len());
-        let rows = vec![row.as_str(); padded].join(", ");
-        let columns = "consumer, message_key, status, fingerprint, attempts, claim_token, \
-                       created_at, claimed_at, lease_until, completed_at, expires_at";
-        let returning = self.dialect.has_insert_returning();
-        let sql = match self.backend() {
-            DbBackend::MySql => self.dialect.with_lock_wait(
-                &format!(
-                    "INSERT IGNORE INTO {t} ({columns}) VALUES {rows}{}",
-                    if returning {
-                        " RETURNING message_key"
-                    } else {
-                        ""
-                    }
-                ),
-                self.claim_wait,
-            ),
-            _ => format!(
-                "INSERT INTO {t} ({columns}) VALUES {rows} \
-                 ON CONFLICT (consumer, message_key) DO NOTHING RETURNING message_key"
-            ),
-        };
-        let expiry = Value::from(duration_ms(retention));
-        let mut values = Vec::with_capacity(padded * 6);
-        let last = claims
-            .last()
-            .into_iter()
-            .cycle()
-            .take(padded - claims.len());
-        for claim in claims.iter().chain(last) {
-            values.extend([
-                text(consumer.as_str()),
-                text(claim.key.as_str()),
-                text(Status::InProgress.as_str()),
-                Value::from(claim.fingerprint.map(|print| print.as_bytes().to_vec())),
-                Value::from(token),
-                expiry.clone(),
-            ]);
-        }
+        let sql = self.insert_claims_sql(padded);
+        let values = claim_values(consumer, claims, padded, token, retention);
         let statement = self.statement(&self.dialect.placeholders(&sql), values);
-        if !returning {
+        if !self.dialect.has_insert_returning() {
             // MySQL proper has no `INSERT ... RETURNING`: the keys this statement inserted are
             // the ones that now carry its token.
             conn.execute_raw(statement).await?;
@@ -190,6 +150,31 @@ impl Store {
             fresh,
             transaction_id: None,
         })
+    }
+
+    /// The statement of [`Store::insert_claims`] for `padded` rows (placeholders `?`).
+    fn insert_claims_sql(&self, padded: usize) -> String {
+        let t = &self.quoted;
+        let now = self.dialect.now_ms();
+        let row = format!("(?, ?, ?, ?, 1, ?, {now}, {now}, NULL, NULL, {now} + ?)");
+        let rows = vec![row.as_str(); padded].join(", ");
+        let columns = "consumer, message_key, status, fingerprint, attempts, claim_token, \
+                       created_at, claimed_at, lease_until, completed_at, expires_at";
+        match self.backend() {
+            DbBackend::MySql => {
+                let returning = if self.dialect.has_insert_returning() {
+                    " RETURNING message_key"
+                } else {
+                    ""
+                };
+                let insert = format!("INSERT IGNORE INTO {t} ({columns}) VALUES {rows}{returning}");
+                self.dialect.with_lock_wait(&insert, self.claim_wait)
+            }
+            _ => format!(
+                "INSERT INTO {t} ({columns}) VALUES {rows} \
+                 ON CONFLICT (consumer, message_key) DO NOTHING RETURNING message_key"
+            ),
+        }
     }
 
     /// Reads the records of `keys` for `consumer`, with the database's clock, by message key.
@@ -318,9 +303,6 @@ impl Store {
         }
         // Elsewhere the database does not tell the transaction's id.
         let _ = transaction_id;
-        let t = &self.quoted;
-        let now = self.dialect.now_ms();
-        let all_null = outputs.iter().all(|(_, output)| output.is_none());
         let rows = rows_for(outputs.len());
         let joined = self.backend() == DbBackend::MySql && self.key_index.is_none();
         // Padded with the last key again (see `padded_keys`), a record completed once: with its
@@ -330,57 +312,94 @@ impl Store {
             .last()
             .map(|(key, output)| (*key, if joined { *output } else { None }));
         let padding = last.into_iter().cycle().take(rows - outputs.len());
-        let padded = outputs
+        let padded: Vec<(&str, Option<&str>)> = outputs
             .iter()
             .copied()
             .chain(padding)
-            .map(|(key, output)| (key.as_str(), output));
-        let mut values = Vec::with_capacity(rows * 3 + 3);
-        let retention = Value::from(duration_ms(retention));
-        let sql = if self.backend() == DbBackend::MySql && self.key_index.is_none() {
-            // Joined from a table of keys and outputs: see `find_many`.
-            for (key, output) in padded {
-                values.push(text(key));
-                if !all_null {
-                    values.push(opt_text(output));
-                }
-            }
-            values.extend([text(consumer.as_str()), retention, Value::from(token)]);
-            let output = if all_null { "NULL" } else { "v.o" };
-            format!(
-                "UPDATE {t} AS r JOIN {} AS v ON r.consumer = ? AND r.message_key = v.k \
-                 SET r.status = 'completed', r.output = {output}, r.completed_at = {now}, \
-                 r.expires_at = {now} + ?, r.lease_until = NULL \
-                 WHERE r.claim_token = ? AND r.status = 'in_progress'",
-                key_table(rows, !all_null)
-            )
+            .map(|(key, output)| (key.as_str(), output))
+            .collect();
+        let completion = Completion {
+            consumer,
+            token,
+            retention: Value::from(duration_ms(retention)),
+            all_null: outputs.iter().all(|(_, output)| output.is_none()),
+        };
+        let (sql, values) = if joined {
+            self.joined_completion(&padded, completion)
         } else {
-            let keys: Vec<&str> = padded.clone().map(|(key, _)| key).collect();
-            let output = if all_null {
-                "NULL".to_owned()
-            } else {
-                let mut case = "CASE message_key".to_owned();
-                for (key, output) in padded {
-                    case.push_str(" WHEN ? THEN ?");
-                    values.extend([text(key), opt_text(output)]);
-                }
-                case + " END"
-            };
-            values.extend([retention, text(consumer.as_str()), Value::from(token)]);
-            values.extend(keys.into_iter().map(text));
-            format!(
-                "UPDATE {t}{} SET status = 'completed', output = {output}, \
-                 completed_at = {now}, expires_at = {now} + ?, lease_until = NULL \
-                 WHERE consumer = ? AND claim_token = ? AND status = 'in_progress' \
-                 AND message_key IN ({})",
-                self.key_index_hint(),
-                placeholders(rows)
-            )
+            self.case_completion(&padded, completion)
         };
         let result = conn
             .execute_raw(self.statement(&self.dialect.placeholders(&sql), values))
             .await?;
         Ok(result.rows_affected())
+    }
+
+    /// A completion joined from a table of keys and outputs (MySQL/MariaDB without a key index
+    /// to name, see `find_many`): its statement and values.
+    fn joined_completion(
+        &self,
+        padded: &[(&str, Option<&str>)],
+        completion: Completion<'_>,
+    ) -> (String, Vec<Value>) {
+        let (t, now) = (&self.quoted, self.dialect.now_ms());
+        let mut values = Vec::with_capacity(padded.len() * 2 + 3);
+        for (key, output) in padded {
+            values.push(text(key));
+            if !completion.all_null {
+                values.push(opt_text(*output));
+            }
+        }
+        values.extend([
+            text(completion.consumer.as_str()),
+            completion.retention,
+            Value::from(completion.token),
+        ]);
+        let output = if completion.all_null { "NULL" } else { "v.o" };
+        let sql = format!(
+            "UPDATE {t} AS r JOIN {} AS v ON r.consumer = ? AND r.message_key = v.k \
+             SET r.status = 'completed', r.output = {output}, r.completed_at = {now}, \
+             r.expires_at = {now} + ?, r.lease_until = NULL \
+             WHERE r.claim_token = ? AND r.status = 'in_progress'",
+            key_table(padded.len(), !completion.all_null)
+        );
+        (sql, values)
+    }
+
+    /// A completion whose outputs are chosen by a `CASE` on the key, of keys listed in `IN`:
+    /// its statement and values.
+    fn case_completion(
+        &self,
+        padded: &[(&str, Option<&str>)],
+        completion: Completion<'_>,
+    ) -> (String, Vec<Value>) {
+        let (t, now) = (&self.quoted, self.dialect.now_ms());
+        let mut values = Vec::with_capacity(padded.len() * 3 + 3);
+        let output = if completion.all_null {
+            "NULL".to_owned()
+        } else {
+            let mut case = "CASE message_key".to_owned();
+            for (key, output) in padded {
+                case.push_str(" WHEN ? THEN ?");
+                values.extend([text(key), opt_text(*output)]);
+            }
+            case + " END"
+        };
+        values.extend([
+            completion.retention,
+            text(completion.consumer.as_str()),
+            Value::from(completion.token),
+        ]);
+        values.extend(padded.iter().map(|(key, _)| text(key)));
+        let sql = format!(
+            "UPDATE {t}{} SET status = 'completed', output = {output}, \
+             completed_at = {now}, expires_at = {now} + ?, lease_until = NULL \
+             WHERE consumer = ? AND claim_token = ? AND status = 'in_progress' \
+             AND message_key IN ({})",
+            self.key_index_hint(),
+            placeholders(padded.len())
+        );
+        (sql, values)
     }
 
     /// Deletes the claims `token` holds on `keys`, so their redeliveries can retry.
@@ -483,4 +502,43 @@ impl Store {
         String::from_utf8(bytes)
             .map_err(|_| DbErr::Custom("a message key that is not UTF-8".to_owned()))
     }
+}
+
+/// What every record of one completion statement gets besides its output.
+#[derive(Debug)]
+struct Completion<'a> {
+    consumer: &'a ConsumerName,
+    token: i64,
+    retention: Value,
+    /// Whether no record stores an output: the statement sets none.
+    all_null: bool,
+}
+
+/// The values of [`Store::insert_claims`]'s statement: six per claim, padded to `padded` rows
+/// with repeats of the last claim, which conflict with it and insert nothing.
+fn claim_values(
+    consumer: &ConsumerName,
+    claims: &[BatchClaim<'_>],
+    padded: usize,
+    token: i64,
+    retention: Duration,
+) -> Vec<Value> {
+    let expiry = Value::from(duration_ms(retention));
+    let mut values = Vec::with_capacity(padded * 6);
+    let last = claims
+        .last()
+        .into_iter()
+        .cycle()
+        .take(padded - claims.len());
+    for claim in claims.iter().chain(last) {
+        values.extend([
+            text(consumer.as_str()),
+            text(claim.key.as_str()),
+            text(Status::InProgress.as_str()),
+            Value::from(claim.fingerprint.map(|print| print.as_bytes().to_vec())),
+            Value::from(token),
+            expiry.clone(),
+        ]);
+    }
+    values
 }

@@ -1,0 +1,71 @@
+//! The cleaner's statements: the database's clock, expired records deleted in bounded batches,
+//! and the lock that lets one cleaner run at a time.
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Value};
+
+use super::Store;
+
+impl Store {
+    /// The database's clock, in milliseconds since the Unix epoch.
+    pub(crate) async fn now(&self, conn: &impl ConnectionTrait) -> Result<i64, DbErr> {
+        let row = conn
+            .query_one_raw(self.statement(&self.sql.now, Vec::new()))
+            .await?
+            .ok_or_else(|| DbErr::Custom("the database did not tell its time".to_owned()))?;
+        row.try_get_by_index(0)
+    }
+
+    /// Deletes at most `limit` records that expired before `before`, leaving those another
+    /// transaction holds for a later run; returns how many.
+    pub(crate) async fn delete_expired(
+        &self,
+        db: &DatabaseConnection,
+        before: i64,
+        limit: u32,
+    ) -> Result<u64, DbErr> {
+        let values = vec![Value::from(before), Value::from(i64::from(limit))];
+        let statement = self.statement(&self.sql.delete_expired, values);
+        if self.backend() == DbBackend::MySql {
+            return self.delete_unheld(db, statement).await;
+        }
+        Ok(db.execute_raw(statement).await?.rows_affected())
+    }
+
+    /// Tries to take the cleaner lock for this table, held until the transaction `conn` ends
+    /// (PostgreSQL) or until [`Store::unlock_cleaner`] (MySQL/MariaDB).
+    pub(crate) async fn try_lock_cleaner(
+        &self,
+        conn: &impl ConnectionTrait,
+    ) -> Result<bool, DbErr> {
+        let (sql, values) = self.dialect.try_lock("cleaner", self.table.as_str());
+        let row = conn.query_one_raw(self.statement(&sql, values)).await?;
+        let Some(row) = row else { return Ok(false) };
+        Ok(match self.backend() {
+            DbBackend::Postgres => row.try_get_by_index::<bool>(0)?,
+            _ => row.try_get_by_index::<Option<i64>>(0)? == Some(1),
+        })
+    }
+
+    /// The file of a SQLite connection's main database, as SQLite resolved it; `None` for an
+    /// in-memory or temporary database.
+    pub(crate) async fn sqlite_file(
+        &self,
+        conn: &impl ConnectionTrait,
+    ) -> Result<Option<String>, DbErr> {
+        let sql = "SELECT file FROM pragma_database_list WHERE name = 'main'";
+        let row = conn.query_one_raw(self.statement(sql, Vec::new())).await?;
+        let file = match row {
+            Some(row) => row.try_get_by_index::<Option<String>>(0)?,
+            None => None,
+        };
+        Ok(file.filter(|file| !file.is_empty()))
+    }
+
+    /// Releases a MySQL/MariaDB cleaner lock (PostgreSQL's goes with its transaction).
+    pub(crate) async fn unlock_cleaner(&self, conn: &impl ConnectionTrait) -> Result<(), DbErr> {
+        if let Some((sql, values)) = self.dialect.unlock("cleaner", self.table.as_str()) {
+            conn.query_one_raw(self.statement(&sql, values)).await?;
+        }
+        Ok(())
+    }
+}
