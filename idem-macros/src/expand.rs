@@ -275,10 +275,16 @@ fn fingerprint_body(handler: &Handler<'_>, message: &TokenStream) -> TokenStream
     let rt = rt();
     match &handler.fingerprint {
         None => {
-            // A message that is not `Serialize` is reported on its type.
+            // A message that is not `Serialize` is reported on its type, with what the
+            // fingerprint needs and how to do without.
             let span = message.span();
             let rt = rt_at(span);
-            quote_spanned!(span=> #rt::content_fingerprint(__idem_message, __idem_fp_meta))
+            quote_spanned! {span=>
+                <#message as #rt::Fingerprintable>::content_fingerprint(
+                    __idem_message,
+                    __idem_fp_meta,
+                )
+            }
         }
         Some(FingerprintArg::Off) => quote!(#rt::Ok(#rt::None)),
         Some(FingerprintArg::Expr(expr)) => {

@@ -193,6 +193,10 @@ pub mod migration;
 
 #[doc(hidden)]
 pub mod __private;
+// Hidden here too so that a message without `Serialize` gets an error naming the trait plainly,
+// never through `__private` (see `__private::Fingerprintable`).
+#[doc(hidden)]
+pub use __private::Fingerprintable;
 
 pub use configured::Configured;
 pub use context::Context;
