@@ -186,7 +186,10 @@ mod tests {
             "{my}"
         );
         let upgrade = upgrade_outbox_statements(DbBackend::MySql, &table).join("\n");
-        assert!(upgrade.contains("ADD INDEX `idem_outbox_ready`"), "{upgrade}");
+        assert!(
+            upgrade.contains("ADD INDEX `idem_outbox_ready`"),
+            "{upgrade}"
+        );
         // MySQL proper has no `IF NOT EXISTS` for columns and indexes.
         assert!(!upgrade.contains("IF NOT EXISTS"), "{upgrade}");
         assert!(!upgrade.contains("idem_outbox_pending"), "{upgrade}");
