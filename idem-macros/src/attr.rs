@@ -21,15 +21,22 @@ pub(crate) struct Args {
     /// `mode = transactional | two_phase`, with the value's span.
     pub(crate) mode: Option<(ModeArg, Span)>,
     /// `lease = "30s"`.
-    pub(crate) lease: Option<LitStr>,
+    pub(crate) lease: Option<Duration>,
     /// `retention = "14d"`.
-    pub(crate) retention: Option<LitStr>,
+    pub(crate) retention: Option<Duration>,
     /// `fingerprint = none | <expr>`.
     pub(crate) fingerprint: Option<FingerprintArg>,
     /// `permanent = <path>`.
     pub(crate) permanent: Option<Path>,
     /// `slice`: the function handles a `Vec` of messages at once.
     pub(crate) slice: Option<Span>,
+}
+
+/// A duration option: the literal and its value in milliseconds, or why it has none (a rule
+/// reports that, with the other mistakes).
+pub(crate) struct Duration {
+    pub(crate) lit: LitStr,
+    pub(crate) ms: Result<u64, String>,
 }
 
 /// The mode asked for.
@@ -62,8 +69,8 @@ impl Parse for Args {
                 "key" => option(input, &name, &mut args.key, <Expr as Parse>::parse)?,
                 "consumer" => option(input, &name, &mut args.consumer, <LitStr as Parse>::parse)?,
                 "mode" => option(input, &name, &mut args.mode, parse_mode)?,
-                "lease" => option(input, &name, &mut args.lease, <LitStr as Parse>::parse)?,
-                "retention" => option(input, &name, &mut args.retention, <LitStr as Parse>::parse)?,
+                "lease" => option(input, &name, &mut args.lease, parse_duration_lit)?,
+                "retention" => option(input, &name, &mut args.retention, parse_duration_lit)?,
                 "fingerprint" => option(input, &name, &mut args.fingerprint, parse_fingerprint)?,
                 "permanent" => option(input, &name, &mut args.permanent, <Path as Parse>::parse)?,
                 "slice" => flag(input, &name, &mut args.slice)?,
@@ -158,9 +165,19 @@ fn parse_fingerprint(input: ParseStream<'_>) -> syn::Result<FingerprintArg> {
     })
 }
 
+/// A duration option's literal with its value, or why it has none: a bad duration is not a
+/// parse error but a rule's, reported with the other mistakes.
+fn parse_duration_lit(input: ParseStream<'_>) -> syn::Result<Duration> {
+    let lit: LitStr = input.parse()?;
+    Ok(Duration {
+        ms: parse_duration(&lit.value()),
+        lit,
+    })
+}
+
 /// A duration literal (`"500ms"`, `"30s"`, `"5m"`, `"2h"`, `"14d"`) in milliseconds, or why it
 /// is not one.
-pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
+fn parse_duration(text: &str) -> Result<u64, String> {
     const HELP: &str = "write one whole number and a unit: `500ms`, `30s`, `5m`, `2h` or `14d`";
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = text.split_at(digits);

@@ -273,9 +273,9 @@ use proc_macro::TokenStream;
 ///
 /// A redelivery with a known key but different content is refused (`FingerprintMismatch`,
 /// dead-lettered), never processed. By default the whole message is fingerprinted, which needs
-/// `M: Serialize`. `fingerprint = <expr>` chooses what counts as "the same content" (any
-/// `Serialize` expression over the message, bound by reference); `fingerprint = none` turns the
-/// check off.
+/// `M: Serialize` (a message type without it is refused at its type, with the two ways out).
+/// `fingerprint = <expr>` chooses what counts as "the same content" (any `Serialize` expression
+/// over the message, bound by reference); `fingerprint = none` turns the check off.
 ///
 /// ```
 /// # use idem_runtime::{Fingerprint, Handler, Metadata, idempotent};

@@ -1,0 +1,58 @@
+//! The mode and the durations: a lease only for two phases, a transaction never with them.
+
+use quote::ToTokens;
+
+use crate::ast::{Handler, Role};
+use crate::attr::ModeArg;
+use crate::ctxt::Ctxt;
+
+// A lease or a retention is one whole number and a unit, checked here rather than at start-up.
+pub(super) fn check_durations(cx: &Ctxt, handler: &Handler<'_>) {
+    for duration in [&handler.args.lease, &handler.args.retention]
+        .into_iter()
+        .flatten()
+    {
+        if let Err(why) = &duration.ms {
+            cx.error_spanned_by(&duration.lit, why);
+        }
+    }
+}
+
+// Two-phase handlers run outside any transaction, so they cannot take one.
+pub(super) fn check_two_phase_without_transaction(cx: &Ctxt, handler: &Handler<'_>) {
+    if let (Some((ModeArg::TwoPhase, span)), Some(tx)) =
+        (handler.args.mode, handler.param(Role::Transaction))
+    {
+        let pat = tx.arg.pat.to_token_stream();
+        cx.error_at(
+            span,
+            format!(
+                "`mode = two_phase` runs the handler outside any transaction, but it takes \
+                 `{pat}: &DatabaseTransaction`: remove that parameter, or remove \
+                 `mode = two_phase` to write through the transaction"
+            ),
+        );
+    }
+}
+
+// A lease bounds a two-phase claim; a transactional claim lives and dies with its transaction.
+pub(super) fn check_lease_only_two_phase(cx: &Ctxt, handler: &Handler<'_>) {
+    let Some(lease) = &handler.args.lease else {
+        return;
+    };
+    if matches!(handler.args.mode, Some((ModeArg::TwoPhase, _))) || !handler.is_transactional() {
+        return;
+    }
+    let why = if handler.param(Role::Transaction).is_some() {
+        "it takes a `&DatabaseTransaction`"
+    } else {
+        "of `mode = transactional`"
+    };
+    cx.error_spanned_by(
+        &lease.lit,
+        format!(
+            "`lease` applies to two-phase handlers only; this handler is transactional because \
+             {why}"
+        ),
+    );
+}
