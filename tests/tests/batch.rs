@@ -26,63 +26,25 @@ on_each_backend!(
     a_key_held_by_a_long_transaction_delays_only_its_own_message,
 );
 
-mod provisioned {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::a_table_provisioned_with_another_primary_key_takes_batches().await
-    }
+/// Faults of the database servers'.
+mod servers {
+    use super::*;
+    on_each_backend!([postgres, mysql]:
+        a_key_the_table_refuses_fails_only_its_message,
+        a_database_lost_mid_batch_requeues_it_uncounted,
+        a_database_lost_mid_batch_checked_before_commit_requeues_it_the_same,
+    );
 }
 
-mod deferred_constraint {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::a_commit_a_deferred_constraint_refuses_fails_only_its_message().await
-    }
-}
-
-mod refused_key {
-    use super::Backend;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::a_key_the_table_refuses_fails_only_its_message(Backend::Postgres).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::a_key_the_table_refuses_fails_only_its_message(Backend::MySql).await
-    }
-}
-
-mod unrelated_lock {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::a_record_locked_elsewhere_holds_up_no_batch_of_other_keys().await
-    }
-}
-
-mod outage {
-    use super::{Backend, BatchChecks};
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::lost_mid_batch(Backend::Postgres, BatchChecks::EachMessage).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::lost_mid_batch(Backend::MySql, BatchChecks::EachMessage).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres_trusted() {
-        super::lost_mid_batch(Backend::Postgres, BatchChecks::BeforeCommit).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql_trusted() {
-        super::lost_mid_batch(Backend::MySql, BatchChecks::BeforeCommit).await
-    }
+/// Faults of one server's own: PostgreSQL's constraints checked at the commit, MariaDB's tables
+/// and locks.
+mod server {
+    use super::*;
+    on_each_backend!([postgres]: a_commit_a_deferred_constraint_refuses_fails_only_its_message);
+    on_each_backend!([mysql]:
+        a_table_provisioned_with_another_primary_key_takes_batches,
+        a_record_locked_elsewhere_holds_up_no_batch_of_other_keys,
+    );
 }
 
 const CONSUMER: &str = "batch";
@@ -500,8 +462,8 @@ async fn a_handler_that_breaks_the_trust_of_checks_before_commit_loses_no_messag
 /// A MariaDB inbox table provisioned by hand with a surrogate primary key, the message keys
 /// unique beside it: batch statements cannot name the primary key to look keys up, and still
 /// settle every message, locking only their own records.
-async fn a_table_provisioned_with_another_primary_key_takes_batches() {
-    let db = TestDb::connect(Backend::MySql).await;
+async fn a_table_provisioned_with_another_primary_key_takes_batches(backend: Backend) {
+    let db = TestDb::connect(backend).await;
     let table = db.table("provisioned");
     db.exec(&format!(
         "CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
@@ -524,8 +486,8 @@ async fn a_table_provisioned_with_another_primary_key_takes_batches() {
 
 /// On idem's own MariaDB table, batch statements look their keys up through the primary key:
 /// another record of the consumer locked by a long transaction holds none of them up.
-async fn a_record_locked_elsewhere_holds_up_no_batch_of_other_keys() {
-    let (db, inbox, _) = setup(Backend::MySql).await;
+async fn a_record_locked_elsewhere_holds_up_no_batch_of_other_keys(backend: Backend) {
+    let (db, inbox, _) = setup(backend).await;
     batches_beside_a_locked_record(&db, &inbox).await;
 }
 
@@ -768,6 +730,15 @@ async fn a_key_held_by_a_long_transaction_delays_only_its_own_message(backend: B
 
 /// A database lost mid-batch requeues the batch, uncounted; once it is back, every message is
 /// processed once.
+async fn a_database_lost_mid_batch_requeues_it_uncounted(backend: Backend) {
+    lost_mid_batch(backend, BatchChecks::EachMessage).await;
+}
+
+/// The same for a batch trusted to check its claims once, before its commit.
+async fn a_database_lost_mid_batch_checked_before_commit_requeues_it_the_same(backend: Backend) {
+    lost_mid_batch(backend, BatchChecks::BeforeCommit).await;
+}
+
 async fn lost_mid_batch(backend: Backend, checks: BatchChecks) {
     let (db, proxy) = behind_proxy(backend).await;
     let inbox = Inbox::builder(db.db.clone())
@@ -818,8 +789,8 @@ async fn lost_mid_batch(backend: Backend, checks: BatchChecks) {
 /// A constraint checked at the commit (PostgreSQL's `DEFERRABLE INITIALLY DEFERRED`) refuses
 /// what one handler of the batch wrote: the commit fails for the whole batch, and only each
 /// message's own commit tells whose write it was. That message fails alone; the others commit.
-async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message() {
-    let (db, inbox, effects) = setup(Backend::Postgres).await;
+async fn a_commit_a_deferred_constraint_refuses_fails_only_its_message(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
     let once = format!("{effects}_once");
     db.exec(&format!(
         "CREATE TABLE {once} (v TEXT, CONSTRAINT {once}_v UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)"

@@ -17,20 +17,10 @@ on_each_backend!(
     spawned_cleaner_runs_and_stops_cleanly,
 );
 
-mod held_record {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::a_record_a_long_transaction_holds_is_left_and_the_rest_deleted(
-            super::Backend::Postgres,
-        )
-        .await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::a_record_a_long_transaction_holds_is_left_and_the_rest_deleted(super::Backend::MySql)
-            .await
-    }
+/// Faults of the database servers': a record locked by another transaction.
+mod servers {
+    use super::*;
+    on_each_backend!([postgres, mysql]: a_record_a_long_transaction_holds_is_left_and_the_rest_deleted);
 }
 
 fn now_ms() -> i64 {

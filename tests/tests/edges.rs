@@ -36,6 +36,15 @@ on_each_backend!(
     a_two_phase_handler_that_outlives_its_lease_keeps_its_claim,
 );
 
+/// Faults of the database servers': an outage, renewals that no longer reach them.
+mod servers {
+    use super::*;
+    on_each_backend!([postgres, mysql]:
+        an_outage_inside_the_handler_is_an_outage,
+        a_handler_whose_renewals_are_cut_sees_the_loss_and_one_worker_takes_over,
+    );
+}
+
 fn meta() -> Metadata {
     Metadata::default()
 }
@@ -441,18 +450,6 @@ async fn an_outage_inside_the_handler_is_an_outage(backend: Backend) {
     assert_eq!(db.count(&effects, "1=1").await, 1);
 }
 
-mod outage {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::an_outage_inside_the_handler_is_an_outage(super::Backend::Postgres).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::an_outage_inside_the_handler_is_an_outage(super::Backend::MySql).await
-    }
-}
-
 /// Two inboxes with one table name in two PostgreSQL schemas clean at the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_cleaners_of_same_named_tables_in_two_schemas_do_not_share_a_lock() {
@@ -732,24 +729,6 @@ async fn a_handler_whose_renewals_are_cut_sees_the_loss_and_one_worker_takes_ove
     assert_eq!(again, Outcome::Duplicate("done".into()));
     // One external call: the first worker gave its up on seeing the loss.
     assert_eq!(db.count(&effects, "1=1").await, 1);
-}
-
-mod renewals_cut {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::a_handler_whose_renewals_are_cut_sees_the_loss_and_one_worker_takes_over(
-            super::Backend::Postgres,
-        )
-        .await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::a_handler_whose_renewals_are_cut_sees_the_loss_and_one_worker_takes_over(
-            super::Backend::MySql,
-        )
-        .await
-    }
 }
 
 /// A two-phase handler whose first attempt waits for the test before its external call (an

@@ -29,32 +29,19 @@ on_each_backend!(
     nothing_is_staged_once_the_handlers_transaction_is_lost,
 );
 
-mod servers_only {
-    use idem_tests::Backend;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::messages_of_a_run_outside_handlers_keep_their_order_across_relays(Backend::Postgres)
-            .await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::messages_of_a_run_outside_handlers_keep_their_order_across_relays(Backend::MySql)
-            .await
-    }
+/// The database servers, whose relays take messages side by side.
+mod servers {
+    use super::*;
+    on_each_backend!([postgres, mysql]: messages_of_a_run_outside_handlers_keep_their_order_across_relays);
 }
 
-mod sqlite_only {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback() {
-        super::a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_batch_in_hand_holds_up_no_handler_and_relays_take_turns() {
-        super::a_batch_in_hand_holds_up_no_handler_and_relays_take_turns().await
-    }
+/// SQLite's own: one writer at a time.
+mod embedded {
+    use super::*;
+    on_each_backend!([sqlite]:
+        a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback,
+        a_batch_in_hand_holds_up_no_handler_and_relays_take_turns,
+    );
 }
 
 const CONSUMER: &str = "billing";
@@ -335,8 +322,8 @@ async fn a_held_run_leaves_out_no_run_that_differs_only_in_case(backend: Backend
     batch.mark_sent(&[]).await.unwrap();
 }
 
-async fn a_batch_in_hand_holds_up_no_handler_and_relays_take_turns() {
-    let (_db, inbox, outbox, effects) = setup(Backend::Sqlite).await;
+async fn a_batch_in_hand_holds_up_no_handler_and_relays_take_turns(backend: Backend) {
+    let (_db, inbox, outbox, effects) = setup(backend).await;
     let handler = Invoicer { effects };
     let metadata = meta();
     let process = |id: &'static str| inbox.process(&handler, Msg::new(id, "a"), &metadata);
@@ -597,8 +584,8 @@ impl Handler for Relabel {
 /// handler's staging fail: that message is not blamed (counted) for it, as it was; the batch runs
 /// again, checked, which finds the culprit, and the other message is requeued uncounted with
 /// nothing staged. SQLite.
-async fn a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback() {
-    let (_db, inbox, outbox, _effects) = setup(Backend::Sqlite).await;
+async fn a_trusted_batch_blames_no_handler_for_an_earlier_ones_rollback(backend: Backend) {
+    let (_db, inbox, outbox, _effects) = setup(backend).await;
     let item = |id: &str, body: &str| BatchItem {
         key: MessageKey::new(id),
         message: Msg::new(id, body),

@@ -36,95 +36,31 @@ on_each_backend!(
     messages_committed_before_any_relay_runs_are_published_once,
 );
 
-mod postgres_only {
-    use super::Backend;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_relay_in_another_process_is_woken_by_notify() {
-        super::a_relay_in_another_process_is_woken_by_notify().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn an_unroutable_message_holds_back_the_ones_after_it() {
-        super::an_unroutable_message_holds_back_the_ones_after_it().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn handlers_announce_nothing_while_a_relay_runs_in_their_process() {
-        super::handlers_announce_nothing_while_a_relay_runs_in_their_process().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn an_unroutable_message_holds_back_its_own_run_only() {
-        super::an_unroutable_message_holds_back_its_own_run_only().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn an_unroutable_message_holds_up_no_other_run() {
-        super::an_unroutable_message_holds_up_no_other_run().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn held_back_messages_do_not_fill_the_batches() {
-        super::held_back_messages_do_not_fill_the_batches().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only() {
-        super::a_message_to_a_missing_exchange_holds_back_its_own_run_only().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn many_messages_to_a_missing_exchange_hold_up_no_other_run() {
-        super::many_messages_to_a_missing_exchange_hold_up_no_other_run().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_database_outage_is_ridden_out_and_listening_resumes() {
-        super::a_database_outage_is_ridden_out_and_listening_resumes(Backend::Postgres).await
-    }
+/// The database servers, whose relays take messages side by side and whose processes are killed.
+mod servers {
+    use super::*;
+    on_each_backend!([postgres, mysql]:
+        two_relays_on_one_table_publish_each_message_once,
+        a_process_killed_after_its_commit_loses_and_repeats_nothing,
+        a_closed_broker_connection_loses_nothing,
+    );
 }
 
-mod shared {
-    use super::Backend;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::two_relays_on_one_table_publish_each_message_once(Backend::Postgres).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::two_relays_on_one_table_publish_each_message_once(Backend::MySql).await
-    }
-}
-
-mod killed {
-    use super::Backend;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::a_process_killed_after_its_commit_loses_and_repeats_nothing(Backend::Postgres).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::a_process_killed_after_its_commit_loses_and_repeats_nothing(Backend::MySql).await
-    }
-}
-
-mod broker_lost {
-    use super::Backend;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::a_closed_broker_connection_loses_nothing(Backend::Postgres).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn mysql() {
-        super::a_closed_broker_connection_loses_nothing(Backend::MySql).await
-    }
+/// On PostgreSQL: its wake-ups (`NOTIFY`, `LISTEN`), and the relay's holds of what the broker
+/// does not take.
+mod server {
+    use super::*;
+    on_each_backend!([postgres]:
+        a_relay_in_another_process_is_woken_by_notify,
+        an_unroutable_message_holds_back_the_ones_after_it,
+        handlers_announce_nothing_while_a_relay_runs_in_their_process,
+        an_unroutable_message_holds_back_its_own_run_only,
+        an_unroutable_message_holds_up_no_other_run,
+        held_back_messages_do_not_fill_the_batches,
+        a_message_to_a_missing_exchange_holds_back_its_own_run_only,
+        many_messages_to_a_missing_exchange_hold_up_no_other_run,
+        a_database_outage_is_ridden_out_and_listening_resumes,
+    );
 }
 
 const CONSUMER: &str = "relay-test";
@@ -447,8 +383,8 @@ async fn a_batch_is_published_without_waiting_for_each_confirm(backend: Backend)
     f.assert_quiet().await;
 }
 
-async fn a_relay_in_another_process_is_woken_by_notify() {
-    let f = Fixture::new(Backend::Postgres).await;
+async fn a_relay_in_another_process_is_woken_by_notify(backend: Backend) {
+    let f = Fixture::new(backend).await;
     // Its relay shares no in-process signal with the inbox that stages.
     let other = f.other_outbox().await;
     let relay = start(relay_of(&other, &unique("idem-relay"))).await;
@@ -464,9 +400,9 @@ async fn a_relay_in_another_process_is_woken_by_notify() {
     assert_eq!(stats.published, 3, "{stats:?}");
 }
 
-async fn handlers_announce_nothing_while_a_relay_runs_in_their_process() {
+async fn handlers_announce_nothing_while_a_relay_runs_in_their_process(backend: Backend) {
     use idem_runtime::sea_orm::sqlx::postgres::PgListener;
-    let f = Fixture::new(Backend::Postgres).await;
+    let f = Fixture::new(backend).await;
     let mut listener = PgListener::connect_with(f.db.db.get_postgres_connection_pool())
         .await
         .unwrap();
@@ -727,8 +663,8 @@ async fn killed_relay_child() {
     drop(batch);
 }
 
-async fn an_unroutable_message_holds_back_the_ones_after_it() {
-    let f = Fixture::new(Backend::Postgres).await;
+async fn an_unroutable_message_holds_back_the_ones_after_it(backend: Backend) {
+    let f = Fixture::new(backend).await;
     // Outside handlers, in one run: its messages go out in order.
     let message = |id: &str, routing_key: &str| {
         OutboxMessage::new(&f.exchange, routing_key, id.as_bytes().to_vec())
@@ -769,8 +705,8 @@ async fn an_unroutable_message_holds_back_the_ones_after_it() {
     assert_eq!(relay.shutdown().await.published, 2);
 }
 
-async fn an_unroutable_message_holds_back_its_own_run_only() {
-    let f = Fixture::new(Backend::Postgres).await;
+async fn an_unroutable_message_holds_back_its_own_run_only(backend: Backend) {
+    let f = Fixture::new(backend).await;
     let (paused, go_on) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let pausing = Pausing {
         exchange: f.exchange.clone(),
@@ -844,8 +780,8 @@ fn pausing(f: &Fixture, routing_keys: Vec<&'static str>) -> Pausing {
 
 /// An unroutable message at the head of the batch, its run's next message behind it: every
 /// other run goes out meanwhile, in the same rounds.
-async fn an_unroutable_message_holds_up_no_other_run() {
-    let f = Fixture::new(Backend::Postgres).await;
+async fn an_unroutable_message_holds_up_no_other_run(backend: Backend) {
+    let f = Fixture::new(backend).await;
     run_through(&f, &pausing(&f, vec!["unbound", ROUTED]), "a").await;
     let runs: Vec<String> = (0..45).map(|i| format!("r{i:02}")).collect();
     for run in &runs {
@@ -871,8 +807,8 @@ async fn an_unroutable_message_holds_up_no_other_run() {
 
 /// More runs held back than a batch takes: the relay's batches leave them out, and what was
 /// staged after them goes out.
-async fn held_back_messages_do_not_fill_the_batches() {
-    let f = Fixture::new(Backend::Postgres).await;
+async fn held_back_messages_do_not_fill_the_batches(backend: Backend) {
+    let f = Fixture::new(backend).await;
     // More than the batch, and than the runs a batch's statement leaves out (100).
     let unbound = pausing(&f, vec!["unbound"]);
     for i in 0..115 {
@@ -903,8 +839,8 @@ async fn held_back_messages_do_not_fill_the_batches() {
 /// A message to an exchange that does not exist: the broker closes the channel it was published
 /// on, and every publish in flight on it fails. That message is found and held back (it has no
 /// run); the other runs all go out.
-async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only() {
-    let f = Fixture::new(Backend::Postgres).await;
+async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only(backend: Backend) {
+    let f = Fixture::new(backend).await;
     let tx = f.db.db.begin().await.unwrap();
     let nowhere = OutboxMessage::new(unique("idem_no_such_exchange"), ROUTED, b"{}".to_vec());
     f.outbox.stage(&tx, nowhere).await.unwrap();
@@ -931,8 +867,8 @@ async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only() {
 /// every other run goes out promptly. Found one message at a time, each search a failed round
 /// with its back-off, the culprits took turns at the head of the table longer than their holds
 /// lasted, and nothing else went out.
-async fn many_messages_to_a_missing_exchange_hold_up_no_other_run() {
-    let f = Fixture::new(Backend::Postgres).await;
+async fn many_messages_to_a_missing_exchange_hold_up_no_other_run(backend: Backend) {
+    let f = Fixture::new(backend).await;
     let nowhere = Stager {
         exchange: unique("idem_no_such_exchange"),
         count: 1,
