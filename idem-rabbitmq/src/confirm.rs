@@ -5,10 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::{Instant, Timeout};
+
+use crate::error::Error;
 
 /// Why the broker did not take a message.
 #[derive(Debug)]
@@ -63,6 +65,19 @@ impl fmt::Display for NotTaken {
             NotTaken::Busy(wait) => write!(f, "earlier publishes took the whole {wait:?}"),
         }
     }
+}
+
+/// Opens a channel on `connection` and puts it in confirm mode.
+pub(crate) async fn confirm_channel(connection: &Connection) -> Result<Channel, Error> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(Error::amqp("channel.open"))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(Error::amqp("confirm.select"))?;
+    Ok(channel)
 }
 
 /// A channel in confirm mode whose publishes take turns: one at a time is sent and awaits its

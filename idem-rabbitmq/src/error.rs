@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::topology::QueueKind;
+use crate::queue_kind::QueueKind;
 
 /// The adapter's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

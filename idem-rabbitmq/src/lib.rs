@@ -62,8 +62,11 @@ mod connect;
 mod consumer;
 mod error;
 mod metadata;
+mod metric_names;
 mod publisher;
+mod queue_kind;
 mod relay;
+mod stop;
 mod topology;
 mod url;
 
@@ -75,24 +78,15 @@ pub use consumer::{
 };
 pub use error::{ConfigError, Error, Result};
 pub use metadata::metadata_of;
+pub use metric_names::{
+    DELIVERIES_TOTAL, OUTBOX_PENDING_AGE_SECONDS, OUTBOX_PUBLISH_FAILURES_TOTAL,
+    OUTBOX_PUBLISHED_TOTAL,
+};
 pub use publisher::{PublishOptions, Publisher};
+pub use queue_kind::QueueKind;
 pub use relay::{MAX_RELAY_BATCH, Relay, RelayBuilder, RelayHandle, RelayStats};
-pub use topology::{ExchangeBinding, QueueKind, QueueTopology};
+pub use topology::{ExchangeBinding, QueueTopology};
 pub use url::{AmqpUrl, redact_url};
 
 /// lapin, re-exported so applications name the same types.
 pub use lapin;
-
-/// The counter of settled deliveries.
-pub const DELIVERIES_TOTAL: &str = "idem_rabbitmq_deliveries_total";
-
-/// The counter of outbox messages a [`Relay`] published (confirmed by the broker), by table.
-pub const OUTBOX_PUBLISHED_TOTAL: &str = "idem_outbox_published_total";
-
-/// The counter of outbox publishes the broker did not take, by table and reason
-/// (`unroutable`, `refused`, `no-confirm`, `channel`).
-pub const OUTBOX_PUBLISH_FAILURES_TOTAL: &str = "idem_outbox_publish_failures_total";
-
-/// The gauge of the age, in seconds, of the oldest message in the last batch a [`Relay`] took
-/// (0 when it found none), by table.
-pub const OUTBOX_PENDING_AGE_SECONDS: &str = "idem_outbox_pending_age_seconds";

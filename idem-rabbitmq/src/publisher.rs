@@ -3,13 +3,13 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::delivery::Backoff;
-use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
+use lapin::{BasicProperties, Connection, ExchangeKind};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-use crate::confirm::{ConfirmChannel, NotTaken};
+use crate::confirm::{ConfirmChannel, NotTaken, confirm_channel};
 use crate::connect::connect;
 use crate::error::{Error, Result};
 use crate::url::AmqpUrl;
@@ -263,18 +263,6 @@ impl Publisher {
             .await;
         let _ = self.connection.close(200, "closing".into()).await;
     }
-}
-
-pub(crate) async fn confirm_channel(connection: &Connection) -> Result<Channel> {
-    let channel = connection
-        .create_channel()
-        .await
-        .map_err(Error::amqp("channel.open"))?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .map_err(Error::amqp("confirm.select"))?;
-    Ok(channel)
 }
 
 /// The AMQP properties of a message; an error says which of its short strings (255 bytes at

@@ -9,19 +9,8 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
 use crate::error::{ConfigError, Error, Result};
+use crate::queue_kind::QueueKind;
 use crate::url::AmqpUrl;
-
-/// The type of the work queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueKind {
-    /// A classic durable queue.
-    Classic,
-    /// A quorum queue (replicated; the broker counts deliveries and dead-letters a message past
-    /// `x-delivery-limit`, which also stops a message that crashes consumers from looping). Its
-    /// dead-lettering is declared at-least-once, so the broker keeps a message until the
-    /// dead-letter queue has it; a full queue then refuses new publishes.
-    Quorum,
-}
 
 /// An exchange the work queue is bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,10 +213,7 @@ impl QueueTopology {
             .exchange_declare(
                 self.dead_letter_exchange.as_str().into(),
                 ExchangeKind::Fanout,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..ExchangeDeclareOptions::default()
-                },
+                durable_exchange(),
                 FieldTable::default(),
             )
             .await
@@ -262,34 +248,45 @@ impl QueueTopology {
             .into());
         }
         if !self.declare {
-            // Only checked: a dead-letter exchange that is not there would fail every
-            // dead-lettering later, and close the channel that publishes the copies.
-            let passive = ExchangeDeclareOptions {
-                passive: true,
-                ..ExchangeDeclareOptions::default()
-            };
-            return channel
-                .exchange_declare(
-                    self.dead_letter_exchange.as_str().into(),
-                    ExchangeKind::Fanout,
-                    passive,
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(Error::amqp(format!(
-                    "checking that the dead-letter exchange {:?} exists",
-                    self.dead_letter_exchange
-                )));
+            return self.check_dead_letter_exchange(channel).await;
         }
-        let durable_exchange = ExchangeDeclareOptions {
-            durable: true,
+        self.declare_dead_letter(channel).await?;
+        channel
+            .queue_declare(self.queue.as_str().into(), durable(), self.arguments())
+            .await
+            .map_err(declare_error("queue", &self.queue))?;
+        self.declare_bindings(channel).await
+    }
+
+    /// Checks that the dead-letter exchange of an [`existing`](QueueTopology::existing)
+    /// topology exists: one that is not there would fail every dead-lettering later, and close
+    /// the channel that publishes the copies.
+    async fn check_dead_letter_exchange(&self, channel: &Channel) -> Result<()> {
+        let passive = ExchangeDeclareOptions {
+            passive: true,
             ..ExchangeDeclareOptions::default()
         };
         channel
             .exchange_declare(
                 self.dead_letter_exchange.as_str().into(),
                 ExchangeKind::Fanout,
-                durable_exchange,
+                passive,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(Error::amqp(format!(
+                "checking that the dead-letter exchange {:?} exists",
+                self.dead_letter_exchange
+            )))
+    }
+
+    /// Declares the dead-letter exchange (a durable fanout) and queue, and binds them.
+    async fn declare_dead_letter(&self, channel: &Channel) -> Result<()> {
+        channel
+            .exchange_declare(
+                self.dead_letter_exchange.as_str().into(),
+                ExchangeKind::Fanout,
+                durable_exchange(),
                 FieldTable::default(),
             )
             .await
@@ -311,17 +308,17 @@ impl QueueTopology {
                 FieldTable::default(),
             )
             .await
-            .map_err(declare_error("binding of", &self.dead_letter_queue))?;
-        channel
-            .queue_declare(self.queue.as_str().into(), durable(), self.arguments())
-            .await
-            .map_err(declare_error("queue", &self.queue))?;
+            .map_err(declare_error("binding of", &self.dead_letter_queue))
+    }
+
+    /// Declares the exchanges the work queue is bound to (durable), and binds it.
+    async fn declare_bindings(&self, channel: &Channel) -> Result<()> {
         for binding in &self.bindings {
             channel
                 .exchange_declare(
                     binding.exchange.as_str().into(),
                     binding.kind.clone(),
-                    durable_exchange,
+                    durable_exchange(),
                     FieldTable::default(),
                 )
                 .await
@@ -427,7 +424,7 @@ impl QueueTopology {
             .into()),
             Some(_) => Ok(broker),
             None => {
-                tracing::info!(queue = %self.queue, kind = kind_name(broker), "queue type from the broker");
+                tracing::info!(queue = %self.queue, kind = broker.name(), "queue type from the broker");
                 Ok(broker)
             }
         }
@@ -497,23 +494,19 @@ fn refuses_global_prefetch(error: &lapin::Error) -> bool {
     )
 }
 
-fn kind_name(kind: QueueKind) -> &'static str {
-    match kind {
-        QueueKind::Classic => "classic",
-        QueueKind::Quorum => "quorum",
-    }
-}
-
-impl std::fmt::Display for QueueKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(kind_name(*self))
-    }
-}
-
+/// The options of a queue that outlives a broker restart.
 fn durable() -> QueueDeclareOptions {
     QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
+    }
+}
+
+/// The options of an exchange that outlives a broker restart.
+fn durable_exchange() -> ExchangeDeclareOptions {
+    ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
     }
 }
 

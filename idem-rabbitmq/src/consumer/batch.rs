@@ -3,48 +3,50 @@
 //! one is settled on its own.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 
 use futures_util::FutureExt;
 use futures_util::future::join_all;
-use lapin::message::Delivery;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::binding::Handled;
+use super::gather::Gathered;
+use super::job::JobContext;
 use super::settle::Verdict;
-use super::unsettled::Unsettled;
-use super::worker::Settling;
 use crate::metadata::metadata_of;
 
 /// A batch of deliveries of one binding, with what settling them needs.
 pub(crate) struct BatchJob {
-    pub(crate) settling: Settling,
-    pub(crate) unsettled: Arc<Unsettled>,
-    /// The channel's epoch the deliveries were received in.
-    pub(crate) epoch: u64,
-    pub(crate) deliveries: Vec<Delivery>,
+    pub(crate) context: JobContext,
+    pub(crate) batch: Gathered,
     /// Its places among the consumer's handlers in flight and among its binding's batches.
     pub(crate) permit: [OwnedSemaphorePermit; 2],
 }
 
 impl BatchJob {
+    /// Processes the batch and settles each of its deliveries, in a span of its own.
     pub(crate) async fn run(self) {
+        let deliveries = &self.batch.deliveries;
         let span = tracing::info_span!(
             "idem.batch_delivery",
-            queue = self.settling.binding.topology().queue(),
-            size = self.deliveries.len(),
-            first_tag = self.deliveries.first().map(|d| d.delivery_tag),
+            queue = self.context.binding.topology().queue(),
+            size = deliveries.len(),
+            first_tag = deliveries.first().map(|d| d.delivery_tag),
         );
         self.settle_all().instrument(span).await;
     }
 
+    /// Processes the batch through the inbox, acknowledges the committed deliveries together,
+    /// then settles every other one on its own.
     async fn settle_all(self) {
         let BatchJob {
-            settling,
-            unsettled,
-            epoch,
-            deliveries,
+            context,
+            batch:
+                Gathered {
+                    unsettled,
+                    epoch,
+                    deliveries,
+                },
             permit,
         } = self;
         let metadata = deliveries
@@ -53,8 +55,8 @@ impl BatchJob {
             .collect();
         // A panic outside the handlers (a key expression, a codec) must still settle every
         // delivery, or they would hold their places until the channel closes.
-        let handled = AssertUnwindSafe(settling.binding.handle_batch(
-            &settling.inbox,
+        let handled = AssertUnwindSafe(context.binding.handle_batch(
+            &context.inbox,
             &deliveries,
             metadata,
         ))
@@ -66,7 +68,7 @@ impl BatchJob {
                 .map(|_| Handled::panicked(panic.as_ref()))
                 .collect()
         });
-        let settler = settling.settler();
+        let settler = context.settler();
         let mut acks = Vec::new();
         let mut others = Vec::new();
         for (delivery, handled) in deliveries.iter().zip(handled) {
@@ -76,24 +78,24 @@ impl BatchJob {
             }
         }
         // Counted at once: the others' settling may wait out a back-off.
-        for settled in settler.ack_batch(&acks, &unsettled, epoch).await {
-            settling.count(settled);
+        for ending in settler.ack_batch(&acks, &unsettled, epoch).await {
+            context.count(ending);
         }
         // The batch's slots go back before any back-off of the others.
         drop(permit);
-        let settled = join_all(others.into_iter().map(|(delivery, verdict, key)| {
+        let endings = join_all(others.into_iter().map(|(delivery, verdict, key)| {
             let (settler, unsettled) = (&settler, &unsettled);
             async move {
-                let settled = settler
+                let ending = settler
                     .settle(delivery, verdict, key.as_deref(), None)
                     .await;
                 unsettled.settled(epoch, delivery.delivery_tag);
-                settled
+                ending
             }
         }))
         .await;
-        for settled in settled {
-            settling.count(settled);
+        for ending in endings {
+            context.count(ending);
         }
     }
 }

@@ -7,7 +7,7 @@ use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use super::settle::headers;
+use super::headers;
 use crate::confirm::{ConfirmChannel, NotTaken};
 
 /// How long a copy may wait for the broker's confirm; past it, the copy counts as not taken.
@@ -128,16 +128,9 @@ pub(crate) async fn publish(
     routing_key: &str,
     properties: BasicProperties,
 ) -> Result<(), String> {
-    channel
-        .publish(
-        exchange,
-        routing_key,
-        &delivery.data,
-        properties,
-        CONFIRM_TIMEOUT,
-    )
-    .await
-    .map_err(|problem| match problem {
+    let data = &delivery.data;
+    let sent = channel.publish(exchange, routing_key, data, properties, CONFIRM_TIMEOUT);
+    sent.await.map_err(|problem| match problem {
         NotTaken::Unroutable { reply_text } => format!(
             "exchange {exchange:?} routes routing key {routing_key:?} to no queue ({reply_text})"
         ),

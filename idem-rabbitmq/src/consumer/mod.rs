@@ -3,6 +3,12 @@
 mod batch;
 mod binding;
 mod copy;
+mod gather;
+pub mod headers;
+mod interrupt;
+mod job;
+mod session;
+mod settings;
 mod settle;
 mod stats;
 mod unsettled;
@@ -21,35 +27,18 @@ use tokio::task::JoinHandle;
 
 use crate::connect::Retirees;
 use crate::error::{ConfigError, Result};
+use crate::stop::StopSignal;
 use crate::topology::QueueTopology;
 use crate::url::AmqpUrl;
 
 use binding::Dispatch;
 pub use binding::{Binding, DEFAULT_BATCHES_IN_FLIGHT};
 use idem_runtime::delivery::{Backoff, RetryMemory};
-use settle::RetryPolicy;
-pub use settle::headers;
+use settings::ConsumerSettings;
+use stats::ConsumerCounters;
 pub use stats::ConsumerStats;
-use stats::Stats;
 pub use worker::ShutdownReport;
 use worker::Worker;
-
-/// Settings shared by a consumer's workers.
-#[derive(Debug)]
-pub(crate) struct Settings {
-    url: AmqpUrl,
-    connection_name: String,
-    prefetch: u16,
-    max_in_flight: usize,
-    shutdown_timeout: Duration,
-    recovery_timeout: Duration,
-    open_timeout: Duration,
-    retire_timeout: Duration,
-    reconnect_delay: Duration,
-    retry: RetryPolicy,
-    /// Whether the consumer runs the inbox's cleaner.
-    cleaner: bool,
-}
 
 /// Consumes queues with idempotent handlers and settles every delivery:
 ///
@@ -101,7 +90,7 @@ pub(crate) struct Settings {
 pub struct Consumer {
     shutdown: Arc<watch::Sender<bool>>,
     workers: Vec<JoinHandle<ShutdownReport>>,
-    stats: Arc<Stats>,
+    counters: Arc<ConsumerCounters>,
     cleaner: Option<CleanerHandle>,
 }
 
@@ -122,38 +111,13 @@ impl Consumer {
         ConsumerBuilder {
             inbox,
             bindings: Vec::new(),
-            settings: Settings {
-                url: url.into(),
-                connection_name: "idem".to_owned(),
-                prefetch: 32,
-                max_in_flight: 16,
-                shutdown_timeout: Duration::from_secs(30),
-                recovery_timeout: Duration::from_secs(30),
-                open_timeout: Duration::from_secs(30),
-                // A replaced connection can only come back through a reconnection already under
-                // way when it was replaced: a handshake, seconds at most.
-                retire_timeout: Duration::from_secs(60),
-                reconnect_delay: Duration::from_secs(1),
-                retry: RetryPolicy {
-                    max_deliveries: 10,
-                    backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
-                    // A dead-letter exchange that takes no copies is a configuration error an
-                    // operator must fix: a few quick retries ride out a passing refusal (a full
-                    // dead-letter queue), then one delivery a minute keeps the log loud without a
-                    // loop.
-                    dead_letter_attempts: 3,
-                    dead_letter_pause: Duration::from_secs(60),
-                },
-                // Expired records are deleted unless someone remembers to: the cleaner takes one
-                // lock per table, so one process at a time works whatever runs it.
-                cleaner: true,
-            },
+            settings: ConsumerSettings::new(url.into()),
         }
     }
 
     /// Counts of settled deliveries so far.
     pub fn stats(&self) -> ConsumerStats {
-        self.stats.snapshot()
+        self.counters.snapshot()
     }
 
     /// A handle that asks the consumer to stop, e.g. from a signal handler.
@@ -174,11 +138,8 @@ impl Consumer {
     /// Runs until `signal` completes (`tokio::signal::ctrl_c()`, a SIGTERM stream, a
     /// [`ShutdownHandle`]...), then shuts down gracefully.
     pub async fn run_until(self, signal: impl Future<Output = ()>) -> ShutdownReport {
-        let mut stopped = self.shutdown.subscribe();
-        tokio::select! {
-            _ = signal => {}
-            _ = stopped.wait_for(|stop| *stop) => {}
-        }
+        let stopped = StopSignal::new(self.shutdown.subscribe());
+        stopped.unless_stopped(signal).await;
         self.shutdown().await
     }
 
@@ -202,7 +163,7 @@ impl Consumer {
 pub struct ConsumerBuilder {
     inbox: Inbox,
     bindings: Vec<Arc<dyn Dispatch>>,
-    settings: Settings,
+    settings: ConsumerSettings,
 }
 
 impl std::fmt::Debug for dyn Dispatch {
@@ -348,14 +309,14 @@ impl ConsumerBuilder {
         let (shutdown, stop) = watch::channel(false);
         let shutdown = Arc::new(shutdown);
         let settings = Arc::new(self.settings);
-        let stats = Arc::new(Stats::default());
+        let counters = Arc::new(ConsumerCounters::default());
         let retries = Arc::new(RetryMemory::default());
         let in_flight = Arc::new(Semaphore::new(settings.max_in_flight));
         let retirees = Arc::new(Retirees::new(settings.retire_timeout));
         let mut consumer = Consumer {
             shutdown,
             workers: Vec::new(),
-            stats: Arc::clone(&stats),
+            counters: Arc::clone(&counters),
             cleaner: None,
         };
         for binding in self.bindings {
@@ -364,12 +325,12 @@ impl ConsumerBuilder {
                 binding,
                 inbox: self.inbox.clone(),
                 settings: Arc::clone(&settings),
-                stats: Arc::clone(&stats),
+                counters: Arc::clone(&counters),
                 retries: Arc::clone(&retries),
                 in_flight: Arc::clone(&in_flight),
                 batches: Arc::new(Semaphore::new(batches)),
                 retirees: Arc::clone(&retirees),
-                shutdown: stop.clone(),
+                stop: StopSignal::new(stop.clone()),
                 queue_kind: OnceLock::new(),
             };
             match worker.start().await {

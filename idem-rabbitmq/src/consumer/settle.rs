@@ -6,36 +6,16 @@ use idem_runtime::DeadLetterReason;
 use idem_runtime::delivery::{Backoff, Decision, DeliveryPolicy, RetryMemory};
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
-use lapin::types::{AMQPValue, ShortString};
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use tokio::sync::OwnedSemaphorePermit;
 
-use super::copy;
-use super::stats::Settled;
+use super::copy::{self, Route};
+use super::headers;
+use super::stats::Ending;
 use super::unsettled::Unsettled;
 use crate::confirm::ConfirmChannel;
 use crate::metadata::broker_delivery_count;
-
-/// The headers a dead-lettered message carries, besides its own.
-pub mod headers {
-    /// The reason's stable code (`fingerprint-mismatch`, `undecodable`, `delivery-limit`, ...).
-    pub const REASON: &str = "x-idem-reason";
-    /// The reason in words.
-    pub const DETAIL: &str = "x-idem-detail";
-    /// The consumer that gave up.
-    pub const CONSUMER: &str = "x-idem-consumer";
-    /// The message key, when one could be read.
-    pub const KEY: &str = "x-idem-key";
-    /// The queue the message was consumed from.
-    pub const QUEUE: &str = "x-idem-queue";
-    /// How many deliveries the message had.
-    pub const DELIVERIES: &str = "x-idem-deliveries";
-    /// The exchange the message was first published to; also on the fresh copies a quorum
-    /// queue's uncounted requeues put back through the default exchange.
-    pub const EXCHANGE: &str = "x-idem-exchange";
-    /// The routing key it was first published with, which its dead-letter copy is routed by
-    /// (unless the queue names a dead-letter routing key).
-    pub const ROUTING_KEY: &str = "x-idem-routing-key";
-}
+use crate::stop::StopSignal;
 
 /// What processing decided for a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,8 +73,8 @@ pub(crate) struct Settler<'a> {
     pub(crate) retries: &'a RetryMemory,
     /// Whether the queue is a quorum queue, whose broker counts deliveries.
     pub(crate) quorum: bool,
-    /// Becomes true when the consumer shuts down.
-    pub(crate) shutdown: &'a watch::Receiver<bool>,
+    /// Set when the consumer shuts down.
+    pub(crate) stop: &'a StopSignal,
 }
 
 impl Settler<'_> {
@@ -107,16 +87,16 @@ impl Settler<'_> {
         verdict: Verdict,
         key: Option<&str>,
         permit: Option<OwnedSemaphorePermit>,
-    ) -> Settled {
-        let settled = match verdict {
+    ) -> Ending {
+        let ending = match verdict {
             Verdict::Ack { duplicate } => {
                 self.retries.store_reached();
-                let settled = if duplicate {
-                    Settled::Duplicate
+                let ending = if duplicate {
+                    Ending::Duplicate
                 } else {
-                    Settled::Acked
+                    Ending::Acked
                 };
-                self.ack(delivery, settled).await
+                self.ack(delivery, ending).await
             }
             Verdict::Requeue {
                 code,
@@ -129,10 +109,10 @@ impl Settler<'_> {
                     .await
             }
         };
-        if settled.is_final() {
+        if ending.is_final() {
             self.retries.forget(|| identity(self.queue, delivery));
         }
-        settled
+        ending
     }
 
     /// Requeues the delivery after its back-off, or dead-letters it (`delivery-limit`) if it was
@@ -145,7 +125,7 @@ impl Settler<'_> {
         retry: Retry,
         key: Option<&str>,
         permit: Option<OwnedSemaphorePermit>,
-    ) -> Settled {
+    ) -> Ending {
         let identity = identity(self.queue, delivery);
         let deliveries = self.deliveries(delivery, &identity);
         let decision =
@@ -168,11 +148,7 @@ impl Settler<'_> {
     /// Waits out a back-off, or less if the consumer is shutting down: a message that waits to
     /// be requeued goes back at once rather than hold up the shutdown.
     async fn wait(&self, backoff: Duration) {
-        let mut shutdown = self.shutdown.clone();
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.wait_for(|stop| *stop) => {}
-        }
+        self.stop.sleep(backoff).await;
     }
 
     /// Which delivery of the message this is, counting from 1: the broker's count on quorum
@@ -197,16 +173,16 @@ impl Settler<'_> {
         acks: &[(&Delivery, bool)],
         unsettled: &Unsettled,
         epoch: u64,
-    ) -> Vec<Settled> {
+    ) -> Vec<Ending> {
         if acks.is_empty() {
             return Vec::new();
         }
         self.retries.store_reached();
         let kind = |duplicate: bool| {
             if duplicate {
-                Settled::Duplicate
+                Ending::Duplicate
             } else {
-                Settled::Acked
+                Ending::Acked
             }
         };
         let tags: Vec<u64> = acks
@@ -214,7 +190,7 @@ impl Settler<'_> {
             .map(|(delivery, _)| delivery.delivery_tag)
             .collect();
         let turn = unsettled.multiple_ack_turn().await;
-        let settled = match unsettled.take_through(epoch, &tags) {
+        let endings = match unsettled.take_through(epoch, &tags) {
             Some(last) => {
                 let (delivery, _) = acks
                     .iter()
@@ -233,23 +209,25 @@ impl Settler<'_> {
             }
             None => {
                 drop(turn);
-                let mut settled = Vec::with_capacity(acks.len());
+                let mut endings = Vec::with_capacity(acks.len());
                 for (delivery, duplicate) in acks {
-                    settled.push(self.ack(delivery, kind(*duplicate)).await);
+                    endings.push(self.ack(delivery, kind(*duplicate)).await);
                     unsettled.settled(epoch, delivery.delivery_tag);
                 }
-                settled
+                endings
             }
         };
         for (delivery, _) in acks {
             self.retries.forget(|| identity(self.queue, delivery));
         }
-        settled
+        endings
     }
 
-    async fn ack(&self, delivery: &Delivery, settled: Settled) -> Settled {
+    /// Acknowledges `delivery`, which then ends as `ending`, or as lost if the ack did not
+    /// reach the broker.
+    async fn ack(&self, delivery: &Delivery, ending: Ending) -> Ending {
         match delivery.acker.ack(BasicAckOptions::default()).await {
-            Ok(true) => settled,
+            Ok(true) => ending,
             Ok(false) | Err(_) => lost(delivery, "ack"),
         }
     }
@@ -262,16 +240,16 @@ impl Settler<'_> {
     /// copy's routing key is the queue's name: should the broker dead-letter it itself (its
     /// delivery limit, a TTL), a dead-letter exchange that routes by key routes it by that name
     /// (see `QueueTopology::warn_of_copies_routed_by_queue_name`).
-    async fn requeue(&self, delivery: &Delivery, failed: bool) -> Settled {
+    async fn requeue(&self, delivery: &Delivery, failed: bool) -> Ending {
         if !failed && self.quorum {
             let mut headers = copy::headers_of(delivery, &[]);
             copy::note_route(&mut headers, &copy::first_route(delivery, self.queue));
             let properties = copy::properties_of(&delivery.properties, headers, true);
             match copy::publish(self.publisher, delivery, "", self.queue, properties).await {
                 Ok(()) => {
-                    return match self.ack(delivery, Settled::Requeued).await {
-                        Settled::Lost => Settled::Lost,
-                        _ => Settled::Requeued,
+                    return match self.ack(delivery, Ending::Requeued).await {
+                        Ending::Lost => Ending::Lost,
+                        _ => Ending::Requeued,
                     };
                 }
                 Err(problem) => tracing::warn!(
@@ -294,7 +272,7 @@ impl Settler<'_> {
             delivery.acker.nack(options).await
         };
         match sent {
-            Ok(true) => Settled::Requeued,
+            Ok(true) => Ending::Requeued,
             Ok(false) | Err(_) => lost(delivery, "requeue"),
         }
     }
@@ -317,7 +295,7 @@ impl Settler<'_> {
         key: Option<&str>,
         deliveries: u32,
         permit: Option<OwnedSemaphorePermit>,
-    ) -> Settled {
+    ) -> Ending {
         tracing::error!(
             queue = self.queue,
             reason = reason.code,
@@ -325,10 +303,46 @@ impl Settler<'_> {
             key,
             "dead-lettering message"
         );
+        let route = copy::first_route(delivery, self.queue);
+        let table = self.dead_letter_headers(delivery, &route, reason, key, deliveries);
+        let properties = copy::properties_of(&delivery.properties, table, false);
+        let routing_key = self
+            .dead_letter_routing_key
+            .unwrap_or(route.routing_key.as_str());
+        let published = copy::publish(
+            self.publisher,
+            delivery,
+            self.dead_letter_exchange,
+            routing_key,
+            properties,
+        )
+        .await;
+        let problem = match published {
+            Ok(()) => {
+                return match self.ack(delivery, Ending::DeadLettered).await {
+                    Ending::Lost => Ending::Lost,
+                    _ => Ending::DeadLettered,
+                };
+            }
+            Err(problem) => problem,
+        };
+        self.dead_letter_failed(delivery, routing_key, &problem, permit)
+            .await
+    }
+
+    /// The headers of `delivery`'s dead-letter copy: its own, its first `route`, and why it is
+    /// dead-lettered, by whom, after how many `deliveries`.
+    fn dead_letter_headers(
+        &self,
+        delivery: &Delivery,
+        route: &Route,
+        reason: &DeadLetterReason,
+        key: Option<&str>,
+        deliveries: u32,
+    ) -> FieldTable {
         // A message resubmitted from the dead-letter queue carries its earlier letter's key.
         let mut table = copy::headers_of(delivery, &[headers::KEY]);
-        let route = copy::first_route(delivery, self.queue);
-        copy::note_route(&mut table, &route);
+        copy::note_route(&mut table, route);
         let mut text = |name: &str, value: &str| {
             table.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
         };
@@ -345,27 +359,18 @@ impl Settler<'_> {
             ShortString::from(headers::DELIVERIES),
             AMQPValue::LongLongInt(i64::from(deliveries)),
         );
-        let properties = copy::properties_of(&delivery.properties, table, false);
-        let routing_key = self
-            .dead_letter_routing_key
-            .unwrap_or(route.routing_key.as_str());
-        let published = copy::publish(
-            self.publisher,
-            delivery,
-            self.dead_letter_exchange,
-            routing_key,
-            properties,
-        )
-        .await;
-        let problem = match published {
-            Ok(()) => {
-                return match self.ack(delivery, Settled::DeadLettered).await {
-                    Settled::Lost => Settled::Lost,
-                    _ => Settled::DeadLettered,
-                };
-            }
-            Err(problem) => problem,
-        };
+        table
+    }
+
+    /// Puts back a message whose dead-letter copy (routed by `routing_key`) the broker did not
+    /// take, after a quick back-off for its first tries and the dead-letter pause after them.
+    async fn dead_letter_failed(
+        &self,
+        delivery: &Delivery,
+        routing_key: &str,
+        problem: &str,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Ending {
         let failures = self.retries.copy_failed(&identity(self.queue, delivery));
         let wait = if failures < self.retry.dead_letter_attempts {
             self.retry.backoff.after(failures)
@@ -384,18 +389,18 @@ impl Settler<'_> {
         drop(permit);
         self.wait(wait).await;
         match self.requeue(delivery, false).await {
-            Settled::Lost => Settled::Lost,
-            _ => Settled::DeadLetterFailed,
+            Ending::Lost => Ending::Lost,
+            _ => Ending::DeadLetterFailed,
         }
     }
 }
 
-fn lost(delivery: &Delivery, what: &str) -> Settled {
+fn lost(delivery: &Delivery, what: &str) -> Ending {
     tracing::warn!(
         delivery_tag = delivery.delivery_tag,
         "{what} did not reach the broker (channel closed); the message will be redelivered and the inbox recognises it"
     );
-    Settled::Lost
+    Ending::Lost
 }
 
 /// What identifies a message on a queue across its deliveries when counting them: the queue and

@@ -4,10 +4,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How a delivery ended, for metrics and stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settled {
+pub(crate) enum Ending {
+    /// Processed and acknowledged.
     Acked,
+    /// A duplicate, acknowledged.
     Duplicate,
+    /// Back on the queue for a later attempt.
     Requeued,
+    /// Published to the dead-letter exchange and acknowledged.
     DeadLettered,
     /// Its dead-letter copy was not taken: it went back to the queue.
     DeadLetterFailed,
@@ -15,23 +19,24 @@ pub(crate) enum Settled {
     Lost,
 }
 
-impl Settled {
+impl Ending {
     /// Whether the message left the queue.
     pub(crate) fn is_final(self) -> bool {
         matches!(
             self,
-            Settled::Acked | Settled::Duplicate | Settled::DeadLettered
+            Ending::Acked | Ending::Duplicate | Ending::DeadLettered
         )
     }
 
+    /// The ending's name, in metrics and traces.
     pub(crate) fn label(self) -> &'static str {
         match self {
-            Settled::Acked => "acked",
-            Settled::Duplicate => "duplicate",
-            Settled::Requeued => "requeued",
-            Settled::DeadLettered => "dead-lettered",
-            Settled::DeadLetterFailed => "dead-letter-failed",
-            Settled::Lost => "settle-lost",
+            Ending::Acked => "acked",
+            Ending::Duplicate => "duplicate",
+            Ending::Requeued => "requeued",
+            Ending::DeadLettered => "dead-lettered",
+            Ending::DeadLetterFailed => "dead-letter-failed",
+            Ending::Lost => "settle-lost",
         }
     }
 }
@@ -64,8 +69,9 @@ pub struct ConsumerStats {
     pub failed_reconnections: u64,
 }
 
+/// The consumer's counts as they grow, shared by its workers and jobs.
 #[derive(Debug, Default)]
-pub(crate) struct Stats {
+pub(crate) struct ConsumerCounters {
     acked: AtomicU64,
     duplicates: AtomicU64,
     requeued: AtomicU64,
@@ -77,19 +83,21 @@ pub(crate) struct Stats {
     pub(crate) failed_reconnections: AtomicU64,
 }
 
-impl Stats {
-    pub(crate) fn count(&self, settled: Settled) {
-        let counter = match settled {
-            Settled::Acked => &self.acked,
-            Settled::Duplicate => &self.duplicates,
-            Settled::Requeued => &self.requeued,
-            Settled::DeadLettered => &self.dead_lettered,
-            Settled::DeadLetterFailed => &self.dead_letter_failed,
-            Settled::Lost => &self.settle_lost,
+impl ConsumerCounters {
+    /// Counts a delivery that ended as `ending` says.
+    pub(crate) fn count(&self, ending: Ending) {
+        let counter = match ending {
+            Ending::Acked => &self.acked,
+            Ending::Duplicate => &self.duplicates,
+            Ending::Requeued => &self.requeued,
+            Ending::DeadLettered => &self.dead_lettered,
+            Ending::DeadLetterFailed => &self.dead_letter_failed,
+            Ending::Lost => &self.settle_lost,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The counts so far.
     pub(crate) fn snapshot(&self) -> ConsumerStats {
         ConsumerStats {
             acked: self.acked.load(Ordering::Relaxed),

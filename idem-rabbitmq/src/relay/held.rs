@@ -48,7 +48,7 @@ impl Subject {
 
 /// The holds of one subject.
 #[derive(Debug)]
-struct Holds {
+struct SubjectHolds {
     /// Holds so far, the last one included.
     tries: u32,
     /// When the last one runs out.
@@ -78,14 +78,14 @@ pub(super) enum Refused<'a> {
 
 /// The holds this relay made, and whether it is looking for a message that closed the channel.
 #[derive(Debug, Default)]
-pub(super) struct Held {
-    holds: HashMap<Subject, Holds>,
+pub(super) struct HoldMemory {
+    holds: HashMap<Subject, SubjectHolds>,
     /// Publishes left to send one at a time, after a channel closed under several in flight:
     /// the next one to close it alone is the culprit.
     careful: u32,
 }
 
-impl Held {
+impl HoldMemory {
     /// Forgets the holds long run out; the messages of `messages` (a batch, in the order
     /// staged) to publish now, and those to hold on sight (their exchange is held); only the
     /// first to publish while the relay is careful.
@@ -146,7 +146,7 @@ impl Held {
         message: &'a PendingMessage,
         why: &impl std::fmt::Display,
     ) -> Hold<'a> {
-        let pause = self.held(Subject::of(message), message, RETRY_NOT_TAKEN);
+        let pause = self.note_hold(Subject::of(message), message, RETRY_NOT_TAKEN);
         let tries = self.tries(&Subject::of(message));
         // Said at the first tries and then less and less often, not at every one.
         if tries.is_power_of_two() {
@@ -192,11 +192,11 @@ impl Held {
         };
         let exchange_refused = refused.is_some();
         self.careful = 0;
-        let mut pause = self.held(Subject::of(culprit), culprit, HOLD);
+        let mut pause = self.note_hold(Subject::of(culprit), culprit, HOLD);
         if exchange_refused {
             // The exchange's holds grow apart from the run's; both last the longer of the two.
             let exchange = Subject::Exchange(culprit.exchange.clone());
-            pause = pause.max(self.held(exchange.clone(), culprit, HOLD));
+            pause = pause.max(self.note_hold(exchange.clone(), culprit, HOLD));
             for subject in [Subject::of(culprit), exchange] {
                 if let Some(holds) = self.holds.get_mut(&subject) {
                     holds.until = Instant::now() + pause;
@@ -236,10 +236,15 @@ impl Held {
 
     /// Notes one more hold of `subject`, for `message`: `base` at first, doubling at each try
     /// after, up to [`MAX_HOLD`]; returns its length.
-    fn held(&mut self, subject: Subject, message: &PendingMessage, base: Duration) -> Duration {
+    fn note_hold(
+        &mut self,
+        subject: Subject,
+        message: &PendingMessage,
+        base: Duration,
+    ) -> Duration {
         let now = Instant::now();
         let staged = now.checked_sub(message.age).unwrap_or(now);
-        let holds = self.holds.entry(subject).or_insert(Holds {
+        let holds = self.holds.entry(subject).or_insert(SubjectHolds {
             tries: 0,
             until: now,
             staged,

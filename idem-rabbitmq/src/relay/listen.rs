@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use idem_runtime::Outbox;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::Settings;
+use super::settings::RelaySettings;
 use crate::error::Result;
+use crate::stop::StopSignal;
 
 /// Listens on `outbox`'s channel and wakes the relay through `wake` at every notification, and
 /// after every reconnection (notifications sent while it was away are lost). Returns `None`
@@ -21,8 +22,8 @@ use crate::error::Result;
 pub(super) async fn start(
     outbox: &Outbox,
     wake: &Arc<Notify>,
-    settings: &Settings,
-    stop: watch::Receiver<bool>,
+    settings: &RelaySettings,
+    stop: StopSignal,
 ) -> Result<Option<JoinHandle<()>>> {
     let listener = postgres::Listener::connect(outbox).await?;
     let task = postgres::Task {
@@ -40,8 +41,8 @@ pub(super) async fn start(
 pub(super) async fn start(
     _outbox: &Outbox,
     _wake: &Arc<Notify>,
-    _settings: &Settings,
-    _stop: watch::Receiver<bool>,
+    _settings: &RelaySettings,
+    _stop: StopSignal,
 ) -> Result<Option<JoinHandle<()>>> {
     Ok(None)
 }
@@ -54,14 +55,16 @@ mod postgres {
     use idem_runtime::delivery::Backoff;
     use idem_runtime::sea_orm::sqlx::postgres::PgListener;
     use idem_runtime::sea_orm::{DbErr, RuntimeErr};
-    use tokio::sync::{Notify, watch};
+    use tokio::sync::Notify;
 
     use crate::error::{Error, Result};
+    use crate::stop::StopSignal;
 
     /// A `LISTEN`ing connection taken from the outbox's pool.
     pub(super) struct Listener(PgListener);
 
     impl Listener {
+        /// Takes a connection of `outbox`'s pool and listens on its channel.
         pub(super) async fn connect(outbox: &Outbox) -> Result<Self> {
             let failed = |source: idem_runtime::sea_orm::sqlx::Error| Error::Database {
                 operation: format!("LISTEN on {}", outbox.channel()),
@@ -74,15 +77,17 @@ mod postgres {
         }
     }
 
+    /// The listening task: wakes the relay, and reconnects with the back-off after a failure.
     pub(super) struct Task {
         pub(super) listener: Option<Listener>,
         pub(super) outbox: Outbox,
         pub(super) wake: Arc<Notify>,
         pub(super) backoff: Backoff,
-        pub(super) stop: watch::Receiver<bool>,
+        pub(super) stop: StopSignal,
     }
 
     impl Task {
+        /// Listens until the relay stops, reconnecting after each failure.
         pub(super) async fn run(mut self) {
             let mut failures = 0u32;
             let mut current = self.listener.take();
@@ -90,12 +95,9 @@ mod postgres {
                 let listener = match current.take() {
                     Some(listener) => listener,
                     None => {
-                        let mut stop = self.stop.clone();
                         let reconnect = Listener::connect(&self.outbox);
-                        let reconnected = tokio::select! {
-                            biased;
-                            _ = stop.wait_for(|stop| *stop) => return,
-                            reconnected = reconnect => reconnected,
+                        let Some(reconnected) = self.stop.unless_stopped(reconnect).await else {
+                            return;
                         };
                         match reconnected {
                             Ok(listener) => {
@@ -108,17 +110,16 @@ mod postgres {
                                 failures = failures.saturating_add(1);
                                 let delay = self.backoff.after(failures);
                                 tracing::warn!(%error, retry_in = ?delay, "outbox relay cannot listen; retrying");
-                                tokio::select! {
-                                    biased;
-                                    _ = stop.wait_for(|stop| *stop) => return,
-                                    () = tokio::time::sleep(delay) => continue,
+                                if !self.stop.sleep(delay).await {
+                                    return;
                                 }
+                                continue;
                             }
                         }
                     }
                 };
                 self.listen(listener).await;
-                if *self.stop.borrow() {
+                if self.stop.is_set() {
                     return;
                 }
             }
@@ -128,10 +129,8 @@ mod postgres {
         /// stops.
         async fn listen(&mut self, mut listener: Listener) {
             loop {
-                let received = tokio::select! {
-                    biased;
-                    _ = self.stop.wait_for(|stop| *stop) => return,
-                    received = listener.0.try_recv() => received,
+                let Some(received) = self.stop.unless_stopped(listener.0.try_recv()).await else {
+                    return;
                 };
                 match received {
                     Ok(Some(_)) => self.wake.notify_one(),

@@ -6,6 +6,7 @@ mod listen;
 mod pipeline;
 mod run;
 mod session;
+mod settings;
 mod stats;
 
 use std::sync::Arc;
@@ -19,12 +20,14 @@ use tokio::task::JoinHandle;
 
 use crate::connect::Retirees;
 use crate::error::{ConfigError, Result};
+use crate::stop::StopSignal;
 use crate::url::AmqpUrl;
 
 use run::Runner;
-use session::Session;
+use session::RelaySession;
+use settings::RelaySettings;
+use stats::RelayCounters;
 pub use stats::RelayStats;
-use stats::Stats;
 
 /// How long a replaced connection is watched, so that a reconnection lapin had under way when
 /// it was replaced is closed: a handshake, seconds at most.
@@ -116,23 +119,12 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct Relay(());
 
-/// Settings of a relay.
-#[derive(Debug)]
-pub(crate) struct Settings {
-    url: AmqpUrl,
-    connection_name: String,
-    batch_size: u32,
-    poll_interval: Duration,
-    confirm_timeout: Duration,
-    backoff: Backoff,
-}
-
 /// Configures a relay; see [`Relay`].
 #[derive(Debug)]
 #[must_use = "a relay does nothing until it is started"]
 pub struct RelayBuilder {
     outbox: Outbox,
-    settings: Settings,
+    settings: RelaySettings,
 }
 
 /// A running relay: its counts, and its shutdown.
@@ -143,7 +135,7 @@ pub struct RelayBuilder {
 pub struct RelayHandle {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    stats: Arc<Stats>,
+    counters: Arc<RelayCounters>,
 }
 
 impl Relay {
@@ -151,22 +143,7 @@ impl Relay {
     pub fn builder(url: impl Into<AmqpUrl>, outbox: Outbox) -> RelayBuilder {
         RelayBuilder {
             outbox,
-            settings: Settings {
-                url: url.into(),
-                connection_name: "idem relay".to_owned(),
-                // Enough to amortise a batch's transaction, few enough that a batch's locks are
-                // short-lived and that other relays find work.
-                batch_size: 100,
-                // A fallback only: commits wake the relay, in this process and, on PostgreSQL,
-                // in others; polling catches what a wake-up missed (another process on
-                // MySQL/MariaDB, a notification lost with its connection).
-                poll_interval: Duration::from_secs(1),
-                // The publisher's: a broker that takes longer is in trouble.
-                confirm_timeout: Duration::from_secs(10),
-                // The consumer's retry back-off: quick for a passing failure, at most 10 s
-                // between tries during an outage.
-                backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
-            },
+            settings: RelaySettings::new(url.into()),
         }
     }
 }
@@ -223,9 +200,10 @@ impl RelayBuilder {
         self.validate()?;
         let settings = Arc::new(self.settings);
         let retirees = Retirees::new(RETIRE_TIMEOUT);
-        let session = Session::open(&settings, &retirees).await?;
+        let session = RelaySession::open(&settings, &retirees).await?;
         let wake = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
+        let stopped = StopSignal::new(stopped);
         let mut tasks = Vec::new();
         let backend = self.outbox.connection().get_database_backend();
         if backend == DbBackend::Postgres {
@@ -243,18 +221,22 @@ impl RelayBuilder {
                 }
             }
         }
-        let stats = Arc::new(Stats::default());
+        let counters = Arc::new(RelayCounters::default());
         let runner = Runner::new(
             self.outbox,
             settings,
-            Arc::clone(&stats),
+            Arc::clone(&counters),
             retirees,
             session,
             wake,
             stopped,
         );
         tasks.push(tokio::spawn(runner.run()));
-        Ok(RelayHandle { stop, tasks, stats })
+        Ok(RelayHandle {
+            stop,
+            tasks,
+            counters,
+        })
     }
 
     fn validate(&self) -> Result<()> {
@@ -287,7 +269,7 @@ impl RelayBuilder {
 impl RelayHandle {
     /// Counts of the relay's publishes so far.
     pub fn stats(&self) -> RelayStats {
-        self.stats.snapshot()
+        self.counters.snapshot()
     }
 
     /// Stops the relay: it finishes the batch in hand (publishes the rest of it, unless one
@@ -306,7 +288,7 @@ impl RelayHandle {
                 tracing::error!(%error, "outbox relay task failed");
             }
         }
-        self.stats.snapshot()
+        self.counters.snapshot()
     }
 }
 

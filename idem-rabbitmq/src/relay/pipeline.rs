@@ -9,12 +9,12 @@ use idem_runtime::PendingMessage;
 use lapin::Confirmation;
 use lapin::message::BasicReturnMessage;
 
-use super::session::Session;
+use super::session::RelaySession;
 use crate::confirm::{NotTaken, Sent};
 
 /// What a batch's publishes came to.
 #[derive(Debug, Default)]
-pub(super) struct Settled<'a> {
+pub(super) struct PublishReport<'a> {
     /// The seqs of the messages the broker took, to mark sent.
     pub(super) sent: Vec<i64>,
     /// The messages it did not take, in the order they were sent, and why.
@@ -30,17 +30,17 @@ pub(super) struct Settled<'a> {
 /// (unroutable, refused) stops its own run for the rest of the batch, and the other runs go on;
 /// a channel that fails stops the batch, and those in flight then are settled all the same.
 pub(super) async fn publish<'a>(
-    session: &Session,
+    session: &RelaySession,
     messages: &[&'a PendingMessage],
     wait: Duration,
-) -> Settled<'a> {
+) -> PublishReport<'a> {
     let mut pipeline = Pipeline::default();
-    let mut settled = Settled::default();
+    let mut report = PublishReport::default();
     for &message in messages {
         if pipeline.holds_run_of(message) {
-            pipeline.settle(&mut settled).await;
+            pipeline.settle(&mut report).await;
             if pipeline.channel_failed {
-                return settled;
+                return report;
             }
         }
         if message
@@ -51,13 +51,13 @@ pub(super) async fn publish<'a>(
             continue;
         }
         if let Err(why) = pipeline.send(session, message, wait).await {
-            pipeline.settle(&mut settled).await;
-            settled.not_taken.push((message, why));
-            return settled;
+            pipeline.settle(&mut report).await;
+            report.not_taken.push((message, why));
+            return report;
         }
     }
-    pipeline.settle(&mut settled).await;
-    settled
+    pipeline.settle(&mut report).await;
+    report
 }
 
 /// Publishes in flight on the relay's channel, in the order they were sent.
@@ -83,7 +83,7 @@ impl<'a> Pipeline<'a> {
 
     async fn send(
         &mut self,
-        session: &Session,
+        session: &RelaySession,
         message: &'a PendingMessage,
         wait: Duration,
     ) -> Result<(), NotTaken> {
@@ -93,14 +93,14 @@ impl<'a> Pipeline<'a> {
         Ok(())
     }
 
-    /// Waits for every confirm in flight and adds what they say to `settled`.
+    /// Waits for every confirm in flight and adds what they say to `report`.
     ///
     /// A message the broker returned (unroutable) is found by its message id among the returns
     /// that came with any of these confirms (see [`Sent`]): every return precedes its own
     /// publish's ack, so it comes with a confirm of the same ack, which is in flight here. A
     /// return that matches none of them leaves no ack of the lot to be trusted: none of them is
     /// marked sent, and they are published again with the same ids.
-    async fn settle(&mut self, settled: &mut Settled<'a>) {
+    async fn settle(&mut self, report: &mut PublishReport<'a>) {
         self.runs.clear();
         let mut answers = Vec::with_capacity(self.in_flight.len());
         let mut returns = Vec::new();
@@ -129,7 +129,7 @@ impl<'a> Pipeline<'a> {
         for (message, answer) in answers {
             if distrusted && answer.is_ok() {
                 self.stopped.extend(message.run.as_deref());
-                settled.distrusted += 1;
+                report.distrusted += 1;
                 continue;
             }
             let unroutable = stray
@@ -142,11 +142,11 @@ impl<'a> Pipeline<'a> {
                 (Ok(false), None) => Err(NotTaken::Refused),
             };
             match outcome {
-                Ok(()) => settled.sent.push(message.seq),
+                Ok(()) => report.sent.push(message.seq),
                 Err(why) => {
                     self.channel_failed |= why.is_channel_failure();
                     self.stopped.extend(message.run.as_deref());
-                    settled.not_taken.push((message, why));
+                    report.not_taken.push((message, why));
                 }
             }
         }

@@ -5,17 +5,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::sea_orm::DbErr;
-use idem_runtime::{LocalRelay, Outbox, PendingBatch};
-use tokio::sync::{Notify, watch};
+use idem_runtime::{LocalRelay, Outbox, PendingBatch, PendingMessage};
+use tokio::sync::Notify;
 
-use super::Settings;
-use super::held::{Held, Hold, Refused};
+use super::held::{Hold, HoldMemory, Refused};
 use super::pipeline;
-use super::session::Session;
-use super::stats::Stats;
+use super::session::RelaySession;
+use super::settings::RelaySettings;
+use super::stats::RelayCounters;
 use crate::confirm::NotTaken;
 use crate::connect::Retirees;
-use crate::{OUTBOX_PENDING_AGE_SECONDS, OUTBOX_PUBLISH_FAILURES_TOTAL, OUTBOX_PUBLISHED_TOTAL};
+use crate::metric_names::{
+    OUTBOX_PENDING_AGE_SECONDS, OUTBOX_PUBLISH_FAILURES_TOTAL, OUTBOX_PUBLISHED_TOTAL,
+};
+use crate::stop::StopSignal;
 
 /// What a round did.
 enum Round {
@@ -30,10 +33,18 @@ enum Round {
     Closed,
 }
 
+/// What the publishes the broker did not take mean for a round.
+struct Failures {
+    /// Whether the channel is to be replaced: a confirm it never gave may still come.
+    replace_channel: bool,
+    /// The publish whose failed channel fails the round, if one did.
+    failed: Option<Problem>,
+}
+
 /// Why a round failed.
 enum Problem {
     /// No connection to the broker.
-    Connect(crate::Error),
+    Connect(crate::error::Error),
     /// The database failed taking the batch or marking it sent.
     Database(DbErr),
     /// A publish failed the channel; the rest of its batch waits.
@@ -52,18 +63,19 @@ impl std::fmt::Display for Problem {
     }
 }
 
+/// The relay's task: its rounds, its waits, and its session.
 pub(super) struct Runner {
     outbox: Outbox,
-    settings: Arc<Settings>,
-    stats: Arc<Stats>,
+    settings: Arc<RelaySettings>,
+    counters: Arc<RelayCounters>,
     retirees: Retirees,
-    session: Option<Session>,
+    session: Option<RelaySession>,
     /// Woken by the PostgreSQL listener.
     wake: Arc<Notify>,
-    stop: watch::Receiver<bool>,
+    stop: StopSignal,
     table: String,
     /// The holds it made: the broker did not take their messages.
-    held: Held,
+    held: HoldMemory,
     /// When it last released the holds that ran out.
     released: tokio::time::Instant,
     /// Tells handlers in this process that this relay runs, until it stops.
@@ -71,37 +83,41 @@ pub(super) struct Runner {
 }
 
 impl Runner {
+    /// A relay of `outbox` that starts with `session`, counts in `counters`, is woken by
+    /// `wake` and stops at `stop`.
     pub(super) fn new(
         outbox: Outbox,
-        settings: Arc<Settings>,
-        stats: Arc<Stats>,
+        settings: Arc<RelaySettings>,
+        counters: Arc<RelayCounters>,
         retirees: Retirees,
-        session: Session,
+        session: RelaySession,
         wake: Arc<Notify>,
-        stop: watch::Receiver<bool>,
+        stop: StopSignal,
     ) -> Self {
         let table = outbox.table().as_str().to_owned();
         let local = outbox.local_relay();
         Self {
             outbox,
             settings,
-            stats,
+            counters,
             retirees,
             session: Some(session),
             wake,
             stop,
             table,
-            held: Held::default(),
+            held: HoldMemory::default(),
             released: tokio::time::Instant::now(),
             _local: local,
         }
     }
 
+    /// Runs rounds until asked to stop, waiting for work when there is none and backing off
+    /// after a failure; then closes the connection.
     pub(super) async fn run(mut self) {
         tracing::info!(table = self.table, "outbox relay started");
         let mut failures = 0u32;
         loop {
-            if *self.stop.borrow() {
+            if self.stop.is_set() {
                 break;
             }
             match self.round().await {
@@ -141,29 +157,73 @@ impl Runner {
         tracing::info!(table = self.table, "outbox relay stopped");
     }
 
-    /// Takes a batch, publishes it ([`pipeline::publish`]), holding back each message the
-    /// broker does not take with its run, and marks the confirmed ones sent.
+    /// A round: releases the holds that ran out, takes a batch, publishes what is not held
+    /// ([`pipeline::publish`]), holds back each message the broker does not take with its run,
+    /// and marks the confirmed ones sent.
     async fn round(&mut self) -> Result<Round, Problem> {
         self.release_holds().await?;
+        let Some(batch) = self.take_batch().await? else {
+            return Ok(Round::Stopped);
+        };
+        self.gauge_pending_age(batch.messages());
+        let (publishable, on_sight) = self.held.sort(batch.messages());
+        if publishable.is_empty() {
+            let round = if on_sight.is_empty() {
+                Round::Idle
+            } else {
+                Round::Worked
+            };
+            self.write_holds(&batch, &on_sight).await?;
+            drop(on_sight);
+            self.mark_sent(batch, &[]).await?;
+            return Ok(round);
+        }
+        let session = self.session.as_ref().expect("connected above");
+        let wait = self.settings.confirm_timeout;
+        let report = pipeline::publish(session, &publishable, wait).await;
+        let mut holds = on_sight;
+        let closed = self.note_channel(&publishable, &report.not_taken, &mut holds);
+        let pipeline::PublishReport {
+            sent,
+            not_taken,
+            distrusted,
+        } = report;
+        let published = sent.len() as u64;
+        self.count_published(published);
+        let answered = published > 0 || distrusted > 0;
+        let failures = self.sort_not_taken(not_taken, answered, &mut holds);
+        let marked = match self.write_holds(&batch, &holds).await {
+            Ok(()) => self.mark_sent(batch, &sent).await,
+            Err(problem) => Err(problem),
+        };
+        if failures.replace_channel {
+            self.replace_session();
+        }
+        self.conclude(marked, failures.failed, closed)
+    }
+
+    /// Takes the next batch to publish; `None` when asked to stop first. A full batch with no
+    /// message to publish (its runs all wait for an earlier message another relay has in hand)
+    /// is given back, and the batch after it taken.
+    async fn take_batch(&mut self) -> Result<Option<PendingBatch>, Problem> {
         let limit = self.settings.batch_size;
         let mut after = None;
-        let batch = loop {
+        loop {
             let Some(batch) = self.take(limit, after).await? else {
-                return Ok(Round::Stopped);
+                return Ok(None);
             };
             let full = batch.rows_taken() >= usize::try_from(limit).unwrap_or(usize::MAX);
             if !full || !batch.messages().is_empty() {
-                break batch;
+                return Ok(Some(batch));
             }
-            // A whole batch of runs waiting for an earlier message another relay has in hand:
-            // the next one.
             after = batch.last_seq_taken();
-            batch
-                .mark_sent(&[])
-                .await
-                .map_err(|e| self.database_error(e))?;
-        };
-        let messages = batch.messages();
+            self.mark_sent(batch, &[]).await?;
+        }
+    }
+
+    /// Sets the gauge of the pending age: the age of the oldest message of `messages` (a
+    /// batch) or of those this relay holds back.
+    fn gauge_pending_age(&self, messages: &[PendingMessage]) {
         let oldest = messages.iter().map(|m| m.age).max().unwrap_or_default();
         let oldest = self
             .held
@@ -171,68 +231,57 @@ impl Runner {
             .map_or(oldest, |held| held.max(oldest));
         metrics::gauge!(OUTBOX_PENDING_AGE_SECONDS, "table" => self.table.clone())
             .set(oldest.as_secs_f64());
-        let (publishable, on_sight) = self.held.sort(messages);
-        if publishable.is_empty() {
-            self.write_holds(&batch, &on_sight).await?;
-            let round = if on_sight.is_empty() {
-                Round::Idle
-            } else {
-                Round::Worked
-            };
-            drop(on_sight);
-            batch
-                .mark_sent(&[])
-                .await
-                .map_err(|e| self.database_error(e))?;
-            return Ok(round);
-        }
-        let session = self.session.as_ref().expect("connected above");
-        let wait = self.settings.confirm_timeout;
-        let settled = pipeline::publish(session, &publishable, wait).await;
-        let mut holds = on_sight;
-        // Closed by the broker over a publish (an error of the channel, not of the connection).
-        let closure = (settled.not_taken.iter()).find_map(|(_, why)| match why {
+    }
+
+    /// Notes whether the broker closed the channel over one of the round's publishes (an error
+    /// of the channel, not of the connection), adding the hold of the message that closed it,
+    /// when it is known, to `holds`; returns whether it did.
+    fn note_channel<'a>(
+        &mut self,
+        publishable: &[&'a PendingMessage],
+        not_taken: &[(&'a PendingMessage, NotTaken)],
+        holds: &mut Vec<Hold<'a>>,
+    ) -> bool {
+        let closure = not_taken.iter().find_map(|(_, why)| match why {
             NotTaken::Channel(error) if error.is_amqp_soft_error() => Some(error),
             _ => None,
         });
-        let closed = closure.is_some();
-        if let Some(error) = closure {
-            let culprit = (self.held).channel_closed(
-                &publishable,
-                self.settings.batch_size,
-                refused_exchange(error),
-            );
-            holds.extend(culprit);
-        } else {
+        let Some(error) = closure else {
             self.held.channel_kept(publishable.len());
-        }
-        let pipeline::Settled {
-            sent,
-            not_taken,
-            distrusted,
-        } = settled;
-        let published = sent.len() as u64;
-        Stats::add(&self.stats.published, published);
+            return false;
+        };
+        let careful_for = self.settings.batch_size;
+        let refused = refused_exchange(error);
+        holds.extend(self.held.channel_closed(publishable, careful_for, refused));
+        true
+    }
+
+    /// Counts `published` messages the broker confirmed.
+    fn count_published(&self, published: u64) {
+        RelayCounters::add(&self.counters.published, published);
         metrics::counter!(OUTBOX_PUBLISHED_TOTAL, "table" => self.table.clone())
             .increment(published);
-        let mut replace = false;
+    }
+
+    /// Counts each publish the broker did not take and adds to `holds` those to hold back with
+    /// their run; says what the others mean for the round. `answered`: the broker confirmed
+    /// other publishes of the round, or acked some along with a confirm given up on.
+    fn sort_not_taken<'a>(
+        &mut self,
+        not_taken: Vec<(&'a PendingMessage, NotTaken)>,
+        answered: bool,
+        holds: &mut Vec<Hold<'a>>,
+    ) -> Failures {
         // A message whose confirm never came while others of the round were confirmed is held
         // back like one the broker did not take (a queue without its quorum, say), rather than
         // fail every round with the wait for it.
-        let unconfirmed_alone = |why: &NotTaken| {
-            matches!(why, NotTaken::NoConfirm(_)) && (published > 0 || distrusted > 0)
-        };
+        let unconfirmed_alone = |why: &NotTaken| matches!(why, NotTaken::NoConfirm(_)) && answered;
+        let mut replace_channel = false;
         for (message, why) in &not_taken {
-            Stats::add(&self.stats.failed, 1);
-            metrics::counter!(
-                OUTBOX_PUBLISH_FAILURES_TOTAL,
-                "table" => self.table.clone(),
-                "reason" => why.label()
-            )
-            .increment(1);
+            self.count_failure(why);
             // A confirm that never came may still come, on a channel now used for other
             // publishes: a new channel keeps confirms and returns apart.
-            replace |= why.is_channel_failure();
+            replace_channel |= why.is_channel_failure();
             if !why.is_channel_failure() || unconfirmed_alone(why) {
                 holds.push(self.held.not_taken(message, why));
             }
@@ -245,17 +294,32 @@ impl Runner {
                 message_id: message.message_id.clone(),
                 why,
             });
-        let written = self.write_holds(&batch, &holds).await;
-        let marked = match written {
-            Ok(()) => batch
-                .mark_sent(&sent)
-                .await
-                .map_err(|e| self.database_error(e)),
-            Err(problem) => Err(problem),
-        };
-        if replace {
-            self.replace_session();
+        Failures {
+            replace_channel,
+            failed,
         }
+    }
+
+    /// Counts a publish the broker did not take, for the reason `why`.
+    fn count_failure(&self, why: &NotTaken) {
+        RelayCounters::add(&self.counters.failed, 1);
+        metrics::counter!(
+            OUTBOX_PUBLISH_FAILURES_TOTAL,
+            "table" => self.table.clone(),
+            "reason" => why.label()
+        )
+        .increment(1);
+    }
+
+    /// How the round ends, once its holds are written and its confirmed messages `marked`
+    /// sent (or not), given the publish that `failed` its channel, if one did, and whether the
+    /// broker `closed` the channel over a publish.
+    fn conclude(
+        &self,
+        marked: Result<(), Problem>,
+        failed: Option<Problem>,
+        closed: bool,
+    ) -> Result<Round, Problem> {
         if let Err(problem) = marked {
             tracing::warn!(
                 table = self.table,
@@ -271,6 +335,15 @@ impl Runner {
             Some(problem) => Err(problem),
             None => Ok(Round::Worked),
         }
+    }
+
+    /// Marks the messages `sent` (their seqs) sent and gives the rest of `batch` back, in the
+    /// batch's transaction.
+    async fn mark_sent(&self, batch: PendingBatch, sent: &[i64]) -> Result<(), Problem> {
+        batch
+            .mark_sent(sent)
+            .await
+            .map_err(|error| self.database_error(error))
     }
 
     /// Writes `holds` with `batch`: each message with the rest of its run, and every message to
@@ -318,7 +391,7 @@ impl Runner {
         limit: u32,
         after: Option<i64>,
     ) -> Result<Option<PendingBatch>, Problem> {
-        let mut stop = self.stop.clone();
+        let stop = self.stop.clone();
         let taking = async {
             self.connect().await?;
             self.outbox
@@ -326,11 +399,7 @@ impl Runner {
                 .await
                 .map_err(|error| self.database_error(error))
         };
-        tokio::select! {
-            biased;
-            _ = stop.wait_for(|stop| *stop) => Ok(None),
-            batch = taking => batch.map(Some),
-        }
+        stop.unless_stopped(taking).await.transpose()
     }
 
     /// Makes sure there is a usable session, replacing a lost one.
@@ -340,10 +409,10 @@ impl Runner {
             self.replace_session();
         }
         if self.session.is_none() {
-            let session = Session::open(&self.settings, &self.retirees)
+            let session = RelaySession::open(&self.settings, &self.retirees)
                 .await
                 .map_err(Problem::Connect)?;
-            Stats::add(&self.stats.reconnections, 1);
+            RelayCounters::add(&self.counters.reconnections, 1);
             self.session = Some(session);
         }
         Ok(())
@@ -356,35 +425,34 @@ impl Runner {
         }
     }
 
+    /// Counts a database failure, the round's problem.
     fn database_error(&self, error: DbErr) -> Problem {
-        Stats::add(&self.stats.database_errors, 1);
+        RelayCounters::add(&self.counters.database_errors, 1);
         Problem::Database(error)
     }
 
     /// Waits for a commit's wake-up, the poll interval or the end of a hold; returns `false`
     /// when asked to stop.
-    async fn wait_for_work(&mut self) -> bool {
+    async fn wait_for_work(&self) -> bool {
         let poll = tokio::time::Instant::now() + self.settings.poll_interval;
         let until = self
             .held
             .next_release()
             .map_or(poll, |release| release.min(poll));
-        tokio::select! {
-            biased;
-            _ = self.stop.wait_for(|stop| *stop) => false,
-            () = self.outbox.staged() => true,
-            () = self.wake.notified() => true,
-            () = tokio::time::sleep_until(until) => true,
-        }
+        let work = async {
+            tokio::select! {
+                biased;
+                () = self.outbox.staged() => {}
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        };
+        self.stop.unless_stopped(work).await.is_some()
     }
 
     /// Waits `delay`; returns `false` when asked to stop.
-    async fn pause(&mut self, delay: Duration) -> bool {
-        tokio::select! {
-            biased;
-            _ = self.stop.wait_for(|stop| *stop) => false,
-            () = tokio::time::sleep(delay) => true,
-        }
+    async fn pause(&self, delay: Duration) -> bool {
+        self.stop.sleep(delay).await
     }
 }
 

@@ -5,25 +5,25 @@ use std::time::Duration;
 use idem_runtime::PendingMessage;
 use lapin::Channel;
 
-use super::Settings;
-use crate::confirm::{NotTaken, Sent, send};
+use super::settings::RelaySettings;
+use crate::confirm::{NotTaken, Sent, confirm_channel, send};
 use crate::connect::{Link, Retirees};
 use crate::error::Result;
-use crate::publisher::{PublishOptions, confirm_channel, properties};
+use crate::publisher::{PublishOptions, properties};
 
 /// How long lapin may try to recover a lost connection. The relay does not wait for it: a
 /// connection found lost is replaced at once and refused any reconnection.
 const RECOVERY_BOUND: Duration = Duration::from_secs(30);
 
 /// An open connection and its confirm-mode channel.
-pub(super) struct Session {
+pub(super) struct RelaySession {
     link: Link,
     channel: Channel,
 }
 
-impl Session {
+impl RelaySession {
     /// Connects and opens a channel in confirm mode.
-    pub(super) async fn open(settings: &Settings, retirees: &Retirees) -> Result<Self> {
+    pub(super) async fn open(settings: &RelaySettings, retirees: &Retirees) -> Result<Self> {
         let link = Link::open(&settings.url, &settings.connection_name, RECOVERY_BOUND).await?;
         match confirm_channel(&link.connection).await {
             Ok(channel) => Ok(Self { link, channel }),

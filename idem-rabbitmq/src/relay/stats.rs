@@ -18,19 +18,22 @@ pub struct RelayStats {
     pub reconnections: u64,
 }
 
+/// The relay's counts as they grow.
 #[derive(Debug, Default)]
-pub(super) struct Stats {
+pub(super) struct RelayCounters {
     pub(super) published: AtomicU64,
     pub(super) failed: AtomicU64,
     pub(super) database_errors: AtomicU64,
     pub(super) reconnections: AtomicU64,
 }
 
-impl Stats {
+impl RelayCounters {
+    /// Adds `n` to `counter`, one of these.
     pub(super) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// The counts so far.
     pub(super) fn snapshot(&self) -> RelayStats {
         RelayStats {
             published: self.published.load(Ordering::Relaxed),

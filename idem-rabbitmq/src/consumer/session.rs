@@ -1,0 +1,206 @@
+//! A binding's session: a connection with its consuming channel, and a second connection for
+//! the copies the consumer publishes; opened within a time limit, closed or retired for good.
+
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use futures_util::Stream;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, Event};
+
+use super::settings::ConsumerSettings;
+use crate::confirm::{ConfirmChannel, confirm_channel};
+use crate::connect::{Link, Retirees};
+use crate::error::{Error, Result};
+use crate::queue_kind::QueueKind;
+use crate::topology::QueueTopology;
+
+/// An open connection with its consuming channel, and a second connection for the copies the
+/// consumer publishes: a broker short of memory or disk blocks connections that publish, and the
+/// consuming one must go on acknowledging.
+pub(super) struct ConsumerSession {
+    connection: Link,
+    channel: Channel,
+    publishing: Link,
+    /// The channel, in confirm mode, that publishes the copies.
+    pub(super) publisher: ConfirmChannel,
+    /// The queue's consumer on the consuming channel: its deliveries.
+    pub(super) consumer: lapin::Consumer,
+    /// The consuming connection's events, from the moment it opened.
+    pub(super) events: Pin<Box<dyn Stream<Item = Event> + Send + Sync>>,
+    /// The queue's type, as declared or as the broker told.
+    pub(super) kind: QueueKind,
+}
+
+impl ConsumerSession {
+    /// Whether both connections and both channels are up.
+    pub(super) fn connected(&self) -> bool {
+        self.connection.connection.status().connected()
+            && self.channel.status().connected()
+            && self.publishing.connection.status().connected()
+            && self.publisher.channel().status().connected()
+    }
+
+    /// Waits for lapin to recover the consuming channel after `error`.
+    pub(super) async fn wait_for_recovery(&self, error: lapin::Error) -> lapin::Result<()> {
+        self.channel.wait_for_recovery(error).await
+    }
+
+    /// Tells the broker to send `queue`'s consumer no more deliveries, waiting 5 s at most.
+    pub(super) async fn cancel_consuming(&self, queue: &str) {
+        let tag = self.consumer.tag();
+        let cancel = self
+            .channel
+            .basic_cancel(tag, BasicCancelOptions::default());
+        match tokio::time::timeout(Duration::from_secs(5), cancel).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(queue, %error, "basic.cancel failed"),
+            Err(_) => tracing::warn!(queue, "basic.cancel timed out"),
+        }
+    }
+
+    /// Gives the session up without closing it: its connections are refused any reconnection,
+    /// and closed if they come back.
+    pub(super) fn retire(self, retirees: &Retirees) {
+        retirees.retire(self.connection);
+        retirees.retire(self.publishing);
+    }
+
+    /// Closes the session for good, best effort and bounded (a broken connection is not waited
+    /// for): its channels, then its connections, which are retired.
+    pub(super) async fn close(self, retirees: &Retirees) {
+        let channels = async {
+            let _ = self.channel.close(200, "shutdown".into()).await;
+            let _ = self.publisher.channel().close(200, "shutdown".into()).await;
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), channels).await;
+        self.connection.close("shutdown").await;
+        self.publishing.close("shutdown").await;
+        self.retire(retirees);
+    }
+}
+
+/// Opens the sessions of one binding.
+pub(super) struct SessionOpener<'a> {
+    pub(super) settings: &'a ConsumerSettings,
+    pub(super) topology: &'a QueueTopology,
+    /// The queue's type, learnt by the first session and kept for every later one: an existing
+    /// queue's is asked of the broker at start only.
+    pub(super) queue_kind: &'a OnceLock<QueueKind>,
+    /// Where the connections of a session that failed to open are retired.
+    pub(super) retirees: &'a Retirees,
+}
+
+impl SessionOpener<'_> {
+    /// Connects, declares the topology, sets the prefetch and starts consuming. Connections
+    /// opened before a failure are closed. Each step is given up on after the open timeout: a
+    /// broker that accepts the connection but never answers (a host gone behind a load balancer,
+    /// a half-open connection after a restart) fails the attempt, and the next one is made.
+    pub(super) async fn open(&self) -> Result<ConsumerSession> {
+        let queue = self.topology.queue();
+        let name = format!("{} {queue}", self.settings.connection_name);
+        // lapin's recovery is not waited for longer than the recovery timeout, nor watched
+        // longer than the retire timeout after that.
+        let bound = self.settings.recovery_timeout + self.settings.retire_timeout;
+        let url = &self.settings.url;
+        let limit = self.settings.open_timeout;
+        // An abandoned connection is retired as its opening is dropped.
+        let connection = within(limit, "connection.open", Link::open(url, &name, bound)).await?;
+        let copies = format!("{name} copies");
+        let publishing =
+            match within(limit, "connection.open", Link::open(url, &copies, bound)).await {
+                Ok(publishing) => publishing,
+                Err(error) => {
+                    self.discard(connection).await;
+                    return Err(error);
+                }
+            };
+        let channels = self.open_channels(&connection.connection, &publishing.connection, &name);
+        let opened = within(limit, "opening the channels", channels).await;
+        let (channel, publisher, consumer, kind) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                self.discard(connection).await;
+                self.discard(publishing).await;
+                return Err(error);
+            }
+        };
+        let events = Box::pin(connection.connection.events_listener());
+        tracing::info!(queue, "consuming");
+        Ok(ConsumerSession {
+            connection,
+            channel,
+            publishing,
+            publisher,
+            consumer,
+            events,
+            kind,
+        })
+    }
+
+    /// Closes a connection of a session that failed to open, for good.
+    async fn discard(&self, link: Link) {
+        link.close("start failed").await;
+        self.retirees.retire(link);
+    }
+
+    /// Opens the consuming channel (topology, queue type, prefetch, consumer) and the publishing
+    /// one (confirms).
+    async fn open_channels(
+        &self,
+        connection: &Connection,
+        publishing: &Connection,
+        name: &str,
+    ) -> Result<(Channel, ConfirmChannel, lapin::Consumer, QueueKind)> {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(Error::amqp("channel.open"))?;
+        let topology = self.topology;
+        topology.declare(&channel).await?;
+        let kind = match self.queue_kind.get() {
+            Some(kind) => *kind,
+            None => {
+                let kind = topology.resolve_kind(&self.settings.url, name).await?;
+                if kind == QueueKind::Quorum {
+                    topology
+                        .warn_of_copies_routed_by_queue_name(connection)
+                        .await;
+                }
+                *self.queue_kind.get_or_init(|| kind)
+            }
+        };
+        channel
+            .basic_qos(self.settings.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(Error::amqp("basic.qos"))?;
+        let publisher = confirm_channel(publishing).await?;
+        let queue = topology.queue();
+        let consumer = channel
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(Error::amqp(format!("basic.consume {queue}")))?;
+        Ok((channel, ConfirmChannel::new(publisher), consumer, kind))
+    }
+}
+
+/// `step`, given up on after `limit`.
+async fn within<T>(
+    limit: Duration,
+    operation: &str,
+    step: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
+        Err(Error::TimedOut {
+            operation: operation.to_owned(),
+            after: limit,
+        })
+    })
+}
