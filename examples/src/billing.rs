@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use idem_rabbitmq::QueueTopology;
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_runtime::{Outbound, OutboxMessage, SliceContext, StagingError, idempotent};
-use sea_orm::sea_query::{Asterisk, Expr, ExprTrait, Func, Query};
+use idem_runtime::{
+    ConsumerName, InboxKey, MessageKey, Outbound, Outbox, OutboxMessage, SliceContext,
+    StagingError, derived_id, idempotent,
+};
+use sea_orm::sea_query::{Alias, Asterisk, Expr, ExprTrait, Func, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +18,9 @@ use crate::orders::{EXCHANGE, OrderPlaced, ROUTING_KEY};
 
 /// The queue billing consumes.
 pub const QUEUE: &str = "billing.orders";
+
+/// The consumer name of billing's handlers (`consumer = "billing.charge"` on each).
+pub const CONSUMER: &str = "billing.charge";
 
 /// The exchange billing publishes its events to, through its outbox.
 pub const EVENTS_EXCHANGE: &str = "billing.events";
@@ -211,6 +217,35 @@ pub async fn count_invoices(db: &DatabaseConnection, prefix: &str) -> Result<i64
         .to_owned();
     let row = db.query_one(&count).await?;
     row.map_or(Ok(0), |row| row.try_get_by_index::<i64>(0))
+}
+
+/// The message id of the `InvoiceIssued` event that charging `order_id` stages: the first
+/// message of the handler's run, derived from its inbox key (`None` for an id that is no
+/// valid message key).
+pub fn invoice_event_id(order_id: &str) -> Option<String> {
+    let origin = InboxKey {
+        consumer: ConsumerName::new(CONSUMER).ok()?,
+        message_key: MessageKey::new(order_id).ok()?,
+    };
+    Some(derived_id(&origin, 0))
+}
+
+/// How many of the events with these message ids the outbox relay has published: rows of the
+/// outbox table whose publish the broker confirmed (`sent_at` set).
+pub async fn count_events_sent(outbox: &Outbox, message_ids: &[String]) -> Result<u64, DbErr> {
+    let mut sent = 0;
+    // A bounded list per statement, within every backend's limit on bound parameters.
+    for ids in message_ids.chunks(500) {
+        let count = Query::select()
+            .expr(Func::count(Expr::col(Asterisk)))
+            .from(Alias::new(outbox.table().as_str()))
+            .and_where(Expr::col("sent_at").is_not_null())
+            .and_where(Expr::col("message_id").is_in(ids.iter().cloned()))
+            .to_owned();
+        let row = outbox.connection().query_one(&count).await?;
+        sent += row.map_or(Ok(0), |row| row.try_get_by_index::<i64>(0))? as u64;
+    }
+    Ok(sent)
 }
 
 /// How long a delivery may stay unacknowledged before RabbitMQ redelivers it (its default

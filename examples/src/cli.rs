@@ -5,6 +5,11 @@ use std::ffi::OsStr;
 use std::io::IsTerminal;
 use std::time::Duration;
 
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
 use crate::progress::LogWriter;
 
 /// The broker both services use unless told otherwise: the local RabbitMQ.
@@ -70,6 +75,8 @@ pub fn parse_millis(value: &str) -> Result<Duration, String> {
 /// `debug`, `trace`), in colour only when standard error is a terminal and `NO_COLOR` is unset
 /// or empty. Log lines first clear a [`Progress`](crate::progress::Progress) line shown on the
 /// terminal, which redraws itself below them.
+///
+/// lapin's own records show at `debug` and `trace` only ([`targets`]).
 pub fn init_logging() {
     let level = std::env::var("RUST_LOG")
         .ok()
@@ -79,11 +86,28 @@ pub fn init_logging() {
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),
     );
-    tracing_subscriber::fmt()
-        .with_max_level(level)
+    let logs = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(LogWriter)
-        .init();
+        .with_filter(targets(level));
+    tracing_subscriber::registry().with(logs).init();
+}
+
+/// What is logged at `level`: everything, except lapin's records below `debug`. lapin logs at
+/// `error` every channel and connection the broker closes, those closed on purpose included
+/// (the consumer's check of the type of a queue it did not declare, such as the notifications
+/// queue, is a connection the broker refuses a global prefetch), and idem reports the failures
+/// that matter itself, with what it was doing: the examples show lapin's lines when asked for
+/// detail.
+pub fn targets(level: tracing::Level) -> Targets {
+    let lapin = if level >= tracing::Level::DEBUG {
+        LevelFilter::from_level(level)
+    } else {
+        LevelFilter::OFF
+    };
+    Targets::new()
+        .with_default(level)
+        .with_target("lapin", lapin)
 }
 
 /// Whether logs may carry colour codes: on a terminal, unless `NO_COLOR` is set to anything
@@ -103,6 +127,16 @@ mod tests {
         assert!(!colour(true, Some(OsStr::new("1"))));
         assert!(!colour(false, None));
         assert!(!colour(false, Some(OsStr::new(""))));
+    }
+
+    #[test]
+    fn lapin_logs_only_in_detail() {
+        use tracing::Level;
+        assert!(!targets(Level::INFO).would_enable("lapin::channel", &Level::ERROR));
+        assert!(targets(Level::INFO).would_enable("idem_rabbitmq::relay", &Level::INFO));
+        assert!(!targets(Level::INFO).would_enable("idem_rabbitmq::relay", &Level::DEBUG));
+        assert!(targets(Level::DEBUG).would_enable("lapin::channel", &Level::ERROR));
+        assert!(!targets(Level::DEBUG).would_enable("lapin::channel", &Level::TRACE));
     }
 
     #[test]

@@ -24,9 +24,9 @@
 //! | `--slices` | `BILLING_SLICES` | off | with `--batch`, charge each batch's fresh orders in one call of the slice handler `charge_all` ([`idem_runtime::SliceHandler`]) |
 //! | `--events-exchange` | `BILLING_EVENTS_EXCHANGE` | `billing.events` | the exchange billing publishes `InvoiceIssued` to, through its outbox |
 //! | `--provider-url` | `NOTIFICATIONS_PROVIDER_URL` | none | also run the notifications service, calling this provider (the demo runs a loopback stub of its own) |
-//! | `--notifications-queue` | `NOTIFICATIONS_QUEUE` | `notifications.invoices` | the quorum queue the notifications service consumes |
-//! | `--demo [N]` | | | publish N demo orders (100 without N), check orders → charges → invoices → notifications, exit non-zero if anything is off |
-//! | `--json` | | off | with `--demo`, print the report as one JSON object (`orders`, `messages_published`, `invoices`, `events_published`, `notified`, `stub_calls_distinct_keys`, `dead_lettered`, `lost`, ...) |
+//! | `--notifications-queue` | `NOTIFICATIONS_QUEUE` | `notifications.invoices` | the quorum queue the notifications service declares, bounded to [`notifications::MAX_LENGTH`] events, and consumes |
+//! | `--demo [N]` | | | publish N demo orders (100 without N), check orders → charges → invoices → notifications, exit non-zero if anything is off; the report counts this run's orders only ([`demo`]) |
+//! | `--json` | | off | with `--demo`, print the report as one JSON object (`orders`, `messages_published`, `earlier_messages`, `invoices`, `events_published`, `notified`, `stub_calls`, `stub_calls_distinct_keys`, `dead_lettered`, `lost`, ...) |
 //!
 //! Logs go to standard error, in colour only on a terminal and without `NO_COLOR`; on a terminal
 //! a progress line follows long runs (the demo, publishing orders).
@@ -34,15 +34,41 @@
 //! Several services on one broker and one database server stay apart with their own exchange,
 //! queue and database (or PostgreSQL schema, through the URL's
 //! `options=-c search_path=<schema>`).
+//!
+//! Each queue is declared by the service that reads it: billing declares `billing.orders` and
+//! the exchange it publishes its events to; the notifications service declares
+//! `notifications.invoices`, bounded, so that a billing service running without it does not
+//! fill the broker (see [`notifications`]).
 
 pub mod billing;
 pub mod cli;
+pub mod demo;
 pub mod notifications;
 pub mod orders;
 pub mod progress;
 pub mod stub;
 
 pub use cli::init_logging;
+
+// The crates' READMEs, run as doc tests here (where every crate and feature they use is at
+// hand), so that their examples keep to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../idem-runtime/README.md")]
+mod readme_runtime {}
+#[cfg(doctest)]
+#[doc = include_str!("../../idem-macros/README.md")]
+mod readme_macros {}
+#[cfg(doctest)]
+#[doc = include_str!("../../idem-rabbitmq/README.md")]
+mod readme_rabbitmq {}
+
+/// An AMQP operation's error, for the examples' own declarations and counts.
+pub(crate) fn amqp_error(
+    operation: impl Into<String>,
+) -> impl FnOnce(idem_rabbitmq::lapin::Error) -> idem_rabbitmq::Error {
+    let operation = operation.into();
+    move |source| idem_rabbitmq::Error::Amqp { operation, source }
+}
 
 /// The broker to use: `AMQP_URL`, or [`cli::DEFAULT_AMQP_URL`], as the binaries choose it by
 /// default (for tests that talk to the broker the binaries use).

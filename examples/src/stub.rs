@@ -1,11 +1,12 @@
 //! A loopback HTTP stub of a notification provider: it accepts `POST /notify` with an
-//! `Idempotency-Key` header and counts the calls and the distinct keys, as a provider that
-//! deduplicates by key would. `GET /stats` returns the counts as JSON.
+//! `Idempotency-Key` header and counts the calls made with each key, as a provider that
+//! deduplicates by key would. `GET /stats` returns the counts as JSON; [`Stub::calls_with`]
+//! counts the calls made with some keys only (one demo run's).
 //!
 //! Plain HTTP/1.1 on a `TcpListener`, one request per connection: enough for a demo, with no
 //! dependency.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -24,11 +25,31 @@ pub struct StubStats {
     pub without_key: u64,
 }
 
+/// The calls made with some keys only: [`Stub::calls_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct KeyedCalls {
+    /// Calls of `POST /notify` with one of the keys.
+    pub calls: u64,
+    /// How many of the keys were called with, once or more.
+    pub distinct_keys: u64,
+}
+
 #[derive(Debug, Default)]
 struct Seen {
     calls: u64,
-    keys: HashSet<String>,
+    /// The calls made with each key.
+    keys: HashMap<String, u64>,
     without_key: u64,
+}
+
+impl Seen {
+    fn stats(&self) -> StubStats {
+        StubStats {
+            calls: self.calls,
+            distinct_keys: self.keys.len() as u64,
+            without_key: self.without_key,
+        }
+    }
 }
 
 /// A running stub.
@@ -77,17 +98,25 @@ impl Stub {
     /// The distinct `Idempotency-Key`s it has seen.
     pub fn keys(&self) -> HashSet<String> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.keys.clone()
+        seen.keys.keys().cloned().collect()
+    }
+
+    /// The calls made with `keys` (the keys of one run's orders, say), and how many of them
+    /// were called with: the calls with any other key are left out.
+    pub fn calls_with<'a>(&self, keys: impl IntoIterator<Item = &'a String>) -> KeyedCalls {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counted = KeyedCalls::default();
+        for calls in keys.into_iter().filter_map(|key| seen.keys.get(key)) {
+            counted.calls += calls;
+            counted.distinct_keys += 1;
+        }
+        counted
     }
 
     /// What it has seen so far.
     pub fn stats(&self) -> StubStats {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        StubStats {
-            calls: seen.calls,
-            distinct_keys: seen.keys.len() as u64,
-            without_key: seen.without_key,
-        }
+        seen.stats()
     }
 }
 
@@ -117,7 +146,7 @@ async fn serve(stream: TcpStream, seen: &Mutex<Seen>) -> std::io::Result<()> {
         match key {
             Some(key) if !key.is_empty() => {
                 seen.calls += 1;
-                seen.keys.insert(key);
+                *seen.keys.entry(key).or_default() += 1;
                 ("200 OK", "{}".to_owned())
             }
             _ => {
@@ -129,14 +158,7 @@ async fn serve(stream: TcpStream, seen: &Mutex<Seen>) -> std::io::Result<()> {
             }
         }
     } else if request_line.starts_with("GET /stats ") {
-        let stats = {
-            let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-            StubStats {
-                calls: seen.calls,
-                distinct_keys: seen.keys.len() as u64,
-                without_key: seen.without_key,
-            }
-        };
+        let stats = seen.lock().unwrap_or_else(|e| e.into_inner()).stats();
         (
             "200 OK",
             serde_json::to_string(&stats).expect("stats serialize"),

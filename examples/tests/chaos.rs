@@ -536,12 +536,13 @@ async fn chaos(backend: Backend, taking: Taking) {
     broker.declare(&topology).await;
     // The notifications hop: billing's events exchange, the queue bound to it, and the provider.
     let events = format!("{name}.events");
-    let notifications = broker.track(idem_examples::notifications::topology_on(
-        &format!("{name}.notifications"),
-        &events,
-    ));
+    let notifications = broker.track(idem_examples::notifications::topology_on(&format!(
+        "{name}.notifications"
+    )));
     broker.track_exchange(&events);
-    broker.declare(&notifications).await;
+    idem_examples::notifications::declare(&rabbit::amqp_url(), notifications.queue(), &events)
+        .await
+        .unwrap();
     let provider = Stub::start("127.0.0.1:0").await.unwrap();
 
     let mut env = vec![

@@ -7,10 +7,14 @@
 //! name (`--help` lists them); while it consumes, the service logs its delivery counters
 //! (`billing stats acked=.. duplicates=..`) every `--stats-every-ms` when they changed, and once
 //! more when it stops.
+//!
+//! `run` is the service, step by step: open the database, the inbox and the outbox; declare
+//! the events exchange; start the relay, the consumer and (with a provider, or in the demo)
+//! the notifications service; then consume until a signal, or run the demo; then stop, in
+//! order.
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
@@ -18,16 +22,13 @@ use idem_examples::billing::{self, Billing, CONSUMER_TIMEOUT, DELIVERY_LIMIT};
 use idem_examples::cli::{
     BrokerArgs, DEFAULT_DATABASE_URL, parse_batch, parse_count, parse_millis,
 };
+use idem_examples::demo::{self, BoxError};
 use idem_examples::notifications;
-use idem_examples::orders;
-use idem_examples::progress::Progress;
 use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Publisher, Relay, RelayHandle};
 use idem_runtime::{BatchChecks, Inbox, MAX_BATCH, Outbox, RedeliveryWindow, RetentionPolicy};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Consumes orders from RabbitMQ into the database and charges each one exactly once, whatever
 /// the broker redelivers; until Ctrl-C or SIGTERM, or with `--demo`, for one checked run.
@@ -120,8 +121,17 @@ struct Args {
     #[arg(long, value_name = "URL", env = "NOTIFICATIONS_PROVIDER_URL")]
     provider_url: Option<String>,
 
-    /// The quorum queue the notifications service consumes, bound to the events exchange
-    #[arg(long, value_name = "QUEUE", env = "NOTIFICATIONS_QUEUE", default_value = notifications::QUEUE)]
+    #[arg(
+        long,
+        value_name = "QUEUE",
+        env = "NOTIFICATIONS_QUEUE",
+        default_value = notifications::QUEUE,
+        help = format!(
+            "The quorum queue the notifications service declares, bound to the events exchange \
+             and holding at most {} events, and consumes",
+            notifications::MAX_LENGTH
+        ),
+    )]
     notifications_queue: String,
 
     /// With --demo: print the report as one JSON object on standard output
@@ -142,48 +152,71 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The service: its parts started one after the other, then its work, then its stop.
 async fn run(args: Args) -> Result<(), BoxError> {
-    let Args {
-        demo,
-        broker: BrokerArgs {
-            amqp_url, exchange, ..
-        },
-        database_url,
-        queue,
-        connection_name,
-        stats_every,
-        batch,
-        trust_handlers,
-        slices,
-        events_exchange,
-        provider_url,
-        notifications_queue,
-        json,
-    } = args;
+    log_settings(&args);
+    let db = connect_database(&args.database_url).await?;
+    billing::create_tables(&db).await?;
+    let (inbox, outbox) = open_inbox(&db).await?;
+    declare_events_exchange(&args).await?;
+    let relay = start_relay(&args, outbox.clone()).await?;
+    let consumer = start_consumer(&args, inbox.clone()).await?;
+    let notifications = start_notifications(&args, inbox).await?;
     tracing::info!(
-        broker = %idem_rabbitmq::redact_url(&amqp_url),
-        database = %idem_rabbitmq::redact_url(&database_url),
-        exchange,
-        queue,
-        connection_name,
-        batch = batch.unwrap_or(1),
-        trust_handlers,
-        slices,
+        queue = args.queue,
+        database = %idem_rabbitmq::redact_url(&args.database_url),
+        "billing is consuming"
+    );
+
+    let result = match args.demo {
+        Some(count) => {
+            let services = demo::Services {
+                consumer: &consumer,
+                outbox: &outbox,
+                db: &db,
+                stub: notifications.stub.as_ref(),
+            };
+            demo::run(services, demo_settings(&args, count)).await
+        }
+        None => {
+            log_stats_until_signal(&consumer, args.stats_every).await;
+            Ok(())
+        }
+    };
+    stop(consumer, notifications, relay).await;
+    result
+}
+
+fn log_settings(args: &Args) {
+    tracing::info!(
+        broker = %idem_rabbitmq::redact_url(&args.broker.amqp_url),
+        database = %idem_rabbitmq::redact_url(&args.database_url),
+        exchange = args.broker.exchange,
+        queue = args.queue,
+        connection_name = args.connection_name,
+        batch = args.batch.unwrap_or(1),
+        trust_handlers = args.trust_handlers,
+        slices = args.slices,
         "billing starting"
     );
-    let mut options = ConnectOptions::new(database_url.as_str());
+}
+
+async fn connect_database(url: &str) -> Result<DatabaseConnection, BoxError> {
+    let mut options = ConnectOptions::new(url);
     options.sqlx_logging(false);
-    if database_url.starts_with("sqlite:") {
+    if url.starts_with("sqlite:") {
         options.max_connections(4);
     }
-    let db = Database::connect(options).await?;
-    billing::create_tables(&db).await?;
+    Ok(Database::connect(options).await?)
+}
 
+/// The inbox, with the outbox beside it: events are staged in the outbox with the invoices,
+/// and the relay publishes them.
+async fn open_inbox(db: &DatabaseConnection) -> Result<(Inbox, Outbox), BoxError> {
     // Records must outlive every redelivery: the broker's delivery limit times its consumer
     // timeout, plus three days in which an operator may resubmit from the dead-letter queue.
     let window = RedeliveryWindow::new(DELIVERY_LIMIT, CONSUMER_TIMEOUT)
         .with_dead_letter_resubmission(Duration::from_secs(3 * 24 * 3600));
-    // Events are staged in the outbox with the invoices, and the relay publishes them.
     let outbox = Outbox::builder(db.clone()).build().await?;
     let inbox = Inbox::builder(db.clone())
         .retention(RetentionPolicy::default())
@@ -191,97 +224,134 @@ async fn run(args: Args) -> Result<(), BoxError> {
         .outbox(outbox.clone())
         .build()
         .await?;
-    let publisher = Publisher::connect(amqp_url.as_str()).await?;
-    publisher
-        .declare_exchange(&events_exchange, ExchangeKind::Topic)
-        .await?;
+    Ok((inbox, outbox))
+}
+
+/// Billing owns the exchange it publishes its events to, and declares it; the queues bound to
+/// it belong to the services that read them (see `idem_examples::notifications`).
+async fn declare_events_exchange(args: &Args) -> Result<(), BoxError> {
+    let publisher = Publisher::connect(args.broker.amqp_url.as_str()).await?;
+    let declared = publisher
+        .declare_exchange(&args.events_exchange, ExchangeKind::Topic)
+        .await;
     publisher.close().await;
-    let relay = Relay::builder(amqp_url.as_str(), outbox)
-        .connection_name(format!("{connection_name} relay"))
+    Ok(declared?)
+}
+
+async fn start_relay(args: &Args, outbox: Outbox) -> Result<RelayHandle, BoxError> {
+    Ok(Relay::builder(args.broker.amqp_url.as_str(), outbox)
+        .connection_name(format!("{} relay", args.connection_name))
         .start()
-        .await?;
-    // The consumer also runs the inbox's cleaner, until it stops.
+        .await?)
+}
+
+/// The consumer of billing's queue, charging one order at a time, per batch, or per slice; it
+/// also runs the inbox's cleaner, until it stops.
+async fn start_consumer(args: &Args, inbox: Inbox) -> Result<Consumer, BoxError> {
     let service = Arc::new(Billing {
-        events_exchange: events_exchange.clone(),
+        events_exchange: args.events_exchange.clone(),
     });
-    let topology = billing::topology_on(&queue, &exchange);
-    let consumer = Consumer::builder(amqp_url.as_str(), inbox.clone())
-        .connection_name(connection_name.clone())
+    let topology = billing::topology_on(&args.queue, &args.broker.exchange);
+    let consumer = Consumer::builder(args.broker.amqp_url.as_str(), inbox)
+        .connection_name(args.connection_name.clone())
         // Room for the next batch to gather while one commits.
-        .prefetch(batch.map_or(32, |size| {
+        .prefetch(args.batch.map_or(32, |size| {
             u16::try_from(size * 2).unwrap_or(u16::MAX).max(32)
         }));
     let wait = Duration::from_millis(20);
-    let consumer = match batch {
-        Some(size) if slices => consumer
+    let checks = if args.trust_handlers {
+        BatchChecks::BeforeCommit
+    } else {
+        BatchChecks::EachMessage
+    };
+    let consumer = match args.batch {
+        Some(size) if args.slices => consumer
             .bind_with(Binding::new(topology, service.charge_all_handler()).slices(size, wait)),
         Some(size) => consumer.bind_with(
             Binding::new(topology, service.charge_handler())
                 .batch(size, wait)
-                .batch_checks(if trust_handlers {
-                    BatchChecks::BeforeCommit
-                } else {
-                    BatchChecks::EachMessage
-                }),
+                .batch_checks(checks),
         ),
         None => consumer.bind_with(Binding::new(topology, service.charge_handler())),
-    }
-    .start()
-    .await?;
-    // The notifications hop: against the given provider, or in the demo a stub of its own.
-    let stub = match (&provider_url, demo) {
+    };
+    Ok(consumer.start().await?)
+}
+
+/// The notifications hop, when it runs in this process: its consumer, and in the demo the
+/// loopback provider it calls.
+struct NotificationsHop {
+    consumer: Option<Consumer>,
+    stub: Option<Stub>,
+}
+
+/// Starts the notifications service against the given provider or, in the demo, a loopback
+/// stub of its own; without either, billing runs alone.
+async fn start_notifications(args: &Args, inbox: Inbox) -> Result<NotificationsHop, BoxError> {
+    let stub = match (&args.provider_url, args.demo) {
         (None, Some(_)) => Some(Stub::start("127.0.0.1:0").await?),
         _ => None,
     };
-    let provider = provider_url.or_else(|| stub.as_ref().map(Stub::notify_url));
-    let notifier = match provider {
-        Some(provider) => Some(
-            notifications::start(
-                &amqp_url,
-                inbox,
-                &notifications_queue,
-                &events_exchange,
-                provider,
-                &format!("{connection_name} notifications"),
-            )
-            .await?,
-        ),
-        None => None,
+    let Some(provider) = args
+        .provider_url
+        .clone()
+        .or_else(|| stub.as_ref().map(Stub::notify_url))
+    else {
+        return Ok(NotificationsHop {
+            consumer: None,
+            stub,
+        });
     };
-    tracing::info!(queue, database = %idem_rabbitmq::redact_url(&database_url), "billing is consuming");
+    let consumer = notifications::start(
+        &args.broker.amqp_url,
+        inbox,
+        &args.notifications_queue,
+        &args.events_exchange,
+        provider,
+        &format!("{} notifications", args.connection_name),
+    )
+    .await?;
+    Ok(NotificationsHop {
+        consumer: Some(consumer),
+        stub,
+    })
+}
 
-    let result = match demo {
-        Some(count) => {
-            let hops = Hops {
-                consumer: &consumer,
-                relay: &relay,
-                stub: stub.as_ref(),
-            };
-            run_demo(&hops, &db, &amqp_url, &exchange, &queue, count, json).await
-        }
-        None => {
-            let mut logged = ConsumerStats::default();
-            let mut every = tokio::time::interval(stats_every);
-            let signal = wait_for_signal();
-            tokio::pin!(signal);
-            loop {
-                tokio::select! {
-                    _ = &mut signal => break,
-                    _ = every.tick() => {
-                        let now = consumer.stats();
-                        if now != logged {
-                            log_stats(&now);
-                            logged = now;
-                        }
-                    }
+fn demo_settings(args: &Args, count: usize) -> demo::Settings<'_> {
+    demo::Settings {
+        amqp_url: &args.broker.amqp_url,
+        exchange: &args.broker.exchange,
+        queue: &args.queue,
+        count,
+        json: args.json,
+    }
+}
+
+/// Logs the consumer's counters every `every` while they change, until Ctrl-C or SIGTERM.
+async fn log_stats_until_signal(consumer: &Consumer, every: Duration) {
+    let mut logged = ConsumerStats::default();
+    let mut ticks = tokio::time::interval(every);
+    let signal = wait_for_signal();
+    tokio::pin!(signal);
+    loop {
+        tokio::select! {
+            _ = &mut signal => return,
+            _ = ticks.tick() => {
+                let now = consumer.stats();
+                if now != logged {
+                    log_stats(&now);
+                    logged = now;
                 }
             }
-            Ok(())
         }
-    };
+    }
+}
+
+/// Stops billing's consumer first (its in-flight charges finish and are settled), then the
+/// notifications service, then the relay, which publishes what they staged until it stops.
+async fn stop(consumer: Consumer, notifications: NotificationsHop, relay: RelayHandle) {
     let stats = consumer.stats();
     let report = consumer.shutdown().await;
-    if let Some(notifier) = notifier {
+    if let Some(notifier) = notifications.consumer {
         notifier.shutdown().await;
     }
     let relayed = relay.shutdown().await;
@@ -293,7 +363,6 @@ async fn run(args: Args) -> Result<(), BoxError> {
         expired_records_deleted = report.cleanup.map_or(0, |cleanup| cleanup.deleted),
         "billing stopped"
     );
-    result
 }
 
 /// Logs the consumer's counters in one line of `name=value` fields.
@@ -308,201 +377,6 @@ fn log_stats(stats: &ConsumerStats) {
         reconnections = stats.reconnections,
         "billing stats"
     );
-}
-
-/// What a demo run watches: billing's consumer, its relay, and the notifications provider.
-struct Hops<'a> {
-    consumer: &'a Consumer,
-    relay: &'a RelayHandle,
-    stub: Option<&'a Stub>,
-}
-
-/// How many of `orders` the provider stub was called for, by the key derived from each.
-fn notified_orders(stub: &Stub, orders: &[String]) -> u64 {
-    let keys = stub.keys();
-    orders
-        .iter()
-        .filter_map(|order| notifications::idempotency_key(order))
-        .filter(|key| keys.contains(key))
-        .count() as u64
-}
-
-/// What a demo run did, hop by hop: printed, or as JSON with `--json`.
-#[derive(Debug, serde::Serialize)]
-struct Report {
-    run: String,
-    orders: usize,
-    messages_published: usize,
-    producer_retries: usize,
-    reused_ids: usize,
-    invalid: usize,
-    invoices: i64,
-    duplicates: u64,
-    events_published: u64,
-    notified: u64,
-    stub_calls: u64,
-    stub_calls_distinct_keys: u64,
-    dead_lettered: u64,
-    lost: u64,
-}
-
-async fn run_demo(
-    hops: &Hops<'_>,
-    db: &DatabaseConnection,
-    amqp_url: &str,
-    exchange: &str,
-    queue: &str,
-    count: usize,
-    json: bool,
-) -> Result<(), BoxError> {
-    let before = hops.consumer.stats();
-    let relayed_before = hops.relay.stats().published;
-    let stub_before = hops.stub.map(Stub::stats).unwrap_or_default();
-    let demo = Arc::new(DemoProgress::default());
-    let progress = Progress::start({
-        let demo = Arc::clone(&demo);
-        move || demo.line(count)
-    });
-    let publisher = Publisher::connect(amqp_url).await?;
-    let plan = orders::publish_demo(&publisher, exchange, count, &demo.published).await?;
-    publisher.close().await;
-
-    // Done when every valid order of this run is invoiced, as many deliveries as this run
-    // published are settled (messages left on the queue by an earlier run may be among them),
-    // and, with the notifications hop, every invoice is notified.
-    let expected = (plan.orders - plan.invalid) as i64;
-    demo.expected.store(expected, Ordering::Relaxed);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let invoices = loop {
-        let invoices = billing::count_invoices(db, &plan.run).await?;
-        demo.invoiced.store(invoices, Ordering::Relaxed);
-        let now = hops.consumer.stats();
-        let settled = (now.acked + now.duplicates + now.dead_lettered)
-            - (before.acked + before.duplicates + before.dead_lettered);
-        let notified = hops
-            .stub
-            .map_or(expected as u64, |stub| notified_orders(stub, &plan.valid));
-        if invoices >= expected && settled >= plan.deliveries as u64 && notified >= expected as u64
-        {
-            break invoices;
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(format!(
-                "after 120 s, {invoices} of {expected} orders are invoiced, {settled} of {} \
-                 deliveries settled and {notified} invoices notified",
-                plan.deliveries
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    progress.finish();
-    let stats = hops.consumer.stats();
-    let stub = hops.stub.map(Stub::stats).unwrap_or_default();
-    let distinct_keys = stub.distinct_keys - stub_before.distinct_keys;
-    // This run's orders notified: the provider saw each one's key (events an earlier run left
-    // on the queue may be notified too, and counted among the calls).
-    let notified = hops
-        .stub
-        .map_or(0, |stub| notified_orders(stub, &plan.valid));
-    let report = Report {
-        run: plan.run.clone(),
-        orders: plan.orders,
-        messages_published: plan.deliveries,
-        producer_retries: plan.producer_retries,
-        reused_ids: plan.reused_ids,
-        invalid: plan.invalid,
-        invoices,
-        duplicates: stats.duplicates - before.duplicates,
-        events_published: hops.relay.stats().published - relayed_before,
-        notified,
-        stub_calls: stub.calls - stub_before.calls,
-        stub_calls_distinct_keys: distinct_keys,
-        dead_lettered: stats.dead_lettered - before.dead_lettered,
-        // With an outside provider, notifications are not measured: invoices are as far as it
-        // goes.
-        lost: (expected as u64).saturating_sub(match hops.stub {
-            Some(_) => notified.min(invoices as u64),
-            None => invoices as u64,
-        }),
-    };
-    if json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print_summary(queue, &report);
-    }
-    if invoices != expected {
-        return Err(format!("expected {expected} invoices, found {invoices}").into());
-    }
-    // The invalid order and the reused id go to the dead-letter queue (messages an earlier run
-    // left on the queue may add to them).
-    let refused = (plan.invalid + plan.reused_ids) as u64;
-    if report.dead_lettered < refused {
-        return Err(format!(
-            "{refused} messages should have been dead-lettered, {} were",
-            report.dead_lettered
-        )
-        .into());
-    }
-    if hops.stub.is_some() && notified != expected as u64 {
-        return Err(format!("{notified} of {expected} orders notified").into());
-    }
-    Ok(())
-}
-
-/// How far a demo run is, for its progress line.
-#[derive(Debug, Default)]
-struct DemoProgress {
-    /// Orders published so far.
-    published: AtomicUsize,
-    /// Valid orders of the run, once all are published; 0 before.
-    expected: AtomicI64,
-    /// Orders of the run invoiced, as last counted.
-    invoiced: AtomicI64,
-}
-
-impl DemoProgress {
-    fn line(&self, count: usize) -> String {
-        let published = self.published.load(Ordering::Relaxed);
-        match self.expected.load(Ordering::Relaxed) {
-            0 => format!("billing demo: published {published}/{count} orders"),
-            expected => format!(
-                "billing demo: published {published}/{count} orders, charged {}/{expected}",
-                self.invoiced.load(Ordering::Relaxed)
-            ),
-        }
-    }
-}
-
-fn print_summary(queue: &str, report: &Report) {
-    println!(
-        "billing demo {}: {} orders published as {} messages \
-         ({} producer retries, {} reused order id, {} invalid order)",
-        report.run,
-        report.orders,
-        report.messages_published,
-        report.producer_retries,
-        report.reused_ids,
-        report.invalid
-    );
-    println!(
-        "  invoices written     {:>6}   (one per valid order)",
-        report.invoices
-    );
-    println!("  duplicates skipped   {:>6}", report.duplicates);
-    println!(
-        "  dead-lettered        {:>6}   (queue {queue}.dlq, reason in x-idem-reason)",
-        report.dead_lettered
-    );
-    println!(
-        "  events published     {:>6}   (InvoiceIssued, through the outbox)",
-        report.events_published
-    );
-    println!(
-        "  notified             {:>6}   (provider calls {}, distinct idempotency keys {})",
-        report.notified, report.stub_calls, report.stub_calls_distinct_keys
-    );
-    println!("  lost                 {:>6}", report.lost);
 }
 
 async fn wait_for_signal() {
