@@ -1,6 +1,6 @@
 //! Shared context for idem's end-to-end tests: real databases (SQLite, PostgreSQL, MariaDB)
 //! with per-test tables, the real RabbitMQ with per-test queues, a proxy to cut a database off,
-//! and a recording handler.
+//! a recording handler, and the [`Fixture`] a test through the broker starts from.
 //!
 //! Run them with the command the README gives; the PostgreSQL and MariaDB servers must be up
 //! (`.ci/run` starts them). A missing server fails the tests, it never skips them.
@@ -9,6 +9,7 @@ pub mod backlog;
 pub mod bench;
 pub mod cut;
 pub mod db;
+pub mod fixture;
 pub mod proxy;
 pub mod rabbit;
 pub mod recorder;
@@ -18,6 +19,7 @@ pub mod slicer;
 
 pub use cut::CutWorker;
 pub use db::{Backend, TestDb, unique};
+pub use fixture::{Fixture, Layout};
 
 /// A database of `backend` with an inbox on a fresh table, and a fresh effects table for
 /// [`Recorder`]s: where most tests start.

@@ -38,6 +38,19 @@ pub fn amqp_url_through(proxy: &Proxy) -> String {
     format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port())
 }
 
+/// Publish options with the message id `id`.
+pub fn with_id(id: &str) -> PublishOptions {
+    PublishOptions::default().message_id(id)
+}
+
+/// A channel on a connection of its own, for what [`TestBroker`] has no method for.
+pub async fn setup_channel() -> Channel {
+    let connection = idem_rabbitmq::connect(&amqp_url().into(), "idem-test setup")
+        .await
+        .expect("the broker is reachable");
+    connection.create_channel().await.expect("a channel")
+}
+
 /// A consumer of `inbox` for a test: its connections named `name` (which
 /// [`close_connections`] finds), short retry back-offs and a 10 s shutdown deadline.
 pub fn consumer_builder(inbox: &Inbox, name: &str) -> ConsumerBuilder {
@@ -89,6 +102,36 @@ impl DeadLetter {
             .get(idem_rabbitmq::headers::REASON)
             .map(String::as_str)
             .unwrap_or_default()
+    }
+}
+
+/// Queues an operator declared before any consumer ran, consumed as
+/// [`QueueTopology::existing`]; deleted with the [`TestBroker`] that declared them.
+#[derive(Debug, Clone)]
+pub struct OperatorQueue {
+    /// The work queue.
+    pub queue: String,
+    /// Its dead-letter exchange.
+    pub dlx: String,
+    /// The queue its dead letters go to.
+    pub dlq: String,
+    /// The exchange that routes to the work queue, in layouts that have one.
+    pub exchange: Option<String>,
+}
+
+impl OperatorQueue {
+    fn named(prefix: &str) -> Self {
+        Self {
+            queue: unique(prefix),
+            dlx: unique(&format!("{prefix}_dlx")),
+            dlq: unique(&format!("{prefix}_dlq")),
+            exchange: None,
+        }
+    }
+
+    /// The work queue as a consumer binds it: existing, with its dead-letter exchange.
+    pub fn topology(&self) -> QueueTopology {
+        QueueTopology::existing(&self.queue, &self.dlx)
     }
 }
 
@@ -355,6 +398,66 @@ impl TestBroker {
         }
         let _ = channel.close(200, "done".into()).await;
         messages
+    }
+
+    /// An operator's layout: a direct dead-letter exchange, its queue bound with the key `dead`
+    /// only if `bound`, and a work queue that dead-letters with that key.
+    pub async fn dead_letter_by_key(&self, bound: bool) -> OperatorQueue {
+        let layout = OperatorQueue::named("idem_ops");
+        self.declare_exchange(&layout.dlx, ExchangeKind::Direct)
+            .await;
+        self.declare_queue(&layout.dlq, &[]).await;
+        if bound {
+            self.bind(&layout.dlq, &layout.dlx, "dead").await;
+        }
+        let arguments = [
+            ("x-dead-letter-exchange", layout.dlx.as_str()),
+            ("x-dead-letter-routing-key", "dead"),
+        ];
+        self.declare_queue(&layout.queue, &arguments).await;
+        layout
+    }
+
+    /// An operator's quorum queue with a delivery limit of 3 and a fanout dead-letter exchange
+    /// bound to a dead-letter queue.
+    pub async fn operator_quorum_queue(&self) -> OperatorQueue {
+        let layout = OperatorQueue::named("idem_ops_qq");
+        self.declare_exchange(&layout.dlx, ExchangeKind::Fanout)
+            .await;
+        self.declare_queue(&layout.dlq, &[]).await;
+        self.bind(&layout.dlq, &layout.dlx, "").await;
+        self.declare_quorum_queue(
+            &layout.queue,
+            &[("x-dead-letter-exchange", layout.dlx.as_str())],
+            3,
+        )
+        .await;
+        layout
+    }
+
+    /// An operator's layout: a direct exchange of orders routing `placed` and `cancelled` to a
+    /// work queue (quorum with the broker's delivery limit `quorum_limit`, if given), whose
+    /// direct dead-letter exchange keeps the routing key and has a queue for `placed` only.
+    pub async fn orders_layout(&self, quorum_limit: Option<i64>) -> OperatorQueue {
+        let mut layout = OperatorQueue::named("idem_ops_routed");
+        let orders = unique("idem_ops_orders");
+        self.declare_exchange(&orders, ExchangeKind::Direct).await;
+        self.declare_exchange(&layout.dlx, ExchangeKind::Direct)
+            .await;
+        self.declare_queue(&layout.dlq, &[]).await;
+        self.bind(&layout.dlq, &layout.dlx, "placed").await;
+        let arguments = [("x-dead-letter-exchange", layout.dlx.as_str())];
+        if let Some(limit) = quorum_limit {
+            self.declare_quorum_queue(&layout.queue, &arguments, limit)
+                .await;
+        } else {
+            self.declare_queue(&layout.queue, &arguments).await;
+        }
+        for key in ["placed", "cancelled"] {
+            self.bind(&layout.queue, &orders, key).await;
+        }
+        layout.exchange = Some(orders);
+        layout
     }
 
     /// Waits until `condition` holds, polling; fails the test after `timeout`.

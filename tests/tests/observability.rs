@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use idem_rabbitmq::{Consumer, PublishOptions};
-use idem_runtime::{Inbox, Metadata, RetentionPolicy};
+use idem_runtime::{Metadata, RetentionPolicy};
 use idem_tests::rabbit::amqp_url;
-use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, unique};
+use idem_tests::{Fixture, Msg, unique};
 use metrics::{
     Counter, Gauge, Histogram, Key, KeyName, Metadata as MetricMetadata, SharedString, Unit,
 };
@@ -84,17 +84,17 @@ fn count(name_and_labels: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn outcomes_settlements_and_cleanup_are_counted() {
     counters();
-    let db = TestDb::connect(Backend::Postgres).await;
-    let table = db.table("inbox");
-    let inbox = Inbox::builder(db.db.clone())
-        .table(table.clone())
-        .retention(RetentionPolicy::default().with_consumer("short", Duration::from_millis(1)))
+    let t = Fixture::builder()
+        .inbox(|inbox| {
+            inbox.retention(
+                RetentionPolicy::default().with_consumer("short", Duration::from_millis(1)),
+            )
+        })
         .build()
-        .await
-        .unwrap();
-    let effects = db.effects_table().await;
+        .await;
+    let (inbox, table) = (&t.inbox, t.inbox.table().as_str());
     let consumer = unique("observed");
-    let handler = Recorder::new(&db, &effects, &consumer);
+    let handler = t.recorder(&consumer);
     let meta = Metadata::default();
 
     inbox
@@ -124,7 +124,7 @@ async fn outcomes_settlements_and_cleanup_are_counted() {
     assert_eq!(outcome("invalid-key"), 1);
 
     // The cleaner reports what it deleted.
-    let short = Recorder::new(&db, &effects, "short");
+    let short = t.recorder("short");
     for id in ["x", "y", "z"] {
         inbox
             .process(&short, Msg::new(id, "1"), &meta)
@@ -139,29 +139,21 @@ async fn outcomes_settlements_and_cleanup_are_counted() {
     );
 
     // The consumer counts settlements per queue.
-    let broker = TestBroker::connect().await;
-    let topology = broker.classic_queue();
-    let queue = topology.queue().to_owned();
+    let queue = &t.queue;
     let running = Consumer::builder(amqp_url(), inbox.clone())
-        .bind(topology, handler.clone())
+        .bind(t.topology.clone(), handler.clone())
         .start()
         .await
         .unwrap();
-    broker
-        .send(&queue, &Msg::new("b", "1"), PublishOptions::default())
-        .await;
-    broker
-        .send(&queue, &Msg::new("b", "1"), PublishOptions::default())
-        .await;
-    broker
-        .send_bytes(&queue, b"not json", PublishOptions::default())
-        .await;
+    t.send(&Msg::new("b", "1"), PublishOptions::default()).await;
+    t.send(&Msg::new("b", "1"), PublishOptions::default()).await;
+    t.send_bytes(b"not json", PublishOptions::default()).await;
     let settle = |settle: &str| {
         count(&format!(
             "idem_rabbitmq_deliveries_total{{queue={queue},settle={settle}}}"
         ))
     };
-    broker
+    t.broker
         .eventually(
             "three settlements counted",
             Duration::from_secs(30),

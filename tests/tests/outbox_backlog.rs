@@ -15,11 +15,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use idem_rabbitmq::Relay;
-use idem_rabbitmq::lapin::ExchangeKind;
 use idem_runtime::Outbox;
 use idem_tests::backlog::{self, Backlog};
 use idem_tests::rabbit::amqp_url;
-use idem_tests::{Backend, TestBroker, TestDb, on_each_backend, unique};
+use idem_tests::{Backend, Fixture, TestDb, on_each_backend, unique};
 use tokio::process::Child;
 use tokio::time::Instant;
 
@@ -43,42 +42,19 @@ const COUNT_EVERY: Duration = Duration::from_millis(200);
 /// How long the queue must stay quiet once empty for everything to have arrived.
 const QUIET: Duration = Duration::from_secs(1);
 
-/// An outbox on a fresh table, and a queue bound to a fresh direct exchange with [`ROUTED`].
-struct Fixture {
-    db: TestDb,
-    outbox: Outbox,
-    broker: TestBroker,
-    queue: String,
-    exchange: String,
+/// The fixture's outbox table, as the backlog fills it and the relays empty it.
+trait OutboxTable {
+    /// The outbox table.
+    fn table(&self) -> &str;
+    /// How many of its messages are marked sent.
+    async fn sent(&self) -> i64;
+    /// How many are not.
+    async fn unsent(&self) -> i64;
 }
 
-impl Fixture {
-    async fn new(backend: Backend) -> Self {
-        let db = TestDb::connect(backend).await;
-        let outbox = Outbox::builder(db.db.clone())
-            .table(db.table("outbox"))
-            .build()
-            .await
-            .expect("outbox builds");
-        let broker = TestBroker::connect().await;
-        let topology = broker.classic_queue();
-        broker.declare(&topology).await;
-        let exchange = unique("idem_x");
-        broker
-            .declare_exchange(&exchange, ExchangeKind::Direct)
-            .await;
-        broker.bind(topology.queue(), &exchange, ROUTED).await;
-        Self {
-            db,
-            outbox,
-            broker,
-            queue: topology.queue().to_owned(),
-            exchange,
-        }
-    }
-
+impl OutboxTable for Fixture {
     fn table(&self) -> &str {
-        self.outbox.table().as_str()
+        self.outbox().table().as_str()
     }
 
     async fn sent(&self) -> i64 {
@@ -92,10 +68,16 @@ impl Fixture {
 
 async fn a_relay_killed_mid_backlog_loses_nothing_and_keeps_runs_in_order(backend: Backend) {
     let started = Instant::now();
-    let f = Fixture::new(backend).await;
+    // An outbox, and a queue bound to a fresh direct exchange with `ROUTED`.
+    let f = Fixture::builder()
+        .on(backend)
+        .outbox()
+        .routed(ROUTED)
+        .build()
+        .await;
     let backlog = Backlog {
         prefix: "b",
-        exchange: &f.exchange,
+        exchange: f.exchange(),
         routing_key: ROUTED,
         runs: RUNS,
         per_run: PER_RUN,
@@ -114,7 +96,7 @@ async fn a_relay_killed_mid_backlog_loses_nothing_and_keeps_runs_in_order(backen
          {KILL_AFTER} messages"
     );
 
-    let relay = Relay::builder(amqp_url(), f.outbox.clone())
+    let relay = Relay::builder(amqp_url(), f.outbox().clone())
         .connection_name(unique("idem-backlog-relay"))
         .start()
         .await

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Relay, RelayBuilder, RelayHandle};
 use idem_runtime::sea_orm::{DbErr, TransactionTrait};
 use idem_runtime::{
@@ -23,7 +22,7 @@ use idem_runtime::{
 };
 use idem_tests::proxy::{Proxy, behind_proxy};
 use idem_tests::rabbit::{DeadLetter, amqp_addr, amqp_url, amqp_url_through, close_connections};
-use idem_tests::{Backend, Msg, TestBroker, TestDb, inbox_key, on_each_backend, unique};
+use idem_tests::{Backend, Fixture, Msg, TestDb, inbox_key, on_each_backend, unique};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata as MetricMetadata};
 use metrics::{SharedString, Unit};
 use tokio::sync::Notify;
@@ -173,63 +172,43 @@ fn ids_of(run: &str, count: u32) -> Vec<String> {
         .collect()
 }
 
-/// A database with an outbox and an inbox that stages into it, and a queue bound to a fresh
+/// The shared fixture with an outbox the inbox stages into, and its queue bound to a fresh
 /// exchange with [`ROUTED`].
-struct Fixture {
-    db: TestDb,
-    inbox: Inbox,
-    outbox: Outbox,
-    broker: TestBroker,
-    queue: String,
-    exchange: String,
+async fn fixture(backend: Backend) -> Fixture {
+    // Installed before any relay counts.
+    recorded();
+    Fixture::builder()
+        .on(backend)
+        .outbox()
+        .routed(ROUTED)
+        .build()
+        .await
 }
 
-impl Fixture {
-    async fn new(backend: Backend) -> Self {
-        let db = TestDb::connect(backend).await;
-        Self::on(db).await
-    }
+/// What the tests here do with their fixture.
+trait Relaying {
+    /// A stager of `count` messages to the fixture's exchange.
+    fn stager(&self, count: u32) -> Stager;
+    /// Runs the stager for message `run` and commits.
+    async fn stage(&self, run: &str, count: u32);
+    /// Another process's outbox on the same table: its own pool and its own wake-ups.
+    async fn other_outbox(&self) -> Outbox;
+    /// Takes from the queue until `n` messages arrived, failing the test after `timeout`.
+    async fn receive(&self, n: usize, timeout: Duration) -> Vec<DeadLetter>;
+    /// Fails if a message arrives within half a second.
+    async fn assert_quiet(&self);
+    /// How many messages of the outbox are not sent yet.
+    async fn unsent(&self) -> i64;
+}
 
-    async fn on(db: TestDb) -> Self {
-        // Installed before any relay counts.
-        recorded();
-        let outbox = Outbox::builder(db.db.clone())
-            .table(db.table("outbox"))
-            .build()
-            .await
-            .expect("outbox builds");
-        let inbox = Inbox::builder(db.db.clone())
-            .table(db.table("inbox"))
-            .outbox(outbox.clone())
-            .build()
-            .await
-            .expect("inbox builds");
-        let broker = TestBroker::connect().await;
-        let topology = broker.classic_queue();
-        broker.declare(&topology).await;
-        let exchange = unique("idem_x");
-        broker
-            .declare_exchange(&exchange, ExchangeKind::Direct)
-            .await;
-        broker.bind(topology.queue(), &exchange, ROUTED).await;
-        Self {
-            db,
-            inbox,
-            outbox,
-            broker,
-            queue: topology.queue().to_owned(),
-            exchange,
-        }
-    }
-
+impl Relaying for Fixture {
     fn stager(&self, count: u32) -> Stager {
         Stager {
-            exchange: self.exchange.clone(),
+            exchange: self.exchange().to_owned(),
             count,
         }
     }
 
-    /// Runs the stager for message `run` and commits.
     async fn stage(&self, run: &str, count: u32) {
         self.inbox
             .process(
@@ -241,16 +220,14 @@ impl Fixture {
             .expect("the handler commits");
     }
 
-    /// Another process's outbox on the same table: its own pool and its own wake-ups.
     async fn other_outbox(&self) -> Outbox {
         Outbox::builder(self.db.another_pool(4).await)
-            .table(self.outbox.table().as_str())
+            .table(self.outbox().table().as_str())
             .build()
             .await
             .expect("outbox builds")
     }
 
-    /// Takes from the queue until `n` messages arrived, failing the test after `timeout`.
     async fn receive(&self, n: usize, timeout: Duration) -> Vec<DeadLetter> {
         let deadline = Instant::now() + timeout;
         let mut got = Vec::new();
@@ -268,7 +245,6 @@ impl Fixture {
         }
     }
 
-    /// Fails if a message arrives within half a second.
     async fn assert_quiet(&self) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let late = self.broker.drain(&self.queue).await;
@@ -277,7 +253,7 @@ impl Fixture {
 
     async fn unsent(&self) -> i64 {
         self.db
-            .count(self.outbox.table().as_str(), "sent_at IS NULL")
+            .count(self.outbox().table().as_str(), "sent_at IS NULL")
             .await
     }
 }
@@ -306,8 +282,8 @@ fn ids(messages: &[DeadLetter]) -> Vec<String> {
 }
 
 async fn staged_messages_are_published_promptly_in_order_and_marked_sent(backend: Backend) {
-    let f = Fixture::new(backend).await;
-    let relay = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    let f = fixture(backend).await;
+    let relay = start(relay_of(f.outbox(), &unique("idem-relay"))).await;
     let staged = Instant::now();
     for run in ["o-1", "o-2", "o-3"] {
         f.stage(run, 3).await;
@@ -335,7 +311,7 @@ async fn staged_messages_are_published_promptly_in_order_and_marked_sent(backend
         })
         .await;
     assert!(
-        f.outbox
+        f.outbox()
             .take_pending(100)
             .await
             .unwrap()
@@ -345,14 +321,14 @@ async fn staged_messages_are_published_promptly_in_order_and_marked_sent(backend
     let stats = relay.shutdown().await;
     assert_eq!(stats.published, 9, "{stats:?}");
     assert_eq!(stats.failed, 0, "{stats:?}");
-    let table = f.outbox.table().as_str();
+    let table = f.outbox().table().as_str();
     assert_eq!(counter("idem_outbox_published_total", table, None), 9);
     f.assert_quiet().await;
 }
 
 async fn a_batch_is_published_without_waiting_for_each_confirm(backend: Backend) {
     const DELAY: Duration = Duration::from_millis(100);
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     let runs: Vec<String> = (0..50).map(|i| format!("o-{i}")).collect();
     for run in &runs {
         f.stage(run, 1).await;
@@ -360,7 +336,7 @@ async fn a_batch_is_published_without_waiting_for_each_confirm(backend: Backend)
     // The broker's answers, its confirms among them, reach the relay 100 ms late.
     let proxy = Proxy::start_with_delay(&amqp_addr(), DELAY).await;
     let url = amqp_url_through(&proxy);
-    let relay = Relay::builder(url, f.outbox.clone())
+    let relay = Relay::builder(url, f.outbox().clone())
         .connection_name(unique("idem-relay"))
         .poll_interval(POLL)
         .start()
@@ -384,7 +360,7 @@ async fn a_batch_is_published_without_waiting_for_each_confirm(backend: Backend)
 }
 
 async fn a_relay_in_another_process_is_woken_by_notify(backend: Backend) {
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     // Its relay shares no in-process signal with the inbox that stages.
     let other = f.other_outbox().await;
     let relay = start(relay_of(&other, &unique("idem-relay"))).await;
@@ -402,12 +378,12 @@ async fn a_relay_in_another_process_is_woken_by_notify(backend: Backend) {
 
 async fn handlers_announce_nothing_while_a_relay_runs_in_their_process(backend: Backend) {
     use idem_runtime::sea_orm::sqlx::postgres::PgListener;
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     let mut listener = PgListener::connect_with(f.db.db.get_postgres_connection_pool())
         .await
         .unwrap();
-    listener.listen(&f.outbox.channel()).await.unwrap();
-    let relay = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    listener.listen(&f.outbox().channel()).await.unwrap();
+    let relay = start(relay_of(f.outbox(), &unique("idem-relay"))).await;
     let staged = Instant::now();
     f.stage("o-1", 2).await;
     assert_eq!(ids(&f.receive(2, PROMPT).await), ids_of("o-1", 2));
@@ -425,7 +401,7 @@ async fn handlers_announce_nothing_while_a_relay_runs_in_their_process(backend: 
 }
 
 async fn two_relays_on_one_table_publish_each_message_once(backend: Backend) {
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     let runs: Vec<String> = (0..60).map(|i| format!("o-{i}")).collect();
     for run in &runs {
         f.stage(run, 2).await;
@@ -462,9 +438,9 @@ async fn two_relays_on_one_table_publish_each_message_once(backend: Backend) {
 }
 
 async fn a_closed_broker_connection_loses_nothing(backend: Backend) {
-    let f = Arc::new(Fixture::new(backend).await);
+    let f = Arc::new(fixture(backend).await);
     let name = unique("idem-relay");
-    let relay = start(relay_of(&f.outbox, &name).batch_size(10)).await;
+    let relay = start(relay_of(f.outbox(), &name).batch_size(10)).await;
     // Handlers keep committing while the connection is closed under the relay.
     let done = Arc::new(AtomicBool::new(false));
     let stager = {
@@ -518,8 +494,8 @@ async fn a_closed_broker_connection_loses_nothing(backend: Backend) {
 }
 
 async fn a_rolled_back_handler_publishes_nothing(backend: Backend) {
-    let f = Fixture::new(backend).await;
-    let relay = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    let f = fixture(backend).await;
+    let relay = start(relay_of(f.outbox(), &unique("idem-relay"))).await;
     let failed = f
         .inbox
         .process(&f.stager(3), Msg::new("bad", "fail"), &Metadata::default())
@@ -529,21 +505,21 @@ async fn a_rolled_back_handler_publishes_nothing(backend: Backend) {
     f.stage("good", 1).await;
     assert_eq!(ids(&f.receive(1, PROMPT).await), ids_of("good", 1));
     f.assert_quiet().await;
-    assert_eq!(f.db.count(f.outbox.table().as_str(), "1=1").await, 1);
+    assert_eq!(f.db.count(f.outbox().table().as_str(), "1=1").await, 1);
     assert_eq!(relay.shutdown().await.published, 1);
 }
 
 async fn messages_committed_before_any_relay_runs_are_published_once(backend: Backend) {
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     f.stage("o-1", 2).await;
     f.stage("o-2", 2).await;
     // A relay took them and died before publishing: its transaction rolls back.
-    let taken = f.outbox.take_pending(10).await.unwrap();
+    let taken = f.outbox().take_pending(10).await.unwrap();
     assert_eq!(taken.messages().len(), 4);
     drop(taken);
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
-    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+    let relay = relay_of(f.outbox(), &unique("idem-relay"))
         .start()
         .await
         .unwrap();
@@ -557,11 +533,11 @@ async fn messages_committed_before_any_relay_runs_are_published_once(backend: Ba
         .await;
     // The next relay (after a restart) finds nothing to publish.
     assert_eq!(relay.shutdown().await.published, 4);
-    let again = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    let again = start(relay_of(f.outbox(), &unique("idem-relay"))).await;
     f.assert_quiet().await;
     assert_eq!(again.shutdown().await.published, 0);
 
-    let table = f.outbox.table().as_str();
+    let table = f.outbox().table().as_str();
     let (last, max) = gauge("idem_outbox_pending_age_seconds", table);
     assert!(max >= 1.0, "the first batch was over a second old: {max}");
     assert_eq!(last, 0.0, "no message pending since");
@@ -582,16 +558,20 @@ const TAKEN: &str = "taken";
 async fn a_process_killed_after_its_commit_loses_and_repeats_nothing(backend: Backend) {
     use tokio::io::{AsyncBufReadExt, BufReader};
 
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "killed_relay_child", "--ignored", "--nocapture"])
         .env(CHILD_URL, backend.url(""))
         .env(CHILD_BACKEND, format!("{backend:?}"))
         .env(
             CHILD_TABLES,
-            format!("{} {}", f.inbox.table().as_str(), f.outbox.table().as_str()),
+            format!(
+                "{} {}",
+                f.inbox.table().as_str(),
+                f.outbox().table().as_str()
+            ),
         )
-        .env(CHILD_EXCHANGE, &f.exchange)
+        .env(CHILD_EXCHANGE, f.exchange())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -610,7 +590,7 @@ async fn a_process_killed_after_its_commit_loses_and_repeats_nothing(backend: Ba
     assert_eq!(f.unsent().await, 3, "committed, not published");
     child.kill().await.expect("SIGKILL");
 
-    let relay = start(relay_of(&f.outbox, &unique("idem-relay"))).await;
+    let relay = start(relay_of(f.outbox(), &unique("idem-relay"))).await;
     let got = f.receive(3, PROMPT).await;
     assert_eq!(ids(&got), ids_of("killed", 3));
     f.assert_quiet().await;
@@ -664,22 +644,22 @@ async fn killed_relay_child() {
 }
 
 async fn an_unroutable_message_holds_back_the_ones_after_it(backend: Backend) {
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     // Outside handlers, in one run: its messages go out in order.
     let message = |id: &str, routing_key: &str| {
-        OutboxMessage::new(&f.exchange, routing_key, id.as_bytes().to_vec())
+        OutboxMessage::new(f.exchange(), routing_key, id.as_bytes().to_vec())
             .message_id(id)
             .in_run("order-1")
     };
     let tx = f.db.db.begin().await.unwrap();
-    f.outbox
+    f.outbox()
         .stage(&tx, message("m-1", "unbound"))
         .await
         .unwrap();
-    f.outbox.stage(&tx, message("m-2", ROUTED)).await.unwrap();
+    f.outbox().stage(&tx, message("m-2", ROUTED)).await.unwrap();
     tx.commit().await.unwrap();
 
-    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+    let relay = relay_of(f.outbox(), &unique("idem-relay"))
         .start()
         .await
         .unwrap();
@@ -690,7 +670,7 @@ async fn an_unroutable_message_holds_back_the_ones_after_it(backend: Backend) {
         .await;
     assert_eq!(f.broker.depth(&f.queue).await, 0, "m-2 overtook m-1");
     assert_eq!(relay.stats().published, 0);
-    let table = f.outbox.table().as_str();
+    let table = f.outbox().table().as_str();
     assert!(
         counter(
             "idem_outbox_publish_failures_total",
@@ -700,16 +680,16 @@ async fn an_unroutable_message_holds_back_the_ones_after_it(backend: Backend) {
     );
 
     // Once routed, m-1 goes out, then m-2.
-    f.broker.bind(&f.queue, &f.exchange, "unbound").await;
+    f.broker.bind(&f.queue, f.exchange(), "unbound").await;
     assert_eq!(ids(&f.receive(2, WAIT).await), ["m-1", "m-2"]);
     assert_eq!(relay.shutdown().await.published, 2);
 }
 
 async fn an_unroutable_message_holds_back_its_own_run_only(backend: Backend) {
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     let (paused, go_on) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let pausing = Pausing {
-        exchange: f.exchange.clone(),
+        exchange: f.exchange().to_owned(),
         routing_keys: vec!["unbound", ROUTED],
         paused: Arc::clone(&paused),
         go_on: Arc::clone(&go_on),
@@ -728,7 +708,7 @@ async fn an_unroutable_message_holds_back_its_own_run_only(backend: Backend) {
     go_on.notify_one();
     a.await.unwrap().expect("run a commits");
 
-    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+    let relay = relay_of(f.outbox(), &unique("idem-relay"))
         .start()
         .await
         .unwrap();
@@ -744,7 +724,7 @@ async fn an_unroutable_message_holds_back_its_own_run_only(backend: Backend) {
     assert_eq!(f.unsent().await, 2);
 
     // Once routed, a's messages go out in order, and nothing else again.
-    f.broker.bind(&f.queue, &f.exchange, "unbound").await;
+    f.broker.bind(&f.queue, f.exchange(), "unbound").await;
     assert_eq!(ids(&f.receive(2, WAIT).await), ids_of("a", 2));
     f.assert_quiet().await;
     let stats = relay.shutdown().await;
@@ -771,7 +751,7 @@ async fn run_through(f: &Fixture, pausing: &Pausing, run: &str) {
 
 fn pausing(f: &Fixture, routing_keys: Vec<&'static str>) -> Pausing {
     Pausing {
-        exchange: f.exchange.clone(),
+        exchange: f.exchange().to_owned(),
         routing_keys,
         paused: Arc::new(Notify::new()),
         go_on: Arc::new(Notify::new()),
@@ -781,13 +761,13 @@ fn pausing(f: &Fixture, routing_keys: Vec<&'static str>) -> Pausing {
 /// An unroutable message at the head of the batch, its run's next message behind it: every
 /// other run goes out meanwhile, in the same rounds.
 async fn an_unroutable_message_holds_up_no_other_run(backend: Backend) {
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     run_through(&f, &pausing(&f, vec!["unbound", ROUTED]), "a").await;
     let runs: Vec<String> = (0..45).map(|i| format!("r{i:02}")).collect();
     for run in &runs {
         f.stage(run, 2).await;
     }
-    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+    let relay = relay_of(f.outbox(), &unique("idem-relay"))
         .start()
         .await
         .unwrap();
@@ -808,7 +788,7 @@ async fn an_unroutable_message_holds_up_no_other_run(backend: Backend) {
 /// More runs held back than a batch takes: the relay's batches leave them out, and what was
 /// staged after them goes out.
 async fn held_back_messages_do_not_fill_the_batches(backend: Backend) {
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     // More than the batch, and than the runs a batch's statement leaves out (100).
     let unbound = pausing(&f, vec!["unbound"]);
     for i in 0..115 {
@@ -817,10 +797,10 @@ async fn held_back_messages_do_not_fill_the_batches(backend: Backend) {
     f.stage("after", 1).await;
     // And one staged outside handlers.
     let tx = f.db.db.begin().await.unwrap();
-    let outside = OutboxMessage::new(&f.exchange, ROUTED, b"{}".to_vec()).message_id("outside");
-    f.outbox.stage(&tx, outside).await.unwrap();
+    let outside = OutboxMessage::new(f.exchange(), ROUTED, b"{}".to_vec()).message_id("outside");
+    f.outbox().stage(&tx, outside).await.unwrap();
     tx.commit().await.unwrap();
-    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+    let relay = relay_of(f.outbox(), &unique("idem-relay"))
         .batch_size(10)
         .start()
         .await
@@ -840,16 +820,16 @@ async fn held_back_messages_do_not_fill_the_batches(backend: Backend) {
 /// on, and every publish in flight on it fails. That message is found and held back (it has no
 /// run); the other runs all go out.
 async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only(backend: Backend) {
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     let tx = f.db.db.begin().await.unwrap();
     let nowhere = OutboxMessage::new(unique("idem_no_such_exchange"), ROUTED, b"{}".to_vec());
-    f.outbox.stage(&tx, nowhere).await.unwrap();
+    f.outbox().stage(&tx, nowhere).await.unwrap();
     tx.commit().await.unwrap();
     let runs: Vec<String> = (0..20).map(|i| format!("r{i:02}")).collect();
     for run in &runs {
         f.stage(run, 1).await;
     }
-    let relay = relay_of(&f.outbox, &unique("idem-relay"))
+    let relay = relay_of(f.outbox(), &unique("idem-relay"))
         .start()
         .await
         .unwrap();
@@ -868,7 +848,7 @@ async fn a_message_to_a_missing_exchange_holds_back_its_own_run_only(backend: Ba
 /// with its back-off, the culprits took turns at the head of the table longer than their holds
 /// lasted, and nothing else went out.
 async fn many_messages_to_a_missing_exchange_hold_up_no_other_run(backend: Backend) {
-    let f = Fixture::new(backend).await;
+    let f = fixture(backend).await;
     let nowhere = Stager {
         exchange: unique("idem_no_such_exchange"),
         count: 1,
@@ -888,7 +868,7 @@ async fn many_messages_to_a_missing_exchange_hold_up_no_other_run(backend: Backe
         f.stage(run, 1).await;
     }
     // The default back-off (200 ms doubling to 10 s), as in production.
-    let relay = Relay::builder(amqp_url(), f.outbox.clone())
+    let relay = Relay::builder(amqp_url(), f.outbox().clone())
         .connection_name(unique("idem-relay"))
         .poll_interval(POLL)
         .start()
@@ -914,8 +894,7 @@ async fn a_database_outage_is_ridden_out_and_listening_resumes(backend: Backend)
         .build()
         .await
         .unwrap();
-    let direct = TestDb::connect(backend).await;
-    let f = Fixture::on(direct).await;
+    let f = fixture(backend).await;
     let staging = Outbox::builder(f.db.db.clone())
         .table(relayed.table().as_str())
         .build()

@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use idem_rabbitmq::PublishOptions;
-use idem_tests::rabbit::{consumer_builder, rabbitmqctl};
-use idem_tests::{Backend, Msg, Recorder, TestBroker, clean_up, inbox_and_effects, unique};
+use idem_tests::rabbit::rabbitmqctl;
+use idem_tests::{Fixture, Msg, clean_up};
 
 /// A memory alarm, cleared when dropped (the watermark restored), even if the test fails.
 struct MemoryAlarm {
@@ -38,43 +38,27 @@ impl Drop for MemoryAlarm {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acks_reach_the_broker_while_a_dead_letter_copy_is_blocked_by_an_alarm() {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
-    let topology = broker.classic_queue();
-    let (queue, dlq) = (
-        topology.queue().to_owned(),
-        topology.dead_letter_queue().to_owned(),
-    );
     // Publishing is done before the alarm, which blocks publishers.
-    broker.declare(&topology).await;
+    let t = Fixture::builder().declared().build().await;
     // Undecodable: dead-lettered at once. Valid, but its handler takes a while: it is acked
     // after the dead-letter copy was published.
-    broker
-        .send_bytes(
-            &queue,
-            b"{not json",
-            PublishOptions::default().message_id("m-bad"),
-        )
+    t.send_bytes(b"{not json", PublishOptions::default().message_id("m-bad"))
         .await;
-    broker
-        .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
+    t.send(&Msg::new("o-1", "x"), PublishOptions::default())
         .await;
 
     let alarm = MemoryAlarm::raise().await;
-    let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_millis(500));
-    let consumer = consumer_builder(&inbox, &unique("idem-alarm"))
-        .bind(topology, handler)
-        .start()
-        .await
-        .unwrap();
-    broker
+    let consumer = t
+        .start(t.recorder("billing").slow(Duration::from_millis(500)))
+        .await;
+    t.broker
         .eventually(
             "o-1 acked during the alarm",
             Duration::from_secs(20),
             || async { consumer.stats().acked == 1 },
         )
         .await;
-    assert_eq!(db.count(&effects, "1=1").await, 1);
+    assert_eq!(t.effects("1=1").await, 1);
     assert_eq!(
         consumer.stats().dead_lettered,
         0,
@@ -82,16 +66,16 @@ async fn acks_reach_the_broker_while_a_dead_letter_copy_is_blocked_by_an_alarm()
     );
 
     drop(alarm);
-    broker
+    t.broker
         .eventually(
             "dead-lettered once the alarm is cleared",
             Duration::from_secs(60),
             || async { consumer.stats().dead_lettered == 1 },
         )
         .await;
-    let letters = broker.drain(&dlq).await;
+    let letters = t.dead_letters().await;
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].reason(), "undecodable");
-    assert_eq!(broker.depth(&queue).await, 0);
+    assert_eq!(t.depth().await, 0);
     consumer.shutdown().await;
 }

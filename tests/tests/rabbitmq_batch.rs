@@ -8,14 +8,14 @@
 
 use std::time::Duration;
 
-use idem_rabbitmq::{Binding, ConfigError, Consumer, Error, PublishOptions, QueueTopology};
+use idem_rabbitmq::{Binding, ConfigError, Consumer, Error};
 use idem_runtime::sea_orm::{ConnectionTrait, Statement};
-use idem_runtime::{BatchChecks, BatchItem, Inbox, MessageKey, Metadata, Outcome};
-use idem_tests::rabbit::consumer_builder;
+use idem_runtime::{BatchChecks, BatchItem, MessageKey, Metadata, Outcome};
+use idem_tests::rabbit::with_id;
 use idem_tests::recorder::{PANICS_IN_FINGERPRINT, PANICS_IN_KEY};
 use idem_tests::script::{Script, another_database_that_is_down};
 use idem_tests::slicer::Slicer;
-use idem_tests::{Backend, Msg, Recorder, TestBroker, inbox_and_effects, on_each_backend, unique};
+use idem_tests::{Backend, Fixture, Msg, Recorder, on_each_backend};
 
 on_each_backend!(
     a_slicing_binding_settles_each_delivery_as_it_would_alone,
@@ -41,23 +41,14 @@ mod servers {
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn with_id(id: &str) -> PublishOptions {
-    PublishOptions::default().message_id(id)
-}
-
-async fn start_batching(
-    inbox: &Inbox,
-    topology: QueueTopology,
-    handler: Recorder,
-    checks: BatchChecks,
-) -> Consumer {
-    consumer_builder(inbox, &unique("idem-batch"))
+async fn start_batching(t: &Fixture, handler: Recorder, checks: BatchChecks) -> Consumer {
+    t.consumer()
         .prefetch(100)
         // A failed message waits a second to be requeued: long enough for later batches to
         // commit and acknowledge meanwhile.
         .retry_backoff(Duration::from_secs(1), Duration::from_secs(1))
         .bind_with(
-            Binding::new(topology, handler)
+            t.binding(handler)
                 .batch(25, Duration::from_millis(20))
                 .batch_checks(checks),
         )
@@ -75,38 +66,25 @@ async fn a_batching_binding_checked_before_commit_settles_the_same(backend: Back
 }
 
 async fn batching_binding(backend: Backend, checks: BatchChecks) {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(backend).await;
-    let topology = broker.classic_queue();
-    broker.declare(&topology).await;
-    let (queue, dlq) = (
-        topology.queue().to_owned(),
-        topology.dead_letter_queue().to_owned(),
-    );
+    let t = Fixture::builder().on(backend).declared().build().await;
     // 300 orders, every tenth a producer's retry of an earlier one; a payload that is not
     // JSON; a reused key with other content.
     let mut published = 0;
     for i in 0..300 {
         let order = if i % 10 == 9 { i - 4 } else { i };
         let id = format!("o-{order}");
-        broker
-            .send(&queue, &Msg::new(&id, "charge"), with_id(&id))
-            .await;
+        t.send(&Msg::new(&id, "charge"), with_id(&id)).await;
         published += 1;
     }
-    broker
-        .send_bytes(&queue, b"{not json", with_id("bad"))
-        .await;
-    broker
-        .send(&queue, &Msg::new("o-1", "charge 99"), with_id("o-1"))
-        .await;
+    t.send_bytes(b"{not json", with_id("bad")).await;
+    t.send(&Msg::new("o-1", "charge 99"), with_id("o-1")).await;
     published += 2;
-    let handler = Recorder::new(&db, &effects, "billing");
+    let handler = t.recorder("billing");
     // The first message processed fails once, after writing its effect.
     handler.fail_next(1);
-    let consumer = start_batching(&inbox, topology, handler.clone(), checks).await;
+    let consumer = start_batching(&t, handler.clone(), checks).await;
 
-    broker
+    t.broker
         .eventually("every delivery settled", WAIT, || async {
             let stats = consumer.stats();
             stats.acked + stats.duplicates + stats.dead_lettered == published
@@ -120,31 +98,20 @@ async fn batching_binding(backend: Backend, checks: BatchChecks) {
     assert!((1..=2).contains(&stats.requeued), "{stats:?}");
     // One effect per order: the failed first run rolled back alone, and its requeued delivery
     // was processed, not swallowed by a later batch's multiple ack.
-    assert_eq!(db.count(&effects, "1=1").await, 270);
+    assert_eq!(t.effects("1=1").await, 270);
     assert_eq!(handler.attempts().len(), 271);
-    let mut reasons: Vec<String> = broker
-        .drain(&dlq)
-        .await
-        .iter()
-        .map(|copy| copy.reason().to_owned())
-        .collect();
-    reasons.sort();
-    assert_eq!(reasons, ["fingerprint-mismatch", "undecodable"]);
-    assert_eq!(broker.depth(&queue).await, 0);
+    assert_eq!(
+        t.dead_letter_reasons().await,
+        ["fingerprint-mismatch", "undecodable"]
+    );
+    assert_eq!(t.depth().await, 0);
     consumer.shutdown().await;
 }
 
 /// A message whose key or fingerprint panics (user code, computed before any handler runs) is
 /// failed alone, as it would be one at a time; the rest of its batch is processed at once.
 async fn a_key_or_fingerprint_that_panics_fails_only_its_own_delivery(backend: Backend) {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(backend).await;
-    let topology = broker.classic_queue();
-    broker.declare(&topology).await;
-    let (queue, dlq) = (
-        topology.queue().to_owned(),
-        topology.dead_letter_queue().to_owned(),
-    );
+    let t = Fixture::builder().on(backend).declared().build().await;
     for i in 0..20 {
         let id = format!("o-{i}");
         let body = match i {
@@ -152,19 +119,21 @@ async fn a_key_or_fingerprint_that_panics_fails_only_its_own_delivery(backend: B
             12 => PANICS_IN_FINGERPRINT,
             _ => "charge",
         };
-        broker
-            .send(&queue, &Msg::new(&id, body), with_id(&id))
-            .await;
+        t.send(&Msg::new(&id, body), with_id(&id)).await;
     }
-    let handler = Recorder::new(&db, &effects, "billing");
-    let consumer = consumer_builder(&inbox, &unique("idem-batch"))
+    let handler = t.recorder("billing");
+    let consumer = t
+        .consumer()
         .prefetch(100)
         .max_deliveries(2)
-        .bind_with(Binding::new(topology, handler.clone()).batch(25, Duration::from_millis(50)))
+        .bind_with(
+            t.binding(handler.clone())
+                .batch(25, Duration::from_millis(50)),
+        )
         .start()
         .await
         .expect("consumer starts");
-    broker
+    t.broker
         .eventually("every delivery settled", WAIT, || async {
             let stats = consumer.stats();
             stats.acked + stats.dead_lettered == 20
@@ -174,30 +143,26 @@ async fn a_key_or_fingerprint_that_panics_fails_only_its_own_delivery(backend: B
     // Each panicking message was requeued once and then given up on; no other was requeued.
     assert_eq!((stats.acked, stats.dead_lettered), (18, 2), "{stats:?}");
     assert_eq!(stats.requeued, 2, "{stats:?}");
-    assert_eq!(db.count(&effects, "1=1").await, 18);
+    assert_eq!(t.effects("1=1").await, 18);
     assert_eq!(handler.attempts().len(), 18);
-    let reasons: Vec<String> = broker
-        .drain(&dlq)
-        .await
-        .iter()
-        .map(|copy| copy.reason().to_owned())
-        .collect();
-    assert_eq!(reasons, ["delivery-limit", "delivery-limit"]);
+    assert_eq!(
+        t.dead_letter_reasons().await,
+        ["delivery-limit", "delivery-limit"]
+    );
     consumer.shutdown().await;
 }
 
 /// A binding runs at most two batches at once by default (one handler each at a time), and as
 /// many as it says.
 async fn a_binding_has_at_most_its_batches_in_flight(backend: Backend) {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    let t = Fixture::builder().on(backend).build().await;
     // SQLite writes one transaction at a time: a consumer's batches take turns there.
     let two = if backend == Backend::Sqlite { 1 } else { 2 };
     for (batches, expected) in [(None, two), (Some(1), 1)] {
-        let topology = broker.classic_queue();
-        broker.declare(&topology).await;
+        let topology = t.broker.classic_queue();
+        t.broker.declare(&topology).await;
         let queue = topology.queue().to_owned();
-        let handler = Recorder::new(&db, &effects, "billing").slow(Duration::from_millis(20));
+        let handler = t.recorder("billing").slow(Duration::from_millis(20));
         let mut binding =
             Binding::new(topology, handler.clone()).batch(5, Duration::from_millis(20));
         if let Some(batches) = batches {
@@ -206,17 +171,18 @@ async fn a_binding_has_at_most_its_batches_in_flight(backend: Backend) {
         // Every delivery ready at the start: the batches could all run at once.
         for i in 0..60 {
             let id = format!("o-{batches:?}-{i}");
-            broker
+            t.broker
                 .send(&queue, &Msg::new(&id, "charge"), with_id(&id))
                 .await;
         }
-        let consumer = consumer_builder(&inbox, &unique("idem-batch"))
+        let consumer = t
+            .consumer()
             .prefetch(100)
             .bind_with(binding)
             .start()
             .await
             .expect("consumer starts");
-        broker
+        t.broker
             .eventually("every delivery acked", WAIT, || async {
                 consumer.stats().acked == 60
             })
@@ -228,21 +194,17 @@ async fn a_binding_has_at_most_its_batches_in_flight(backend: Backend) {
         );
         consumer.shutdown().await;
     }
-    assert_eq!(db.count(&effects, "1=1").await, 120);
+    assert_eq!(t.effects("1=1").await, 120);
 }
 
 async fn a_crash_between_commit_and_ack_is_replayed_as_duplicates(backend: Backend) {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(backend).await;
-    let topology = broker.classic_queue();
-    broker.declare(&topology).await;
-    let queue = topology.queue().to_owned();
-    let handler = Recorder::new(&db, &effects, "billing");
+    let t = Fixture::builder().on(backend).declared().build().await;
+    let handler = t.recorder("billing");
     let orders: Vec<Msg> = (0..60)
         .map(|i| Msg::new(format!("o-{i}"), "charge"))
         .collect();
     for order in &orders {
-        broker.send(&queue, order, with_id(&order.id)).await;
+        t.send(order, with_id(&order.id)).await;
     }
     // A consumer that committed the batch and died before acknowledging it: the broker still
     // holds every delivery.
@@ -254,34 +216,32 @@ async fn a_crash_between_commit_and_ack_is_replayed_as_duplicates(backend: Backe
             metadata: Metadata::default(),
         })
         .collect();
-    let committed = inbox.process_batch(&handler, items).await;
+    let committed = t.inbox.process_batch(&handler, items).await;
     assert!(
         committed
             .iter()
             .all(|r| matches!(r, Ok(Outcome::Processed(_))))
     );
 
-    let consumer =
-        start_batching(&inbox, topology, handler.clone(), BatchChecks::EachMessage).await;
-    broker
+    let consumer = start_batching(&t, handler.clone(), BatchChecks::EachMessage).await;
+    t.broker
         .eventually("the redeliveries acknowledged", WAIT, || async {
             consumer.stats().duplicates == 60
         })
         .await;
     assert_eq!(consumer.stats().acked, 0);
     assert_eq!(handler.attempts().len(), 60, "no handler ran again");
-    assert_eq!(db.count(&effects, "1=1").await, 60);
-    assert_eq!(broker.depth(&queue).await, 0);
+    assert_eq!(t.effects("1=1").await, 60);
+    assert_eq!(t.depth().await, 0);
     consumer.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batch_settings_that_cannot_work_are_refused_at_start() {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(Backend::Sqlite).await;
-    let handler = Recorder::new(&db, &effects, "billing");
+    let t = Fixture::builder().on(Backend::Sqlite).build().await;
+    let handler = t.recorder("billing");
     let refused = |binding| async {
-        consumer_builder(&inbox, &unique("idem-batch"))
+        t.consumer()
             .bind_with(binding)
             .start()
             .await
@@ -289,7 +249,7 @@ async fn batch_settings_that_cannot_work_are_refused_at_start() {
     };
     let two_phase = handler.clone().two_phase(Duration::from_secs(5));
     let error = refused(
-        Binding::new(broker.classic_queue(), two_phase).batch(10, Duration::from_millis(5)),
+        Binding::new(t.broker.classic_queue(), two_phase).batch(10, Duration::from_millis(5)),
     )
     .await;
     assert!(
@@ -298,14 +258,14 @@ async fn batch_settings_that_cannot_work_are_refused_at_start() {
     );
     assert!(error.to_string().contains("without `batch`"), "{error}");
     let error =
-        refused(Binding::new(broker.classic_queue(), handler.clone()).batch(0, Duration::ZERO))
+        refused(Binding::new(t.broker.classic_queue(), handler.clone()).batch(0, Duration::ZERO))
             .await;
     assert!(
         matches!(error, Error::Config(ConfigError::Zero(_))),
         "{error:?}"
     );
     let error =
-        refused(Binding::new(broker.classic_queue(), handler).batch(5000, Duration::ZERO)).await;
+        refused(Binding::new(t.broker.classic_queue(), handler).batch(5000, Duration::ZERO)).await;
     assert!(
         matches!(
             error,
@@ -315,15 +275,15 @@ async fn batch_settings_that_cannot_work_are_refused_at_start() {
     );
 }
 
-/// A consumer binding `handler` in batches of five, quick to requeue, giving a message up at its
-/// second failed delivery.
-async fn start_quick_batches(inbox: &Inbox, topology: QueueTopology, handler: Script) -> Consumer {
-    consumer_builder(inbox, &unique("idem-batch"))
+/// A consumer binding `handler` to the fixture's queue in batches of five, quick to requeue,
+/// giving a message up at its second failed delivery.
+async fn start_quick_batches(t: &Fixture, handler: Script) -> Consumer {
+    t.consumer()
         .prefetch(50)
         .max_deliveries(2)
         .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
         .without_cleaner()
-        .bind_with(Binding::new(topology, handler).batch(5, Duration::from_millis(20)))
+        .bind_with(t.binding(handler).batch(5, Duration::from_millis(20)))
         .start()
         .await
         .expect("consumer starts")
@@ -336,9 +296,8 @@ async fn start_quick_batches(inbox: &Inbox, topology: QueueTopology, handler: Sc
 /// processed once. (The keys' claims are refused with the server's read-only error by a
 /// trigger.)
 async fn a_batching_consumer_never_counts_a_database_that_takes_no_writes(backend: Backend) {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(backend).await;
-    let table = inbox.table().as_str().to_owned();
+    let t = Fixture::builder().on(backend).declared().build().await;
+    let table = t.inbox.table().as_str().to_owned();
     let refuse = match backend {
         Backend::Postgres => vec![
             format!(
@@ -359,31 +318,28 @@ async fn a_batching_consumer_never_counts_a_database_that_takes_no_writes(backen
         )],
     };
     for sql in &refuse {
-        db.exec(sql).await;
+        t.db.exec(sql).await;
     }
-    let (read_only, healthy) = (broker.classic_queue(), broker.classic_queue());
-    broker.declare(&read_only).await;
-    broker.declare(&healthy).await;
-    let (queue, others, dlq) = (
-        read_only.queue().to_owned(),
-        healthy.queue().to_owned(),
-        read_only.dead_letter_queue().to_owned(),
-    );
+    // The fixture's queue takes the keys the database refuses; another one, the others.
+    let (read_only, healthy) = (t.topology.clone(), t.broker.classic_queue());
+    t.broker.declare(&healthy).await;
+    let others = healthy.queue().to_owned();
     for i in 0..5 {
         let id = format!("ro-{i}");
-        broker
-            .send(&queue, &Msg::new(&id, "ok"), with_id(&id))
-            .await;
+        t.send(&Msg::new(&id, "ok"), with_id(&id)).await;
     }
-    let consumer = consumer_builder(&inbox, &unique("idem-batch"))
+    let consumer = t
+        .consumer()
         .prefetch(50)
         .max_deliveries(2)
         .retry_backoff(Duration::from_millis(20), Duration::from_millis(100))
         .without_cleaner()
         .bind_with(
-            Binding::new(read_only, Script::new(&effects)).batch(5, Duration::from_millis(20)),
+            Binding::new(read_only, Script::new(&t.effects)).batch(5, Duration::from_millis(20)),
         )
-        .bind_with(Binding::new(healthy, Script::new(&effects)).batch(5, Duration::from_millis(5)))
+        .bind_with(
+            Binding::new(healthy, Script::new(&t.effects)).batch(5, Duration::from_millis(5)),
+        )
         .start()
         .await
         .expect("consumer starts");
@@ -392,7 +348,7 @@ async fn a_batching_consumer_never_counts_a_database_that_takes_no_writes(backen
     while consumer.stats().requeued < 25 {
         assert!(sent < 2000, "requeued {:?}", consumer.stats());
         let id = format!("ok-{sent}");
-        broker
+        t.broker
             .send(&others, &Msg::new(&id, "ok"), with_id(&id))
             .await;
         sent += 1;
@@ -403,15 +359,15 @@ async fn a_batching_consumer_never_counts_a_database_that_takes_no_writes(backen
         Backend::Postgres => format!("DROP FUNCTION {table}_ro() CASCADE"),
         _ => format!("DROP TRIGGER {table}_ro"),
     };
-    db.exec(&drop).await;
-    broker
+    t.db.exec(&drop).await;
+    t.broker
         .eventually("every delivery acked", WAIT, || async {
             consumer.stats().acked == sent + 5
         })
         .await;
     assert_eq!(consumer.stats().dead_lettered, 0);
-    assert_eq!(db.count(&effects, "message_key LIKE 'ro-%'").await, 5);
-    assert!(broker.drain(&dlq).await.is_empty());
+    assert_eq!(t.effects("message_key LIKE 'ro-%'").await, 5);
+    assert!(t.dead_letters().await.is_empty());
     consumer.shutdown().await;
 }
 
@@ -419,46 +375,43 @@ async fn a_batching_consumer_never_counts_a_database_that_takes_no_writes(backen
 /// down) is requeued without counting, as it would be alone; the other messages of its batches
 /// are acknowledged at once, and it is processed once that database is back.
 async fn a_handler_whose_own_database_is_down_holds_up_no_other_delivery(backend: Backend) {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(backend).await;
+    let t = Fixture::builder().on(backend).declared().build().await;
     let (other, proxy) = another_database_that_is_down().await;
-    let handler = Script::new(&effects).reading(other);
-    let topology = broker.classic_queue();
-    broker.declare(&topology).await;
-    let (queue, dlq) = (
-        topology.queue().to_owned(),
-        topology.dead_letter_queue().to_owned(),
-    );
+    let handler = Script::new(&t.effects).reading(other);
     for (id, body) in [("a", "ok"), ("b", "ok"), ("p", "other-db"), ("c", "ok")] {
-        broker.send(&queue, &Msg::new(id, body), with_id(id)).await;
+        t.send(&Msg::new(id, body), with_id(id)).await;
     }
     // Requeued messages come back after three seconds: the others are committed long before p
     // is delivered again, with the batch that held p (they would have been requeued with p, had
     // p's outage been the batch's).
-    let consumer = consumer_builder(&inbox, &unique("idem-batch"))
+    let consumer = t
+        .consumer()
         .prefetch(50)
         .retry_backoff(Duration::from_secs(3), Duration::from_secs(3))
         .without_cleaner()
-        .bind_with(Binding::new(topology, handler.clone()).batch(5, Duration::from_millis(50)))
+        .bind_with(
+            t.binding(handler.clone())
+                .batch(5, Duration::from_millis(50)),
+        )
         .start()
         .await
         .expect("consumer starts");
-    broker
+    t.broker
         .eventually(
             "the others committed before p is back",
             Duration::from_secs(2),
-            || async { db.count(&effects, "1=1").await == 3 },
+            || async { t.effects("1=1").await == 3 },
         )
         .await;
-    assert_eq!(db.count(&effects, "message_key = 'p'").await, 0);
+    assert_eq!(t.effects("message_key = 'p'").await, 0);
     proxy.restore();
-    broker
+    t.broker
         .eventually("p acked once its database is back", WAIT, || async {
             consumer.stats().acked == 4
         })
         .await;
-    assert_eq!(db.count(&effects, "1=1").await, 4);
-    assert!(broker.drain(&dlq).await.is_empty());
+    assert_eq!(t.effects("1=1").await, 4);
+    assert!(t.dead_letters().await.is_empty());
     consumer.shutdown().await;
 }
 
@@ -466,30 +419,23 @@ async fn a_handler_whose_own_database_is_down_holds_up_no_other_delivery(backend
 /// sends it: its delivery is dead-lettered as `output-not-storable`, and the others of its batch
 /// are acknowledged.
 async fn an_output_larger_than_a_packet_is_dead_lettered_alone(backend: Backend) {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(backend).await;
-    let row = db
-        .db
-        .query_one_raw(Statement::from_string(
-            db.db.get_database_backend(),
-            "SELECT CAST(@@max_allowed_packet AS SIGNED)",
-        ))
-        .await
-        .unwrap()
-        .unwrap();
+    let t = Fixture::builder().on(backend).declared().build().await;
+    let row =
+        t.db.db
+            .query_one_raw(Statement::from_string(
+                t.db.db.get_database_backend(),
+                "SELECT CAST(@@max_allowed_packet AS SIGNED)",
+            ))
+            .await
+            .unwrap()
+            .unwrap();
     let packet = usize::try_from(row.try_get_by_index::<i64>(0).unwrap()).unwrap();
-    let handler = Script::new(&effects).with_huge_outputs(packet + (1 << 20));
-    let topology = broker.classic_queue();
-    broker.declare(&topology).await;
-    let (queue, dlq) = (
-        topology.queue().to_owned(),
-        topology.dead_letter_queue().to_owned(),
-    );
+    let handler = Script::new(&t.effects).with_huge_outputs(packet + (1 << 20));
     for (id, body) in [("a", "ok"), ("big", "huge"), ("b", "ok")] {
-        broker.send(&queue, &Msg::new(id, body), with_id(id)).await;
+        t.send(&Msg::new(id, body), with_id(id)).await;
     }
-    let consumer = start_quick_batches(&inbox, topology, handler).await;
-    broker
+    let consumer = start_quick_batches(&t, handler).await;
+    t.broker
         .eventually("every delivery settled", WAIT, || async {
             let stats = consumer.stats();
             stats.acked + stats.dead_lettered == 3
@@ -497,14 +443,8 @@ async fn an_output_larger_than_a_packet_is_dead_lettered_alone(backend: Backend)
         .await;
     let stats = consumer.stats();
     assert_eq!((stats.acked, stats.dead_lettered), (2, 1), "{stats:?}");
-    let reasons: Vec<String> = broker
-        .drain(&dlq)
-        .await
-        .iter()
-        .map(|copy| copy.reason().to_owned())
-        .collect();
-    assert_eq!(reasons, ["output-not-storable"]);
-    assert_eq!(db.count(&effects, "1=1").await, 2);
+    assert_eq!(t.dead_letter_reasons().await, ["output-not-storable"]);
+    assert_eq!(t.effects("1=1").await, 2);
     consumer.shutdown().await;
 }
 
@@ -512,44 +452,33 @@ async fn an_output_larger_than_a_packet_is_dead_lettered_alone(backend: Backend)
 /// slice holds (a producer's retries, a payload that is not JSON, a reused key, a message that
 /// always fails).
 async fn a_slicing_binding_settles_each_delivery_as_it_would_alone(backend: Backend) {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(backend).await;
-    let topology = broker.classic_queue();
-    broker.declare(&topology).await;
-    let (queue, dlq) = (
-        topology.queue().to_owned(),
-        topology.dead_letter_queue().to_owned(),
-    );
+    let t = Fixture::builder().on(backend).declared().build().await;
     let mut published = 0;
     for i in 0..110 {
         // Every eleventh a producer's retry of an earlier order.
         let order = if i % 11 == 10 { i - 5 } else { i };
         let id = format!("o-{order}");
-        broker
-            .send(&queue, &Msg::new(&id, "charge"), with_id(&id))
-            .await;
+        t.send(&Msg::new(&id, "charge"), with_id(&id)).await;
         published += 1;
     }
-    broker
-        .send_bytes(&queue, b"{not json", with_id("bad"))
-        .await;
-    broker
-        .send(&queue, &Msg::new("o-1", "charge 99"), with_id("o-1"))
-        .await;
-    broker
-        .send(&queue, &Msg::new("f-1", "fail"), with_id("f-1"))
-        .await;
+    t.send_bytes(b"{not json", with_id("bad")).await;
+    t.send(&Msg::new("o-1", "charge 99"), with_id("o-1")).await;
+    t.send(&Msg::new("f-1", "fail"), with_id("f-1")).await;
     published += 3;
-    let slicer = Slicer::new(&effects);
-    let consumer = consumer_builder(&inbox, &unique("idem-slices"))
+    let slicer = Slicer::new(&t.effects);
+    let consumer = t
+        .consumer()
         .prefetch(100)
         .max_deliveries(3)
         .retry_backoff(Duration::from_millis(50), Duration::from_millis(200))
-        .bind_with(Binding::new(topology, slicer.clone()).slices(25, Duration::from_millis(20)))
+        .bind_with(
+            t.binding(slicer.clone())
+                .slices(25, Duration::from_millis(20)),
+        )
         .start()
         .await
         .expect("consumer starts");
-    broker
+    t.broker
         .eventually("every delivery settled", WAIT, || async {
             let stats = consumer.stats();
             stats.acked + stats.duplicates + stats.dead_lettered == published
@@ -559,20 +488,13 @@ async fn a_slicing_binding_settles_each_delivery_as_it_would_alone(backend: Back
     assert_eq!(stats.acked, 100, "{stats:?}");
     assert_eq!(stats.duplicates, 10, "{stats:?}");
     assert_eq!(stats.dead_lettered, 3, "{stats:?}");
-    assert_eq!(db.count(&effects, "1=1").await, 100);
+    assert_eq!(t.effects("1=1").await, 100);
     // Slices: far fewer calls than messages.
     assert!(slicer.calls().len() < 60, "{} calls", slicer.calls().len());
-    let mut reasons: Vec<String> = broker
-        .drain(&dlq)
-        .await
-        .iter()
-        .map(|copy| copy.reason().to_owned())
-        .collect();
-    reasons.sort();
     assert_eq!(
-        reasons,
+        t.dead_letter_reasons().await,
         ["delivery-limit", "fingerprint-mismatch", "undecodable"]
     );
-    assert_eq!(broker.depth(&queue).await, 0);
+    assert_eq!(t.depth().await, 0);
     consumer.shutdown().await;
 }

@@ -14,18 +14,16 @@ use std::time::Duration;
 use idem_rabbitmq::{PublishOptions, Relay};
 use idem_runtime::{Outbox, OutboxMessage};
 use idem_tests::rabbit::{amqp_url, consumer_builder, rabbitmqctl};
-use idem_tests::{Backend, Msg, Recorder, TestBroker, inbox_and_effects, unique};
+use idem_tests::{Fixture, Msg, TestBroker, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
-    let broker = TestBroker::connect().await;
-    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
-    let topology = broker.classic_queue();
-    let queue = topology.queue().to_owned();
+    let t = Fixture::new().await;
+    let queue = t.queue.as_str();
     // The broker goes away while the handler runs, before it returns: its transaction commits,
     // its ack is lost.
     let stopped = Arc::new(AtomicBool::new(false));
-    let handler = Recorder::new(&db, &effects, "billing").after_first_effect({
+    let handler = t.recorder("billing").after_first_effect({
         let stopped = Arc::clone(&stopped);
         move || {
             let stopped = Arc::clone(&stopped);
@@ -35,20 +33,20 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
             }
         }
     });
-    let consumer = consumer_builder(&inbox, &unique("idem-restart"))
+    let consumer = consumer_builder(&t.inbox, &unique("idem-restart"))
         // Shorter than the outage: the consumer replaces the connection itself rather than wait
         // for lapin's recovery, which can wait forever after a broker restart.
         .recovery_timeout(Duration::from_secs(1))
         .reconnect_delay(Duration::from_millis(500))
-        .bind(topology, handler.clone())
+        .bind(t.topology.clone(), handler.clone())
         .start()
         .await
         .unwrap();
     // A relay beside it, publishing to a queue of its own through the default exchange.
-    let events = broker.classic_queue();
-    broker.declare(&events).await;
-    let outbox = Outbox::builder(db.db.clone())
-        .table(db.table("outbox"))
+    let events = t.broker.classic_queue();
+    t.broker.declare(&events).await;
+    let outbox = Outbox::builder(t.db.db.clone())
+        .table(t.db.table("outbox"))
         .build()
         .await
         .unwrap();
@@ -59,8 +57,7 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
         .await
         .unwrap();
 
-    broker
-        .send(&queue, &Msg::new("o-1", "x"), PublishOptions::default())
+    t.send(&Msg::new("o-1", "x"), PublishOptions::default())
         .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !stopped.load(Ordering::SeqCst) {
@@ -74,7 +71,7 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
     let staged: Vec<String> = (0..5).map(|i| format!("event-{i}")).collect();
     for id in &staged {
         let event = OutboxMessage::new("", events.queue(), id.clone().into_bytes()).message_id(id);
-        outbox.stage(&db.db, event).await.unwrap();
+        outbox.stage(&t.db.db, event).await.unwrap();
     }
     outbox.notify_staged();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -90,17 +87,17 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
         )
         .await;
     after
-        .send(&queue, &Msg::new("o-2", "y"), PublishOptions::default())
+        .send(queue, &Msg::new("o-2", "y"), PublishOptions::default())
         .await;
     after
         .eventually(
             "a new message processed after the restart",
             Duration::from_secs(60),
-            || async { db.count(&effects, "1=1").await == 2 },
+            || async { t.effects("1=1").await == 2 },
         )
         .await;
-    assert_eq!(db.count(&effects, "message_key = 'o-1'").await, 1);
-    assert_eq!(after.depth(&queue).await, 0);
+    assert_eq!(t.effects("message_key = 'o-1'").await, 1);
+    assert_eq!(after.depth(queue).await, 0);
     let stats = consumer.stats();
     assert!(stats.reconnections >= 1, "{stats:?}");
     assert!(stats.settle_lost >= 1, "the first ack was lost: {stats:?}");
@@ -123,5 +120,5 @@ async fn consumer_survives_a_broker_restart_with_a_message_in_flight() {
     assert_eq!(published, staged, "every staged event, each once");
     relay.shutdown().await;
     drop(after);
-    drop(broker);
+    drop(t);
 }

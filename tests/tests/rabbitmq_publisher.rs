@@ -1,0 +1,113 @@
+//! The RabbitMQ adapter's publisher against the real broker on 127.0.0.1:5672: the message ids
+//! it gives or keeps, a message no queue takes, and a publish the broker refuses, retried with the
+//! same id. Each test makes its own queues.
+//!
+//! Run: `cargo test -p idem-tests --test rabbitmq_publisher` with RabbitMQ up (see README).
+
+use std::time::Duration;
+
+use idem_rabbitmq::{PublishOptions, QueueTopology};
+use idem_tests::rabbit::{amqp_url, setup_channel, with_id};
+use idem_tests::{Backend, Fixture, Msg, TestBroker, unique};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publisher_ids_and_unroutable_messages() {
+    let t = Fixture::builder()
+        .on(Backend::Sqlite)
+        .declared()
+        .build()
+        .await;
+
+    let generated = t.send(&Msg::new("a", "b"), PublishOptions::default()).await;
+    let parsed = uuid::Uuid::parse_str(&generated).expect("a UUID");
+    assert_eq!(parsed.get_version_num(), 7);
+    let chosen = t.send(&Msg::new("a", "b"), with_id("mine")).await;
+    assert_eq!(chosen, "mine");
+    let letters = t.broker.drain(&t.queue).await;
+    let ids: Vec<_> = letters
+        .iter()
+        .map(|l| l.message_id.clone().unwrap())
+        .collect();
+    assert_eq!(ids, vec![generated, chosen]);
+
+    let unroutable = t
+        .broker
+        .publisher
+        .publish(
+            "",
+            &unique("no_such_queue"),
+            &Msg::new("a", "b"),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(unroutable, idem_rabbitmq::Error::Unroutable { .. }),
+        "{unroutable:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_publish_is_retried_with_the_same_message_id() {
+    use idem_rabbitmq::lapin::options::{QueueDeclareOptions, QueuePurgeOptions};
+    use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+
+    let broker = TestBroker::connect().await;
+    let channel = setup_channel().await;
+    // A queue that holds one message and refuses (nacks) publishes beyond it.
+    let queue = unique("idem_full");
+    broker.track(QueueTopology::classic(queue.clone()));
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), options, arguments)
+        .await
+        .unwrap();
+    broker
+        .send(&queue, &Msg::new("blocker", "x"), PublishOptions::default())
+        .await;
+
+    let publisher = idem_rabbitmq::Publisher::connect(amqp_url().as_str())
+        .await
+        .unwrap()
+        .with_max_attempts(3);
+    let refused = publisher
+        .publish("", &queue, &Msg::new("o-1", "x"), with_id("m-1"))
+        .await;
+    assert!(
+        matches!(&refused, Err(idem_rabbitmq::Error::NotConfirmed { attempts: 3, last, .. }) if last.contains("refused")),
+        "{refused:?}"
+    );
+
+    // Room appears while the publisher is retrying: a later attempt is confirmed, with the id
+    // the caller gave.
+    let purge = {
+        let channel = channel.clone();
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            channel
+                .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+                .await
+                .unwrap();
+        })
+    };
+    let accepted = publisher
+        .publish("", &queue, &Msg::new("o-2", "x"), with_id("m-2"))
+        .await
+        .expect("confirmed after a retry");
+    purge.await.unwrap();
+    assert_eq!(accepted, "m-2");
+    let stored = broker.drain(&queue).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].message_id.as_deref(), Some("m-2"));
+    publisher.close().await;
+}
