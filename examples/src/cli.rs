@@ -46,15 +46,18 @@ pub fn parse_count(value: &str) -> Result<usize, String> {
     }
 }
 
-/// Parses a batch size: a count from 1 to [`idem_runtime::MAX_BATCH`].
+/// Parses a batch size: a count from 1 to [`idem_runtime::transport::MAX_BATCH`].
 ///
 /// # Errors
 ///
 /// A value that is not a whole number in that range.
 pub fn parse_batch(value: &str) -> Result<usize, String> {
     match parse_count(value)? {
-        size if size <= idem_runtime::MAX_BATCH => Ok(size),
-        _ => Err(format!("must be at most {}", idem_runtime::MAX_BATCH)),
+        size if size <= idem_runtime::transport::MAX_BATCH => Ok(size),
+        _ => Err(format!(
+            "must be at most {}",
+            idem_runtime::transport::MAX_BATCH
+        )),
     }
 }
 
@@ -150,7 +153,7 @@ mod tests {
     #[test]
     fn batches_stay_within_the_runtime_maximum() {
         assert_eq!(parse_batch("1"), Ok(1));
-        let max = idem_runtime::MAX_BATCH;
+        let max = idem_runtime::transport::MAX_BATCH;
         assert_eq!(parse_batch(&max.to_string()), Ok(max));
         assert!(parse_batch(&(max + 1).to_string()).is_err());
         assert!(parse_batch("0").is_err());

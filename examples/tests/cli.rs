@@ -110,7 +110,7 @@ fn billing_help_lists_the_options_and_their_variables() {
         "[env: BILLING_BATCH=]",
         "[env: BILLING_TRUST_HANDLERS=]",
         "[env: BILLING_SLICES=]",
-        &format!("from 1 to {}", idem_runtime::MAX_BATCH),
+        &format!("from 1 to {}", idem_runtime::transport::MAX_BATCH),
     ] {
         assert!(help.contains(expected), "no {expected:?} in:\n{help}");
     }
@@ -173,7 +173,7 @@ fn an_unknown_option_is_refused() {
 
 #[test]
 fn batch_sizes_outside_the_runtime_range_are_refused_from_the_environment() {
-    let too_big = (idem_runtime::MAX_BATCH + 1).to_string();
+    let too_big = (idem_runtime::transport::MAX_BATCH + 1).to_string();
     for bad in ["0", too_big.as_str(), "ten", "-1"] {
         assert_refused(&run(BILLING, &[], &[("BILLING_BATCH", bad)]), "--batch");
     }

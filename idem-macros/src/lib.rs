@@ -414,7 +414,7 @@ use proc_macro::TokenStream;
 /// `&E`, the report's own type.
 ///
 /// ```
-/// # use idem_runtime::{BoxError, Handler, Report, idempotent};
+/// # use idem_runtime::{Handler, Report, idempotent, transport::BoxError};
 /// # #[derive(serde::Serialize)] struct Order { id: String }
 /// #[derive(Debug, thiserror::Error)]
 /// #[error("card declined")]

@@ -82,18 +82,18 @@ pub enum Error {
     /// The inbox refused a handler or its configuration.
     #[error(transparent)]
     Inbox(#[from] idem_runtime::Error),
-    /// A setting cannot work.
-    #[error("invalid configuration: {0}")]
-    Config(#[from] ConfigError),
+    /// Settings that cannot work: every one found, not only the first.
+    #[error("invalid configuration: {}", join(.0))]
+    Settings(Vec<SettingError>),
     /// In-flight handlers did not finish within the shutdown deadline.
     #[error("{0} handlers were still running at the shutdown deadline of {1:?}")]
     ShutdownTimeout(usize, Duration),
 }
 
-/// A consumer or topology setting that cannot work, refused at start.
+/// A consumer, relay or topology setting that cannot work, refused at start.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum SettingError {
     /// The consumer has nothing to consume.
     #[error("no handler is bound to a queue")]
     NoBinding,
@@ -164,7 +164,27 @@ pub enum ConfigError {
     },
 }
 
+impl From<SettingError> for Error {
+    fn from(problem: SettingError) -> Self {
+        Error::Settings(vec![problem])
+    }
+}
+
+/// The problems of [`Error::Settings`], one after the other.
+fn join(problems: &[SettingError]) -> String {
+    let texts: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    texts.join("; ")
+}
+
 impl Error {
+    /// The settings refused at start ([`Error::Settings`]); empty for every other error.
+    pub fn settings(&self) -> &[SettingError] {
+        match self {
+            Error::Settings(problems) => problems,
+            _ => &[],
+        }
+    }
+
     pub(crate) fn amqp(operation: impl Into<String>) -> impl FnOnce(lapin::Error) -> Error {
         let operation = operation.into();
         move |source| Error::Amqp { operation, source }

@@ -62,7 +62,7 @@ mod connect;
 mod consumer;
 mod error;
 mod metadata;
-mod metric_names;
+pub mod metrics;
 mod publisher;
 mod queue_kind;
 mod relay;
@@ -76,13 +76,9 @@ pub use consumer::{
     Binding, Consumer, ConsumerBuilder, ConsumerStats, DEFAULT_BATCHES_IN_FLIGHT, ShutdownHandle,
     ShutdownReport, headers,
 };
-pub use error::{ConfigError, Error, Result};
+pub use error::{Error, Result, SettingError};
 pub use metadata::metadata_of;
-pub use metric_names::{
-    DELIVERIES_TOTAL, OUTBOX_PENDING_AGE_SECONDS, OUTBOX_PUBLISH_FAILURES_TOTAL,
-    OUTBOX_PUBLISHED_TOTAL,
-};
-pub use publisher::{PublishOptions, Publisher};
+pub use publisher::{PublishOptions, Publisher, PublisherBuilder};
 pub use queue_kind::QueueKind;
 pub use relay::{MAX_RELAY_BATCH, Relay, RelayBuilder, RelayHandle, RelayStats};
 pub use topology::{ExchangeBinding, QueueTopology};

@@ -1,7 +1,7 @@
 //! What a delivery tells the inbox: message id, correlation id, headers and CloudEvents
 //! attributes.
 
-use idem_runtime::{CloudEvent, Metadata};
+use idem_runtime::{Metadata, transport::CloudEvent};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::delivery::Backoff;
+use idem_runtime::transport::Backoff;
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Connection, ExchangeKind};
@@ -11,7 +11,7 @@ use tokio::sync::Mutex;
 
 use crate::confirm::{ConfirmChannel, NotTaken, confirm_channel};
 use crate::connect::connect;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SettingError};
 use crate::url::AmqpUrl;
 
 /// The waits between tries of a publish: 100 ms, doubling, at most 1.6 s.
@@ -111,29 +111,77 @@ pub struct Publisher {
     max_attempts: u32,
 }
 
-impl Publisher {
-    /// Connects (with lapin's automatic recovery) and opens a channel in confirm mode.
-    pub async fn connect(url: impl Into<AmqpUrl>) -> Result<Self> {
-        let connection = connect(&url.into(), "idem publisher").await?;
-        let channel = confirm_channel(&connection).await?;
-        Ok(Self {
-            connection,
-            channel: Mutex::new(ConfirmChannel::new(channel)),
-            confirm_timeout: Duration::from_secs(10),
-            max_attempts: 5,
-        })
+/// Configures a [`Publisher`]; [`PublisherBuilder::connect`] refuses settings that cannot work.
+#[derive(Debug, Clone)]
+pub struct PublisherBuilder {
+    url: AmqpUrl,
+    connection_name: String,
+    confirm_timeout: Duration,
+    max_attempts: u32,
+}
+
+impl PublisherBuilder {
+    /// The name the connection shows on the broker (default `idem publisher`).
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
     }
 
     /// How long to wait for the broker's confirm before publishing again (default 10 s).
-    pub fn with_confirm_timeout(mut self, timeout: Duration) -> Self {
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
         self
     }
 
     /// How many times a message is published before giving up (default 5).
-    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
         self
+    }
+
+    /// Connects (with lapin's automatic recovery) and opens a channel in confirm mode.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Settings`] naming every setting that is zero, or the broker's error.
+    pub async fn connect(self) -> Result<Publisher> {
+        let zeros = [
+            ("the confirm timeout", self.confirm_timeout.is_zero()),
+            ("max_attempts", self.max_attempts == 0),
+        ];
+        let problems: Vec<SettingError> = zeros
+            .into_iter()
+            .filter(|(_, zero)| *zero)
+            .map(|(what, _)| SettingError::Zero(what))
+            .collect();
+        if !problems.is_empty() {
+            return Err(Error::Settings(problems));
+        }
+        let connection = connect(&self.url, &self.connection_name).await?;
+        let channel = confirm_channel(&connection).await?;
+        Ok(Publisher {
+            connection,
+            channel: Mutex::new(ConfirmChannel::new(channel)),
+            confirm_timeout: self.confirm_timeout,
+            max_attempts: self.max_attempts,
+        })
+    }
+}
+
+impl Publisher {
+    /// A publisher of the broker at `url`, to configure.
+    pub fn builder(url: impl Into<AmqpUrl>) -> PublisherBuilder {
+        PublisherBuilder {
+            url: url.into(),
+            connection_name: "idem publisher".to_owned(),
+            confirm_timeout: Duration::from_secs(10),
+            max_attempts: 5,
+        }
+    }
+
+    /// Connects with the default settings: `Publisher::builder(url).connect()`.
+    pub async fn connect(url: impl Into<AmqpUrl>) -> Result<Self> {
+        Self::builder(url).connect().await
     }
 
     /// Declares a durable exchange of `kind` (a no-op if it exists with the same type), for a

@@ -8,7 +8,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPHardError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
-use crate::error::{ConfigError, Error, Result};
+use crate::error::{Error, Result, SettingError};
 use crate::queue_kind::QueueKind;
 use crate::url::AmqpUrl;
 
@@ -242,7 +242,7 @@ impl QueueTopology {
         if self.dead_letter_exchange.is_empty() {
             // The default exchange would route a dead-letter copy by its routing key, back to
             // the work queue.
-            return Err(ConfigError::NoDeadLetterExchange {
+            return Err(SettingError::NoDeadLetterExchange {
                 queue: self.queue.clone(),
             }
             .into());
@@ -416,7 +416,7 @@ impl QueueTopology {
             Err(error) => return Err(error),
         };
         match self.kind {
-            Some(stated) if stated != broker => Err(ConfigError::QueueKindMismatch {
+            Some(stated) if stated != broker => Err(SettingError::QueueKindMismatch {
                 queue: self.queue.clone(),
                 broker,
                 stated,

@@ -562,15 +562,15 @@ mod tests {
             <Probe<std::fmt::Error>>::IS_REPORT,
         );
         const BOXED: (bool, bool) = (
-            <Probe<crate::BoxError>>::IS_STD_ERROR,
-            <Probe<crate::BoxError>>::IS_REPORT,
+            <Probe<crate::transport::BoxError>>::IS_STD_ERROR,
+            <Probe<crate::transport::BoxError>>::IS_REPORT,
         );
         const NEITHER: (bool, bool) = (<Probe<u8>>::IS_STD_ERROR, <Probe<u8>>::IS_REPORT);
         assert_eq!(STD, (true, false));
         assert_eq!(BOXED, (false, true));
         assert_eq!(NEITHER, (false, false));
-        let adapted: AdaptedError<crate::BoxError, true> =
-            <ErrorKind<true> as AdaptError<crate::BoxError>>::adapt("down".into());
+        let adapted: AdaptedError<crate::transport::BoxError, true> =
+            <ErrorKind<true> as AdaptError<crate::transport::BoxError>>::adapt("down".into());
         assert_eq!(adapted.to_string(), "down");
     }
 }

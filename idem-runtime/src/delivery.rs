@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use idem_runtime::delivery::{Backoff, Decision, DeliveryPolicy, Retry, RetryMemory};
+//! use idem_runtime::transport::{Backoff, Decision, DeliveryPolicy, Retry, RetryMemory};
 //!
 //! let policy = DeliveryPolicy::new(3, Backoff::new(Duration::from_millis(100), Duration::from_secs(5)));
 //! let memory = RetryMemory::default();

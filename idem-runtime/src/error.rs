@@ -78,7 +78,7 @@ pub enum ConfigError {
     /// The inbox table exists but does not have the schema this version uses (it was created by
     /// another version, or changed by hand).
     #[error(
-        "the inbox table {table} does not have the expected schema ({detail}); see idem_runtime::create_table_statements"
+        "the inbox table {table} does not have the expected schema ({detail}); see idem_runtime::schema::create_table_statements"
     )]
     SchemaMismatch {
         /// The table.

@@ -257,7 +257,7 @@ impl fmt::Display for InboxKey {
 /// like any other ([`MessageKey::MAX_LEN`] applies to the joined form).
 ///
 /// ```
-/// use idem_runtime::KeySource;
+/// use idem_runtime::transport::KeySource;
 /// let key = ("acme", 42u64).to_message_key().unwrap();
 /// assert_eq!(key.as_str(), "acme/42");
 /// assert_ne!(("a/b", "c").to_message_key(), ("a", "b/c").to_message_key());

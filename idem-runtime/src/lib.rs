@@ -22,10 +22,10 @@
 //! commit leaves nothing, and after it the redelivery finds the record. [`Mode::TwoPhase`] is for
 //! effects that cannot join the transaction; see its documentation for what it guarantees.
 //!
-//! Every [`Error`] carries its [`Settle`] decision — acknowledge, requeue or dead-letter — for
+//! Every [`Error`] carries its [`Settle`](transport::Settle) decision — acknowledge, requeue or dead-letter — for
 //! the transport adapter (`idem-rabbitmq`). Records expire after their retention
 //! ([`RetentionPolicy`], 7 days by default, checked against the broker's
-//! [`RedeliveryWindow`]); the [`Cleaner`] deletes them in bounded batches.
+//! [`RedeliveryWindow`]); the [`Cleaner`](retention::Cleaner) deletes them in bounded batches.
 //!
 //! # Example
 //!
@@ -97,6 +97,19 @@
 //! - Return the error of any other failed statement: the inbox records nothing, and tells an
 //!   unreachable database ([`Error::StoreUnavailable`]) from the handler's own failure.
 //! - Not commit or roll back the transaction itself: the inbox completes it.
+//!
+//! # Where to find what
+//!
+//! The crate's root holds what a handler's author uses: the handler traits, the inbox and its
+//! errors, keys and fingerprints, and the outbox a handler stages into. The rest is grouped by
+//! who needs it:
+//!
+//! - [`transport`]: for adapters between a broker and the inbox (settle decisions, dead-letter
+//!   reasons, the delivery policy, batch items);
+//! - [`outbox`]: for relays that publish what handlers staged;
+//! - [`retention`]: the cleaner that deletes expired records;
+//! - [`schema`]: the tables' DDL, for migrations run by hand;
+//! - [`metrics`]: every metric name the crate records, with its labels.
 //!
 //! # Guarantees
 //!
@@ -171,7 +184,7 @@
 mod clock;
 mod configured;
 mod context;
-pub mod delivery;
+mod delivery;
 mod error;
 mod fingerprint;
 mod handler;
@@ -179,7 +192,7 @@ mod inbox;
 mod key;
 mod metadata;
 pub mod metrics;
-pub mod observe;
+mod observe;
 pub mod outbox;
 mod report;
 pub mod retention;
@@ -200,23 +213,16 @@ pub use __private::Fingerprintable;
 
 pub use configured::Configured;
 pub use context::Context;
-pub use error::{BoxError, ConfigError, DeadLetterReason, Error, Result, Settle};
+pub use error::{ConfigError, Error, Result};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use handler::{Handler, Mode, Outcome};
-pub use inbox::{
-    BatchChecks, BatchItem, Inbox, InboxBuilder, InboxRecord, MAX_BATCH, panic_message,
-};
-pub use key::{ConsumerName, InboxKey, KeyError, KeySource, MessageKey};
-pub use metadata::{CloudEvent, Metadata};
-pub use outbox::{
-    LocalRelay, OUTBOX_STAGED_TOTAL, Outbound, Outbox, OutboxBuilder, OutboxMessage, PendingBatch,
-    PendingMessage, StagingError, create_outbox_statements, derived_id, upgrade_outbox_statements,
-};
-pub use report::{Report, ReportSource};
-pub use retention::{Cleaner, CleanerHandle, CleanupReport, RedeliveryWindow, RetentionPolicy};
+pub use inbox::{BatchChecks, Inbox, InboxBuilder};
+pub use key::{ConsumerName, InboxKey, KeyError, MessageKey};
+pub use metadata::Metadata;
+pub use outbox::{Outbound, Outbox, OutboxBuilder, OutboxMessage, StagingError, derived_id};
+pub use report::Report;
+pub use retention::{RedeliveryWindow, RetentionPolicy};
 pub use slice::{SliceContext, SliceHandler};
-pub use store::Status;
-pub use store::table::{TableName, create_table_statements};
 
 #[cfg(feature = "macros")]
 pub use idem_macros::idempotent;

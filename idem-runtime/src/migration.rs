@@ -2,7 +2,7 @@
 //! migrator (feature `migration`).
 //!
 //! ```no_run
-//! use idem_runtime::TableName;
+//! use idem_runtime::schema::TableName;
 //! use idem_runtime::migration::CreateInbox;
 //! use sea_orm_migration::{MigrationTrait, MigratorTrait};
 //!

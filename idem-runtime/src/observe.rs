@@ -8,7 +8,7 @@ use crate::error::{Error, Result, Settle};
 use crate::handler::Outcome;
 use crate::metadata::Metadata;
 
-pub use crate::metrics::{CLEANUP_DELETED_TOTAL, MESSAGES_TOTAL};
+use crate::metrics::MESSAGES_TOTAL;
 
 /// The span of one message: consumer, message key, correlation id and outcome.
 pub(crate) fn span(consumer: &str, metadata: &Metadata) -> Span {

@@ -217,16 +217,17 @@ impl TestDb {
         let create: String = row.try_get_by_index(0).unwrap();
         let end = create.rfind(')').expect("a table's columns");
         let checked = format!("{}, {check})", &create[..end]);
-        let table_name = idem_runtime::TableName::new(table).expect("a valid table name");
+        let table_name = idem_runtime::schema::TableName::new(table).expect("a valid table name");
         self.exec(&format!("ALTER TABLE {table} RENAME TO {table}_old"))
             .await;
         self.exec(&checked).await;
         self.exec(&format!("INSERT INTO {table} SELECT * FROM {table}_old"))
             .await;
         self.exec(&format!("DROP TABLE {table}_old")).await;
-        for sql in
-            idem_runtime::create_table_statements(self.db.get_database_backend(), &table_name)
-        {
+        for sql in idem_runtime::schema::create_table_statements(
+            self.db.get_database_backend(),
+            &table_name,
+        ) {
             self.exec(&sql).await;
         }
     }

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
 use idem_runtime::{
-    BatchChecks, BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox,
-    KeyError, MessageKey, Metadata, Outcome, Settle, Status,
+    BatchChecks, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError,
+    MessageKey, Metadata, Outcome,
+    transport::{BatchItem, Settle, Status},
 };
 use idem_tests::proxy::behind_proxy;
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend};

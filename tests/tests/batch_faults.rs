@@ -6,9 +6,9 @@
 //! Run: `cargo test -p idem-tests --test batch_faults` with PostgreSQL and MariaDB up (see
 //! README).
 
-use idem_runtime::delivery::Retry;
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
-use idem_runtime::{BatchChecks, BatchItem, MessageKey, Metadata, Outcome};
+use idem_runtime::transport::Retry;
+use idem_runtime::{BatchChecks, MessageKey, Metadata, Outcome, transport::BatchItem};
 use idem_tests::script::{Script, another_database_that_is_down};
 use idem_tests::{Backend, Msg, TestDb, inbox_and_effects as setup, on_each_backend};
 

@@ -9,7 +9,7 @@
 use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::{Error, Inbox, Metadata, Status};
+use idem_runtime::{Error, Inbox, Metadata, transport::Status};
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_and_effects as setup, inbox_key};
 
 const CHILD_URL: &str = "IDEM_CLOCK_CHILD_URL";

@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use idem_runtime::delivery::{Backoff, Decision, DeliveryPolicy, Retry, RetryMemory};
 use idem_runtime::sea_orm::ConnectionTrait;
-use idem_runtime::{Inbox, Metadata, Outcome, Settle};
+use idem_runtime::transport::{Backoff, Decision, DeliveryPolicy, Retry, RetryMemory};
+use idem_runtime::{Inbox, Metadata, Outcome, transport::Settle};
 use idem_tests::inbox_and_effects as setup;
 use idem_tests::proxy::behind_proxy;
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend};

@@ -12,7 +12,8 @@ use idem_runtime::sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
 use idem_runtime::{
     Context, Error, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata,
-    Outcome, Settle, Status,
+    Outcome,
+    transport::{Settle, Status},
 };
 use idem_tests::{Backend, Msg, Recorder, inbox_key, on_each_backend};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionTrait};
 use idem_runtime::{
     Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
-    Outcome, Settle, Status,
+    Outcome,
+    transport::{Settle, Status},
 };
 use idem_tests::inbox_and_effects as setup;
 use idem_tests::proxy::behind_proxy;

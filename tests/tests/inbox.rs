@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::{
-    ConfigError, Error, Inbox, Metadata, Outcome, RedeliveryWindow, RetentionPolicy, Settle, Status,
+    ConfigError, Error, Inbox, Metadata, Outcome, RedeliveryWindow, RetentionPolicy,
+    transport::{Settle, Status},
 };
 use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
@@ -652,7 +653,7 @@ async fn table_creation_is_idempotent_and_migration_creates_the_same_table(backe
     // The migration creates a table the inbox can use without creating anything itself.
     let migrated = db.table("migrated");
     let migration = idem_runtime::migration::CreateInbox::new(
-        idem_runtime::TableName::new(migrated.clone()).unwrap(),
+        idem_runtime::schema::TableName::new(migrated.clone()).unwrap(),
     );
     let manager = SchemaManager::new(&db.db);
     migration.up(&manager).await.unwrap();
@@ -674,8 +675,8 @@ async fn table_creation_is_idempotent_and_migration_creates_the_same_table(backe
 }
 
 async fn migrations_of_two_inbox_tables_are_recorded_apart(backend: Backend) {
-    use idem_runtime::TableName;
     use idem_runtime::migration::CreateInbox;
+    use idem_runtime::schema::TableName;
     use sea_orm::DynIden;
     use sea_orm_migration::sea_query::{Alias, IntoIden};
     use sea_orm_migration::{MigrationTrait, MigratorTraitSelf};
@@ -782,9 +783,9 @@ async fn a_table_with_another_schema_is_refused_at_start_up(backend: Backend) {
     // A fingerprint column too narrow for 32 bytes (SQLite does not enforce column types).
     if backend != Backend::Sqlite {
         let narrow = db.table("inbox");
-        let statements = idem_runtime::create_table_statements(
+        let statements = idem_runtime::schema::create_table_statements(
             db.db.get_database_backend(),
-            &idem_runtime::TableName::new(narrow.clone()).unwrap(),
+            &idem_runtime::schema::TableName::new(narrow.clone()).unwrap(),
         );
         let binary = if backend == Backend::Postgres {
             "BYTEA"
@@ -821,9 +822,9 @@ async fn a_table_with_another_schema_is_refused_at_start_up(backend: Backend) {
 async fn a_key_the_table_refuses_fails_and_counts(backend: Backend) {
     let db = TestDb::connect(backend).await;
     let table = db.table("inbox");
-    let statements = idem_runtime::create_table_statements(
+    let statements = idem_runtime::schema::create_table_statements(
         db.db.get_database_backend(),
-        &idem_runtime::TableName::new(table.as_str()).unwrap(),
+        &idem_runtime::schema::TableName::new(table.as_str()).unwrap(),
     );
     let key = "PRIMARY KEY (consumer, message_key)";
     for sql in &statements {
@@ -901,9 +902,9 @@ async fn retention_and_lease_of_forever_keep_their_records(backend: Backend) {
 async fn a_table_whose_key_merges_keys_is_refused_at_start_up(backend: Backend) {
     let db = TestDb::connect(backend).await;
     let ours = |table: &str| {
-        idem_runtime::create_table_statements(
+        idem_runtime::schema::create_table_statements(
             db.db.get_database_backend(),
-            &idem_runtime::TableName::new(table).unwrap(),
+            &idem_runtime::schema::TableName::new(table).unwrap(),
         )
     };
     const KEY: &str = "PRIMARY KEY (consumer, message_key)";

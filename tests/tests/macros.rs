@@ -13,7 +13,8 @@ use idem_runtime::sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait,
 };
 use idem_runtime::{
-    Context, Error, Handler, MessageKey, Metadata, Mode, Outcome, Settle, Status, idempotent,
+    Context, Error, Handler, MessageKey, Metadata, Mode, Outcome, idempotent,
+    transport::{Settle, Status},
 };
 use idem_tests::db::insert_effect;
 use idem_tests::inbox_and_effects as setup;

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::{
-    BatchChecks, BatchItem, Context, Error, Fingerprint, FingerprintError, Handler, Inbox,
-    KeyError, MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, StagingError,
-    derived_id, idempotent,
+    BatchChecks, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError,
+    MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, StagingError, derived_id,
+    idempotent, transport::BatchItem,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
 

@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use idem_rabbitmq::{Binding, ConfigError, Consumer, Error};
+use idem_rabbitmq::{Binding, Consumer, SettingError};
 use idem_runtime::sea_orm::{ConnectionTrait, Statement};
-use idem_runtime::{BatchChecks, BatchItem, MessageKey, Metadata, Outcome};
+use idem_runtime::{BatchChecks, MessageKey, Metadata, Outcome, transport::BatchItem};
 use idem_tests::rabbit::with_id;
 use idem_tests::recorder::{PANICS_IN_FINGERPRINT, PANICS_IN_KEY};
 use idem_tests::script::{Script, another_database_that_is_down};
@@ -253,7 +253,7 @@ async fn batch_settings_that_cannot_work_are_refused_at_start() {
     )
     .await;
     assert!(
-        matches!(error, Error::Config(ConfigError::TwoPhaseBatch { .. })),
+        matches!(error.settings(), [SettingError::TwoPhaseBatch { .. }]),
         "{error:?}"
     );
     assert!(error.to_string().contains("without `batch`"), "{error}");
@@ -261,15 +261,15 @@ async fn batch_settings_that_cannot_work_are_refused_at_start() {
         refused(Binding::new(t.broker.classic_queue(), handler.clone()).batch(0, Duration::ZERO))
             .await;
     assert!(
-        matches!(error, Error::Config(ConfigError::Zero(_))),
+        matches!(error.settings(), [SettingError::Zero(_)]),
         "{error:?}"
     );
     let error =
         refused(Binding::new(t.broker.classic_queue(), handler).batch(5000, Duration::ZERO)).await;
     assert!(
         matches!(
-            error,
-            Error::Config(ConfigError::BatchTooLarge { max: 1000, .. })
+            error.settings(),
+            [SettingError::BatchTooLarge { max: 1000, .. }]
         ),
         "{error:?}"
     );

@@ -318,12 +318,12 @@ async fn two_handlers_under_one_consumer_name_are_refused_one_handler_on_two_que
         .bind(second.clone(), other_billing_handler())
         .start()
         .await;
-    match refused {
-        Err(idem_rabbitmq::Error::Config(idem_rabbitmq::ConfigError::SharedConsumerName {
-            consumer,
-            ..
-        })) => assert_eq!(consumer, "billing"),
-        other => panic!("expected a configuration error, got {other:?}"),
+    let refused = refused.expect_err("refused");
+    match refused.settings() {
+        [idem_rabbitmq::SettingError::SharedConsumerName { consumer, .. }] => {
+            assert_eq!(consumer, "billing")
+        }
+        _ => panic!("expected a configuration error, got {refused:?}"),
     }
 
     // One handler on two queues: a message that reaches it through both is processed once.

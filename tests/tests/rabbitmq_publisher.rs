@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use idem_rabbitmq::{PublishOptions, QueueTopology};
-use idem_tests::rabbit::{amqp_url, setup_channel, with_id};
+use idem_tests::rabbit::{amqp_url, connections_named, setup_channel, with_id};
 use idem_tests::{Backend, Fixture, Msg, TestBroker, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -75,10 +75,11 @@ async fn a_refused_publish_is_retried_with_the_same_message_id() {
         .send(&queue, &Msg::new("blocker", "x"), PublishOptions::default())
         .await;
 
-    let publisher = idem_rabbitmq::Publisher::connect(amqp_url().as_str())
+    let publisher = idem_rabbitmq::Publisher::builder(amqp_url().as_str())
+        .max_attempts(3)
+        .connect()
         .await
-        .unwrap()
-        .with_max_attempts(3);
+        .unwrap();
     let refused = publisher
         .publish("", &queue, &Msg::new("o-1", "x"), with_id("m-1"))
         .await;
@@ -109,5 +110,39 @@ async fn a_refused_publish_is_retried_with_the_same_message_id() {
     let stored = broker.drain(&queue).await;
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].message_id.as_deref(), Some("m-2"));
+    publisher.close().await;
+}
+
+/// The publisher configures like the other builders: every setting that cannot work is named at
+/// once, and the connection carries the name it is given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_publisher_builder_names_its_connection_and_refuses_zero_settings() {
+    let refused = idem_rabbitmq::Publisher::builder(amqp_url().as_str())
+        .confirm_timeout(Duration::ZERO)
+        .max_attempts(0)
+        .connect()
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        refused.settings(),
+        [
+            idem_rabbitmq::SettingError::Zero("the confirm timeout"),
+            idem_rabbitmq::SettingError::Zero("max_attempts"),
+        ],
+        "{refused}"
+    );
+
+    let name = unique("idem-publisher");
+    let publisher = idem_rabbitmq::Publisher::builder(amqp_url().as_str())
+        .connection_name(&name)
+        .connect()
+        .await
+        .unwrap();
+    let broker = TestBroker::connect().await;
+    broker
+        .eventually("the named connection", Duration::from_secs(30), || async {
+            connections_named(&name).await == 1
+        })
+        .await;
     publisher.close().await;
 }

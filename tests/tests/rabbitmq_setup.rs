@@ -120,8 +120,8 @@ async fn an_existing_queue_of_another_type_than_stated_refuses_to_start() {
             .unwrap_err();
         assert!(
             matches!(
-                &refused,
-                idem_rabbitmq::Error::Config(idem_rabbitmq::ConfigError::QueueKindMismatch { .. })
+                refused.settings(),
+                [idem_rabbitmq::SettingError::QueueKindMismatch { .. }]
             ) && refused.to_string().contains(expected),
             "{refused}"
         );
@@ -383,5 +383,31 @@ async fn a_pool_too_small_for_the_cleaner_is_warned_about_at_start() {
             "pool {pool}, cleaner {cleaner}: {text}"
         );
         consumer.shutdown().await;
+    }
+}
+
+/// Every setting that cannot work is named at start, not the first one only: a user fixes them
+/// in one round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_invalid_setting_is_reported_at_once() {
+    let t = Fixture::new().await;
+    let refused = t
+        .consumer()
+        .prefetch(0)
+        .max_in_flight(0)
+        .bind_with(
+            idem_rabbitmq::Binding::new(t.topology.clone(), t.recorder("a"))
+                .batch(0, Duration::ZERO),
+        )
+        .start()
+        .await
+        .unwrap_err();
+    let problems = refused.settings();
+    assert_eq!(problems.len(), 3, "{refused}");
+    for what in ["prefetch", "max_in_flight", "the batch size"] {
+        assert!(
+            problems.contains(&idem_rabbitmq::SettingError::Zero(what)),
+            "{what} in {refused}"
+        );
     }
 }

@@ -10,8 +10,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idem_runtime::sea_orm::sea_query::{Alias, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::{
-    BatchItem, Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey,
-    Metadata, Outbox, Outcome, SliceContext, SliceHandler, Status, derived_id, idempotent,
+    Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
+    Outcome, SliceContext, SliceHandler, derived_id, idempotent,
+    transport::{BatchItem, Status},
 };
 use idem_tests::on_each_backend;
 use idem_tests::slicer::{SLICER_CONSUMER, Slicer, SlicerError};

@@ -27,7 +27,9 @@ use idem_examples::notifications;
 use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Publisher, Relay, RelayHandle};
-use idem_runtime::{BatchChecks, Inbox, MAX_BATCH, Outbox, RedeliveryWindow, RetentionPolicy};
+use idem_runtime::{
+    BatchChecks, Inbox, Outbox, RedeliveryWindow, RetentionPolicy, transport::MAX_BATCH,
+};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
 
 /// Consumes orders from RabbitMQ into the database and charges each one exactly once, whatever

@@ -9,15 +9,15 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use idem_runtime::{
-    BatchChecks, BatchItem, Handler, Inbox, MAX_BATCH, Metadata, Mode, Outcome, Settle,
-    SliceHandler,
+    BatchChecks, Handler, Inbox, Metadata, Mode, Outcome, SliceHandler,
+    transport::{BatchItem, MAX_BATCH, Settle},
 };
 use lapin::message::Delivery;
 use serde::de::DeserializeOwned;
 
 use super::settle::{Retry, Verdict};
 use crate::codec::{Codec, Json};
-use crate::error::ConfigError;
+use crate::error::SettingError;
 use crate::topology::QueueTopology;
 
 /// A handler bound to a queue, with the codec that decodes its payloads (JSON by default).
@@ -180,7 +180,7 @@ impl Handled {
         Self {
             verdict: Verdict::Requeue {
                 code: "panicked",
-                detail: idem_runtime::panic_message(panic),
+                detail: idem_runtime::transport::panic_message(panic),
                 retry: Retry::Failed,
             },
             key: None,
@@ -203,8 +203,8 @@ pub(crate) trait Dispatch: Send + Sync + 'static {
     fn batching(&self) -> Option<Batching>;
     /// How many of its batches may be in flight at once.
     fn batches_in_flight(&self) -> usize;
-    /// Refuses a batch setting that cannot work.
-    fn check_batching(&self) -> Result<(), ConfigError>;
+    /// The batch settings that cannot work.
+    fn check_batching(&self) -> Vec<SettingError>;
     fn handle_batch<'a>(
         &'a self,
         inbox: &'a Inbox,
@@ -249,31 +249,32 @@ where
         self.batches_in_flight
     }
 
-    fn check_batching(&self) -> Result<(), ConfigError> {
+    fn check_batching(&self) -> Vec<SettingError> {
         let Some((batch, _)) = self.batch else {
-            return Ok(());
+            return Vec::new();
         };
-        let queue = self.topology.queue().to_owned();
+        let queue = self.topology.queue();
+        let mut problems = Vec::new();
         if batch.size == 0 {
-            return Err(ConfigError::Zero("the batch size"));
+            problems.push(SettingError::Zero("the batch size"));
         }
         if self.batches_in_flight == 0 {
-            return Err(ConfigError::Zero("the batches in flight"));
+            problems.push(SettingError::Zero("the batches in flight"));
         }
         if batch.size > MAX_BATCH {
-            return Err(ConfigError::BatchTooLarge {
-                queue,
+            problems.push(SettingError::BatchTooLarge {
+                queue: queue.to_owned(),
                 size: batch.size,
                 max: MAX_BATCH,
             });
         }
         if self.handler.mode() != Mode::Transactional {
-            return Err(ConfigError::TwoPhaseBatch {
-                queue,
+            problems.push(SettingError::TwoPhaseBatch {
+                queue: queue.to_owned(),
                 consumer: self.handler.consumer().to_owned(),
             });
         }
-        Ok(())
+        problems
     }
 
     fn handle<'a>(
@@ -368,7 +369,7 @@ where
             .codec
             .decode(content_type, &delivery.data)
             .map_err(|error| Handled {
-                verdict: Verdict::DeadLetter(idem_runtime::DeadLetterReason::new(
+                verdict: Verdict::DeadLetter(idem_runtime::transport::DeadLetterReason::new(
                     "undecodable",
                     error.to_string(),
                 )),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 use idem_runtime::Inbox;
-use idem_runtime::delivery::RetryMemory;
+use idem_runtime::transport::RetryMemory;
 use lapin::message::Delivery;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
@@ -62,7 +62,7 @@ impl JobContext {
     pub(crate) fn count(&self, ending: Ending) {
         self.counters.count(ending);
         metrics::counter!(
-            crate::metric_names::DELIVERIES_TOTAL,
+            crate::metrics::DELIVERIES_TOTAL,
             "queue" => self.binding.topology().queue().to_owned(),
             "settle" => ending.label()
         )

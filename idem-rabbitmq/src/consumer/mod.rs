@@ -20,20 +20,23 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use idem_runtime::{Cleaner, CleanerHandle, Handler, Inbox};
+use idem_runtime::{
+    Handler, Inbox,
+    retention::{Cleaner, CleanerHandle},
+};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::connect::Retirees;
-use crate::error::{ConfigError, Result};
+use crate::error::{Error, Result, SettingError};
 use crate::stop::StopSignal;
 use crate::topology::QueueTopology;
 use crate::url::AmqpUrl;
 
 use binding::Dispatch;
 pub use binding::{Binding, DEFAULT_BATCHES_IN_FLIGHT};
-use idem_runtime::delivery::{Backoff, RetryMemory};
+use idem_runtime::transport::{Backoff, RetryMemory};
 use settings::ConsumerSettings;
 use stats::ConsumerCounters;
 pub use stats::ConsumerStats;
@@ -69,7 +72,7 @@ use worker::Worker;
 /// bounds the handlers running at once across bindings. Deliveries whose channel died before
 /// they were settled are redelivered by the broker, and the inbox recognises them.
 ///
-/// The consumer also runs the inbox's [cleaner](idem_runtime::Cleaner), which deletes expired
+/// The consumer also runs the inbox's [cleaner](idem_runtime::retention::Cleaner), which deletes expired
 /// records, from its start to its shutdown, unless told not to
 /// ([`without_cleaner`](ConsumerBuilder::without_cleaner)); it warns at start when the inbox's
 /// pool leaves handlers no connection while the cleaner runs.
@@ -349,53 +352,60 @@ impl ConsumerBuilder {
         Ok(consumer)
     }
 
+    /// Refuses settings that cannot work, naming every one of them.
     fn validate(&self) -> Result<()> {
-        self.check_consumer_names()?;
         let settings = &self.settings;
-        let problem = if self.bindings.is_empty() {
-            ConfigError::NoBinding
-        } else if settings.prefetch == 0 {
-            ConfigError::Zero("prefetch")
-        } else if settings.max_in_flight == 0 {
-            ConfigError::Zero("max_in_flight")
-        } else if settings.retry.max_deliveries == 0 {
-            ConfigError::Zero("max_deliveries")
-        } else if settings.retry.dead_letter_pause.is_zero() {
-            ConfigError::Zero("the dead-letter retry pause")
-        } else if settings.open_timeout.is_zero() {
-            ConfigError::Zero("the open timeout")
-        } else if let Some(problem) = self
-            .bindings
-            .iter()
-            .find_map(|binding| binding.check_batching().err())
-        {
-            problem
+        let mut problems = Vec::new();
+        if self.bindings.is_empty() {
+            problems.push(SettingError::NoBinding);
+        }
+        let zeros = [
+            ("prefetch", settings.prefetch == 0),
+            ("max_in_flight", settings.max_in_flight == 0),
+            ("max_deliveries", settings.retry.max_deliveries == 0),
+            (
+                "the dead-letter retry pause",
+                settings.retry.dead_letter_pause.is_zero(),
+            ),
+            ("the open timeout", settings.open_timeout.is_zero()),
+        ];
+        problems.extend(
+            zeros
+                .into_iter()
+                .filter(|(_, zero)| *zero)
+                .map(|(what, _)| SettingError::Zero(what)),
+        );
+        problems.extend(self.shared_consumer_names());
+        for binding in &self.bindings {
+            problems.extend(binding.check_batching());
+        }
+        if problems.is_empty() {
+            Ok(())
         } else {
-            return Ok(());
-        };
-        Err(problem.into())
+            Err(Error::Settings(problems))
+        }
     }
 
-    /// Refuses two different handlers under one consumer name: they would share inbox records,
-    /// and one would skip the other's messages as duplicates. One handler bound to several
-    /// queues keeps its name, and processes a message that reaches it through both once.
-    fn check_consumer_names(&self) -> Result<()> {
+    /// Two different handlers under one consumer name: they would share inbox records, and one
+    /// would skip the other's messages as duplicates. One handler bound to several queues keeps
+    /// its name, and processes a message that reaches it through both once.
+    fn shared_consumer_names(&self) -> Vec<SettingError> {
         let mut seen: HashMap<&str, (TypeId, &str)> = HashMap::new();
+        let mut shared = Vec::new();
         for binding in &self.bindings {
             let (id, name) = binding.handler_type();
             match seen.insert(binding.consumer(), (id, name)) {
                 Some((other_id, other)) if other_id != id => {
-                    return Err(ConfigError::SharedConsumerName {
+                    shared.push(SettingError::SharedConsumerName {
                         consumer: binding.consumer().to_owned(),
                         first: other,
                         second: name,
-                    }
-                    .into());
+                    });
                 }
                 _ => {}
             }
         }
-        Ok(())
+        shared
     }
 }
 

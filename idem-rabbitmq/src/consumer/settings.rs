@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::delivery::Backoff;
+use idem_runtime::transport::Backoff;
 
 use super::settle::RetryPolicy;
 use crate::url::AmqpUrl;

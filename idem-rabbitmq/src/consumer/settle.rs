@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use idem_runtime::DeadLetterReason;
-use idem_runtime::delivery::{Backoff, Decision, DeliveryPolicy, RetryMemory};
+use idem_runtime::transport::DeadLetterReason;
+use idem_runtime::transport::{Backoff, Decision, DeliveryPolicy, RetryMemory};
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -38,7 +38,7 @@ pub(crate) enum Verdict {
     DeadLetter(DeadLetterReason),
 }
 
-pub(crate) use idem_runtime::delivery::Retry;
+pub(crate) use idem_runtime::transport::Retry;
 
 /// How often and how patiently a message is requeued: the runtime's delivery policy, and how a
 /// dead-letter copy the broker does not take is retried.

@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idem_runtime::delivery::{Backoff, RetryMemory};
-use idem_runtime::{CleanupReport, Inbox};
+use idem_runtime::transport::{Backoff, RetryMemory};
+use idem_runtime::{Inbox, retention::CleanupReport};
 use lapin::Event;
 use lapin::message::Delivery;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};

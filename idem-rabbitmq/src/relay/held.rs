@@ -1,5 +1,5 @@
 //! What a relay remembers of the holds it makes. The holds themselves are in the outbox table
-//! ([`PendingBatch::hold`](idem_runtime::PendingBatch::hold)), where no relay takes a held
+//! ([`PendingBatch::hold`](idem_runtime::outbox::PendingBatch::hold)), where no relay takes a held
 //! message, nor the rest of its run, until the hold runs out; here are how many times each
 //! run, message of no run or exchange was held (its holds grow), the exchanges held (messages
 //! to them that turn up later are held on sight), when the next hold runs out, and how the relay
@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idem_runtime::PendingMessage;
+use idem_runtime::outbox::PendingMessage;
 use tokio::time::Instant;
 
 /// How long a message whose publish closed the channel is held back before it is tried again

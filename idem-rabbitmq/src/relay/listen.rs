@@ -52,9 +52,9 @@ mod postgres {
     use std::sync::Arc;
 
     use idem_runtime::Outbox;
-    use idem_runtime::delivery::Backoff;
     use idem_runtime::sea_orm::sqlx::postgres::PgListener;
     use idem_runtime::sea_orm::{DbErr, RuntimeErr};
+    use idem_runtime::transport::Backoff;
     use tokio::sync::Notify;
 
     use crate::error::{Error, Result};

@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::Outbox;
-use idem_runtime::delivery::Backoff;
 use idem_runtime::sea_orm::DbBackend;
+use idem_runtime::transport::Backoff;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::connect::Retirees;
-use crate::error::{ConfigError, Result};
+use crate::error::{Error, Result, SettingError};
 use crate::stop::StopSignal;
 use crate::url::AmqpUrl;
 
@@ -43,7 +43,7 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 /// marks the confirmed ones sent in the batch's transaction.
 ///
 /// - **Order, per run.** The messages of one run go out in the order they were staged: a
-///   handler run's ([`PendingMessage::run`](idem_runtime::PendingMessage::run)), or a run named
+///   handler run's ([`PendingMessage::run`](idem_runtime::outbox::PendingMessage::run)), or a run named
 ///   outside handlers ([`OutboxMessage::in_run`](idem_runtime::OutboxMessage::in_run)), across
 ///   transactions, relays and restarts. Messages of different runs, and messages staged outside
 ///   handlers in no run, are not ordered among themselves: each goes out as soon as a relay
@@ -239,30 +239,34 @@ impl RelayBuilder {
         })
     }
 
+    /// Refuses settings that cannot work, naming every one of them.
     fn validate(&self) -> Result<()> {
         let settings = &self.settings;
-        let zero = if settings.batch_size == 0 {
-            Some("the relay batch size")
-        } else if settings.poll_interval.is_zero() {
-            Some("the relay poll interval")
-        } else if settings.confirm_timeout.is_zero() {
-            Some("the confirm timeout")
-        } else if settings.backoff.base().is_zero() {
-            Some("the relay retry back-off")
-        } else {
-            None
-        };
-        if let Some(what) = zero {
-            return Err(ConfigError::Zero(what).into());
-        }
+        let zeros = [
+            ("the relay batch size", settings.batch_size == 0),
+            ("the relay poll interval", settings.poll_interval.is_zero()),
+            ("the confirm timeout", settings.confirm_timeout.is_zero()),
+            (
+                "the relay retry back-off",
+                settings.backoff.base().is_zero(),
+            ),
+        ];
+        let mut problems: Vec<SettingError> = zeros
+            .into_iter()
+            .filter(|(_, zero)| *zero)
+            .map(|(what, _)| SettingError::Zero(what))
+            .collect();
         if settings.batch_size > MAX_RELAY_BATCH {
-            return Err(ConfigError::RelayBatchTooLarge {
+            problems.push(SettingError::RelayBatchTooLarge {
                 size: settings.batch_size,
                 max: MAX_RELAY_BATCH,
-            }
-            .into());
+            });
         }
-        Ok(())
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Settings(problems))
+        }
     }
 }
 

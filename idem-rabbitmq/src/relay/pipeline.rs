@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use idem_runtime::PendingMessage;
+use idem_runtime::outbox::PendingMessage;
 use lapin::Confirmation;
 use lapin::message::BasicReturnMessage;
 

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::sea_orm::DbErr;
-use idem_runtime::{LocalRelay, Outbox, PendingBatch, PendingMessage};
+use idem_runtime::{
+    Outbox,
+    outbox::{LocalRelay, PendingBatch, PendingMessage},
+};
 use tokio::sync::Notify;
 
 use super::held::{Hold, HoldMemory, Refused};
@@ -15,7 +18,7 @@ use super::settings::RelaySettings;
 use super::stats::RelayCounters;
 use crate::confirm::NotTaken;
 use crate::connect::Retirees;
-use crate::metric_names::{
+use crate::metrics::{
     OUTBOX_PENDING_AGE_SECONDS, OUTBOX_PUBLISH_FAILURES_TOTAL, OUTBOX_PUBLISHED_TOTAL,
 };
 use crate::stop::StopSignal;

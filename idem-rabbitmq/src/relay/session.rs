@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::PendingMessage;
+use idem_runtime::outbox::PendingMessage;
 use lapin::Channel;
 
 use super::settings::RelaySettings;

@@ -259,7 +259,7 @@ impl Inbox {
         {
             outbox.notify_staged();
             metrics::counter!(
-                crate::outbox::OUTBOX_STAGED_TOTAL,
+                crate::metrics::OUTBOX_STAGED_TOTAL,
                 "table" => outbox.table().to_string()
             )
             .increment(u64::from(count));

@@ -43,8 +43,6 @@ pub(crate) use statements::RunStatements;
 pub(crate) use table::drop_outbox_statement;
 pub use table::{create_outbox_statements, upgrade_outbox_statements};
 
-pub use crate::metrics::OUTBOX_STAGED_TOTAL;
-
 /// The outbox table, kept in the application's database beside the inbox.
 ///
 /// Give it to the inbox ([`InboxBuilder::outbox`](crate::InboxBuilder::outbox)) so that handlers

@@ -19,7 +19,7 @@ impl TableName {
     /// Validates `name`.
     ///
     /// ```
-    /// use idem_runtime::TableName;
+    /// use idem_runtime::schema::TableName;
     /// assert!(TableName::new("billing_inbox").is_ok());
     /// assert!(TableName::new("inbox; DROP TABLE orders").is_err());
     /// assert!(TableName::new("1inbox").is_err());

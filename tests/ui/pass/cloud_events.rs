@@ -1,6 +1,6 @@
 //! CloudEvents keys: `source` + `id` from the event itself or from the transport's attributes.
 use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
-use idem_runtime::{CloudEvent, Handler, MessageKey, Metadata, idempotent};
+use idem_runtime::{Handler, MessageKey, Metadata, idempotent, transport::CloudEvent};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]

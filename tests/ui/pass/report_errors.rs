@@ -3,7 +3,7 @@
 //! transient unless `permanent = ...` (which sees the report's own type) says otherwise.
 use std::sync::Arc;
 
-use idem_runtime::{BoxError, Handler, Report, idempotent};
+use idem_runtime::{Handler, Report, idempotent, transport::BoxError};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]
