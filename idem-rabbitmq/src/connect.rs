@@ -228,7 +228,7 @@ impl Retirees {
 
     /// Waits, at most `grace`, until no retired connection can come back. Any still watched then
     /// go on being watched in the background until their deadline.
-    pub(crate) async fn settle(&self, grace: Duration) {
+    pub(crate) async fn wait_until_gone(&self, grace: Duration) {
         let mut watchers =
             std::mem::take(&mut *self.watchers.lock().unwrap_or_else(|e| e.into_inner()));
         let all = async { while watchers.join_next().await.is_some() {} };

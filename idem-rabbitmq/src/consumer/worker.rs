@@ -343,7 +343,7 @@ impl Worker {
         }
         // No connection of this worker may come back once the consumer has stopped.
         let grace = self.settings.retire_timeout.min(Duration::from_secs(10));
-        self.retirees.settle(grace).await;
+        self.retirees.wait_until_gone(grace).await;
         tracing::info!(
             queue = self.queue(),
             completed = report.completed,

@@ -216,7 +216,7 @@ impl RelayBuilder {
                 ),
                 Err(error) => {
                     session.retire(&retirees);
-                    retirees.settle(Duration::from_secs(5)).await;
+                    retirees.wait_until_gone(Duration::from_secs(5)).await;
                     return Err(error);
                 }
             }

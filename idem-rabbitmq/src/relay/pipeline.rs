@@ -38,7 +38,7 @@ pub(super) async fn publish<'a>(
     let mut report = PublishReport::default();
     for &message in messages {
         if pipeline.holds_run_of(message) {
-            pipeline.settle(&mut report).await;
+            pipeline.collect_confirms(&mut report).await;
             if pipeline.channel_failed {
                 return report;
             }
@@ -51,12 +51,12 @@ pub(super) async fn publish<'a>(
             continue;
         }
         if let Err(why) = pipeline.send(session, message, wait).await {
-            pipeline.settle(&mut report).await;
+            pipeline.collect_confirms(&mut report).await;
             report.not_taken.push((message, why));
             return report;
         }
     }
-    pipeline.settle(&mut report).await;
+    pipeline.collect_confirms(&mut report).await;
     report
 }
 
@@ -100,7 +100,7 @@ impl<'a> Pipeline<'a> {
     /// publish's ack, so it comes with a confirm of the same ack, which is in flight here. A
     /// return that matches none of them leaves no ack of the lot to be trusted: none of them is
     /// marked sent, and they are published again with the same ids.
-    async fn settle(&mut self, report: &mut PublishReport<'a>) {
+    async fn collect_confirms(&mut self, report: &mut PublishReport<'a>) {
         self.runs.clear();
         let mut answers = Vec::with_capacity(self.in_flight.len());
         let mut returns = Vec::new();

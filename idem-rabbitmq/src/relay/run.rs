@@ -156,7 +156,7 @@ impl Runner {
         if let Some(session) = self.session.take() {
             session.close(&self.retirees).await;
         }
-        self.retirees.settle(Duration::from_secs(10)).await;
+        self.retirees.wait_until_gone(Duration::from_secs(10)).await;
         tracing::info!(table = self.table, "outbox relay stopped");
     }
 
