@@ -22,11 +22,22 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://billing.db?mode=rwc";
 #[derive(Debug, Clone, clap::Args)]
 #[non_exhaustive]
 pub struct BrokerArgs {
-    /// The RabbitMQ broker
+    /// The RabbitMQ broker, or a cluster's nodes separated by commas
     #[arg(long, value_name = "URL", env = "AMQP_URL", default_value = DEFAULT_AMQP_URL)]
     // The value may hold a password: `--help` must not print it.
     #[arg(hide_env_values = true)]
     pub amqp_url: String,
+
+    /// With `--demo`, and for `orders`: how long to wait for the broker before giving up, in
+    /// milliseconds (a service waits as long as it takes)
+    #[arg(
+        long = "broker-wait-ms",
+        value_name = "MS",
+        env = "BROKER_WAIT_MS",
+        default_value = "30000",
+        value_parser = parse_millis,
+    )]
+    pub broker_wait: Duration,
 
     /// The exchange orders are published to, and billing's queue is bound to
     #[arg(long, value_name = "NAME", env = "ORDERS_EXCHANGE", default_value = crate::orders::EXCHANGE)]

@@ -13,7 +13,8 @@
 //!
 //! | option | variable | default | what |
 //! |---|---|---|---|
-//! | `--amqp-url` | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | the broker |
+//! | `--amqp-url` | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | the broker, or a cluster's nodes separated by commas (tried in turn, see [`idem_rabbitmq::AmqpUrl`]) |
+//! | `--broker-wait-ms` | `BROKER_WAIT_MS` | `30000` | with `--demo`, and for `orders`: how long to wait for the broker before giving up (a service waits as long as it takes, logging each try) |
 //! | `--exchange` | `ORDERS_EXCHANGE` | `orders` | the exchange orders are published to, and billing's queue bound to |
 //! | `--database-url` | `DATABASE_URL` | `sqlite://billing.db?mode=rwc` | billing's database (SQLite, PostgreSQL or MySQL) |
 //! | `--queue` | `BILLING_QUEUE` | `billing.orders` | the quorum queue billing consumes (its dead letters go to `<queue>.dlq`) |
@@ -41,6 +42,7 @@
 //! fill the broker (see [`notifications`]).
 
 pub mod billing;
+pub mod broker;
 pub mod cli;
 pub mod demo;
 pub mod notifications;

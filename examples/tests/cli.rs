@@ -18,8 +18,9 @@ const NO_BROKER: &str = "amqp://guest:guest@127.0.0.1:1/%2f";
 
 /// The environment variables the binaries read, removed so that the caller's own settings do
 /// not leak into a test.
-const VARIABLES: [&str; 10] = [
+const VARIABLES: [&str; 11] = [
     "AMQP_URL",
+    "BROKER_WAIT_MS",
     "DATABASE_URL",
     "ORDERS_EXCHANGE",
     "BILLING_QUEUE",
@@ -101,7 +102,9 @@ fn billing_help_lists_the_options_and_their_variables() {
         "--batch <N>",
         "--trust-handlers",
         "--slices",
+        "--broker-wait-ms <MS>",
         "[env: AMQP_URL]",
+        "[env: BROKER_WAIT_MS=]",
         "[env: DATABASE_URL]",
         "[env: ORDERS_EXCHANGE=]",
         "[env: BILLING_QUEUE=]",
@@ -246,4 +249,34 @@ fn billing_logs_to_a_pipe_without_colour_codes() {
 #[test]
 fn orders_logs_to_a_pipe_without_colour_codes() {
     assert_plain(&first_log_line(ORDERS, &["3"]), "publishing orders");
+}
+
+/// With RabbitMQ down, the demo says so: each attempt is logged with the broker's address (its
+/// password hidden), and after the wait it gives up with an error naming the address and how to
+/// start RabbitMQ. So does `orders`.
+#[test]
+fn a_demo_without_a_broker_gives_up_after_its_wait_and_says_how_to_start_rabbitmq() {
+    let no_broker = "amqp://guest:s3cret@127.0.0.1:1/%2f";
+    for (binary, args) in [(BILLING, &["--demo", "3"][..]), (ORDERS, &["3"][..])] {
+        let started = std::time::Instant::now();
+        let output = command(
+            binary,
+            args,
+            &[("AMQP_URL", no_broker), ("BROKER_WAIT_MS", "3000")],
+        )
+        .output()
+        .expect("the binary runs");
+        let stderr = text(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(started.elapsed() < Duration::from_secs(30), "{stderr}");
+        for expected in [
+            "cannot reach the broker",
+            "could not be reached within 3s",
+            "amqp://guest:***@127.0.0.1:1/",
+            "rabbitmq-server -detached",
+        ] {
+            assert!(stderr.contains(expected), "no {expected:?} in:\n{stderr}");
+        }
+        assert!(!stderr.contains("s3cret"), "{stderr}");
+    }
 }

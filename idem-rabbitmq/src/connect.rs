@@ -10,27 +10,48 @@ use std::sync::{Arc, Mutex};
 use async_compat::Compat;
 use std::time::Duration;
 
-use lapin::tcp::{AMQPUriTcpExt, AsyncTcpStream, TLSConfig};
+use lapin::tcp::{AMQPUriTcpExt, AsyncTcpStream};
 use lapin::uri::AMQPUri;
 use lapin::{Connection, ConnectionProperties};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::nodes::Nodes;
 use crate::url::AmqpUrl;
 
 /// Connects with lapin's automatic recovery on, naming the connection so operators can find it
-/// (`rabbitmqctl list_connections client_properties`).
+/// (`rabbitmqctl list_connections client_properties`). A cluster's nodes ([`AmqpUrl`]) are
+/// tried in turn, at the start and at every recovery.
 pub async fn connect(url: &AmqpUrl, connection_name: &str) -> Result<Connection> {
-    let properties = ConnectionProperties::default()
-        .enable_auto_recover()
-        .with_connection_name(connection_name.into());
-    Connection::connect(url.expose(), properties)
+    let properties = ConnectionProperties::default().enable_auto_recover();
+    open(url, connection_name, properties).await
+}
+
+/// Opens a connection named `name` to the first of `url`'s nodes it reaches, with `properties`;
+/// lapin's reconnections, if `properties` asks for them, go through the nodes in turn too.
+pub(crate) async fn open(
+    url: &AmqpUrl,
+    name: &str,
+    properties: ConnectionProperties,
+) -> Result<Connection> {
+    let failed = |source: lapin::Error| Error::Connect {
+        url: url.redacted(),
+        source,
+    };
+    let nodes = Arc::new(Nodes::of(url, name)?);
+    let runtime = lapin::runtime::default_runtime().map_err(failed)?;
+    let uri = nodes.handshake_uri();
+    let connect = async move |_: AMQPUri, runtime| {
+        let tcp = async |node: &AMQPUri| {
+            AMQPUriTcpExt::connect_with_config_async(node, nodes.tls(), &runtime).await
+        };
+        Ok(nodes.reach(tcp).await?)
+    };
+    let properties = properties.with_connection_name(name.into());
+    Connection::connector(uri, runtime, connect, properties)
         .await
-        .map_err(|source| Error::Connect {
-            url: url.redacted(),
-            source,
-        })
+        .map_err(failed)
 }
 
 /// A connection of the consumer's: lapin's automatic recovery on but bounded in time, and a
@@ -134,10 +155,8 @@ impl Link {
             url: url.redacted(),
             source,
         };
-        let uri: AMQPUri = url
-            .expose()
-            .parse()
-            .map_err(|problem: String| failed(std::io::Error::other(problem).into()))?;
+        let nodes = Nodes::of(url, name)?;
+        let uri = nodes.handshake_uri();
         let runtime = lapin::runtime::default_runtime().map_err(failed)?;
         let properties = ConnectionProperties::default()
             .enable_auto_recover()
@@ -146,7 +165,7 @@ impl Link {
         let gate = Arc::new(Gate::default());
         let mut guard = OpenGuard(Some(Arc::clone(&gate)));
         let shared = Arc::clone(&gate);
-        let connect = async move |uri: AMQPUri, runtime| {
+        let connect = async move |_: AMQPUri, runtime| {
             let refused = || -> lapin::Error {
                 std::io::Error::new(
                     std::io::ErrorKind::ConnectionRefused,
@@ -158,9 +177,10 @@ impl Link {
             if shared.retired.load(Ordering::SeqCst) {
                 return Err(refused());
             }
-            let stream =
-                AMQPUriTcpExt::connect_with_config_async(&uri, TLSConfig::default(), &runtime)
-                    .await?;
+            let tcp = async |node: &AMQPUri| {
+                AMQPUriTcpExt::connect_with_config_async(node, nodes.tls(), &runtime).await
+            };
+            let stream = nodes.reach(tcp).await?;
             shared.note_socket(&stream);
             shared.stream_out.store(true, Ordering::SeqCst);
             if shared.retired.load(Ordering::SeqCst) {

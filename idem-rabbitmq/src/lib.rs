@@ -42,19 +42,25 @@
 //!
 //! | feature | what it enables |
 //! |---|---|
-//! | `tls` | `amqps://` URLs, with rustls and the platform's root certificates |
+//! | `tls` | `amqps://` URLs, with rustls: the platform's root certificates, a private CA and a client certificate ([`TlsSettings`]) |
 //! | `postgres` | a [`Relay`] on a PostgreSQL outbox is woken by commits in other processes (`LISTEN`) |
+//!
+//! # A cluster
+//!
+//! Give every connection a cluster's nodes: comma-separated URLs
+//! (`amqp://u:p@rabbit-1/%2f,amqp://u:p@rabbit-2/%2f`) or [`AmqpUrl::nodes`]. Each connection
+//! (the consumer's, its dead-letter copies', the publisher's, the relay's) tries them in turn,
+//! starting from the last one reached, or from a random one with [`AmqpUrl::shuffled`], and
+//! lapin's recovery moves to the next when its node goes away. Every failed attempt is logged
+//! as a warning (the node, password hidden, the reason, the node tried next), every connection
+//! made at `info` with its node, and counted by node in `idem_rabbitmq_connections_total`.
 //!
 //! # Metrics
 //!
-//! `idem_rabbitmq_deliveries_total{queue, settle}` counts settled deliveries (`acked`,
-//! `duplicate`, `requeued`, `dead-lettered`, `dead-letter-failed`, `settle-lost`), besides the
-//! inbox's own `idem_messages_total`. A rising `dead-letter-failed` means the dead-letter
-//! exchange routes copies to no queue: messages stay on their queue until it is fixed.
-//!
-//! The outbox [`Relay`] counts `idem_outbox_published_total{table}` and
-//! `idem_outbox_publish_failures_total{table, reason}`, and sets the gauge
-//! `idem_outbox_pending_age_seconds{table}`.
+//! [`metrics`] names every metric this crate records, with its labels; besides them, the inbox
+//! counts `idem_messages_total` (see `idem_runtime::metrics`). A rising `dead-letter-failed`
+//! settlement means the dead-letter exchange routes copies to no queue: messages stay on their
+//! queue until it is fixed.
 
 mod codec;
 mod confirm;
@@ -63,10 +69,12 @@ mod consumer;
 mod error;
 mod metadata;
 pub mod metrics;
+mod nodes;
 mod publisher;
 mod queue_kind;
 mod relay;
 mod stop;
+mod tls;
 mod topology;
 mod url;
 
@@ -81,6 +89,7 @@ pub use metadata::metadata_of;
 pub use publisher::{PublishOptions, Publisher, PublisherBuilder};
 pub use queue_kind::QueueKind;
 pub use relay::{MAX_RELAY_BATCH, Relay, RelayBuilder, RelayHandle, RelayStats};
+pub use tls::{TlsError, TlsSettings};
 pub use topology::{ExchangeBinding, QueueTopology};
 pub use url::{AmqpUrl, redact_url};
 

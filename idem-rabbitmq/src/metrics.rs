@@ -6,6 +6,7 @@
 //! | metric | kind | labels | what it counts |
 //! |---|---|---|---|
 //! | `idem_rabbitmq_deliveries_total` ([`DELIVERIES_TOTAL`]) | counter | `queue`, `settle` (`acked`, `duplicate`, `requeued`, `dead-lettered`, `dead-letter-failed`, `settle-lost`) | deliveries settled by a consumer |
+//! | `idem_rabbitmq_connections_total` ([`CONNECTIONS_TOTAL`]) | counter | `connection` (its name), `node` (`host:port`) | connections opened to a broker node, reconnections included: which node each connection is on |
 //! | `idem_outbox_published_total` ([`OUTBOX_PUBLISHED_TOTAL`]) | counter | `table` | outbox messages a relay published, confirmed by the broker |
 //! | `idem_outbox_publish_failures_total` ([`OUTBOX_PUBLISH_FAILURES_TOTAL`]) | counter | `table`, `reason` (`unroutable`, `refused`, `no-confirm`, `channel`) | publishes the broker did not take |
 //! | `idem_outbox_pending_age_seconds` ([`OUTBOX_PENDING_AGE_SECONDS`]) | gauge | `table` | the age of the oldest message in a relay's last batch (0 when none) |
@@ -13,6 +14,9 @@
 //! A steady `dead-letter-failed` deserves an alert: dead-letter copies the broker does not take,
 //! so the messages go back to their queue instead; `settle-lost` counts settlements a dying
 //! channel took with it (the broker redelivers those messages).
+
+/// The counter of connections opened to a broker node, by connection name and node.
+pub const CONNECTIONS_TOTAL: &str = "idem_rabbitmq_connections_total";
 
 /// The counter of settled deliveries.
 pub const DELIVERIES_TOTAL: &str = "idem_rabbitmq_deliveries_total";

@@ -431,14 +431,9 @@ impl QueueTopology {
     }
 
     async fn broker_kind(&self, url: &AmqpUrl, name: &str) -> Result<QueueKind> {
-        let properties = ConnectionProperties::default()
-            .with_connection_name(format!("{name} type check").into());
-        let connection = Connection::connect(url.expose(), properties)
-            .await
-            .map_err(|source| Error::Connect {
-                url: url.redacted(),
-                source,
-            })?;
+        let properties = ConnectionProperties::default();
+        let connection =
+            crate::connect::open(url, &format!("{name} type check"), properties).await?;
         let kind = self.probe(&connection).await;
         if connection.status().connected() {
             let _ = connection.close(200, "queue type checked".into()).await;

@@ -2,29 +2,106 @@
 
 use std::fmt;
 
-/// An AMQP URL (`amqp://user:password@host:port/vhost`, or `amqps://` with the `tls` feature)
-/// whose `Display` and `Debug` forms hide the password, so it can be logged and put in errors.
+use crate::tls::TlsSettings;
+
+/// The URL of a RabbitMQ broker (`amqp://user:password@host:port/vhost`, or `amqps://` with the
+/// `tls` feature), or of the nodes of a cluster, whose `Display` and `Debug` forms hide every
+/// password, so it can be logged and put in errors.
+///
+/// A cluster's nodes are URLs separated by commas (`amqp://u:p@rabbit-1/%2f,amqp://u:p@rabbit-2/%2f`,
+/// as `AMQP_URL` holds them), or given as a list ([`AmqpUrl::nodes`]). Every connection idem opens
+/// tries them in order, starting from the last one it reached (or from a random one, see
+/// [`AmqpUrl::shuffled`]), and moves to the next when its node cannot be reached or goes away.
+/// The nodes share the first URL's user, password and virtual host; only their schemes, hosts
+/// and ports are used.
 ///
 /// A password with a reserved character (`/ # ? @ %`) must be percent-encoded in the URL
 /// (`s3cr%2Fet`); one that is not is still hidden, see [`redact_url`].
 #[derive(Clone, PartialEq, Eq)]
-pub struct AmqpUrl(String);
+pub struct AmqpUrl {
+    text: String,
+    shuffled: bool,
+    tls: TlsSettings,
+}
 
 impl AmqpUrl {
-    /// Wraps a URL.
+    /// Wraps a URL, or comma-separated URLs of a cluster's nodes.
     pub fn new(url: impl Into<String>) -> Self {
-        Self(url.into())
+        Self {
+            text: url.into(),
+            shuffled: false,
+            tls: TlsSettings::default(),
+        }
+    }
+
+    /// The URLs of a cluster's nodes, tried in this order.
+    pub fn nodes<I>(urls: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        let urls: Vec<String> = urls.into_iter().map(Into::into).collect();
+        Self::new(urls.join(","))
+    }
+
+    /// Each connection starts from a node chosen at random instead of the first, so that the
+    /// processes of a fleet spread over the cluster.
+    pub fn shuffled(mut self) -> Self {
+        self.shuffled = true;
+        self
+    }
+
+    /// Connects to `amqps://` nodes with `tls`: a private CA, a client certificate (the `tls`
+    /// feature; without them, the platform's root certificates and no client certificate).
+    pub fn tls(mut self, tls: TlsSettings) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The TLS settings of `amqps://` nodes.
+    pub fn tls_settings(&self) -> &TlsSettings {
+        &self.tls
+    }
+
+    /// Whether connections start from a random node.
+    pub fn is_shuffled(&self) -> bool {
+        self.shuffled
     }
 
     /// The full URL, password included: for connecting only.
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.text
     }
 
-    /// The URL with the password replaced by `***`; see [`redact_url`].
-    pub fn redacted(&self) -> String {
-        redact_url(&self.0)
+    /// Each node's URL, password included: for connecting only.
+    pub fn node_urls(&self) -> Vec<&str> {
+        split_nodes(&self.text)
     }
+
+    /// The URL with every password replaced by `***`; see [`redact_url`].
+    pub fn redacted(&self) -> String {
+        let nodes: Vec<String> = split_nodes(&self.text)
+            .into_iter()
+            .map(redact_url)
+            .collect();
+        nodes.join(",")
+    }
+}
+
+/// The URLs in `text`: a comma followed by a scheme (`amqp://`, `amqps://`) starts the next one,
+/// so that a comma in a password is no separator.
+fn split_nodes(text: &str) -> Vec<&str> {
+    let mut nodes = Vec::new();
+    let mut start = 0;
+    for (comma, _) in text.match_indices(',') {
+        let rest = text[comma + 1..].trim_start();
+        if rest.starts_with("amqp://") || rest.starts_with("amqps://") {
+            nodes.push(text[start..comma].trim());
+            start = comma + 1;
+        }
+    }
+    nodes.push(text[start..].trim());
+    nodes
 }
 
 /// Any URL (AMQP, PostgreSQL, MySQL, SQLite...) with its password, and the value of any query
@@ -96,6 +173,18 @@ fn redact_unreadable(text: &str) -> String {
     }
 }
 
+impl<const N: usize> From<[&str; N]> for AmqpUrl {
+    fn from(urls: [&str; N]) -> Self {
+        Self::nodes(urls)
+    }
+}
+
+impl From<Vec<String>> for AmqpUrl {
+    fn from(urls: Vec<String>) -> Self {
+        Self::nodes(urls)
+    }
+}
+
 impl From<&str> for AmqpUrl {
     fn from(url: &str) -> Self {
         Self::new(url)
@@ -116,7 +205,11 @@ impl fmt::Display for AmqpUrl {
 
 impl fmt::Debug for AmqpUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AmqpUrl({:?})", self.redacted())
+        if self.shuffled {
+            write!(f, "AmqpUrl({:?}, shuffled)", self.redacted())
+        } else {
+            write!(f, "AmqpUrl({:?})", self.redacted())
+        }
     }
 }
 
@@ -193,6 +286,30 @@ mod tests {
             redact_url("postgres://db/orders?user=app&password=s3cr%2Fet"),
             "postgres://db/orders?user=app&password=***"
         );
+    }
+
+    #[test]
+    fn a_cluster_s_nodes_are_split_at_a_scheme_and_each_hidden() {
+        let url = AmqpUrl::new(
+            "amqp://u:p,w@rabbit-1/%2f, amqp://u:p,w@rabbit-2/%2f,amqps://u:p@rabbit-3/%2f",
+        );
+        assert_eq!(
+            url.node_urls(),
+            [
+                "amqp://u:p,w@rabbit-1/%2f",
+                "amqp://u:p,w@rabbit-2/%2f",
+                "amqps://u:p@rabbit-3/%2f"
+            ]
+        );
+        assert_eq!(
+            url.to_string(),
+            "amqp://u:***@rabbit-1/%2f,amqp://u:***@rabbit-2/%2f,amqps://u:***@rabbit-3/%2f"
+        );
+        assert_eq!(
+            AmqpUrl::nodes(["amqp://a/", "amqp://b/"]).node_urls(),
+            ["amqp://a/", "amqp://b/"]
+        );
+        assert_eq!(AmqpUrl::new("amqp://a/").node_urls(), ["amqp://a/"]);
     }
 
     #[test]

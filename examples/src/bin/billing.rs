@@ -26,7 +26,7 @@ use idem_examples::demo::{self, BoxError};
 use idem_examples::notifications;
 use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Publisher, Relay, RelayHandle};
+use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Relay, RelayHandle};
 use idem_runtime::{
     BatchChecks, Inbox, Outbox, RedeliveryWindow, RetentionPolicy, transport::MAX_BATCH,
 };
@@ -232,7 +232,9 @@ async fn open_inbox(db: &DatabaseConnection) -> Result<(Inbox, Outbox), BoxError
 /// Billing owns the exchange it publishes its events to, and declares it; the queues bound to
 /// it belong to the services that read them (see `idem_examples::notifications`).
 async fn declare_events_exchange(args: &Args) -> Result<(), BoxError> {
-    let publisher = Publisher::connect(args.broker.amqp_url.as_str()).await?;
+    // The first contact with the broker: a demo gives up after a bounded wait, a service waits.
+    let wait = args.demo.map(|_| args.broker.broker_wait);
+    let publisher = idem_examples::broker::reach(&args.broker.amqp_url, wait).await?;
     let declared = publisher
         .declare_exchange(&args.events_exchange, ExchangeKind::Topic)
         .await;

@@ -11,7 +11,6 @@ use clap::Parser;
 use idem_examples::cli::{BrokerArgs, parse_count};
 use idem_examples::orders;
 use idem_examples::progress::Progress;
-use idem_rabbitmq::Publisher;
 use idem_rabbitmq::lapin::ExchangeKind;
 
 /// Publishes `OrderPlaced` events for a running billing service: every tenth order twice, as a
@@ -55,13 +54,14 @@ async fn main() -> ExitCode {
             broker = %idem_rabbitmq::redact_url(&args.broker.amqp_url),
             "publishing orders"
         );
-        let publisher = Publisher::connect(args.broker.amqp_url.as_str()).await?;
+        let wait = Some(args.broker.broker_wait);
+        let publisher = idem_examples::broker::reach(&args.broker.amqp_url, wait).await?;
         publisher
             .declare_exchange(exchange, ExchangeKind::Topic)
             .await?;
         let plan = orders::publish_demo(&publisher, exchange, args.count, &published).await?;
         publisher.close().await;
-        Ok::<_, idem_rabbitmq::Error>(plan)
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(plan)
     }
     .await;
     progress.finish();

@@ -107,16 +107,16 @@ impl SessionOpener<'_> {
         let url = &self.settings.url;
         let limit = self.settings.open_timeout;
         // An abandoned connection is retired as its opening is dropped.
-        let connection = within(limit, "connection.open", Link::open(url, &name, bound)).await?;
+        let connecting = format!("connecting to {url}");
+        let connection = within(limit, &connecting, Link::open(url, &name, bound)).await?;
         let copies = format!("{name} copies");
-        let publishing =
-            match within(limit, "connection.open", Link::open(url, &copies, bound)).await {
-                Ok(publishing) => publishing,
-                Err(error) => {
-                    self.discard(connection).await;
-                    return Err(error);
-                }
-            };
+        let publishing = match within(limit, &connecting, Link::open(url, &copies, bound)).await {
+            Ok(publishing) => publishing,
+            Err(error) => {
+                self.discard(connection).await;
+                return Err(error);
+            }
+        };
         let channels = self.open_channels(&connection.connection, &publishing.connection, &name);
         let opened = within(limit, "opening the channels", channels).await;
         let (channel, publisher, consumer, kind) = match opened {

@@ -154,7 +154,12 @@ impl Worker {
                 Ok(session) => return Some(session),
                 Err(error) => {
                     (self.counters.failed_reconnections).fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(queue = self.queue(), %error, "reconnect failed");
+                    tracing::warn!(
+                        queue = self.queue(),
+                        %error,
+                        retry_in = ?delay,
+                        "reconnect failed; trying again"
+                    );
                 }
             }
             if !self.stop.sleep(delay).await {
