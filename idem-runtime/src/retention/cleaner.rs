@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sea_orm::{DbBackend, TransactionTrait};
 use tokio::sync::watch;
@@ -189,6 +189,7 @@ impl Cleaner {
         let now = store.now(&self.inner.db).await?;
         let mut report = CleanupReport::default();
         loop {
+            let started = Instant::now();
             let deleted = store
                 .delete_expired(&self.inner.db, now, policy.batch_size())
                 .await?;
@@ -197,7 +198,7 @@ impl Cleaner {
             if deleted < u64::from(policy.batch_size()) || *stop.borrow() {
                 break;
             }
-            pause(policy.pause_between_batches()).await;
+            pause(policy.rest_after(started.elapsed())).await;
         }
         metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => store.table().to_string())
             .increment(report.deleted);
@@ -222,12 +223,13 @@ impl Cleaner {
         let policy = &self.inner.retention;
         let mut deleted = 0;
         loop {
+            let started = Instant::now();
             let batch = outbox.delete_sent(policy.batch_size()).await?;
             deleted += batch;
             if batch < u64::from(policy.batch_size()) || *stop.borrow() {
                 break;
             }
-            pause(policy.pause_between_batches()).await;
+            pause(policy.rest_after(started.elapsed())).await;
         }
         metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => outbox.table().to_string())
             .increment(deleted);

@@ -31,6 +31,7 @@ pub struct RetentionPolicy {
     cleanup_interval: Duration,
     batch_size: u32,
     pause_between_batches: Duration,
+    max_busy_percent: u8,
 }
 
 impl Default for RetentionPolicy {
@@ -41,6 +42,7 @@ impl Default for RetentionPolicy {
             cleanup_interval: Duration::from_secs(60),
             batch_size: 1_000,
             pause_between_batches: Duration::from_millis(10),
+            max_busy_percent: 20,
         }
     }
 }
@@ -81,6 +83,15 @@ impl RetentionPolicy {
         self
     }
 
+    /// The most of its time the cleaner spends deleting, in percent (default 20): after a batch
+    /// that took `t`, it rests `t × (100 − percent) / percent`, and at least the pause between
+    /// batches, so that on a busy database it slows down with the database instead of taking
+    /// it from the consumers and the relay. 100 rests the pause only; values above 100 are 100.
+    pub fn with_max_busy_percent(mut self, percent: u8) -> Self {
+        self.max_busy_percent = percent.min(100);
+        self
+    }
+
     /// The default retention.
     pub fn default_retention(&self) -> Duration {
         self.default
@@ -111,6 +122,18 @@ impl RetentionPolicy {
         self.pause_between_batches
     }
 
+    /// The most of its time the cleaner spends deleting, in percent.
+    pub fn max_busy_percent(&self) -> u8 {
+        self.max_busy_percent
+    }
+
+    /// How long the cleaner rests after a batch that took `busy`.
+    pub(crate) fn rest_after(&self, busy: Duration) -> Duration {
+        let percent = u32::from(self.max_busy_percent.max(1));
+        let rest = busy * (100 - percent) / percent;
+        rest.max(self.pause_between_batches)
+    }
+
     /// Checks that every retention covers `window` and that the cleaner's settings are usable.
     pub fn validate(&self, window: &RedeliveryWindow) -> Result<(), ConfigError> {
         self.validate_settings()?;
@@ -132,6 +155,9 @@ impl RetentionPolicy {
         }
         if self.batch_size == 0 {
             return Err(ConfigError::Zero("cleanup batch size"));
+        }
+        if self.max_busy_percent == 0 {
+            return Err(ConfigError::Zero("the cleaner's busy percentage"));
         }
         Ok(())
     }
@@ -250,6 +276,24 @@ mod tests {
                 .with_batch_size(0)
                 .validate_settings(),
             Err(ConfigError::Zero("cleanup batch size"))
+        );
+    }
+
+    #[test]
+    fn the_cleaner_rests_in_proportion_to_its_work() {
+        let ms = Duration::from_millis;
+        let policy = RetentionPolicy::default();
+        // 20 % busy: four times as long resting as deleting, at least the 10 ms pause.
+        assert_eq!(policy.rest_after(ms(50)), ms(200));
+        assert_eq!(policy.rest_after(ms(1)), ms(10));
+        let eager = RetentionPolicy::default().with_max_busy_percent(200);
+        assert_eq!(eager.max_busy_percent(), 100);
+        assert_eq!(eager.rest_after(ms(50)), ms(10));
+        assert_eq!(
+            RetentionPolicy::default()
+                .with_max_busy_percent(0)
+                .validate_settings(),
+            Err(ConfigError::Zero("the cleaner's busy percentage"))
         );
     }
 }
