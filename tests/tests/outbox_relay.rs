@@ -42,6 +42,7 @@ mod servers {
         two_relays_on_one_table_publish_each_message_once,
         a_process_killed_after_its_commit_loses_and_repeats_nothing,
         a_closed_broker_connection_loses_nothing,
+        a_message_committed_behind_the_relays_pass_is_published,
     );
 }
 
@@ -1041,4 +1042,32 @@ fn gauge(name: &str, table: &str) -> (f64, f64) {
         .unwrap()
         .get(&key)
         .map_or((f64::NAN, f64::NAN), |g| *g.0.lock().unwrap())
+}
+
+/// A message whose transaction took its seq first and committed last, while the relay went
+/// through batch after batch of the later ones: its pass goes on from each batch's last row,
+/// and the next pass, from the first pending row, finds it.
+async fn a_message_committed_behind_the_relays_pass_is_published(backend: Backend) {
+    let f = fixture(backend).await;
+    let late = f.db.db.begin().await.unwrap();
+    let behind = OutboxMessage::new(f.exchange(), ROUTED, b"{}".to_vec()).message_id("behind");
+    f.outbox().stage(&late, behind).await.unwrap();
+    let runs: Vec<String> = (0..35).map(|i| format!("r{i:02}")).collect();
+    for run in &runs {
+        f.stage(run, 1).await;
+    }
+    let relay = relay_of(f.outbox(), &unique("idem-relay"))
+        .batch_size(10)
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(f.receive(runs.len(), WAIT).await.len(), runs.len());
+    late.commit().await.unwrap();
+    assert_eq!(ids(&f.receive(1, WAIT).await), ["behind"]);
+    f.broker
+        .eventually("every message marked sent", WAIT, || async {
+            f.unsent().await == 0
+        })
+        .await;
+    relay.shutdown().await;
 }

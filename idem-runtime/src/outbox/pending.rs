@@ -15,7 +15,7 @@ use sea_orm::{
 use tokio::sync::OwnedMutexGuard;
 
 use super::Outbox;
-use super::statements::{Bound, rows_for};
+use super::statements::{Bound, RELEASE_BATCH, rows_for};
 use crate::clock::duration_ms;
 
 /// A staged message waiting to be published.
@@ -133,8 +133,15 @@ impl Outbox {
     ///
     /// The database failed.
     pub async fn release_holds(&self) -> Result<u64, DbErr> {
-        let release = self.statement(&self.inner.statements.release, Vec::new());
-        Ok(self.inner.db.execute_raw(release).await?.rows_affected())
+        let mut released = 0;
+        loop {
+            let release = self.statement(&self.inner.statements.release, Vec::new());
+            let batch = self.inner.db.execute_raw(release).await?.rows_affected();
+            released += batch;
+            if batch < RELEASE_BATCH {
+                return Ok(released);
+            }
+        }
     }
 
     /// A text column, which MySQL/MariaDB hands over as bytes when it is binary.

@@ -15,6 +15,10 @@ use crate::store::table::TableName;
 const PENDING_COLUMNS: &str =
     "seq, message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
 
+/// The most holds one statement releases; `Outbox::release_holds` runs it again while it
+/// releases as many.
+pub(super) const RELEASE_BATCH: u64 = 10_000;
+
 /// The columns a staging writes, in the order it binds them; `staged_at` is the clock.
 const STAGED_COLUMNS: &str =
     "message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
@@ -229,10 +233,19 @@ impl Statements {
                 "UPDATE {t} SET held_until = {now} + ? WHERE sent_at IS NULL AND seq = ?"
             )),
             hold_exchange,
-            release: format!(
-                "UPDATE {t} SET held_until = NULL \
-                 WHERE held_until IS NOT NULL AND held_until <= {now}"
-            ),
+            // Bounded and in the order of the index of holds, whatever the planner knows of the
+            // table: without statistics (a table just filled), PostgreSQL scanned it whole.
+            release: match backend {
+                DbBackend::MySql => format!(
+                    "UPDATE {t} SET held_until = NULL WHERE held_until IS NOT NULL \
+                     AND held_until <= {now} ORDER BY held_until LIMIT {RELEASE_BATCH}"
+                ),
+                _ => format!(
+                    "UPDATE {t} SET held_until = NULL WHERE seq IN (SELECT seq FROM {t} \
+                     WHERE held_until IS NOT NULL AND held_until <= {now} \
+                     ORDER BY held_until LIMIT {RELEASE_BATCH})"
+                ),
+            },
             mark_sent,
             delete_sent,
             check_schema: format!(
