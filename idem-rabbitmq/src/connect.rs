@@ -39,7 +39,7 @@ pub(crate) async fn open(
         url: url.redacted(),
         source,
     };
-    let nodes = Arc::new(Nodes::of(url, name)?);
+    let nodes = Nodes::of(url, name)?;
     let runtime = lapin::runtime::default_runtime().map_err(failed)?;
     let uri = nodes.handshake_uri();
     let connect = async move |_: AMQPUri, runtime| {

@@ -176,8 +176,7 @@ impl Runner {
         let Some(batch) = self.take_batch().await? else {
             return Ok(Round::Stopped);
         };
-        let full =
-            batch.rows_taken() >= usize::try_from(self.settings.batch_size).unwrap_or(usize::MAX);
+        let full = is_full(&batch, self.settings.batch_size);
         let pass_goes_on = if full { batch.last_seq_taken() } else { None };
         let round = self.publish_batch(batch).await;
         self.pass_after = match round {
@@ -237,7 +236,7 @@ impl Runner {
             let Some(batch) = self.take(limit, after).await? else {
                 return Ok(None);
             };
-            let full = batch.rows_taken() >= usize::try_from(limit).unwrap_or(usize::MAX);
+            let full = is_full(&batch, limit);
             if !full || !batch.messages().is_empty() {
                 return Ok(Some(batch));
             }
@@ -505,4 +504,9 @@ fn refused_exchange(error: &lapin::Error) -> Option<Refused<'_>> {
         .and_then(|(_, rest)| rest.split_once('\''))
         .map(|(exchange, _)| exchange);
     Some(named.map_or(Refused::Unnamed, Refused::Exchange))
+}
+
+/// Whether `batch` took as many rows as its statement was allowed (`limit`): there may be more.
+fn is_full(batch: &PendingBatch, limit: u32) -> bool {
+    batch.rows_taken() >= usize::try_from(limit).unwrap_or(usize::MAX)
 }
