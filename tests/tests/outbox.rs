@@ -465,12 +465,17 @@ async fn a_two_phase_takeover_derives_the_same_downstream_keys(backend: Backend)
     };
     // The first worker crashes mid-call (its future is dropped) and its lease runs out.
     let metadata = meta();
-    let stuck = inbox.process(&caller, Msg::new("o-1", "a"), &metadata);
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), stuck)
-            .await
-            .is_err()
-    );
+    let called = async {
+        while caller.keys.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        finished = inbox.process(&caller, Msg::new("o-1", "a"), &metadata) => {
+            panic!("the first run should hang, it ended with {finished:?}")
+        }
+        () = called => {}
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     inbox
         .process(&caller, Msg::new("o-1", "a"), &meta())
