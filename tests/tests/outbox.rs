@@ -32,7 +32,10 @@ on_each_backend!(
 /// The database servers, whose relays take messages side by side.
 mod servers {
     use super::*;
-    on_each_backend!([postgres, mysql]: messages_of_a_run_outside_handlers_keep_their_order_across_relays);
+    on_each_backend!([postgres, mysql]:
+        messages_of_a_run_outside_handlers_keep_their_order_across_relays,
+        a_run_waits_for_a_message_between_two_of_its_batch_that_another_relay_has,
+    );
 }
 
 /// SQLite's own: one writer at a time.
@@ -297,6 +300,43 @@ async fn messages_of_a_run_outside_handlers_keep_their_order_across_relays(backe
     assert!(second.messages().is_empty(), "{:?}", second.messages());
     second.mark_sent(&[]).await.unwrap();
     first.mark_sent(&[]).await.unwrap();
+}
+
+/// A relay that has a run's first and third messages, but not its second (another relay took
+/// it, found the first unsent before it and left it out, still locked), publishes the first
+/// only: the third waits for the second.
+async fn a_run_waits_for_a_message_between_two_of_its_batch_that_another_relay_has(
+    backend: Backend,
+) {
+    let (db, _inbox, outbox, _effects) = setup(backend).await;
+    for routing_key in ["first", "second", "third"] {
+        let message = OutboxMessage::new("events", routing_key, b"{}".to_vec()).in_run("events");
+        outbox.stage(&db.db, message).await.unwrap();
+    }
+    let all = outbox.take_pending(100).await.unwrap();
+    let seqs: Vec<i64> = all.messages().iter().map(|m| m.seq).collect();
+    all.mark_sent(&[]).await.unwrap();
+    let other = Outbox::builder(db.another_pool(2).await)
+        .table(outbox.table().as_str())
+        .build()
+        .await
+        .unwrap();
+    let second = other.take_pending_after(1, Some(seqs[0])).await.unwrap();
+    assert_eq!(second.rows_taken(), 1);
+    assert!(second.messages().is_empty(), "{:?}", second.messages());
+    let batch = outbox.take_pending(100).await.unwrap();
+    let keys: Vec<&str> = (batch.messages().iter())
+        .map(|m| m.routing_key.as_str())
+        .collect();
+    assert_eq!(keys, ["first"]);
+    batch.mark_sent(&[seqs[0]]).await.unwrap();
+    second.mark_sent(&[]).await.unwrap();
+    let rest = outbox.take_pending(100).await.unwrap();
+    let keys: Vec<&str> = (rest.messages().iter())
+        .map(|m| m.routing_key.as_str())
+        .collect();
+    assert_eq!(keys, ["second", "third"]);
+    rest.mark_sent(&[]).await.unwrap();
 }
 
 /// Runs are told apart by their bytes: holding back run `o-a` leaves out its messages only,

@@ -14,6 +14,7 @@ mod error;
 mod message;
 mod outbound;
 mod pending;
+mod run_order;
 mod statements;
 mod table;
 
@@ -69,6 +70,8 @@ struct Inner {
     local_relays: AtomicUsize,
     /// On SQLite, held by the relay of this process that has a batch in hand.
     relay_turn: Arc<tokio::sync::Mutex<()>>,
+    /// How far each run is known to be sent, from this process's relays.
+    sent_through: run_order::SentThrough,
 }
 
 /// A relay of an [`Outbox`] running in this process, until dropped: see
@@ -380,6 +383,7 @@ impl OutboxBuilder {
                 staged: Notify::new(),
                 local_relays: AtomicUsize::new(0),
                 relay_turn: Arc::default(),
+                sent_through: run_order::SentThrough::default(),
             }),
         };
         if self.create_table {

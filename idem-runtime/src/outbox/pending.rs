@@ -2,7 +2,7 @@
 //! that relays in other processes skip them, held back while the broker does not take them, and
 //! marked sent once their publishes are confirmed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use sea_orm::{
 use tokio::sync::OwnedMutexGuard;
 
 use super::Outbox;
+use super::run_order::{Unsent, wait_of};
 use super::statements::{Bound, RELEASE_BATCH, rows_for};
 use crate::clock::duration_ms;
 
@@ -177,87 +178,105 @@ impl Outbox {
     }
 }
 
-/// What the earliest unsent message of a run taken in a batch says.
-struct Earliest {
-    seq: i64,
-    /// How long the latest hold among the run's messages still runs (milliseconds), if one is
-    /// held.
-    held_for: Option<i64>,
-}
-
 impl PendingBatch {
-    /// Keeps the messages of `taken` whose run has no earlier unsent message outside the
-    /// batch: another relay has that one in hand (they wait for the next batch), or it is held
-    /// back (they are held back with it, for as long).
+    /// Keeps the messages of `taken` that no unsent message of their run outside the batch
+    /// comes before: another relay has that one in hand (the later ones wait for the next
+    /// batch), or it is held back (they are held back with it, for as long).
     async fn keep_runs_in_order(mut self, taken: Vec<PendingMessage>) -> Result<Self, DbErr> {
-        let mut first: HashMap<&str, i64> = HashMap::new();
+        let mut runs: HashMap<&str, Vec<i64>> = HashMap::new();
         for message in &taken {
             if let Some(run) = &message.run {
-                first.entry(run.as_str()).or_insert(message.seq);
+                runs.entry(run.as_str()).or_default().push(message.seq);
             }
         }
-        let earliest = self.earliest_of(first.keys().copied().collect()).await?;
-        let mut waiting: HashSet<String> = HashSet::new();
-        for (run, ours) in &first {
-            let Some(earliest) = earliest.get(*run) else {
+        let mut unsent = self.unsent_of(&runs).await?;
+        let mut waiting: HashMap<String, i64> = HashMap::new();
+        for (run, seqs) in &runs {
+            let rows = unsent.remove(*run).unwrap_or_default();
+            let Some(wait) = wait_of(seqs, &rows) else {
                 continue;
             };
-            if earliest.seq >= *ours {
-                continue;
+            if let Some(pause) = wait.held_for {
+                self.hold_run(run, wait.from, pause).await?;
             }
-            if let Some(held_for) = earliest.held_for {
-                let pause = Duration::from_millis(u64::try_from(held_for).unwrap_or(0).max(1));
-                self.hold_run(run, *ours, pause).await?;
-            }
-            waiting.insert((*run).to_owned());
+            waiting.insert((*run).to_owned(), wait.from);
         }
         self.messages = taken
             .into_iter()
-            .filter(|m| m.run.as_ref().is_none_or(|run| !waiting.contains(run)))
+            .filter(|m| {
+                let from = m.run.as_ref().and_then(|run| waiting.get(run));
+                from.is_none_or(|from| m.seq < *from)
+            })
             .collect();
         Ok(self)
     }
 
-    /// The earliest unsent message of each of `runs`.
-    async fn earliest_of(&self, runs: Vec<&str>) -> Result<HashMap<String, Earliest>, DbErr> {
+    /// The unsent rows of each of `runs` (with the seqs the batch took of it) after the seq up
+    /// to which the run is known sent and up to the last the batch took, in order.
+    async fn unsent_of(
+        &self,
+        runs: &HashMap<&str, Vec<i64>>,
+    ) -> Result<HashMap<String, Vec<Unsent>>, DbErr> {
         if runs.is_empty() {
             return Ok(HashMap::new());
         }
         let outbox = &self.outbox;
+        let known = &outbox.inner.sent_through;
+        let bounds: HashMap<&str, (i64, i64)> = (runs.iter())
+            .map(|(run, seqs)| (*run, (known.of(run), seqs.last().copied().unwrap_or(0))))
+            .collect();
         let statements = &outbox.inner.statements;
         let (sql, values) = match outbox.backend() {
             #[cfg(feature = "postgres")]
             DbBackend::Postgres => {
-                let runs = runs
-                    .iter()
-                    .map(|run| Value::from((*run).to_owned()))
-                    .collect();
-                let runs = Value::Array(ArrayType::String, Some(Box::new(runs)));
-                (statements.run_earliest(1), vec![runs])
+                let names = bounds.keys().map(|run| Value::from((*run).to_owned()));
+                let names = Value::Array(ArrayType::String, Some(Box::new(names.collect())));
+                let after = bounds.values().map(|(after, _)| *after).min();
+                let upto = bounds.values().map(|(_, upto)| *upto).max();
+                let values = vec![names, after.into(), upto.into()];
+                (statements.run_unsent(1), values)
             }
-            // Padded with a run no message has: runs are never empty.
+            // Padded with an empty range of a run no message has.
             _ => {
-                let padding = rows_for(runs.len()) - runs.len();
-                let values = (runs.iter().map(|run| (*run).to_owned()))
-                    .chain(std::iter::repeat_n(String::new(), padding))
-                    .map(Value::from)
+                let padding = rows_for(bounds.len()) - bounds.len();
+                let ranges = (bounds
+                    .iter()
+                    .map(|(run, (after, upto))| (*run, *after, *upto)))
+                .chain(std::iter::repeat_n(("", 0, 0), padding));
+                let values = ranges
+                    .flat_map(|(run, after, upto)| {
+                        [Value::from(run.to_owned()), after.into(), upto.into()]
+                    })
                     .collect();
-                (statements.run_earliest(runs.len()), values)
+                (statements.run_unsent(bounds.len()), values)
             }
         };
         let rows = self.query(&sql, values).await?;
-        let mut earliest = HashMap::with_capacity(rows.len());
+        let mut unsent: HashMap<String, Vec<Unsent>> = HashMap::new();
         for row in rows {
             let run = outbox.read_text(&row, 0, "run")?;
+            let seq: i64 = row.try_get_by_index(1)?;
+            let Some((after, upto)) = bounds.get(run.as_str()) else {
+                continue;
+            };
+            if seq <= *after || seq > *upto {
+                continue;
+            }
             let held_until: Option<i64> = row.try_get_by_index(2)?;
             let now: i64 = row.try_get_by_index(3)?;
-            let entry = Earliest {
-                seq: row.try_get_by_index(1)?,
-                held_for: held_until.map(|until| until - now).filter(|left| *left > 0),
-            };
-            earliest.insert(run, entry);
+            let held_for = held_until
+                .map(|until| until - now)
+                .filter(|left| *left > 0)
+                .map(|left| Duration::from_millis(u64::try_from(left).unwrap_or(1)));
+            unsent
+                .entry(run)
+                .or_default()
+                .push(Unsent { seq, held_for });
         }
-        Ok(earliest)
+        for rows in unsent.values_mut() {
+            rows.sort_by_key(|row| row.seq);
+        }
+        Ok(unsent)
     }
 
     /// The messages, in the order they were staged.
@@ -356,11 +375,13 @@ impl PendingBatch {
             };
             self.execute(&sql, values).await?;
         }
-        match self.tx {
-            Some(tx) => tx.commit().await,
-            // SQLite: each statement was atomic by itself.
-            None => Ok(()),
+        if let Some(tx) = self.tx {
+            tx.commit().await?;
         }
+        // SQLite: each statement was atomic by itself.
+        let known = &self.outbox.inner.sent_through;
+        known.learn(&self.messages, seqs);
+        Ok(())
     }
 
     /// Runs a statement of the batch, in its transaction where it has one; returns the rows

@@ -7,6 +7,7 @@
 
 use sea_orm::DbBackend;
 
+use super::table::index_name;
 use crate::store::dialect::Dialect;
 use crate::store::table::TableName;
 
@@ -75,10 +76,11 @@ pub(super) struct Statements {
     pub(super) take: String,
     /// The same without row locks (SQLite, whose relays take turns in process).
     pub(super) take_unlocked: String,
-    /// The earliest unsent seq of each run of a list, with the latest hold among the run's
-    /// messages (ms, or NULL) and the database's clock; binds the runs (an array on
-    /// PostgreSQL).
-    run_earliest: String,
+    /// The unsent rows of runs within bounds: run, seq, hold (ms, or NULL) and the database's
+    /// clock. Binds each run with the seq it starts after and the last seq it reads up to
+    /// (`{ranges}` of them); on PostgreSQL, the runs as an array, the lowest start and the
+    /// highest end (rows outside a run's own bounds are left to the caller).
+    run_unsent: String,
     /// Holds a run from a seq on: binds the pause (ms), the run (twice on MySQL/MariaDB) and
     /// the seq.
     pub(super) hold_run: String,
@@ -94,7 +96,8 @@ pub(super) struct Statements {
     mark_sent: String,
     /// Deletes sent messages older than the retention: binds the retention (ms) and the limit.
     pub(super) delete_sent: String,
-    /// Reads every column this version uses, from no row.
+    /// Reads every column this version uses, from no row (through the index of ready rows on
+    /// MySQL/MariaDB, whose take names it).
     pub(super) check_schema: String,
     /// Binds consumer, message key and claim token; the inbox table's name still to fill in.
     claim_held: String,
@@ -155,32 +158,42 @@ impl Statements {
             },
         });
         let origin = origin_bytes(backend);
-        let (take_lock, run_list, same_run) = match backend {
-            DbBackend::Postgres => (
-                " FOR UPDATE SKIP LOCKED",
-                "origin = ANY(?::text[])".to_owned(),
-                "origin = ?".to_owned(),
-            ),
-            // The list compares by the column's collation (a superset of the runs asked for,
-            // through its index); the run itself by its bytes.
+        let (take_lock, same_run) = match backend {
+            DbBackend::Postgres => (" FOR UPDATE SKIP LOCKED", "origin = ?".to_owned()),
+            // The run compares by the column's collation (through its index), then by its
+            // bytes.
             DbBackend::MySql => (
                 " FOR UPDATE SKIP LOCKED",
-                "origin IN ({list})".to_owned(),
                 format!("origin = ? AND {origin} = ?"),
             ),
-            _ => ("", "origin IN ({list})".to_owned(), "origin = ?".to_owned()),
+            _ => ("", "origin = ?".to_owned()),
+        };
+        // MariaDB took the index of holds for `held_until IS NULL` once the statement read
+        // the payload too, and stepped over every sent row from the first at each batch.
+        let ready = match backend {
+            DbBackend::MySql => format!(" FORCE INDEX ({})", index_name(backend, table, "ready")),
+            _ => String::new(),
         };
         let take = |lock: &str| {
             dialect.placeholders(&format!(
-                "SELECT {PENDING_COLUMNS}, {now} FROM {t} \
+                "SELECT {PENDING_COLUMNS}, {now} FROM {t}{ready} \
                  WHERE sent_at IS NULL AND held_until IS NULL AND seq > ? \
                  ORDER BY seq LIMIT ?{lock}"
             ))
         };
-        let run_earliest = dialect.placeholders(&format!(
-            "SELECT {origin}, MIN(seq), MAX(held_until), {now} FROM {t} \
-             WHERE sent_at IS NULL AND {run_list} GROUP BY {origin}"
-        ));
+        let run_unsent = match backend {
+            DbBackend::Postgres => dialect.placeholders(&format!(
+                "SELECT origin, seq, held_until, {now} FROM {t} \
+                 WHERE sent_at IS NULL AND origin = ANY(?::text[]) AND seq > ? AND seq <= ? \
+                 ORDER BY seq"
+            )),
+            // One range of the runs' index per run. The run compares by the column's
+            // collation (a superset of the run, through its index); the caller keeps the
+            // run's own bytes.
+            _ => format!(
+                "SELECT {origin}, seq, held_until, {now} FROM {t} WHERE {{ranges}} ORDER BY seq"
+            ),
+        };
         let hold_exchange = match backend {
             // MySQL/MariaDB update a table they read in a join only.
             DbBackend::MySql => vec![
@@ -224,7 +237,7 @@ impl Statements {
             tells_open_transaction: dialect.tells_open_transaction(),
             take: take(take_lock),
             take_unlocked: take(""),
-            run_earliest,
+            run_unsent,
             hold_run: dialect.placeholders(&format!(
                 "UPDATE {t} SET held_until = {now} + ? \
                  WHERE sent_at IS NULL AND {same_run} AND seq >= ?"
@@ -249,7 +262,7 @@ impl Statements {
             mark_sent,
             delete_sent,
             check_schema: format!(
-                "SELECT {PENDING_COLUMNS}, sent_at, held_until FROM {t} WHERE 1 = 0"
+                "SELECT {PENDING_COLUMNS}, sent_at, held_until FROM {t}{ready} WHERE 1 = 0"
             ),
             backend,
         }
@@ -281,9 +294,11 @@ impl Statements {
         }
     }
 
-    /// [`Statements::run_earliest`] for `count` runs.
-    pub(super) fn run_earliest(&self, count: usize) -> String {
-        self.run_earliest.replace("{list}", &list_of(count))
+    /// [`Statements::run_unsent`] for `count` runs.
+    pub(super) fn run_unsent(&self, count: usize) -> String {
+        let range = "(origin = ? AND sent_at IS NULL AND seq > ? AND seq <= ?)";
+        let ranges = vec![range; rows_for(count)].join(" OR ");
+        self.run_unsent.replace("{ranges}", &ranges)
     }
 
     /// The statements that hold an exchange, each with the values it binds in order: which of

@@ -152,7 +152,7 @@ fn indexes(backend: DbBackend, table: &TableName) -> Vec<(String, String)> {
 }
 
 /// `<table>_<suffix>`, quoted.
-fn index_name(backend: DbBackend, table: &TableName, suffix: &str) -> String {
+pub(super) fn index_name(backend: DbBackend, table: &TableName, suffix: &str) -> String {
     match backend {
         DbBackend::MySql => format!("`{}_{suffix}`", table.as_str()),
         _ => format!("\"{}_{suffix}\"", table.as_str()),
