@@ -30,8 +30,7 @@ pub const DEFAULT_BROKER_WAIT: Duration = Duration::from_secs(30);
 ///
 /// [`BrokerUnreachable`] once `wait` is over. A broker that refuses the connection (wrong
 /// credentials, no such virtual host) is tried again like one that is down, its reason logged.
-pub async fn reach(url: &str, wait: Option<Duration>) -> Result<Publisher, BrokerUnreachable> {
-    let url = AmqpUrl::new(url);
+pub async fn reach(url: &AmqpUrl, wait: Option<Duration>) -> Result<Publisher, BrokerUnreachable> {
     let unreachable = || BrokerUnreachable {
         url: url.redacted(),
         waited: wait.unwrap_or_default(),

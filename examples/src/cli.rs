@@ -3,8 +3,10 @@
 
 use std::ffi::OsStr;
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use idem_rabbitmq::{AmqpUrl, TlsError, TlsSettings};
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
@@ -28,6 +30,30 @@ pub struct BrokerArgs {
     #[arg(hide_env_values = true)]
     pub amqp_url: String,
 
+    /// For `amqps://` URLs: a PEM file of the CA that signed the broker's certificate, trusted
+    /// besides the platform's roots
+    #[arg(long, value_name = "FILE", env = "AMQP_CA_FILE")]
+    pub amqp_ca_file: Option<PathBuf>,
+
+    /// For a broker that authenticates clients by certificate: this client's certificate (PEM),
+    /// with `--amqp-client-key`
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "AMQP_CLIENT_CERT",
+        requires = "amqp_client_key"
+    )]
+    pub amqp_client_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--amqp-client-cert`
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "AMQP_CLIENT_KEY",
+        requires = "amqp_client_cert"
+    )]
+    pub amqp_client_key: Option<PathBuf>,
+
     /// With `--demo`, and for `orders`: how long to wait for the broker before giving up, in
     /// milliseconds (a service waits as long as it takes)
     #[arg(
@@ -42,6 +68,24 @@ pub struct BrokerArgs {
     /// The exchange orders are published to, and billing's queue is bound to
     #[arg(long, value_name = "NAME", env = "ORDERS_EXCHANGE", default_value = crate::orders::EXCHANGE)]
     pub exchange: String,
+}
+
+impl BrokerArgs {
+    /// The broker's URL with its TLS settings.
+    ///
+    /// # Errors
+    ///
+    /// A TLS file cannot be read or holds no PEM block of its kind.
+    pub fn url(&self) -> Result<AmqpUrl, TlsError> {
+        let mut tls = TlsSettings::new();
+        if let Some(ca) = &self.amqp_ca_file {
+            tls = tls.ca_file(ca)?;
+        }
+        if let (Some(certificate), Some(key)) = (&self.amqp_client_cert, &self.amqp_client_key) {
+            tls = tls.client_certificate(certificate, key)?;
+        }
+        Ok(AmqpUrl::new(self.amqp_url.as_str()).tls(tls))
+    }
 }
 
 /// Parses a count of at least one.

@@ -56,7 +56,7 @@ pub struct Services<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct Settings<'a> {
     /// The broker.
-    pub amqp_url: &'a str,
+    pub amqp_url: &'a AmqpUrl,
     /// The exchange orders are published to.
     pub exchange: &'a str,
     /// The queue billing consumes.
@@ -103,8 +103,8 @@ pub async fn run(services: Services<'_>, settings: Settings<'_>) -> Result<(), B
 
 /// How many messages are ready in `queue`: those an earlier run, or an orders service with no
 /// billing running, left there.
-async fn ready_messages(amqp_url: &str, queue: &str) -> Result<u64, idem_rabbitmq::Error> {
-    let connection = idem_rabbitmq::connect(&AmqpUrl::new(amqp_url), "billing demo").await?;
+async fn ready_messages(amqp_url: &AmqpUrl, queue: &str) -> Result<u64, idem_rabbitmq::Error> {
+    let connection = idem_rabbitmq::connect(amqp_url, "billing demo").await?;
     let channel = connection.create_channel().await;
     let passive = QueueDeclareOptions {
         passive: true,
@@ -125,7 +125,7 @@ async fn publish_orders(
     settings: Settings<'_>,
     published: &AtomicUsize,
 ) -> Result<DemoPlan, idem_rabbitmq::Error> {
-    let publisher = Publisher::connect(settings.amqp_url).await?;
+    let publisher = Publisher::connect(settings.amqp_url.clone()).await?;
     let plan = orders::publish_demo(&publisher, settings.exchange, settings.count, published).await;
     publisher.close().await;
     plan

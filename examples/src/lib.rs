@@ -14,6 +14,8 @@
 //! | option | variable | default | what |
 //! |---|---|---|---|
 //! | `--amqp-url` | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | the broker, or a cluster's nodes separated by commas (tried in turn, see [`idem_rabbitmq::AmqpUrl`]) |
+//! | `--amqp-ca-file` | `AMQP_CA_FILE` | none | for `amqps://` (built with `--features tls`): a PEM file of the CA that signed the broker's certificate, trusted besides the platform's roots |
+//! | `--amqp-client-cert`, `--amqp-client-key` | `AMQP_CLIENT_CERT`, `AMQP_CLIENT_KEY` | none | the client certificate and key (PEM) for a broker that authenticates clients by certificate |
 //! | `--broker-wait-ms` | `BROKER_WAIT_MS` | `30000` | with `--demo`, and for `orders`: how long to wait for the broker before giving up (a service waits as long as it takes, logging each try) |
 //! | `--exchange` | `ORDERS_EXCHANGE` | `orders` | the exchange orders are published to, and billing's queue bound to |
 //! | `--database-url` | `DATABASE_URL` | `sqlite://billing.db?mode=rwc` | billing's database (SQLite, PostgreSQL or MySQL) |

@@ -135,12 +135,11 @@ pub fn topology() -> QueueTopology {
 /// The broker cannot be reached, or refuses a declaration: `PRECONDITION_FAILED` when the
 /// queue exists with other arguments (see the [module docs](self)).
 pub async fn declare(
-    amqp_url: &str,
+    amqp_url: &AmqpUrl,
     queue: &str,
     events_exchange: &str,
 ) -> Result<(), idem_rabbitmq::Error> {
-    let connection =
-        idem_rabbitmq::connect(&AmqpUrl::new(amqp_url), "notifications topology").await?;
+    let connection = idem_rabbitmq::connect(amqp_url, "notifications topology").await?;
     let declared = match connection.create_channel().await {
         Ok(channel) => declare_on(&channel, queue, events_exchange).await,
         Err(error) => Err(amqp_error("channel.open")(error)),
@@ -249,7 +248,7 @@ fn queue_arguments(dead_letter_exchange: &str) -> FieldTable {
 ///
 /// The broker cannot be reached or the queue declared.
 pub async fn start(
-    amqp_url: &str,
+    amqp_url: &AmqpUrl,
     inbox: idem_runtime::Inbox,
     queue: &str,
     events_exchange: &str,
@@ -258,7 +257,7 @@ pub async fn start(
 ) -> Result<idem_rabbitmq::Consumer, idem_rabbitmq::Error> {
     declare(amqp_url, queue, events_exchange).await?;
     let service = std::sync::Arc::new(Notifications { provider_url });
-    idem_rabbitmq::Consumer::builder(amqp_url, inbox)
+    idem_rabbitmq::Consumer::builder(amqp_url.clone(), inbox)
         .connection_name(connection_name)
         // The billing consumer beside it runs the inbox's cleaner.
         .without_cleaner()

@@ -204,7 +204,8 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
     database_is_logged_without_its_password(&postgres);
     // Events that billing processes published while no notifications service ran wait in its
     // queue: the demo's notifications service takes them too, and its report leaves them out.
-    notifications::declare(&rabbit::amqp_url(), notifications::QUEUE, EVENTS_EXCHANGE)
+    let url = idem_rabbitmq::AmqpUrl::new(rabbit::amqp_url());
+    notifications::declare(&url, notifications::QUEUE, EVENTS_EXCHANGE)
         .await
         .unwrap();
     events_of_other_runs(&broker, 50).await;

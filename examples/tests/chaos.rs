@@ -540,7 +540,8 @@ async fn chaos(backend: Backend, taking: Taking) {
         "{name}.notifications"
     )));
     broker.track_exchange(&events);
-    idem_examples::notifications::declare(&rabbit::amqp_url(), notifications.queue(), &events)
+    let url = idem_rabbitmq::AmqpUrl::new(rabbit::amqp_url());
+    idem_examples::notifications::declare(&url, notifications.queue(), &events)
         .await
         .unwrap();
     let provider = Stub::start("127.0.0.1:0").await.unwrap();

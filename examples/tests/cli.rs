@@ -18,8 +18,11 @@ const NO_BROKER: &str = "amqp://guest:guest@127.0.0.1:1/%2f";
 
 /// The environment variables the binaries read, removed so that the caller's own settings do
 /// not leak into a test.
-const VARIABLES: [&str; 11] = [
+const VARIABLES: [&str; 14] = [
     "AMQP_URL",
+    "AMQP_CA_FILE",
+    "AMQP_CLIENT_CERT",
+    "AMQP_CLIENT_KEY",
     "BROKER_WAIT_MS",
     "DATABASE_URL",
     "ORDERS_EXCHANGE",
@@ -279,4 +282,67 @@ fn a_demo_without_a_broker_gives_up_after_its_wait_and_says_how_to_start_rabbitm
         }
         assert!(!stderr.contains("s3cret"), "{stderr}");
     }
+}
+
+/// A broker behind TLS with a private CA: `orders` publishes through it given the CA file
+/// (`AMQP_CA_FILE`), and without it says why each try failed; an unreadable CA file is refused
+/// before anything is published, naming the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_reach_a_tls_broker_given_its_ca_file() {
+    use idem_tests::tls::{Certificates, ClientAuth, TlsListener};
+    let certificates = Certificates::make("orders");
+    let listener = TlsListener::start(
+        &idem_tests::rabbit::amqp_addr(),
+        &certificates,
+        ClientAuth::None,
+    )
+    .await;
+    let url = listener.url();
+    let ca = certificates.ca_file.display().to_string();
+    let exchange = idem_tests::unique("idem-cli-tls");
+    let broker = idem_tests::rabbit::TestBroker::connect().await;
+    let queue = broker.classic_queue();
+    broker.declare(&queue).await;
+    let kind = idem_rabbitmq::lapin::ExchangeKind::Topic;
+    broker.declare_exchange(&exchange, kind).await;
+    broker.bind(queue.queue(), &exchange, "#").await;
+    let orders = |env: Vec<(&'static str, String)>| {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut command = command(ORDERS, &["3"], &env);
+        tokio::task::block_in_place(|| command.output().expect("the binary runs"))
+    };
+    let base = || {
+        vec![
+            ("AMQP_URL", url.clone()),
+            ("ORDERS_EXCHANGE", exchange.clone()),
+            ("BROKER_WAIT_MS", "2000".to_owned()),
+        ]
+    };
+
+    let mut trusted = base();
+    trusted.push(("AMQP_CA_FILE", ca.clone()));
+    let output = orders(trusted);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    let messages: u32 = (stdout.split(" as ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no message count in {stdout:?}"));
+    assert!(messages >= 3, "{stdout}");
+    assert_eq!(broker.depth(queue.queue()).await, messages);
+
+    let output = orders(base());
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("certificate"), "no reason in:\n{stderr}");
+
+    let mut unreadable = base();
+    unreadable.push(("AMQP_CA_FILE", "/nonexistent/ca.pem".to_owned()));
+    let output = orders(unreadable);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cannot read the CA file /nonexistent/ca.pem"),
+        "{stderr}"
+    );
 }

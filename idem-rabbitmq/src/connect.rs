@@ -42,9 +42,24 @@ pub(crate) async fn open(
     let nodes = Nodes::of(url, name)?;
     let runtime = lapin::runtime::default_runtime().map_err(failed)?;
     let uri = nodes.handshake_uri();
+    let first = {
+        let (nodes, runtime) = (&nodes, &runtime);
+        let tcp = move |node: AMQPUri| async move {
+            AMQPUriTcpExt::connect_with_config_async(&node, nodes.tls(), runtime).await
+        };
+        Handover::new(
+            first_stream(nodes, tcp)
+                .await
+                .map_err(|e| failed(e.into()))?,
+        )
+    };
     let connect = async move |_: AMQPUri, runtime| {
-        let tcp = async |node: &AMQPUri| {
-            AMQPUriTcpExt::connect_with_config_async(node, nodes.tls(), &runtime).await
+        if let Some(stream) = first.take() {
+            return Ok(stream);
+        }
+        let (nodes, runtime) = (&nodes, &runtime);
+        let tcp = move |node: AMQPUri| async move {
+            AMQPUriTcpExt::connect_with_config_async(&node, nodes.tls(), runtime).await
         };
         Ok(nodes.reach(tcp).await?)
     };
@@ -52,6 +67,34 @@ pub(crate) async fn open(
     Connection::connector(uri, runtime, connect, properties)
         .await
         .map_err(failed)
+}
+
+/// The stream a connection opens on, reached before lapin takes the connection over: a node
+/// whose TLS refuses the connection (a certificate not trusted, a plain port) fails it at once
+/// with its reason, where lapin would try again for minutes. `None` when no node could be
+/// reached for another reason: lapin tries again after its back-off.
+async fn first_stream<S, F: Future<Output = std::io::Result<S>>>(
+    nodes: &Nodes,
+    tcp: impl Fn(AMQPUri) -> F,
+) -> std::io::Result<Option<S>> {
+    match nodes.reach(tcp).await {
+        Ok(stream) => Ok(Some(stream)),
+        Err(error) if error.kind() == std::io::ErrorKind::InvalidData => Err(error),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The first stream, handed to lapin's first call for one.
+struct Handover<S>(Mutex<Option<S>>);
+
+impl<S> Handover<S> {
+    fn new(stream: Option<S>) -> Self {
+        Self(Mutex::new(stream))
+    }
+
+    fn take(&self) -> Option<S> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 /// A connection of the consumer's: lapin's automatic recovery on but bounded in time, and a
@@ -158,6 +201,17 @@ impl Link {
         let nodes = Nodes::of(url, name)?;
         let uri = nodes.handshake_uri();
         let runtime = lapin::runtime::default_runtime().map_err(failed)?;
+        let first = {
+            let (nodes, runtime) = (&nodes, &runtime);
+            let tcp = move |node: AMQPUri| async move {
+                AMQPUriTcpExt::connect_with_config_async(&node, nodes.tls(), runtime).await
+            };
+            Handover::new(
+                first_stream(nodes, tcp)
+                    .await
+                    .map_err(|e| failed(e.into()))?,
+            )
+        };
         let properties = ConnectionProperties::default()
             .enable_auto_recover()
             .configure_backoff(|backoff| backoff.with_total_delay(Some(recovery_bound)))
@@ -177,10 +231,14 @@ impl Link {
             if shared.retired.load(Ordering::SeqCst) {
                 return Err(refused());
             }
-            let tcp = async |node: &AMQPUri| {
-                AMQPUriTcpExt::connect_with_config_async(node, nodes.tls(), &runtime).await
+            let (nodes, runtime) = (&nodes, &runtime);
+            let tcp = move |node: AMQPUri| async move {
+                AMQPUriTcpExt::connect_with_config_async(&node, nodes.tls(), runtime).await
             };
-            let stream = nodes.reach(tcp).await?;
+            let stream = match first.take() {
+                Some(stream) => stream,
+                None => nodes.reach(tcp).await?,
+            };
             shared.note_socket(&stream);
             shared.stream_out.store(true, Ordering::SeqCst);
             if shared.retired.load(Ordering::SeqCst) {

@@ -97,9 +97,9 @@ impl Nodes {
     /// after a stream was handed out: that node's connection broke), else to each of the others
     /// in turn, and stays on the first reached. Every failure is logged (the node, the reason,
     /// the node tried next); the last one is returned when none can be reached.
-    pub(crate) async fn reach<S, E: std::fmt::Display>(
+    pub(crate) async fn reach<S, E: std::fmt::Display, F: Future<Output = Result<S, E>>>(
         &self,
-        connect: impl AsyncFn(&AMQPUri) -> Result<S, E>,
+        connect: impl Fn(AMQPUri) -> F,
     ) -> Result<S, E> {
         let count = self.nodes.len();
         let broke = usize::from(self.handed_out.swap(false, Ordering::SeqCst));
@@ -108,7 +108,7 @@ impl Nodes {
         for step in 0..count {
             let index = (start + step) % count;
             let node = &self.nodes[index];
-            match connect(&node.uri).await {
+            match connect(node.uri.clone()).await {
                 Ok(stream) => {
                     self.handed_out.store(true, Ordering::SeqCst);
                     self.reached(index);

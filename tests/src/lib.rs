@@ -16,6 +16,7 @@ pub mod recorder;
 pub mod script;
 pub mod skew;
 pub mod slicer;
+pub mod tls;
 
 pub use cut::CutWorker;
 pub use db::{Backend, TestDb, unique};

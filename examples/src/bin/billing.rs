@@ -26,7 +26,7 @@ use idem_examples::demo::{self, BoxError};
 use idem_examples::notifications;
 use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_rabbitmq::{Binding, Consumer, ConsumerStats, Relay, RelayHandle};
+use idem_rabbitmq::{AmqpUrl, Binding, Consumer, ConsumerStats, Relay, RelayHandle};
 use idem_runtime::{
     BatchChecks, Inbox, Outbox, RedeliveryWindow, RetentionPolicy, transport::MAX_BATCH,
 };
@@ -160,10 +160,11 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let db = connect_database(&args.database_url).await?;
     billing::create_tables(&db).await?;
     let (inbox, outbox) = open_inbox(&db).await?;
-    declare_events_exchange(&args).await?;
-    let relay = start_relay(&args, outbox.clone()).await?;
-    let consumer = start_consumer(&args, inbox.clone()).await?;
-    let notifications = start_notifications(&args, inbox).await?;
+    let broker = args.broker.url()?;
+    declare_events_exchange(&args, &broker).await?;
+    let relay = start_relay(&args, &broker, outbox.clone()).await?;
+    let consumer = start_consumer(&args, &broker, inbox.clone()).await?;
+    let notifications = start_notifications(&args, &broker, inbox).await?;
     tracing::info!(
         queue = args.queue,
         database = %idem_rabbitmq::redact_url(&args.database_url),
@@ -178,7 +179,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 db: &db,
                 stub: notifications.stub.as_ref(),
             };
-            demo::run(services, demo_settings(&args, count)).await
+            demo::run(services, demo_settings(&args, &broker, count)).await
         }
         None => {
             log_stats_until_signal(&consumer, args.stats_every).await;
@@ -231,10 +232,10 @@ async fn open_inbox(db: &DatabaseConnection) -> Result<(Inbox, Outbox), BoxError
 
 /// Billing owns the exchange it publishes its events to, and declares it; the queues bound to
 /// it belong to the services that read them (see `idem_examples::notifications`).
-async fn declare_events_exchange(args: &Args) -> Result<(), BoxError> {
+async fn declare_events_exchange(args: &Args, broker: &AmqpUrl) -> Result<(), BoxError> {
     // The first contact with the broker: a demo gives up after a bounded wait, a service waits.
     let wait = args.demo.map(|_| args.broker.broker_wait);
-    let publisher = idem_examples::broker::reach(&args.broker.amqp_url, wait).await?;
+    let publisher = idem_examples::broker::reach(broker, wait).await?;
     let declared = publisher
         .declare_exchange(&args.events_exchange, ExchangeKind::Topic)
         .await;
@@ -242,8 +243,12 @@ async fn declare_events_exchange(args: &Args) -> Result<(), BoxError> {
     Ok(declared?)
 }
 
-async fn start_relay(args: &Args, outbox: Outbox) -> Result<RelayHandle, BoxError> {
-    Ok(Relay::builder(args.broker.amqp_url.as_str(), outbox)
+async fn start_relay(
+    args: &Args,
+    broker: &AmqpUrl,
+    outbox: Outbox,
+) -> Result<RelayHandle, BoxError> {
+    Ok(Relay::builder(broker.clone(), outbox)
         .connection_name(format!("{} relay", args.connection_name))
         .start()
         .await?)
@@ -251,12 +256,12 @@ async fn start_relay(args: &Args, outbox: Outbox) -> Result<RelayHandle, BoxErro
 
 /// The consumer of billing's queue, charging one order at a time, per batch, or per slice; it
 /// also runs the inbox's cleaner, until it stops.
-async fn start_consumer(args: &Args, inbox: Inbox) -> Result<Consumer, BoxError> {
+async fn start_consumer(args: &Args, broker: &AmqpUrl, inbox: Inbox) -> Result<Consumer, BoxError> {
     let service = Arc::new(Billing {
         events_exchange: args.events_exchange.clone(),
     });
     let topology = billing::topology_on(&args.queue, &args.broker.exchange);
-    let consumer = Consumer::builder(args.broker.amqp_url.as_str(), inbox)
+    let consumer = Consumer::builder(broker.clone(), inbox)
         .connection_name(args.connection_name.clone())
         // Room for the next batch to gather while one commits.
         .prefetch(args.batch.map_or(32, |size| {
@@ -290,7 +295,11 @@ struct NotificationsHop {
 
 /// Starts the notifications service against the given provider or, in the demo, a loopback
 /// stub of its own; without either, billing runs alone.
-async fn start_notifications(args: &Args, inbox: Inbox) -> Result<NotificationsHop, BoxError> {
+async fn start_notifications(
+    args: &Args,
+    broker: &AmqpUrl,
+    inbox: Inbox,
+) -> Result<NotificationsHop, BoxError> {
     let stub = match (&args.provider_url, args.demo) {
         (None, Some(_)) => Some(Stub::start("127.0.0.1:0").await?),
         _ => None,
@@ -306,7 +315,7 @@ async fn start_notifications(args: &Args, inbox: Inbox) -> Result<NotificationsH
         });
     };
     let consumer = notifications::start(
-        &args.broker.amqp_url,
+        broker,
         inbox,
         &args.notifications_queue,
         &args.events_exchange,
@@ -320,9 +329,9 @@ async fn start_notifications(args: &Args, inbox: Inbox) -> Result<NotificationsH
     })
 }
 
-fn demo_settings(args: &Args, count: usize) -> demo::Settings<'_> {
+fn demo_settings<'a>(args: &'a Args, broker: &'a AmqpUrl, count: usize) -> demo::Settings<'a> {
     demo::Settings {
-        amqp_url: &args.broker.amqp_url,
+        amqp_url: broker,
         exchange: &args.broker.exchange,
         queue: &args.queue,
         count,

@@ -55,7 +55,7 @@ async fn main() -> ExitCode {
             "publishing orders"
         );
         let wait = Some(args.broker.broker_wait);
-        let publisher = idem_examples::broker::reach(&args.broker.amqp_url, wait).await?;
+        let publisher = idem_examples::broker::reach(&args.broker.url()?, wait).await?;
         publisher
             .declare_exchange(exchange, ExchangeKind::Topic)
             .await?;

@@ -203,9 +203,11 @@ impl Statements {
                      ON r.origin = h.origin SET r.held_until = {now} + ? \
                      WHERE r.sent_at IS NULL"
                 ),
+                // Those of no run: the first holds the others (writing them twice doubled
+                // the cost of holding a large backlog).
                 format!(
                     "UPDATE {t} SET held_until = {now} + ? \
-                     WHERE sent_at IS NULL AND exchange = ?"
+                     WHERE sent_at IS NULL AND exchange = ? AND origin IS NULL"
                 ),
             ],
             _ => vec![dialect.placeholders(&format!(
