@@ -96,8 +96,8 @@ pub(super) struct Statements {
     mark_sent: String,
     /// Deletes sent messages older than the retention: binds the retention (ms) and the limit.
     pub(super) delete_sent: String,
-    /// Reads every column this version uses, from no row (through the index of ready rows on
-    /// MySQL/MariaDB, whose take names it).
+    /// Reads every column this version uses, from no row (through the indexes that MySQL/MariaDB
+    /// statements name).
     pub(super) check_schema: String,
     /// Binds consumer, message key and claim token; the inbox table's name still to fill in.
     claim_held: String,
@@ -170,10 +170,18 @@ impl Statements {
         };
         // MariaDB took the index of holds for `held_until IS NULL` once the statement read
         // the payload too, and stepped over every sent row from the first at each batch.
-        let ready = match backend {
-            DbBackend::MySql => format!(" FORCE INDEX ({})", index_name(backend, table, "ready")),
+        // So did it for the order check, taking the index of pending rows for `sent_at IS
+        // NULL` over the runs' ranges: every unsent row read, 370 ms beside 100 k of them.
+        let forced = |suffixes: &[&str]| match backend {
+            DbBackend::MySql => {
+                let names: Vec<String> = (suffixes.iter())
+                    .map(|suffix| index_name(backend, table, suffix))
+                    .collect();
+                format!(" FORCE INDEX ({})", names.join(", "))
+            }
             _ => String::new(),
         };
+        let (ready, runs) = (forced(&["ready"]), forced(&["runs"]));
         let take = |lock: &str| {
             dialect.placeholders(&format!(
                 "SELECT {PENDING_COLUMNS}, {now} FROM {t}{ready} \
@@ -191,7 +199,8 @@ impl Statements {
             // collation (a superset of the run, through its index); the caller keeps the
             // run's own bytes.
             _ => format!(
-                "SELECT {origin}, seq, held_until, {now} FROM {t} WHERE {{ranges}} ORDER BY seq"
+                "SELECT {origin}, seq, held_until, {now} FROM {t}{runs} WHERE {{ranges}} \
+                 ORDER BY seq"
             ),
         };
         let hold_exchange = match backend {
@@ -264,7 +273,8 @@ impl Statements {
             mark_sent,
             delete_sent,
             check_schema: format!(
-                "SELECT {PENDING_COLUMNS}, sent_at, held_until FROM {t}{ready} WHERE 1 = 0"
+                "SELECT {PENDING_COLUMNS}, sent_at, held_until FROM {t}{} WHERE 1 = 0",
+                forced(&["ready", "runs"])
             ),
             backend,
         }
