@@ -20,6 +20,17 @@ use crate::error::{Error, Result};
 use crate::nodes::Nodes;
 use crate::url::AmqpUrl;
 
+/// A connect for [`Nodes::reach`]: TCP (and TLS) to a node, with the nodes' TLS settings, on
+/// `runtime`. A macro because lapin does not name its runtime's type.
+macro_rules! tcp_to {
+    ($nodes:expr, $runtime:expr) => {{
+        let (nodes, runtime) = ($nodes, $runtime);
+        move |node: AMQPUri| async move {
+            AMQPUriTcpExt::connect_with_config_async(&node, nodes.tls(), runtime).await
+        }
+    }};
+}
+
 /// Connects with lapin's automatic recovery on, naming the connection so operators can find it
 /// (`rabbitmqctl list_connections client_properties`). A cluster's nodes ([`AmqpUrl`]) are
 /// tried in turn, at the start and at every recovery.
@@ -42,25 +53,13 @@ pub(crate) async fn open(
     let nodes = Nodes::of(url, name)?;
     let runtime = lapin::runtime::default_runtime().map_err(failed)?;
     let uri = nodes.handshake_uri();
-    let first = {
-        let (nodes, runtime) = (&nodes, &runtime);
-        let tcp = move |node: AMQPUri| async move {
-            AMQPUriTcpExt::connect_with_config_async(&node, nodes.tls(), runtime).await
-        };
-        Handover::new(
-            first_stream(nodes, tcp)
-                .await
-                .map_err(|e| failed(e.into()))?,
-        )
-    };
+    let first = first_stream(&nodes, tcp_to!(&nodes, &runtime)).await;
+    let first = Handover::new(first.map_err(|e| failed(e.into()))?);
     let connect = async move |_: AMQPUri, runtime| {
         if let Some(stream) = first.take() {
             return Ok(stream);
         }
-        let (nodes, runtime) = (&nodes, &runtime);
-        let tcp = move |node: AMQPUri| async move {
-            AMQPUriTcpExt::connect_with_config_async(&node, nodes.tls(), runtime).await
-        };
+        let tcp = tcp_to!(&nodes, &runtime);
         Ok(nodes.reach(tcp).await?)
     };
     let properties = properties.with_connection_name(name.into());
@@ -201,17 +200,8 @@ impl Link {
         let nodes = Nodes::of(url, name)?;
         let uri = nodes.handshake_uri();
         let runtime = lapin::runtime::default_runtime().map_err(failed)?;
-        let first = {
-            let (nodes, runtime) = (&nodes, &runtime);
-            let tcp = move |node: AMQPUri| async move {
-                AMQPUriTcpExt::connect_with_config_async(&node, nodes.tls(), runtime).await
-            };
-            Handover::new(
-                first_stream(nodes, tcp)
-                    .await
-                    .map_err(|e| failed(e.into()))?,
-            )
-        };
+        let first = first_stream(&nodes, tcp_to!(&nodes, &runtime)).await;
+        let first = Handover::new(first.map_err(|e| failed(e.into()))?);
         let properties = ConnectionProperties::default()
             .enable_auto_recover()
             .configure_backoff(|backoff| backoff.with_total_delay(Some(recovery_bound)))
@@ -231,10 +221,7 @@ impl Link {
             if shared.retired.load(Ordering::SeqCst) {
                 return Err(refused());
             }
-            let (nodes, runtime) = (&nodes, &runtime);
-            let tcp = move |node: AMQPUri| async move {
-                AMQPUriTcpExt::connect_with_config_async(&node, nodes.tls(), runtime).await
-            };
+            let tcp = tcp_to!(&nodes, &runtime);
             let stream = match first.take() {
                 Some(stream) => stream,
                 None => nodes.reach(tcp).await?,
