@@ -452,13 +452,14 @@ async fn two_phase_max_takeovers_needs_intervention(backend: Backend) {
         .slow(Duration::from_secs(60));
     let msg = Msg::new("mail-9", "hello");
     // Two workers crash mid-handler (their futures are dropped): each leaves a claim behind.
-    // Each crashes once its claim is seen, however slow the machine is to take it.
+    // Each crashes once its claim is seen and its handler runs, however slow the machine is.
     for attempt in 1..=2u32 {
         let claimed = async {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
             loop {
                 let record = inbox.lookup(&inbox_key("mailer", "mail-9")).await.unwrap();
-                if record.is_some_and(|record| record.attempts == attempt) {
+                let handling = hanging.attempts().len() == attempt as usize;
+                if handling && record.is_some_and(|record| record.attempts == attempt) {
                     return;
                 }
                 assert!(
