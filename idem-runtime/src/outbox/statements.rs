@@ -79,7 +79,8 @@ pub(super) struct Statements {
     /// The unsent rows of runs within bounds: run, seq, hold (ms, or NULL) and the database's
     /// clock. Binds each run with the seq it starts after and the last seq it reads up to
     /// (`{ranges}` of them); on PostgreSQL, the runs as an array, the lowest start and the
-    /// highest end (rows outside a run's own bounds are left to the caller).
+    /// highest end (rows outside a run's own bounds are left to the caller). Unordered: the
+    /// caller sorts each run's few rows, rather than the database sorting them all.
     run_unsent: String,
     /// Holds a run from a seq on: binds the pause (ms), the run (twice on MySQL/MariaDB) and
     /// the seq.
@@ -192,16 +193,12 @@ impl Statements {
         let run_unsent = match backend {
             DbBackend::Postgres => dialect.placeholders(&format!(
                 "SELECT origin, seq, held_until, {now} FROM {t} \
-                 WHERE sent_at IS NULL AND origin = ANY(?::text[]) AND seq > ? AND seq <= ? \
-                 ORDER BY seq"
+                 WHERE sent_at IS NULL AND origin = ANY(?::text[]) AND seq > ? AND seq <= ?"
             )),
             // One range of the runs' index per run. The run compares by the column's
             // collation (a superset of the run, through its index); the caller keeps the
             // run's own bytes.
-            _ => format!(
-                "SELECT {origin}, seq, held_until, {now} FROM {t}{runs} WHERE {{ranges}} \
-                 ORDER BY seq"
-            ),
+            _ => format!("SELECT {origin}, seq, held_until, {now} FROM {t}{runs} WHERE {{ranges}}"),
         };
         let hold_exchange = match backend {
             // MySQL/MariaDB update a table they read in a join only.
