@@ -8,6 +8,7 @@ use sea_orm::{DbBackend, TransactionTrait};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::RetentionPolicy;
 use crate::error::Result;
 use crate::inbox::{Inbox, Inner};
 use crate::metrics::CLEANUP_DELETED_TOTAL;
@@ -22,12 +23,54 @@ pub struct CleanupReport {
     pub batches: u32,
     /// Whether the run did nothing because another cleaner held the lock.
     pub skipped: bool,
+    /// Whether the run outlasted the cleanup interval with every batch full: records expire
+    /// faster than the cleaner deletes them at its busy share, and a warning said so.
+    pub fell_behind: bool,
 }
 
 impl CleanupReport {
     fn add(&mut self, other: CleanupReport) {
         self.deleted += other.deleted;
         self.batches += other.batches;
+        self.fell_behind |= other.fell_behind;
+    }
+}
+
+/// Watches one table's cleanup run for falling behind: still finding full batches after the
+/// cleanup interval, when the next run would be due. Warns once per run.
+struct Pace<'a> {
+    table: String,
+    policy: &'a RetentionPolicy,
+    started: Instant,
+    fell_behind: bool,
+}
+
+impl<'a> Pace<'a> {
+    fn start(table: String, policy: &'a RetentionPolicy) -> Self {
+        Pace {
+            table,
+            policy,
+            started: Instant::now(),
+            fell_behind: false,
+        }
+    }
+
+    /// After a full batch, with `deleted` rows deleted so far in this run.
+    fn full_batch(&mut self, deleted: u64) {
+        let elapsed = self.started.elapsed();
+        if self.fell_behind || elapsed <= self.policy.cleanup_interval() {
+            return;
+        }
+        self.fell_behind = true;
+        tracing::warn!(
+            table = %self.table,
+            deleted,
+            rows_per_second = (deleted as f64 / elapsed.as_secs_f64()).round(),
+            max_busy_percent = self.policy.max_busy_percent(),
+            batch_size = self.policy.batch_size(),
+            "the cleaner is falling behind: rows expire faster than it deletes them at its busy \
+             share; raise RetentionPolicy::with_max_busy_percent (or the batch size)"
+        );
     }
 }
 
@@ -188,6 +231,7 @@ impl Cleaner {
         // Records are expired by the database's clock, as claims read them.
         let now = store.now(&self.inner.db).await?;
         let mut report = CleanupReport::default();
+        let mut pace = Pace::start(store.table().to_string(), policy);
         loop {
             let started = Instant::now();
             let deleted = store
@@ -198,12 +242,14 @@ impl Cleaner {
             if deleted < u64::from(policy.batch_size()) || *stop.borrow() {
                 break;
             }
+            pace.full_batch(report.deleted);
             pause(policy.rest_after(started.elapsed())).await;
         }
+        report.fell_behind = pace.fell_behind;
         metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => store.table().to_string())
             .increment(report.deleted);
         if let Some(outbox) = &self.inner.outbox {
-            self.delete_sent(outbox, stop).await?;
+            report.fell_behind |= self.delete_sent(outbox, stop).await?;
         }
         if report.deleted > 0 {
             tracing::info!(
@@ -218,10 +264,12 @@ impl Cleaner {
 }
 
 impl Cleaner {
-    /// Deletes the outbox's rows sent longer than its retention ago, in bounded batches.
-    async fn delete_sent(&self, outbox: &Outbox, stop: &watch::Receiver<bool>) -> Result<()> {
+    /// Deletes the outbox's rows sent longer than its retention ago, in bounded batches;
+    /// returns whether it fell behind.
+    async fn delete_sent(&self, outbox: &Outbox, stop: &watch::Receiver<bool>) -> Result<bool> {
         let policy = &self.inner.retention;
         let mut deleted = 0;
+        let mut pace = Pace::start(outbox.table().to_string(), policy);
         loop {
             let started = Instant::now();
             let batch = outbox.delete_sent(policy.batch_size()).await?;
@@ -229,6 +277,7 @@ impl Cleaner {
             if batch < u64::from(policy.batch_size()) || *stop.borrow() {
                 break;
             }
+            pace.full_batch(deleted);
             pause(policy.rest_after(started.elapsed())).await;
         }
         metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => outbox.table().to_string())
@@ -236,7 +285,7 @@ impl Cleaner {
         if deleted > 0 {
             tracing::info!(table = %outbox.table(), deleted, "deleted sent outbox messages");
         }
-        Ok(())
+        Ok(pace.fell_behind)
     }
 }
 
@@ -283,14 +332,20 @@ mod tests {
     use sea_orm::{ConnectionTrait, Database};
 
     use super::*;
-    use crate::RetentionPolicy;
 
     /// An inbox on a database of its own in memory, holding `count` expired records, cleaned in
     /// batches of 50 with pauses between them.
     async fn in_memory_inbox(count: usize) -> Inbox {
+        in_memory_inbox_cleaned_every(count, Duration::from_secs(3600)).await
+    }
+
+    async fn in_memory_inbox_cleaned_every(count: usize, interval: Duration) -> Inbox {
         let db = Database::connect("sqlite::memory:").await.unwrap();
+        let policy = RetentionPolicy::default()
+            .with_batch_size(50)
+            .with_cleanup_interval(interval);
         let inbox = Inbox::builder(db.clone())
-            .retention(RetentionPolicy::default().with_batch_size(50))
+            .retention(policy)
             .build()
             .await
             .unwrap();
@@ -328,5 +383,25 @@ mod tests {
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!((a.deleted, a.skipped), (300, false), "{a:?}");
         assert_eq!((b.deleted, b.skipped), (200, false), "{b:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_that_outlasts_the_cleanup_interval_says_it_fell_behind() {
+        // 20 batches with a 10 ms pause after each full one: about 200 ms, against an interval
+        // of 50 ms, then of an hour.
+        let behind = in_memory_inbox_cleaned_every(1_000, Duration::from_millis(50)).await;
+        let report = behind.cleaner().run_once().await.unwrap();
+        assert_eq!(
+            (report.deleted, report.fell_behind),
+            (1_000, true),
+            "{report:?}"
+        );
+        let on_time = in_memory_inbox(1_000).await;
+        let report = on_time.cleaner().run_once().await.unwrap();
+        assert_eq!(
+            (report.deleted, report.fell_behind),
+            (1_000, false),
+            "{report:?}"
+        );
     }
 }
