@@ -53,6 +53,7 @@ pub struct QueueTopology {
     dead_letter_exchange: String,
     dead_letter_routing_key: Option<String>,
     dead_letter_queue: String,
+    dead_letter_kind: QueueKind,
     delivery_limit: Option<u32>,
     bindings: Vec<ExchangeBinding>,
     declare: bool,
@@ -111,12 +112,23 @@ impl QueueTopology {
             dead_letter_exchange: format!("{queue}.dlx"),
             dead_letter_routing_key: None,
             dead_letter_queue: format!("{queue}.dlq"),
+            dead_letter_kind: kind,
             queue,
             kind: Some(kind),
             delivery_limit: None,
             bindings: Vec::new(),
             declare: true,
         }
+    }
+
+    /// The type of the dead-letter queue idem declares: by default the work queue's, so that a
+    /// quorum work queue's dead letters are replicated as it is (a classic queue lives on one
+    /// node of a cluster: while that node is down, a consumer can neither declare it nor
+    /// dead-letter into it). A classic dead-letter queue declared by an earlier version, which
+    /// declared every dead-letter queue classic, is kept with `QueueKind::Classic`.
+    pub fn dead_letter_queue_kind(mut self, kind: QueueKind) -> Self {
+        self.dead_letter_kind = kind;
+        self
     }
 
     /// Names the dead-letter exchange and queue.
@@ -295,7 +307,7 @@ impl QueueTopology {
             .queue_declare(
                 self.dead_letter_queue.as_str().into(),
                 durable(),
-                FieldTable::default(),
+                self.dead_letter_arguments(),
             )
             .await
             .map_err(declare_error("queue", &self.dead_letter_queue))?;
@@ -335,6 +347,20 @@ impl QueueTopology {
                 .map_err(declare_error("binding of", &self.queue))?;
         }
         Ok(())
+    }
+
+    /// The dead-letter queue's arguments: its type (see
+    /// [`dead_letter_queue_kind`](QueueTopology::dead_letter_queue_kind)).
+    fn dead_letter_arguments(&self) -> FieldTable {
+        let mut arguments = FieldTable::default();
+        // A classic one is declared without `x-queue-type`, as earlier versions declared it.
+        if self.dead_letter_kind == QueueKind::Quorum {
+            arguments.insert(
+                ShortString::from("x-queue-type"),
+                AMQPValue::LongString("quorum".into()),
+            );
+        }
+        arguments
     }
 
     /// The work queue's arguments: type, dead-letter exchange and delivery limit, which lapin has
@@ -543,6 +569,22 @@ mod tests {
                 .get("x-queue-type"),
             Some(&AMQPValue::LongString("classic".into()))
         );
+    }
+
+    #[test]
+    fn a_quorum_queue_dead_letters_into_a_quorum_queue_unless_told_otherwise() {
+        let kind = |topology: QueueTopology| {
+            topology
+                .dead_letter_arguments()
+                .inner()
+                .get("x-queue-type")
+                .cloned()
+        };
+        let quorum = Some(AMQPValue::LongString("quorum".into()));
+        assert_eq!(kind(QueueTopology::quorum("q")), quorum);
+        assert_eq!(kind(QueueTopology::classic("q")), None);
+        let kept = QueueTopology::quorum("q").dead_letter_queue_kind(QueueKind::Classic);
+        assert_eq!(kind(kept), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod backlog;
 pub mod bench;
+pub mod cluster;
 pub mod cut;
 pub mod db;
 pub mod fixture;

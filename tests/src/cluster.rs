@@ -1,0 +1,154 @@
+//! The three-node RabbitMQ cluster of `tests/cluster/rabbitmq-cluster`, for the cluster tests:
+//! started when a test takes it (the nodes that are down), one test at a time, its nodes killed,
+//! stopped and started, and a quorum queue's leader and depth read from a node that runs.
+//!
+//! Node `n` (1 to 3) is `idem<n>@localhost`, AMQP on `127.0.0.1:570<n>`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::process::Command;
+use tokio::sync::{Mutex, MutexGuard};
+
+/// The cluster's nodes.
+pub const NODES: [u8; 3] = [1, 2, 3];
+
+/// One test at a time kills and restarts nodes.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// The cluster, taken by one test.
+#[derive(Debug)]
+pub struct Cluster {
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Cluster {
+    /// Takes the cluster once the test before has let it go, starting the nodes that are down
+    /// (the first start takes about 30 s). Fails the test if the cluster does not come up.
+    pub async fn take() -> Self {
+        let serial = SERIAL.lock().await;
+        script("start").await;
+        Self { _serial: serial }
+    }
+
+    /// The URL of `node`.
+    pub fn url(node: u8) -> String {
+        format!("amqp://guest:guest@127.0.0.1:570{node}/%2f")
+    }
+
+    /// Every node's URL, comma-separated as `AMQP_URL` holds them, starting with `first`.
+    pub fn urls_from(first: u8) -> String {
+        let mut urls = Vec::new();
+        for offset in 0..NODES.len() as u8 {
+            urls.push(Self::url((first - 1 + offset) % NODES.len() as u8 + 1));
+        }
+        urls.join(",")
+    }
+
+    /// Kills `node` with SIGKILL, as a crashed machine would stop it.
+    pub async fn kill(&self, node: u8) {
+        let pid_file = data_dir().join(format!("idem{node}/pid"));
+        let pid = tokio::fs::read_to_string(&pid_file)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+        let status = Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status()
+            .await
+            .expect("kill runs");
+        assert!(status.success(), "node {node} (pid {pid}) killed");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while self.runs(node).await {
+            assert!(tokio::time::Instant::now() < deadline, "node {node} died");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Starts the nodes that are down and waits until they run in the cluster.
+    pub async fn start_stopped(&self) {
+        script("start").await;
+    }
+
+    /// Whether `node` answers and runs RabbitMQ.
+    pub async fn runs(&self, node: u8) -> bool {
+        ctl(node, &["eval", "rabbit:is_running()."])
+            .await
+            .is_some_and(|out| out == "true")
+    }
+
+    /// Runs `rabbitmqctl -n idem<node>@localhost <args>`; fails the test if it fails.
+    pub async fn ctl(&self, node: u8, args: &[&str]) -> String {
+        ctl(node, args)
+            .await
+            .unwrap_or_else(|| panic!("rabbitmqctl {args:?} on node {node} failed"))
+    }
+
+    /// The node that hosts `queue`'s leader, as a running node tells.
+    pub async fn leader(&self, queue: &str) -> u8 {
+        let listing = self.ask_any(&["list_queues", "name", "leader"]).await;
+        let line = listing
+            .lines()
+            .find(|line| line.split_whitespace().next() == Some(queue))
+            .unwrap_or_else(|| panic!("{queue} in {listing}"));
+        let leader = line.split_whitespace().nth(1).unwrap_or_default();
+        NODES
+            .into_iter()
+            .find(|node| leader == format!("idem{node}@localhost"))
+            .unwrap_or_else(|| panic!("a node of the cluster leads {queue}: {line}"))
+    }
+
+    /// How many messages `queue` holds (ready and unacknowledged), as a running node tells;
+    /// `None` while it has no leader (it reads 0 then: never conclude from one reading).
+    pub async fn messages(&self, queue: &str) -> Option<u64> {
+        let listing = self.ask_any(&["list_queues", "name", "messages"]).await;
+        listing
+            .lines()
+            .find(|line| line.split_whitespace().next() == Some(queue))
+            .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
+    }
+
+    async fn ask_any(&self, args: &[&str]) -> String {
+        for node in NODES {
+            if let Some(out) = ctl(node, args).await {
+                return out;
+            }
+        }
+        panic!("no node of the cluster answered rabbitmqctl {args:?}")
+    }
+}
+
+/// Where the cluster keeps its nodes' data: `IDEM_RABBITMQ_CLUSTER_DIR`, as the script.
+fn data_dir() -> PathBuf {
+    std::env::var_os("IDEM_RABBITMQ_CLUSTER_DIR")
+        .map_or_else(|| PathBuf::from("/var/tmp/idem-rabbitmq-cluster"), PathBuf::from)
+}
+
+async fn script(command: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cluster/rabbitmq-cluster");
+    let output = Command::new("bash")
+        .arg(&path)
+        .arg(command)
+        .output()
+        .await
+        .expect("the cluster script runs");
+    assert!(
+        output.status.success(),
+        "{} {command} failed: {}{}",
+        path.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn ctl(node: u8, args: &[&str]) -> Option<String> {
+    let output = Command::new("rabbitmqctl")
+        .args(["-q", "-n", &format!("idem{node}@localhost")])
+        .args(args)
+        .output()
+        .await
+        .expect("rabbitmqctl runs");
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}

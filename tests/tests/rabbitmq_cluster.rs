@@ -1,0 +1,269 @@
+//! idem on a three-node RabbitMQ cluster (`tests/cluster/rabbitmq-cluster`, started by the
+//! tests when it is down): a quorum queue with a replica on each node, three consumers each
+//! connected first to another node, and a producer publishing with confirms and retries, while
+//! nodes die. Every order is charged exactly once (effects counted in the real PostgreSQL) and
+//! none is left on the queue.
+//!
+//! Each test prints the time from its disruption to the first order processed among those
+//! published after it (`cluster recovery`), the figures the README gives.
+//!
+//! Run: `cargo test -p idem-tests --test rabbitmq_cluster` with PostgreSQL up and RabbitMQ
+//! installed. `IDEM_CLUSTER_ORDERS` (default 1 500) sets the orders of each run,
+//! `IDEM_CLUSTER_ROUNDS` (default 1) how many times the leader's node is killed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_rabbitmq::lapin::options::QueueDeleteOptions;
+use idem_rabbitmq::{Consumer, Publisher, QueueTopology};
+use idem_runtime::Inbox;
+use idem_tests::cluster::{Cluster, NODES};
+use idem_tests::rabbit::{consumer_builder_at, with_id};
+use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_and_effects, unique};
+use tokio::task::JoinHandle;
+
+/// How long every order may take to be charged once the disruption is over.
+const SETTLE: Duration = Duration::from_secs(120);
+
+fn from_env(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A run of orders through the cluster: three consumers and a producer.
+struct Run {
+    db: TestDb,
+    effects: String,
+    queue: String,
+    orders: u32,
+    consumers: Vec<Consumer>,
+    /// The index of the next order the producer publishes.
+    next: Arc<AtomicU32>,
+    producer: JoinHandle<()>,
+}
+
+impl Run {
+    /// Starts three consumers of a fresh quorum queue, consumer `n` connected first to node
+    /// `n`, and a producer publishing `orders` orders at a steady pace.
+    async fn start(orders: u32) -> Self {
+        // What the consumers warn about goes with the test's output.
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+            .with_test_writer()
+            .try_init();
+        let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+        let topology = QueueTopology::quorum(unique("idem_cq"));
+        let queue = topology.queue().to_owned();
+        let mut consumers = Vec::new();
+        for node in NODES {
+            consumers.push(consumer(&inbox, &topology, &db, &effects, node).await);
+        }
+        let next = Arc::new(AtomicU32::new(0));
+        let producer = tokio::spawn(produce(queue.clone(), orders, Arc::clone(&next)));
+        Self {
+            db,
+            effects,
+            queue,
+            orders,
+            consumers,
+            next,
+            producer,
+        }
+    }
+
+    /// Waits until `count` orders are charged.
+    async fn charged(&self, count: u32) {
+        let deadline = Instant::now() + SETTLE;
+        while self.effects("1=1").await < i64::from(count) {
+            assert!(Instant::now() < deadline, "{count} orders charged in time");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// How many orders each consumer has acknowledged.
+    fn acked(&self) -> Vec<u64> {
+        self.consumers.iter().map(|c| c.stats().acked).collect()
+    }
+
+    async fn effects(&self, filter: &str) -> i64 {
+        self.db.count(&self.effects, filter).await
+    }
+
+    /// How long from now until an order published after now is charged.
+    async fn recovery(&self, what: &str, since: Instant) -> Duration {
+        let first_after = self.next.load(Ordering::SeqCst);
+        let filter = format!("message_key >= '{}'", order_key(first_after));
+        let deadline = Instant::now() + SETTLE;
+        while self.effects(&filter).await == 0 {
+            assert!(Instant::now() < deadline, "an order charged after {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let recovery = since.elapsed();
+        eprintln!("cluster recovery after {what}: {} ms", recovery.as_millis());
+        recovery
+    }
+
+    /// Waits for every order, then checks each was charged once, none is left on the queue,
+    /// and every consumer acknowledged orders after `acked` (consumers back on their feet).
+    async fn finish(mut self, cluster: &Cluster, acked: &[u64]) {
+        (&mut self.producer)
+            .await
+            .expect("the producer published every order");
+        self.charged(self.orders).await;
+        // A moment for a duplicate to show, should one be committed late.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let charged = self.effects("1=1").await;
+        let stats: Vec<_> = self.consumers.iter().map(Consumer::stats).collect();
+        assert_eq!(charged, i64::from(self.orders), "each order once: {stats:?}");
+        let keys = format!("(SELECT DISTINCT message_key FROM {}) AS keys", self.effects);
+        assert_eq!(self.db.count(&keys, "1=1").await, charged, "no order twice");
+        // Right after a leader dies the queue reads 0 until the next is elected: read until
+        // two readings a second apart agree.
+        let mut last = None;
+        for _ in 0..30 {
+            let now = cluster.messages(&self.queue).await;
+            if now.is_some() && now == last {
+                break;
+            }
+            last = now;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert_eq!(last, Some(0), "nothing left on {}", self.queue);
+        let after: Vec<_> = self.acked().iter().zip(acked).map(|(a, b)| a - b).collect();
+        assert!(
+            after.iter().all(|&orders| orders > 0),
+            "every consumer took orders again: {after:?} acknowledged since, {stats:?}"
+        );
+        for consumer in self.consumers {
+            consumer.shutdown().await;
+        }
+        delete_queues(&[&self.queue, &format!("{}.dlq", self.queue)]).await;
+    }
+}
+
+fn order_key(index: u32) -> String {
+    format!("o-{index:06}")
+}
+
+async fn consumer(
+    inbox: &Inbox,
+    topology: &QueueTopology,
+    db: &TestDb,
+    effects: &str,
+    node: u8,
+) -> Consumer {
+    consumer_builder_at(
+        &Cluster::urls_from(node),
+        inbox,
+        &unique(&format!("idem-cluster-{node}")),
+    )
+    .recovery_timeout(Duration::from_secs(5))
+    .reconnect_delay(Duration::from_millis(200))
+    // Three replicas of one service: one consumer name.
+    .bind(topology.clone(), Recorder::new(db, effects, "billing"))
+    .start()
+    .await
+    .expect("the consumer starts on the cluster")
+}
+
+/// Publishes `orders` orders to `queue` with confirms, about 300 a second, each retried with
+/// its id until the cluster confirms it.
+async fn produce(queue: String, orders: u32, next: Arc<AtomicU32>) {
+    let publisher = Publisher::builder(Cluster::urls_from(1).as_str())
+        .connection_name(unique("idem-cluster-producer"))
+        .confirm_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("the producer connects");
+    for index in 0..orders {
+        let key = order_key(index);
+        let deadline = Instant::now() + SETTLE;
+        while let Err(error) = publisher
+            .publish("", &queue, &Msg::new(&key, "x"), with_id(&key))
+            .await
+        {
+            assert!(Instant::now() < deadline, "{key} published: {error}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        next.store(index + 1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    publisher.close().await;
+}
+
+async fn delete_queues(queues: &[&str]) {
+    let Ok(connection) = idem_rabbitmq::connect(&Cluster::urls_from(1).into(), "cleanup").await
+    else {
+        return;
+    };
+    if let Ok(channel) = connection.create_channel().await {
+        for queue in queues {
+            let _ = channel
+                .queue_delete((*queue).into(), QueueDeleteOptions::default())
+                .await;
+        }
+    }
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// Scenario 1: the node of the queue's leader is SIGKILLed while three consumers process and
+/// a producer publishes; the leader moves, the dead node's consumer reconnects elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_leader_node_loses_no_order_and_charges_none_twice() {
+    let cluster = Cluster::take().await;
+    let orders = from_env("IDEM_CLUSTER_ORDERS", 1_500);
+    let mut recoveries = Vec::new();
+    for _ in 0..from_env("IDEM_CLUSTER_ROUNDS", 1) {
+        let run = Run::start(orders).await;
+        run.charged(orders / 3).await;
+        let leader = cluster.leader(&run.queue).await;
+        let (acked, killed) = (run.acked(), Instant::now());
+        cluster.kill(leader).await;
+        recoveries.push(run.recovery(&format!("node {leader} killed"), killed).await);
+        run.finish(&cluster, &acked).await;
+        cluster.start_stopped().await;
+    }
+    recoveries.sort();
+    eprintln!(
+        "cluster recovery after a leader's node killed, over {} rounds: p50 {} ms, max {} ms",
+        recoveries.len(),
+        recoveries[recoveries.len() / 2].as_millis(),
+        recoveries[recoveries.len() - 1].as_millis()
+    );
+}
+
+/// Scenario 2: the node the second consumer is connected to stops its application and starts
+/// it again a few seconds later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_stopped_and_started_under_its_consumer_loses_no_order() {
+    let cluster = Cluster::take().await;
+    let run = Run::start(from_env("IDEM_CLUSTER_ORDERS", 1_500)).await;
+    run.charged(run.orders / 3).await;
+    let (acked, stopped) = (run.acked(), Instant::now());
+    cluster.ctl(2, &["stop_app"]).await;
+    run.recovery("node 2 stopped", stopped).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.ctl(2, &["start_app"]).await;
+    run.finish(&cluster, &acked).await;
+}
+
+/// Scenario 3: a rolling restart of the three nodes, one at a time, under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_restart_loses_no_order() {
+    let cluster = Cluster::take().await;
+    let run = Run::start(from_env("IDEM_CLUSTER_ORDERS", 1_500) * 2).await;
+    run.charged(run.orders / 6).await;
+    let mut acked = Vec::new();
+    for node in NODES {
+        let stopped = Instant::now();
+        acked = run.acked();
+        cluster.ctl(node, &["stop"]).await;
+        run.recovery(&format!("node {node} stopped for a restart"), stopped)
+            .await;
+        cluster.start_stopped().await;
+    }
+    run.finish(&cluster, &acked).await;
+}
