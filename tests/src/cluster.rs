@@ -119,8 +119,10 @@ impl Cluster {
 
 /// Where the cluster keeps its nodes' data: `IDEM_RABBITMQ_CLUSTER_DIR`, as the script.
 fn data_dir() -> PathBuf {
-    std::env::var_os("IDEM_RABBITMQ_CLUSTER_DIR")
-        .map_or_else(|| PathBuf::from("/var/tmp/idem-rabbitmq-cluster"), PathBuf::from)
+    std::env::var_os("IDEM_RABBITMQ_CLUSTER_DIR").map_or_else(
+        || PathBuf::from("/var/tmp/idem-rabbitmq-cluster"),
+        PathBuf::from,
+    )
 }
 
 async fn script(command: &str) {

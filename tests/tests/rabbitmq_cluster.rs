@@ -12,7 +12,7 @@
 //! `IDEM_CLUSTER_ROUNDS` (default 1) how many times the leader's node is killed.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_rabbitmq::lapin::options::QueueDeleteOptions;
@@ -38,16 +38,17 @@ struct Run {
     db: TestDb,
     effects: String,
     queue: String,
-    orders: u32,
     consumers: Vec<Consumer>,
     /// The index of the next order the producer publishes.
     next: Arc<AtomicU32>,
-    producer: JoinHandle<()>,
+    /// Tells the producer to stop once it has published its orders.
+    stop: Arc<AtomicBool>,
+    producer: JoinHandle<u32>,
 }
 
 impl Run {
     /// Starts three consumers of a fresh quorum queue, consumer `n` connected first to node
-    /// `n`, and a producer publishing `orders` orders at a steady pace.
+    /// `n`, and a producer publishing at a steady pace until the run finishes, `orders` at least.
     async fn start(orders: u32) -> Self {
         // What the consumers warn about goes with the test's output.
         let _ = tracing_subscriber::fmt()
@@ -62,14 +63,20 @@ impl Run {
             consumers.push(consumer(&inbox, &topology, &db, &effects, node).await);
         }
         let next = Arc::new(AtomicU32::new(0));
-        let producer = tokio::spawn(produce(queue.clone(), orders, Arc::clone(&next)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let producer = tokio::spawn(produce(
+            queue.clone(),
+            orders,
+            Arc::clone(&next),
+            Arc::clone(&stop),
+        ));
         Self {
             db,
             effects,
             queue,
-            orders,
             consumers,
             next,
+            stop,
             producer,
         }
     }
@@ -109,16 +116,33 @@ impl Run {
     /// Waits for every order, then checks each was charged once, none is left on the queue,
     /// and every consumer acknowledged orders after `acked` (consumers back on their feet).
     async fn finish(mut self, cluster: &Cluster, acked: &[u64]) {
-        (&mut self.producer)
+        // Every consumer back on its feet, taking orders, before the producer stops.
+        let deadline = Instant::now() + SETTLE;
+        while self
+            .acked()
+            .iter()
+            .zip(acked)
+            .any(|(now, then)| now == then)
+        {
+            if Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        let orders = (&mut self.producer)
             .await
             .expect("the producer published every order");
-        self.charged(self.orders).await;
+        self.charged(orders).await;
         // A moment for a duplicate to show, should one be committed late.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let charged = self.effects("1=1").await;
         let stats: Vec<_> = self.consumers.iter().map(Consumer::stats).collect();
-        assert_eq!(charged, i64::from(self.orders), "each order once: {stats:?}");
-        let keys = format!("(SELECT DISTINCT message_key FROM {}) AS keys", self.effects);
+        assert_eq!(charged, i64::from(orders), "each order once: {stats:?}");
+        let keys = format!(
+            "(SELECT DISTINCT message_key FROM {}) AS keys",
+            self.effects
+        );
         assert_eq!(self.db.count(&keys, "1=1").await, charged, "no order twice");
         // Right after a leader dies the queue reads 0 until the next is elected: read until
         // two readings a second apart agree.
@@ -169,16 +193,17 @@ async fn consumer(
     .expect("the consumer starts on the cluster")
 }
 
-/// Publishes `orders` orders to `queue` with confirms, about 300 a second, each retried with
-/// its id until the cluster confirms it.
-async fn produce(queue: String, orders: u32, next: Arc<AtomicU32>) {
+/// Publishes orders to `queue` with confirms, about 300 a second, each retried with its id
+/// until the cluster confirms it, until told to stop and `orders` at least; returns how many.
+async fn produce(queue: String, orders: u32, next: Arc<AtomicU32>, stop: Arc<AtomicBool>) -> u32 {
     let publisher = Publisher::builder(Cluster::urls_from(1).as_str())
         .connection_name(unique("idem-cluster-producer"))
         .confirm_timeout(Duration::from_secs(2))
         .connect()
         .await
         .expect("the producer connects");
-    for index in 0..orders {
+    let mut index = 0;
+    while index < orders || !stop.load(Ordering::SeqCst) {
         let key = order_key(index);
         let deadline = Instant::now() + SETTLE;
         while let Err(error) = publisher
@@ -188,10 +213,12 @@ async fn produce(queue: String, orders: u32, next: Arc<AtomicU32>) {
             assert!(Instant::now() < deadline, "{key} published: {error}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        next.store(index + 1, Ordering::SeqCst);
+        index += 1;
+        next.store(index, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
     publisher.close().await;
+    index
 }
 
 async fn delete_queues(queues: &[&str]) {
@@ -240,8 +267,9 @@ async fn a_killed_leader_node_loses_no_order_and_charges_none_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_stopped_and_started_under_its_consumer_loses_no_order() {
     let cluster = Cluster::take().await;
-    let run = Run::start(from_env("IDEM_CLUSTER_ORDERS", 1_500)).await;
-    run.charged(run.orders / 3).await;
+    let orders = from_env("IDEM_CLUSTER_ORDERS", 1_500);
+    let run = Run::start(orders).await;
+    run.charged(orders / 3).await;
     let (acked, stopped) = (run.acked(), Instant::now());
     cluster.ctl(2, &["stop_app"]).await;
     run.recovery("node 2 stopped", stopped).await;
@@ -254,8 +282,8 @@ async fn a_node_stopped_and_started_under_its_consumer_loses_no_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rolling_restart_loses_no_order() {
     let cluster = Cluster::take().await;
-    let run = Run::start(from_env("IDEM_CLUSTER_ORDERS", 1_500) * 2).await;
-    run.charged(run.orders / 6).await;
+    let run = Run::start(from_env("IDEM_CLUSTER_ORDERS", 1_500)).await;
+    run.charged(300).await;
     let mut acked = Vec::new();
     for node in NODES {
         let stopped = Instant::now();
