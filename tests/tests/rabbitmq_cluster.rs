@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_rabbitmq::lapin::options::QueueDeleteOptions;
-use idem_rabbitmq::{Consumer, Publisher, QueueTopology};
-use idem_runtime::Inbox;
+use idem_rabbitmq::lapin::options::{BasicGetOptions, QueueDeleteOptions};
+use idem_rabbitmq::{Consumer, Publisher, QueueTopology, Relay};
+use idem_runtime::{Inbox, Outbox, OutboxMessage};
 use idem_tests::cluster::{Cluster, NODES};
 use idem_tests::rabbit::{consumer_builder_at, with_id};
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_and_effects, unique};
@@ -294,4 +294,146 @@ async fn a_rolling_restart_loses_no_order() {
         cluster.start_stopped().await;
     }
     run.finish(&cluster, &acked).await;
+}
+
+/// Scenario 4: the outbox relay publishes through the death of its node (which also leads the
+/// queue), while messages of 20 runs are staged: every staged message arrives, each id once
+/// once copies are set aside, in order within each run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_publishes_through_a_node_kill_in_order_losing_nothing() {
+    const RUNS: u32 = 20;
+    let cluster = Cluster::take().await;
+    let per_run = from_env("IDEM_CLUSTER_ORDERS", 1_500) * 2 / RUNS;
+    let db = TestDb::connect(Backend::Postgres).await;
+    let outbox = Outbox::builder(db.db.clone())
+        .table(db.table("outbox"))
+        .build()
+        .await
+        .expect("the outbox builds");
+    let queue = QueueTopology::quorum(unique("idem_cq"));
+    declare(&queue).await;
+    let relay = Relay::builder(Cluster::urls_from(1).as_str(), outbox.clone())
+        .connection_name(unique("idem-cluster-relay"))
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(300))
+        .start()
+        .await
+        .expect("the relay starts on the cluster");
+    // Runs staged side by side, one message of each in turn, each committed on its own.
+    let stager = {
+        let (outbox, db, queue) = (outbox.clone(), db.db.clone(), queue.queue().to_owned());
+        tokio::spawn(async move {
+            for seq in 0..per_run {
+                for run in 0..RUNS {
+                    let message = OutboxMessage::new("", &queue, format!("{run}/{seq}"))
+                        .keyed(format!("{run}/{seq}"))
+                        .in_run(format!("run-{run}"));
+                    outbox.stage(&db, message).await.expect("staged");
+                }
+                outbox.notify_staged();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let total = u64::from(per_run * RUNS);
+    let deadline = Instant::now() + SETTLE;
+    while relay.stats().published < total / 3 {
+        assert!(
+            Instant::now() < deadline,
+            "a third published: {:?}",
+            relay.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (published, killed) = (relay.stats().published, Instant::now());
+    cluster.kill(1).await;
+    while relay.stats().published == published {
+        assert!(Instant::now() < deadline, "published after the kill");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!(
+        "cluster recovery of the relay after node 1 killed: {} ms",
+        killed.elapsed().as_millis()
+    );
+    stager.await.expect("every message staged");
+    let unsent = || db.count(outbox.table().as_str(), "sent_at IS NULL");
+    while unsent().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "every message sent: {:?}",
+            relay.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = relay.shutdown().await;
+    let bodies = take_all(queue.queue(), total).await;
+    // In order within each run, once copies of a publish whose confirm was lost are set aside.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut last = vec![None; RUNS as usize];
+    for body in &bodies {
+        if !seen.insert(body.clone()) {
+            continue;
+        }
+        let (run, seq) = body.split_once('/').expect("run/seq");
+        let (run, seq): (usize, u32) = (run.parse().unwrap(), seq.parse().unwrap());
+        assert_eq!(
+            last[run].map_or(0, |l: u32| l + 1),
+            seq,
+            "run {run} in order"
+        );
+        last[run] = Some(seq);
+    }
+    assert_eq!(seen.len() as u64, total, "every message arrived: {stats:?}");
+    let copies = bodies.len() as u64 - total;
+    assert!(copies <= stats.failed, "{copies} copies, {stats:?}");
+    delete_queues(&[queue.queue(), queue.dead_letter_queue()]).await;
+    cluster.start_stopped().await;
+}
+
+/// Declares `topology` on the cluster.
+async fn declare(topology: &QueueTopology) {
+    let connection = idem_rabbitmq::connect(&Cluster::urls_from(1).into(), "setup")
+        .await
+        .expect("the cluster is reachable");
+    let channel = connection.create_channel().await.expect("a channel");
+    topology.declare(&channel).await.expect("declared");
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// Takes messages off `queue` until `at_least` have come and a second passes without more;
+/// returns their bodies in the order they came.
+async fn take_all(queue: &str, at_least: u64) -> Vec<String> {
+    let connection = idem_rabbitmq::connect(&Cluster::urls_from(2).into(), "reader")
+        .await
+        .expect("the cluster is reachable");
+    let channel = connection.create_channel().await.expect("a channel");
+    let mut bodies = Vec::new();
+    let deadline = Instant::now() + SETTLE;
+    let mut quiet_since = Instant::now();
+    loop {
+        let got = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get");
+        match got {
+            Some(message) => {
+                bodies.push(String::from_utf8_lossy(&message.delivery.data).into_owned());
+                quiet_since = Instant::now();
+            }
+            None if bodies.len() as u64 >= at_least
+                && quiet_since.elapsed() > Duration::from_secs(1) =>
+            {
+                break;
+            }
+            None => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} of {at_least} taken",
+                    bodies.len()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    let _ = connection.close(200, "done".into()).await;
+    bodies
 }
