@@ -18,6 +18,8 @@ use tokio::time::Instant;
 pub struct Proxy {
     port: u16,
     state: Arc<AtomicU8>,
+    /// Where new connections go (`host:port`).
+    target: Arc<std::sync::Mutex<String>>,
     links: Arc<Mutex<JoinSet<()>>>,
     /// Silent connections the client has not closed.
     silent: Arc<AtomicUsize>,
@@ -50,10 +52,15 @@ impl Proxy {
         let proxy = Self {
             port,
             state: Arc::new(AtomicU8::new(UP)),
+            target: Arc::new(std::sync::Mutex::new(target.to_owned())),
             links: Arc::new(Mutex::new(JoinSet::new())),
             silent: Arc::new(AtomicUsize::new(0)),
         };
-        let (state, links, target) = (proxy.state.clone(), proxy.links.clone(), target.to_owned());
+        let (state, links, target) = (
+            proxy.state.clone(),
+            proxy.links.clone(),
+            proxy.target.clone(),
+        );
         let silent = proxy.silent.clone();
         tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
@@ -74,7 +81,7 @@ impl Proxy {
                     }
                     _ => {}
                 }
-                let target = target.clone();
+                let target = target.lock().unwrap().clone();
                 links.lock().await.spawn(async move {
                     if let Ok(server) = TcpStream::connect(&target).await {
                         link(client, server, delay).await;
@@ -110,6 +117,12 @@ impl Proxy {
     /// Silent connections (see [`Proxy::silence`]) their clients have not closed.
     pub fn silent_links(&self) -> usize {
         self.silent.load(Ordering::SeqCst)
+    }
+
+    /// Sends new connections to `target` (`host:port`) from now on, as a failover's virtual
+    /// address moves to the promoted server; open ones stay where they are.
+    pub fn point_at(&self, target: &str) {
+        *self.target.lock().unwrap() = target.to_owned();
     }
 
     /// Forwards new connections again (the silent ones stay silent).

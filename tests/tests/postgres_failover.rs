@@ -1,0 +1,168 @@
+//! idem through a PostgreSQL failover: a primary and a synchronous standby
+//! (`tests/cluster/postgres-pair`, started fresh by each test), the consumer reaching the
+//! database through the tests' TCP proxy as through a virtual address. Under load the primary
+//! crashes, the address moves to the standby while it is still read-only, then the standby is
+//! promoted. Per message and in batches: the read-only and unreachable periods never count
+//! against a message (a delivery limit of 2 would dead-letter it), nothing acknowledged lacks
+//! its effect on the new primary, each order is charged once, and the consumer recovers without
+//! a restart.
+//!
+//! Run: `cargo test -p idem-tests --test postgres_failover` with RabbitMQ up and PostgreSQL
+//! installed. `IDEM_FAILOVER_ORDERS` (default 1 000) sets the orders of each run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_rabbitmq::{Binding, PublishOptions};
+use idem_tests::proxy::Proxy;
+use idem_tests::rabbit::consumer_builder;
+use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, unique};
+use tokio::process::Command;
+use tokio::sync::Mutex;
+
+/// How long every order may take to be charged once the new primary takes writes.
+const SETTLE: Duration = Duration::from_secs(120);
+/// How long the address points at the standby before it is promoted.
+const READ_ONLY: Duration = Duration::from_secs(2);
+
+/// One test at a time owns the pair.
+static PAIR: Mutex<()> = Mutex::const_new(());
+
+async fn pair(command: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/postgres-pair");
+    let output = Command::new("bash")
+        .arg(&path)
+        .arg(command)
+        .output()
+        .await
+        .expect("the pair's script runs");
+    assert!(
+        output.status.success(),
+        "postgres-pair {command} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_per_message_charges_each_order_once_counting_nothing() {
+    fail_over(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_in_batches_charges_each_order_once_counting_nothing() {
+    fail_over(true).await;
+}
+
+async fn fail_over(batches: bool) {
+    let _pair = PAIR.lock().await;
+    pair("start").await;
+    let orders: u32 = std::env::var("IDEM_FAILOVER_ORDERS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(1_000);
+    let address = Proxy::start("127.0.0.1:5441").await;
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", address.port());
+    let db = TestDb::connect_url(Backend::Postgres, url, 8).await;
+    let inbox = idem_runtime::Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .expect("the inbox builds on the primary");
+    let effects = db.effects_table().await;
+    let broker = Arc::new(TestBroker::connect().await);
+    let topology = broker.classic_queue();
+    let (queue, dlq) = (
+        topology.queue().to_owned(),
+        topology.dead_letter_queue().to_owned(),
+    );
+    let mut binding = Binding::new(topology, Recorder::new(&db, &effects, "billing"));
+    if batches {
+        binding = binding.batch(20, Duration::from_millis(20));
+    }
+    let consumer = consumer_builder(&inbox, &unique("idem-failover"))
+        .prefetch(50)
+        .max_deliveries(2)
+        .bind_with(binding)
+        .start()
+        .await
+        .expect("the consumer starts");
+
+    // A producer at a steady pace, through the whole failover.
+    let (published, stop) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let producer = {
+        let (broker, queue) = (Arc::clone(&broker), queue.clone());
+        let (published, stop) = (Arc::clone(&published), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut index = 0;
+            while index < orders || !stop.load(Ordering::SeqCst) {
+                let key = format!("o-{index:06}");
+                let options = PublishOptions::default().message_id(&key);
+                broker.send(&queue, &Msg::new(&key, "x"), options).await;
+                index += 1;
+                published.store(index, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            index
+        })
+    };
+    let charged = |filter: String| {
+        let (db, effects) = (&db, &effects);
+        async move { db.count(effects, &filter).await }
+    };
+    let deadline = Instant::now() + SETTLE;
+    while charged("1=1".into()).await < i64::from(orders / 3) {
+        assert!(
+            Instant::now() < deadline,
+            "a third charged before the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let crashed = Instant::now();
+    pair("crash").await;
+    address.point_at("127.0.0.1:5442");
+    tokio::time::sleep(READ_ONLY).await;
+    pair("promote").await;
+    let first_after = published.load(Ordering::SeqCst);
+    while charged(format!("message_key >= 'o-{first_after:06}'")).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "an order charged on the new primary"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!(
+        "failover ({}): first order charged on the new primary {} ms after the crash",
+        if batches { "batches" } else { "per message" },
+        crashed.elapsed().as_millis()
+    );
+    stop.store(true, Ordering::SeqCst);
+    let orders = producer.await.expect("every order published");
+    let deadline = Instant::now() + SETTLE;
+    while charged("1=1".into()).await < i64::from(orders) {
+        let stats = consumer.stats();
+        assert!(Instant::now() < deadline, "every order charged: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    while broker.depth(&queue).await > 0 {
+        assert!(Instant::now() < deadline, "the queue drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = consumer.stats();
+    consumer.shutdown().await;
+    // Everything acknowledged has its effect on the new primary, once.
+    let keys = format!("(SELECT DISTINCT message_key FROM {effects}) AS keys");
+    assert_eq!(charged("1=1".into()).await, i64::from(orders), "{stats:?}");
+    assert_eq!(db.count(&keys, "1=1").await, i64::from(orders), "{stats:?}");
+    // Nothing was counted against its delivery limit: nothing dead-lettered.
+    assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+    assert_eq!(broker.depth(&dlq).await, 0);
+    assert!(stats.requeued > 0, "the failover was seen: {stats:?}");
+    drop(db);
+    pair("stop").await;
+}
