@@ -7,7 +7,9 @@
 //! invoice went out through the processes' outbox relays and each order was notified, through a
 //! two-phase handler calling a provider stub, with exactly the key derived from it. A
 //! summary line per run gives the kills, closes, duplicates and effects. On PostgreSQL and on
-//! MariaDB, one after the other.
+//! MariaDB, one after the other; and on the three-node RabbitMQ cluster of
+//! `tests/cluster/rabbitmq-cluster` (started when it is down), per message and in batches, where
+//! nodes are SIGKILLed and restarted too.
 //!
 //! Each run has an exchange, a queue and a database of its own (a PostgreSQL schema, a MariaDB
 //! database), so it runs beside the demo test and other users of the broker, whose connections
@@ -31,6 +33,7 @@
 //! | `IDEM_CHAOS_ORDERS` | 300 | distinct valid orders |
 //! | `IDEM_CHAOS_KILLS` | 3 | SIGKILLs, each followed by a restart |
 //! | `IDEM_CHAOS_CLOSES` | 3 | times one process's connections are closed by the broker |
+//! | `IDEM_CHAOS_NODE_KILLS` | 2 | on the cluster: SIGKILLs of a node, each followed by its restart |
 //! | `IDEM_CHAOS_RATE` | 500 | messages published per second |
 //! | `IDEM_CHAOS_SEED` | the clock | the seed of every random choice (printed) |
 //!
@@ -51,6 +54,7 @@ use futures_util::StreamExt;
 use idem_examples::orders::{self, OrderPlaced, ROUTING_KEY};
 use idem_examples::stub::Stub;
 use idem_rabbitmq::PublishOptions;
+use idem_tests::cluster::{self, Cluster, NODES};
 use idem_tests::{Backend, TestBroker, rabbit, unique};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
 
@@ -60,25 +64,25 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_on_postgres_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::Postgres, Taking::OneAtATime).await;
+    chaos(Backend::Postgres, Taking::OneAtATime, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_on_mariadb_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::MySql, Taking::OneAtATime).await;
+    chaos(Backend::MySql, Taking::OneAtATime, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_in_batches_on_postgres_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::Postgres, Taking::Batches(20)).await;
+    chaos(Backend::Postgres, Taking::Batches(20), None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_in_batches_on_mariadb_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::MySql, Taking::Batches(20)).await;
+    chaos(Backend::MySql, Taking::Batches(20), None).await;
 }
 
 /// Batches checked once before their commit, on the database whose deadlocks roll a whole
@@ -86,20 +90,37 @@ async fn chaos_in_batches_on_mariadb_charges_each_order_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_in_trusted_batches_on_mariadb_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::MySql, Taking::TrustedBatches(20)).await;
+    chaos(Backend::MySql, Taking::TrustedBatches(20), None).await;
 }
 
 /// Slice handlers: each batch's fresh orders charged in one call, a failing slice halved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_in_slices_on_postgres_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::Postgres, Taking::Slices(20)).await;
+    chaos(Backend::Postgres, Taking::Slices(20), None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_in_slices_on_mariadb_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::MySql, Taking::Slices(20)).await;
+    chaos(Backend::MySql, Taking::Slices(20), None).await;
+}
+
+/// On the three-node cluster of `tests/cluster/rabbitmq-cluster`, its nodes SIGKILLed and
+/// restarted besides the processes killed and connections closed; each process connected first
+/// to another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_on_a_cluster_charges_each_order_once() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::take().await;
+    chaos(Backend::Postgres, Taking::OneAtATime, Some(&cluster)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_in_batches_on_a_cluster_charges_each_order_once() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::take().await;
+    chaos(Backend::Postgres, Taking::Batches(20), Some(&cluster)).await;
 }
 
 /// How big a run is.
@@ -109,6 +130,8 @@ struct Size {
     orders: usize,
     kills: usize,
     closes: usize,
+    /// On a cluster: SIGKILLs of a node, each followed by its restart.
+    node_kills: usize,
     rate: f64,
     seed: u64,
 }
@@ -132,6 +155,7 @@ impl Size {
             orders: var("IDEM_CHAOS_ORDERS", 300),
             kills: var("IDEM_CHAOS_KILLS", 3),
             closes: var("IDEM_CHAOS_CLOSES", 3),
+            node_kills: var("IDEM_CHAOS_NODE_KILLS", 2),
             rate: var("IDEM_CHAOS_RATE", 500.0),
             seed: var("IDEM_CHAOS_SEED", clock | 1),
         };
@@ -310,23 +334,33 @@ impl Drop for Place {
 struct Fleet {
     env: Vec<(&'static str, String)>,
     name: String,
+    /// On the cluster: each slot's process connects first to another node.
+    on_cluster: bool,
     slots: Vec<(usize, Billing)>,
     /// The counters of processes that ended.
     ended: Stats,
     kills: usize,
     closes: usize,
+    node_kills: usize,
     connections_closed: usize,
 }
 
 impl Fleet {
-    fn start(size: &Size, env: Vec<(&'static str, String)>, name: String) -> Self {
+    fn start(
+        size: &Size,
+        env: Vec<(&'static str, String)>,
+        name: String,
+        on_cluster: bool,
+    ) -> Self {
         let mut fleet = Self {
             env,
             name,
+            on_cluster,
             slots: Vec::new(),
             ended: Stats::default(),
             kills: 0,
             closes: 0,
+            node_kills: 0,
             connections_closed: 0,
         };
         for slot in 0..size.consumers {
@@ -346,6 +380,10 @@ impl Fleet {
         let name = self.connection_name(slot, generation);
         let mut env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         env.push(("BILLING_CONNECTION_NAME", &name));
+        let nodes = Cluster::urls_from(slot as u8 % 3 + 1);
+        if self.on_cluster {
+            env.push(("AMQP_URL", &nodes));
+        }
         Billing::spawn(&env)
     }
 
@@ -393,7 +431,14 @@ impl Fleet {
     fn close(&mut self, slot: usize) -> tokio::task::JoinHandle<usize> {
         let name = format!("{}-s{slot:02}g", self.name);
         self.closes += 1;
-        tokio::spawn(async move { rabbit::close_connections(&name).await })
+        let on_cluster = self.on_cluster;
+        tokio::spawn(async move {
+            if on_cluster {
+                cluster::close_connections(&name).await
+            } else {
+                rabbit::close_connections(&name).await
+            }
+        })
     }
 
     /// The counters of every process, ended or running.
@@ -477,9 +522,16 @@ async fn wreak(
     rng: &mut Rng,
     db: &DatabaseConnection,
     plan: &Plan,
+    cluster: Option<&Cluster>,
 ) {
-    let mut events: Vec<bool> = std::iter::repeat_n(true, size.kills)
-        .chain(std::iter::repeat_n(false, size.closes))
+    let node_kills = if cluster.is_some() {
+        size.node_kills
+    } else {
+        0
+    };
+    let mut events: Vec<Event> = std::iter::repeat_n(Event::Kill, size.kills)
+        .chain(std::iter::repeat_n(Event::Close, size.closes))
+        .chain(std::iter::repeat_n(Event::NodeKill, node_kills))
         .collect();
     for i in (1..events.len()).rev() {
         events.swap(i, rng.below(i + 1));
@@ -488,22 +540,40 @@ async fn wreak(
     let steps = events.len() + 1;
     let deadline = Instant::now() + Duration::from_secs(120) + plan.span(size.rate);
     let mut closing = Vec::new();
-    for (k, kill) in events.into_iter().enumerate() {
+    for (k, event) in events.into_iter().enumerate() {
         let due = (k + 1) * size.orders / steps;
         while (common::invoices(db, &prefix).await.1 as usize) < due {
             assert!(Instant::now() < deadline, "fewer than {due} orders charged");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let slot = fleet.victim(rng);
-        if kill {
-            fleet.kill(slot);
-        } else {
-            closing.push(fleet.close(slot));
+        match (event, cluster) {
+            (Event::Kill, _) => fleet.kill(slot),
+            (Event::Close, _) => closing.push(fleet.close(slot)),
+            (Event::NodeKill, Some(cluster)) => {
+                let node = rng.below(NODES.len()) as u8 + 1;
+                cluster.kill(node).await;
+                fleet.node_kills += 1;
+                // Back before the next event: one node down at a time keeps the queues' majority.
+                cluster.start_stopped().await;
+            }
+            (Event::NodeKill, None) => unreachable!("node kills only on the cluster"),
         }
     }
     for close in closing {
         fleet.connections_closed += close.await.expect("rabbitmqctl closes connections");
     }
+}
+
+/// What the chaos does next.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    /// SIGKILL a billing process and start its successor.
+    Kill,
+    /// Close a process's connections from the broker.
+    Close,
+    /// SIGKILL a node of the cluster and restart it.
+    NodeKill,
 }
 
 /// How the billing processes of a run take their deliveries.
@@ -518,14 +588,16 @@ enum Taking {
     Slices(usize),
 }
 
-/// One run, the billing processes taking their deliveries as `taking` says.
-async fn chaos(backend: Backend, taking: Taking) {
+/// One run, the billing processes taking their deliveries as `taking` says, on the local broker
+/// or on `cluster`.
+async fn chaos(backend: Backend, taking: Taking, cluster: Option<&Cluster>) {
     let size = Size::from_env();
     let mut rng = Rng(size.seed);
     let begun = Instant::now();
     let place = Place::create(backend).await;
     let db = Database::connect(&place.url).await.unwrap();
-    let broker = TestBroker::connect().await;
+    let amqp_url = cluster.map_or_else(rabbit::amqp_url, |_| Cluster::urls_from(1));
+    let broker = TestBroker::connect_to(&amqp_url).await;
     let name = unique("chaos");
     let exchange = format!("{name}.orders");
     let topology = broker.track(idem_examples::billing::topology_on(
@@ -540,14 +612,14 @@ async fn chaos(backend: Backend, taking: Taking) {
         "{name}.notifications"
     )));
     broker.track_exchange(&events);
-    let url = idem_rabbitmq::AmqpUrl::new(rabbit::amqp_url());
+    let url = idem_rabbitmq::AmqpUrl::new(amqp_url.clone());
     idem_examples::notifications::declare(&url, notifications.queue(), &events)
         .await
         .unwrap();
     let provider = Stub::start("127.0.0.1:0").await.unwrap();
 
     let mut env = vec![
-        ("AMQP_URL", rabbit::amqp_url()),
+        ("AMQP_URL", amqp_url),
         ("DATABASE_URL", place.url.clone()),
         ("ORDERS_EXCHANGE", exchange.clone()),
         ("BILLING_QUEUE", topology.queue().to_owned()),
@@ -568,13 +640,13 @@ async fn chaos(backend: Backend, taking: Taking) {
             env.push(("BILLING_SLICES", "true".to_owned()));
         }
     }
-    let mut fleet = Fleet::start(&size, env, name);
+    let mut fleet = Fleet::start(&size, env, name, cluster.is_some());
     // Once they consume, the processes have created the invoices table the checks read.
     fleet.wait_consuming(Duration::from_secs(60)).await;
     let plan = Plan::new(&size, &mut rng);
     tokio::join!(
         publish(&broker, &exchange, &plan, size.rate, &db),
-        wreak(&mut fleet, &size, &mut rng, &db, &plan),
+        wreak(&mut fleet, &size, &mut rng, &db, &plan, cluster),
     );
 
     // Settled: every order charged, nothing ready on the queue, the dead letters in, and no
@@ -616,7 +688,8 @@ async fn chaos(backend: Backend, taking: Taking) {
     let duplicates_beyond_retries = stats.duplicates.saturating_sub(plan.retries as u64);
     println!(
         "chaos on {backend:?}: {} consumers, {} orders as {} messages ({} producer retries, 3 bad) \
-         in {:.1} s; {} kills, {} closes ({} connections); {invoices} invoices for {} orders \
+         in {:.1} s; {} kills, {} closes ({} connections), {} node kills; {invoices} invoices \
+         for {} orders \
          ({} charged twice); duplicates skipped >= {} ({} producer retries, >= {} redeliveries \
          after a commit), settlements lost {}, recoveries {}, reconnections {}, requeued {}; \
          {} dead letters ({} distinct); {left} left on the queue; seed {}",
@@ -628,6 +701,7 @@ async fn chaos(backend: Backend, taking: Taking) {
         fleet.kills,
         fleet.closes,
         fleet.connections_closed,
+        fleet.node_kills,
         amounts.len(),
         charged_twice.len(),
         stats.duplicates,

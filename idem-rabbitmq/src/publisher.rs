@@ -185,18 +185,36 @@ impl Publisher {
     }
 
     /// Declares a durable exchange of `kind` (a no-op if it exists with the same type), for a
-    /// producer that owns the exchange it publishes to.
+    /// producer that owns the exchange it publishes to. A channel lost with its node is waited
+    /// for (or replaced) and the declaration tried again, as a publish is; the broker's refusal
+    /// (an exchange of another type) is returned at once.
     pub async fn declare_exchange(&self, name: &str, kind: ExchangeKind) -> Result<()> {
         let options = ExchangeDeclareOptions {
             durable: true,
             ..ExchangeDeclareOptions::default()
         };
-        let channel = self.channel.lock().await.clone();
-        channel
-            .channel()
-            .exchange_declare(name.into(), kind, options, FieldTable::default())
-            .await
-            .map_err(Error::amqp(format!("declaring exchange {name:?}")))
+        let mut attempt = 1;
+        loop {
+            let channel = self.channel.lock().await.clone();
+            let declared = channel
+                .channel()
+                .exchange_declare(name.into(), kind.clone(), options, FieldTable::default())
+                .await;
+            match declared {
+                Ok(()) => return Ok(()),
+                Err(error)
+                    if attempt < self.max_attempts
+                        && !matches!(error.kind(), lapin::ErrorKind::ProtocolError(_)) =>
+                {
+                    tracing::warn!(exchange = name, attempt, %error, "exchange not declared; retrying");
+                    self.repair(&channel, error).await;
+                    attempt += 1;
+                }
+                Err(error) => {
+                    return Err(Error::amqp(format!("declaring exchange {name:?}"))(error));
+                }
+            }
+        }
     }
 
     /// Publishes `message` as JSON and returns its message id.

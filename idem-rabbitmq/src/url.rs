@@ -80,11 +80,7 @@ impl AmqpUrl {
 
     /// The URL with every password replaced by `***`; see [`redact_url`].
     pub fn redacted(&self) -> String {
-        let nodes: Vec<String> = split_nodes(&self.text)
-            .into_iter()
-            .map(redact_url)
-            .collect();
-        nodes.join(",")
+        redact_url(&self.text)
     }
 }
 
@@ -110,16 +106,26 @@ fn split_nodes(text: &str) -> Vec<&str> {
 /// The URL is read the way the `url` crate (which lapin and sqlx use) reads it. A text it cannot
 /// read, or reads with a fragment or with an `@` outside the user information (what an
 /// unencoded `#`, `?` or `/` in a password gives), is shown as its scheme and what follows its
-/// last `@`, so that no part of a password shows.
+/// last `@`, so that no part of a password shows. A cluster's AMQP URLs separated by commas (as
+/// `AMQP_URL` holds them) are each redacted.
 ///
 /// ```
 /// use idem_rabbitmq::redact_url;
 ///
 /// assert_eq!(redact_url("amqp://guest:s3cr%2Fet@rabbit/%2f"), "amqp://guest:***@rabbit/%2f");
+/// assert_eq!(
+///     redact_url("amqp://a:one@r1/%2f,amqp://b:two@r2/%2f"),
+///     "amqp://a:***@r1/%2f,amqp://b:***@r2/%2f"
+/// );
 /// assert_eq!(redact_url("postgres://app:s3cr/et@db:5432/orders"), "postgres://***@db:5432/orders");
 /// assert_eq!(redact_url("sqlite://billing.db?mode=rwc"), "sqlite://billing.db?mode=rwc");
 /// ```
 pub fn redact_url(text: &str) -> String {
+    let nodes: Vec<String> = split_nodes(text).into_iter().map(redact_one).collect();
+    nodes.join(",")
+}
+
+fn redact_one(text: &str) -> String {
     match ::url::Url::parse(text) {
         Ok(url) if !ambiguous(text, &url) => redact_parsed(url),
         _ => redact_unreadable(text),

@@ -117,6 +117,33 @@ impl Cluster {
     }
 }
 
+/// Closes, from the broker side, every connection of the cluster whose client-provided name
+/// contains `name`, as [`close_connections`](crate::rabbit::close_connections) does on the
+/// local broker. Returns how many were closed.
+pub async fn close_connections(name: &str) -> usize {
+    for node in NODES {
+        let Some(listing) = ctl(node, &["list_connections", "pid", "client_properties"]).await
+        else {
+            continue;
+        };
+        let pids: Vec<&str> = listing
+            .lines()
+            .filter(|line| line.contains(name))
+            .filter_map(|line| line.split_whitespace().next())
+            .collect();
+        let mut closed = 0;
+        for pid in &pids {
+            closed += usize::from(
+                ctl(node, &["close_connection", pid, "closed by test"])
+                    .await
+                    .is_some(),
+            );
+        }
+        return closed;
+    }
+    0
+}
+
 /// Where the cluster keeps its nodes' data: `IDEM_RABBITMQ_CLUSTER_DIR`, as the script.
 fn data_dir() -> PathBuf {
     std::env::var_os("IDEM_RABBITMQ_CLUSTER_DIR").map_or_else(

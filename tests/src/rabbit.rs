@@ -12,9 +12,7 @@ use idem_rabbitmq::lapin::options::{
     QueueDeleteOptions, QueuePurgeOptions,
 };
 use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
-use idem_rabbitmq::lapin::{
-    BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
-};
+use idem_rabbitmq::lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 use idem_rabbitmq::{Consumer, ConsumerBuilder, PublishOptions, Publisher, QueueTopology};
 use idem_runtime::Inbox;
 
@@ -138,6 +136,7 @@ impl OperatorQueue {
 /// A test's view of the broker: a connection to inspect queues, a publisher, and the queues and
 /// exchanges it made, deleted when it is dropped.
 pub struct TestBroker {
+    url: String,
     connection: Connection,
     channel: Channel,
     /// A publisher with confirms.
@@ -155,7 +154,12 @@ impl std::fmt::Debug for TestBroker {
 impl TestBroker {
     /// Connects. A broker that does not answer fails the test.
     pub async fn connect() -> Self {
-        let url = amqp_url();
+        Self::connect_to(&amqp_url()).await
+    }
+
+    /// Connects to the broker at `url` (a cluster's nodes, comma-separated).
+    pub async fn connect_to(url: &str) -> Self {
+        let url = url.to_owned();
         let fail = |error: &dyn std::fmt::Display| -> ! {
             panic!(
                 "RabbitMQ is not reachable at {}: {error}. The tests need the real broker: start it \
@@ -163,7 +167,7 @@ impl TestBroker {
                 idem_rabbitmq::AmqpUrl::new(url.clone())
             )
         };
-        let connection = Connection::connect(&url, ConnectionProperties::default())
+        let connection = idem_rabbitmq::connect(&url.as_str().into(), "idem-test broker")
             .await
             .unwrap_or_else(|e| fail(&e));
         let channel = connection.create_channel().await.unwrap();
@@ -171,6 +175,7 @@ impl TestBroker {
             .await
             .unwrap_or_else(|e| fail(&e));
         Self {
+            url,
             connection,
             channel,
             publisher,
@@ -481,9 +486,10 @@ impl Drop for TestBroker {
     fn drop(&mut self) {
         let queues = std::mem::take(&mut *self.queues.lock().unwrap());
         let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
+        let url = self.url.clone();
         crate::clean_up(async move {
             let Ok(connection) =
-                Connection::connect(&amqp_url(), ConnectionProperties::default()).await
+                idem_rabbitmq::connect(&url.as_str().into(), "idem-test cleanup").await
             else {
                 return;
             };

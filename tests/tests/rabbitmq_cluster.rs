@@ -437,3 +437,33 @@ async fn take_all(queue: &str, at_least: u64) -> Vec<String> {
     let _ = connection.close(200, "done".into()).await;
     bodies
 }
+
+/// A publisher whose node dies declares and publishes on the next node, within its timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_publisher_whose_node_dies_goes_on_on_the_next() {
+    let cluster = Cluster::take().await;
+    let queue = QueueTopology::quorum(unique("idem_cq"));
+    declare(&queue).await;
+    let publisher = Publisher::builder(Cluster::urls_from(3).as_str())
+        .confirm_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("the publisher connects");
+    cluster.kill(3).await;
+    let exchange = unique("idem_cx");
+    let declared = tokio::time::timeout(
+        Duration::from_secs(30),
+        publisher.declare_exchange(&exchange, idem_rabbitmq::lapin::ExchangeKind::Topic),
+    )
+    .await;
+    assert!(matches!(declared, Ok(Ok(()))), "declared: {declared:?}");
+    let published = tokio::time::timeout(
+        Duration::from_secs(30),
+        publisher.publish("", queue.queue(), &Msg::new("o-1", "x"), with_id("o-1")),
+    )
+    .await;
+    assert!(matches!(published, Ok(Ok(_))), "published: {published:?}");
+    publisher.close().await;
+    delete_queues(&[queue.queue(), queue.dead_letter_queue()]).await;
+    cluster.start_stopped().await;
+}

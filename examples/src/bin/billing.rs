@@ -157,14 +157,24 @@ async fn main() -> ExitCode {
 /// The service: its parts started one after the other, then its work, then its stop.
 async fn run(args: Args) -> Result<(), BoxError> {
     log_settings(&args);
-    let db = connect_database(&args.database_url).await?;
-    billing::create_tables(&db).await?;
-    let (inbox, outbox) = open_inbox(&db).await?;
-    let broker = args.broker.url()?;
-    declare_events_exchange(&args, &broker).await?;
-    let relay = start_relay(&args, &broker, outbox.clone()).await?;
-    let consumer = start_consumer(&args, &broker, inbox.clone()).await?;
-    let notifications = start_notifications(&args, &broker, inbox).await?;
+    // A signal while the service starts (a broker or database slow to answer) stops it there.
+    let signal = wait_for_signal();
+    tokio::pin!(signal);
+    let started = tokio::select! {
+        started = start(&args) => started?,
+        () = &mut signal => {
+            tracing::info!("billing stopped before it started consuming");
+            return Ok(());
+        }
+    };
+    let Started {
+        db,
+        outbox,
+        broker,
+        relay,
+        consumer,
+        notifications,
+    } = started;
     tracing::info!(
         queue = args.queue,
         database = %idem_rabbitmq::redact_url(&args.database_url),
@@ -182,12 +192,42 @@ async fn run(args: Args) -> Result<(), BoxError> {
             demo::run(services, demo_settings(&args, &broker, count)).await
         }
         None => {
-            log_stats_until_signal(&consumer, args.stats_every).await;
+            log_stats_until_signal(&consumer, args.stats_every, signal).await;
             Ok(())
         }
     };
     stop(consumer, notifications, relay).await;
     result
+}
+
+/// What [`start`] started.
+struct Started {
+    db: DatabaseConnection,
+    outbox: Outbox,
+    broker: AmqpUrl,
+    relay: RelayHandle,
+    consumer: Consumer,
+    notifications: NotificationsHop,
+}
+
+/// The service's parts, started one after the other.
+async fn start(args: &Args) -> Result<Started, BoxError> {
+    let db = connect_database(&args.database_url).await?;
+    billing::create_tables(&db).await?;
+    let (inbox, outbox) = open_inbox(&db).await?;
+    let broker = args.broker.url()?;
+    declare_events_exchange(args, &broker).await?;
+    let relay = start_relay(args, &broker, outbox.clone()).await?;
+    let consumer = start_consumer(args, &broker, inbox.clone()).await?;
+    let notifications = start_notifications(args, &broker, inbox).await?;
+    Ok(Started {
+        db,
+        outbox,
+        broker,
+        relay,
+        consumer,
+        notifications,
+    })
 }
 
 fn log_settings(args: &Args) {
@@ -340,11 +380,13 @@ fn demo_settings<'a>(args: &'a Args, broker: &'a AmqpUrl, count: usize) -> demo:
 }
 
 /// Logs the consumer's counters every `every` while they change, until Ctrl-C or SIGTERM.
-async fn log_stats_until_signal(consumer: &Consumer, every: Duration) {
+async fn log_stats_until_signal(
+    consumer: &Consumer,
+    every: Duration,
+    mut signal: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) {
     let mut logged = ConsumerStats::default();
     let mut ticks = tokio::time::interval(every);
-    let signal = wait_for_signal();
-    tokio::pin!(signal);
     loop {
         tokio::select! {
             _ = &mut signal => return,
