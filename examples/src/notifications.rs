@@ -171,8 +171,14 @@ async fn declare_on(
         )
         .await
         .map_err(amqp_error(format!("declaring exchange {dlx:?}")))?;
+    // Replicated as the queue is: a classic queue lives on one node of a cluster.
+    let mut quorum = FieldTable::default();
+    quorum.insert(
+        ShortString::from("x-queue-type"),
+        AMQPValue::LongString("quorum".into()),
+    );
     channel
-        .queue_declare(dlq.as_str().into(), durable_queue, FieldTable::default())
+        .queue_declare(dlq.as_str().into(), durable_queue, quorum)
         .await
         .map_err(amqp_error(format!("declaring queue {dlq:?}")))?;
     channel
