@@ -1,5 +1,6 @@
-//! idem through a PostgreSQL failover: a primary and a synchronous standby
-//! (`tests/cluster/postgres-pair`, started fresh by each test), the consumer reaching the
+//! idem through a database failover, on PostgreSQL (a primary and a synchronous standby,
+//! `tests/cluster/postgres-pair`) and on MariaDB (a primary and a semi-synchronous replica,
+//! `tests/cluster/mariadb-pair`), each pair started fresh by each test, the consumer reaching the
 //! database through the tests' TCP proxy as through a virtual address. Under load the primary
 //! crashes, the address moves to the standby while it is still read-only, then the standby is
 //! promoted. Per message and in batches: the read-only and unreachable periods never count
@@ -7,8 +8,8 @@
 //! its effect on the new primary, each order is charged once, and the consumer recovers without
 //! a restart.
 //!
-//! Run: `cargo test -p idem-tests --test postgres_failover` with RabbitMQ up and PostgreSQL
-//! installed. `IDEM_FAILOVER_ORDERS` (default 1 000) sets the orders of each run.
+//! Run: `cargo test -p idem-tests --test database_failover` with RabbitMQ up and PostgreSQL and
+//! MariaDB installed. `IDEM_FAILOVER_ORDERS` (default 1 000) sets the orders of each run.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -26,45 +27,90 @@ const SETTLE: Duration = Duration::from_secs(120);
 /// How long the address points at the standby before it is promoted.
 const READ_ONLY: Duration = Duration::from_secs(2);
 
-/// One test at a time owns the pair.
+/// One test at a time runs a failover.
 static PAIR: Mutex<()> = Mutex::const_new(());
 
-async fn pair(command: &str) {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/postgres-pair");
-    let output = Command::new("bash")
-        .arg(&path)
-        .arg(command)
-        .output()
-        .await
-        .expect("the pair's script runs");
-    assert!(
-        output.status.success(),
-        "postgres-pair {command} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+/// A primary and its standby, started by a script of `tests/cluster`.
+#[derive(Debug, Clone, Copy)]
+struct Pair {
+    script: &'static str,
+    backend: Backend,
+    primary: u16,
+    standby: u16,
+}
+
+const POSTGRES: Pair = Pair {
+    script: "postgres-pair",
+    backend: Backend::Postgres,
+    primary: 5441,
+    standby: 5442,
+};
+
+const MARIADB: Pair = Pair {
+    script: "mariadb-pair",
+    backend: Backend::MySql,
+    primary: 3341,
+    standby: 3342,
+};
+
+impl Pair {
+    async fn run(&self, command: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("cluster")
+            .join(self.script);
+        let output = Command::new("bash")
+            .arg(&path)
+            .arg(command)
+            .output()
+            .await
+            .expect("the pair's script runs");
+        assert!(
+            output.status.success(),
+            "{} {command} failed: {}{}",
+            self.script,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// The URL of the database through `port`.
+    fn url(&self, port: u16) -> String {
+        match self.backend {
+            Backend::MySql => format!("mysql://idem@127.0.0.1:{port}/test"),
+            _ => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_failover_per_message_charges_each_order_once_counting_nothing() {
-    fail_over(false).await;
+async fn a_postgres_failover_per_message_charges_each_order_once_counting_nothing() {
+    fail_over(POSTGRES, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_failover_in_batches_charges_each_order_once_counting_nothing() {
-    fail_over(true).await;
+async fn a_postgres_failover_in_batches_charges_each_order_once_counting_nothing() {
+    fail_over(POSTGRES, true).await;
 }
 
-async fn fail_over(batches: bool) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mariadb_failover_per_message_charges_each_order_once_counting_nothing() {
+    fail_over(MARIADB, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mariadb_failover_in_batches_charges_each_order_once_counting_nothing() {
+    fail_over(MARIADB, true).await;
+}
+
+async fn fail_over(pair: Pair, batches: bool) {
     let _pair = PAIR.lock().await;
-    pair("start").await;
+    pair.run("start").await;
     let orders: u32 = std::env::var("IDEM_FAILOVER_ORDERS")
         .ok()
         .and_then(|value| value.parse().ok())
         .unwrap_or(1_000);
-    let address = Proxy::start("127.0.0.1:5441").await;
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", address.port());
-    let db = TestDb::connect_url(Backend::Postgres, url, 8).await;
+    let address = Proxy::start(&format!("127.0.0.1:{}", pair.primary)).await;
+    let db = TestDb::connect_url(pair.backend, pair.url(address.port()), 8).await;
     let inbox = idem_runtime::Inbox::builder(db.db.clone())
         .table(db.table("inbox"))
         .build()
@@ -124,10 +170,10 @@ async fn fail_over(batches: bool) {
     }
 
     let crashed = Instant::now();
-    pair("crash").await;
-    address.point_at("127.0.0.1:5442");
+    pair.run("crash").await;
+    address.point_at(&format!("127.0.0.1:{}", pair.standby));
     tokio::time::sleep(READ_ONLY).await;
-    pair("promote").await;
+    pair.run("promote").await;
     let first_after = published.load(Ordering::SeqCst);
     while charged(format!("message_key >= 'o-{first_after:06}'")).await == 0 {
         assert!(
@@ -137,7 +183,8 @@ async fn fail_over(batches: bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     eprintln!(
-        "failover ({}): first order charged on the new primary {} ms after the crash",
+        "failover ({:?}, {}): first order charged on the new primary {} ms after the crash",
+        pair.backend,
         if batches { "batches" } else { "per message" },
         crashed.elapsed().as_millis()
     );
@@ -156,7 +203,7 @@ async fn fail_over(batches: bool) {
     let stats = consumer.stats();
     consumer.shutdown().await;
     // Everything acknowledged has its effect on the new primary, once.
-    let keys = format!("(SELECT DISTINCT message_key FROM {effects}) AS keys");
+    let keys = format!("(SELECT DISTINCT message_key FROM {effects}) AS charged_keys");
     assert_eq!(charged("1=1".into()).await, i64::from(orders), "{stats:?}");
     assert_eq!(db.count(&keys, "1=1").await, i64::from(orders), "{stats:?}");
     // Nothing was counted against its delivery limit: nothing dead-lettered.
@@ -164,5 +211,5 @@ async fn fail_over(batches: bool) {
     assert_eq!(broker.depth(&dlq).await, 0);
     assert!(stats.requeued > 0, "the failover was seen: {stats:?}");
     drop(db);
-    pair("stop").await;
+    pair.run("stop").await;
 }
