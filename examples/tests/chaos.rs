@@ -472,25 +472,16 @@ async fn publish(
     futures_util::stream::iter(plan.sends.iter().enumerate())
         .map(|(k, send)| async move {
             tokio::time::sleep_until(start + Duration::from_secs_f64(k as f64 / rate)).await;
-            let publisher = &broker.publisher;
-            match *send {
-                Send::Order(i) => orders::publish_to(publisher, exchange, &plan.orders[i]).await,
-                Send::InvalidAmount => {
-                    let order = OrderPlaced {
-                        order_id: plan.invalid_amount_id(),
-                        customer: "customer-0".to_owned(),
-                        amount_cents: 0,
-                    };
-                    orders::publish_to(publisher, exchange, &order).await
-                }
-                Send::Undecodable => {
-                    let options = PublishOptions::default().message_id(plan.undecodable_id());
-                    publisher
-                        .publish_bytes(exchange, ROUTING_KEY, b"{\"order_id\": 12", options)
-                        .await
-                }
+            // Retried with its id until confirmed, as a producer does through a node's death
+            // (the publisher's own attempts can all fall within lapin's recovery).
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while let Err(error) = send_once(broker, exchange, plan, send).await {
+                assert!(
+                    Instant::now() < deadline,
+                    "published and confirmed: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            .expect("published and confirmed")
         })
         .buffer_unordered(16)
         .for_each(|_| async {})
@@ -507,9 +498,40 @@ async fn publish(
         customer: "someone-else".to_owned(),
         ..plan.orders[0].clone()
     };
-    orders::publish_to(&broker.publisher, exchange, &reused)
-        .await
-        .expect("published and confirmed");
+    while let Err(error) = orders::publish_to(&broker.publisher, exchange, &reused).await {
+        assert!(
+            Instant::now() < deadline,
+            "published and confirmed: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Publishes `send` once, with the publisher's own attempts.
+async fn send_once(
+    broker: &TestBroker,
+    exchange: &str,
+    plan: &Plan,
+    send: &Send,
+) -> Result<String, idem_rabbitmq::Error> {
+    let publisher = &broker.publisher;
+    match *send {
+        Send::Order(i) => orders::publish_to(publisher, exchange, &plan.orders[i]).await,
+        Send::InvalidAmount => {
+            let order = OrderPlaced {
+                order_id: plan.invalid_amount_id(),
+                customer: "customer-0".to_owned(),
+                amount_cents: 0,
+            };
+            orders::publish_to(publisher, exchange, &order).await
+        }
+        Send::Undecodable => {
+            let options = PublishOptions::default().message_id(plan.undecodable_id());
+            publisher
+                .publish_bytes(exchange, ROUTING_KEY, b"{\"order_id\": 12", options)
+                .await
+        }
+    }
 }
 
 /// Kills and closes, in a random order, at random consumers, spread over the work: the `k`-th
@@ -540,6 +562,7 @@ async fn wreak(
     let steps = events.len() + 1;
     let deadline = Instant::now() + Duration::from_secs(120) + plan.span(size.rate);
     let mut closing = Vec::new();
+    let mut restarting: Option<tokio::task::JoinHandle<()>> = None;
     for (k, event) in events.into_iter().enumerate() {
         let due = (k + 1) * size.orders / steps;
         while (common::invoices(db, &prefix).await.1 as usize) < due {
@@ -551,17 +574,24 @@ async fn wreak(
             (Event::Kill, _) => fleet.kill(slot),
             (Event::Close, _) => closing.push(fleet.close(slot)),
             (Event::NodeKill, Some(cluster)) => {
+                // One node down at a time keeps the queues' majority: the last one killed is
+                // back before the next dies.
+                if let Some(restart) = restarting.take() {
+                    restart.await.expect("the killed node restarted");
+                }
                 let node = rng.below(NODES.len()) as u8 + 1;
                 cluster.kill(node).await;
                 fleet.node_kills += 1;
-                // Back before the next event: one node down at a time keeps the queues' majority.
-                cluster.start_stopped().await;
+                restarting = Some(tokio::spawn(cluster::start_stopped()));
             }
             (Event::NodeKill, None) => unreachable!("node kills only on the cluster"),
         }
     }
     for close in closing {
         fleet.connections_closed += close.await.expect("rabbitmqctl closes connections");
+    }
+    if let Some(restart) = restarting {
+        restart.await.expect("the killed node restarted");
     }
 }
 

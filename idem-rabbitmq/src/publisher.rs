@@ -186,8 +186,8 @@ impl Publisher {
 
     /// Declares a durable exchange of `kind` (a no-op if it exists with the same type), for a
     /// producer that owns the exchange it publishes to. A channel lost with its node is waited
-    /// for (or replaced) and the declaration tried again, as a publish is; the broker's refusal
-    /// (an exchange of another type) is returned at once.
+    /// for (or replaced) and the declaration tried again, up to the publisher's attempts, as a
+    /// publish is; the broker's refusal (an exchange of another type) is returned at once.
     pub async fn declare_exchange(&self, name: &str, kind: ExchangeKind) -> Result<()> {
         let options = ExchangeDeclareOptions {
             durable: true,
@@ -202,12 +202,12 @@ impl Publisher {
                 .await;
             match declared {
                 Ok(()) => return Ok(()),
-                Err(error)
-                    if attempt < self.max_attempts
-                        && !matches!(error.kind(), lapin::ErrorKind::ProtocolError(_)) =>
-                {
+                // The broker's refusal of the declaration itself is a channel (soft) error;
+                // anything else is the connection's (a node stopping or gone).
+                Err(error) if attempt < self.max_attempts && !error.is_amqp_soft_error() => {
                     tracing::warn!(exchange = name, attempt, %error, "exchange not declared; retrying");
                     self.repair(&channel, error).await;
+                    tokio::time::sleep(PUBLISH_BACKOFF.after(attempt)).await;
                     attempt += 1;
                 }
                 Err(error) => {

@@ -90,7 +90,7 @@ fn split_nodes(text: &str) -> Vec<&str> {
     let mut nodes = Vec::new();
     let mut start = 0;
     for (comma, _) in text.match_indices(',') {
-        let rest = text[comma + 1..].trim_start();
+        let rest = text[comma + 1..].trim_start().to_ascii_lowercase();
         if rest.starts_with("amqp://") || rest.starts_with("amqps://") {
             nodes.push(text[start..comma].trim());
             start = comma + 1;
@@ -117,6 +117,7 @@ fn split_nodes(text: &str) -> Vec<&str> {
 ///     redact_url("amqp://a:one@r1/%2f,amqp://b:two@r2/%2f"),
 ///     "amqp://a:***@r1/%2f,amqp://b:***@r2/%2f"
 /// );
+/// assert!(!redact_url("amqp://a:one@r1/%2f, AMQP://b:two@r2/%2f").contains("two"));
 /// assert_eq!(redact_url("postgres://app:s3cr/et@db:5432/orders"), "postgres://***@db:5432/orders");
 /// assert_eq!(redact_url("sqlite://billing.db?mode=rwc"), "sqlite://billing.db?mode=rwc");
 /// ```

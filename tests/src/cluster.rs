@@ -45,8 +45,19 @@ impl Cluster {
         urls.join(",")
     }
 
-    /// Kills `node` with SIGKILL, as a crashed machine would stop it.
+    /// Kills `node` with SIGKILL, as a crashed machine would stop it, and waits until it no
+    /// longer answers.
     pub async fn kill(&self, node: u8) {
+        self.sigkill(node).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while self.runs(node).await {
+            assert!(tokio::time::Instant::now() < deadline, "node {node} died");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Sends `node` SIGKILL, without waiting.
+    pub async fn sigkill(&self, node: u8) {
         let pid_file = data_dir().join(format!("idem{node}/pid"));
         let pid = tokio::fs::read_to_string(&pid_file)
             .await
@@ -57,16 +68,11 @@ impl Cluster {
             .await
             .expect("kill runs");
         assert!(status.success(), "node {node} (pid {pid}) killed");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while self.runs(node).await {
-            assert!(tokio::time::Instant::now() < deadline, "node {node} died");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
     }
 
     /// Starts the nodes that are down and waits until they run in the cluster.
     pub async fn start_stopped(&self) {
-        script("start").await;
+        start_stopped().await;
     }
 
     /// Whether `node` answers and runs RabbitMQ.
@@ -115,6 +121,12 @@ impl Cluster {
         }
         panic!("no node of the cluster answered rabbitmqctl {args:?}")
     }
+}
+
+/// [`Cluster::start_stopped`], for a task of its own while the test goes on (the test holds
+/// the cluster meanwhile).
+pub async fn start_stopped() {
+    script("start").await;
 }
 
 /// Closes, from the broker side, every connection of the cluster whose client-provided name

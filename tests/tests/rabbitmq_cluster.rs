@@ -99,16 +99,23 @@ impl Run {
         self.db.count(&self.effects, filter).await
     }
 
-    /// How long from now until an order published after now is charged.
-    async fn recovery(&self, what: &str, since: Instant) -> Duration {
-        let first_after = self.next.load(Ordering::SeqCst);
-        let filter = format!("message_key >= '{}'", order_key(first_after));
+    /// The moment of a disruption about to start: the time, and the next order to publish.
+    fn mark(&self) -> Mark {
+        Mark {
+            at: Instant::now(),
+            first_after: self.next.load(Ordering::SeqCst),
+        }
+    }
+
+    /// How long from `mark` until an order published after it is charged.
+    async fn recovery(&self, what: &str, mark: Mark) -> Duration {
+        let filter = format!("message_key >= '{}'", order_key(mark.first_after));
         let deadline = Instant::now() + SETTLE;
         while self.effects(&filter).await == 0 {
             assert!(Instant::now() < deadline, "an order charged after {what}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let recovery = since.elapsed();
+        let recovery = mark.at.elapsed();
         eprintln!("cluster recovery after {what}: {} ms", recovery.as_millis());
         recovery
     }
@@ -166,6 +173,13 @@ impl Run {
         }
         delete_queues(&[&self.queue, &format!("{}.dlq", self.queue)]).await;
     }
+}
+
+/// When a disruption started, and the first order published after it.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    at: Instant,
+    first_after: u32,
 }
 
 fn order_key(index: u32) -> String {
@@ -247,8 +261,11 @@ async fn a_killed_leader_node_loses_no_order_and_charges_none_twice() {
         let run = Run::start(orders).await;
         run.charged(orders / 3).await;
         let leader = cluster.leader(&run.queue).await;
-        let (acked, killed) = (run.acked(), Instant::now());
+        let killed = run.mark();
         cluster.kill(leader).await;
+        // Counted once the node is dead: what its consumer takes from now on, it takes
+        // through another node.
+        let acked = run.acked();
         recoveries.push(run.recovery(&format!("node {leader} killed"), killed).await);
         run.finish(&cluster, &acked).await;
         cluster.start_stopped().await;
@@ -270,8 +287,9 @@ async fn a_node_stopped_and_started_under_its_consumer_loses_no_order() {
     let orders = from_env("IDEM_CLUSTER_ORDERS", 1_500);
     let run = Run::start(orders).await;
     run.charged(orders / 3).await;
-    let (acked, stopped) = (run.acked(), Instant::now());
+    let stopped = run.mark();
     cluster.ctl(2, &["stop_app"]).await;
+    let acked = run.acked();
     run.recovery("node 2 stopped", stopped).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.ctl(2, &["start_app"]).await;
@@ -286,9 +304,9 @@ async fn a_rolling_restart_loses_no_order() {
     run.charged(300).await;
     let mut acked = Vec::new();
     for node in NODES {
-        let stopped = Instant::now();
-        acked = run.acked();
+        let stopped = run.mark();
         cluster.ctl(node, &["stop"]).await;
+        acked = run.acked();
         run.recovery(&format!("node {node} stopped for a restart"), stopped)
             .await;
         cluster.start_stopped().await;
@@ -449,7 +467,8 @@ async fn a_publisher_whose_node_dies_goes_on_on_the_next() {
         .connect()
         .await
         .expect("the publisher connects");
-    cluster.kill(3).await;
+    // At once, before the publisher has seen its connection go.
+    cluster.sigkill(3).await;
     let exchange = unique("idem_cx");
     let declared = tokio::time::timeout(
         Duration::from_secs(30),

@@ -157,7 +157,8 @@ async fn main() -> ExitCode {
 /// The service: its parts started one after the other, then its work, then its stop.
 async fn run(args: Args) -> Result<(), BoxError> {
     log_settings(&args);
-    // A signal while the service starts (a broker or database slow to answer) stops it there.
+    // A signal while the service starts (a broker or database slow to answer) stops it there,
+    // dropping what had started; later, it stops the service (or the demo) in order.
     let signal = wait_for_signal();
     tokio::pin!(signal);
     let started = tokio::select! {
@@ -189,7 +190,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 db: &db,
                 stub: notifications.stub.as_ref(),
             };
-            demo::run(services, demo_settings(&args, &broker, count)).await
+            tokio::select! {
+                result = demo::run(services, demo_settings(&args, &broker, count)) => result,
+                () = &mut signal => Err("the demo was interrupted".into()),
+            }
         }
         None => {
             log_stats_until_signal(&consumer, args.stats_every, signal).await;

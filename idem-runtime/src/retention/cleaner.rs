@@ -23,8 +23,9 @@ pub struct CleanupReport {
     pub batches: u32,
     /// Whether the run did nothing because another cleaner held the lock.
     pub skipped: bool,
-    /// Whether the run outlasted the cleanup interval with every batch full: records expire
-    /// faster than the cleaner deletes them at its busy share, and a warning said so.
+    /// Whether the run still found full batches after one cleanup interval, and warned: records
+    /// expire faster than the cleaner deletes them at its busy share, or a backlog (the first
+    /// run after a long stop) takes it longer than an interval.
     pub fell_behind: bool,
 }
 
@@ -36,8 +37,8 @@ impl CleanupReport {
     }
 }
 
-/// Watches one table's cleanup run for falling behind: still finding full batches after the
-/// cleanup interval, when the next run would be due. Warns once per run.
+/// Watches one table's cleanup run for falling behind: still finding full batches after one
+/// cleanup interval. Warns once per run.
 struct Pace<'a> {
     table: String,
     policy: &'a RetentionPolicy,
@@ -68,8 +69,9 @@ impl<'a> Pace<'a> {
             rows_per_second = (deleted as f64 / elapsed.as_secs_f64()).round(),
             max_busy_percent = self.policy.max_busy_percent(),
             batch_size = self.policy.batch_size(),
-            "the cleaner is falling behind: rows expire faster than it deletes them at its busy \
-             share; raise RetentionPolicy::with_max_busy_percent (or the batch size)"
+            "the cleaner is falling behind: its run outlasted the cleanup interval; if rows \
+             expire faster than it deletes them at its busy share (not a backlog after a stop), \
+             raise RetentionPolicy::with_max_busy_percent (or the batch size)"
         );
     }
 }
