@@ -1,11 +1,12 @@
 //! Publishing with confirms, persistence, `mandatory` routing and stable message ids.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::transport::Backoff;
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Connection, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -105,7 +106,10 @@ impl PublishOptions {
 /// ```
 #[derive(Debug)]
 pub struct Publisher {
-    connection: Connection,
+    /// Replaced by a new connection when lapin's recovery does not bring it back.
+    connection: Mutex<Arc<Connection>>,
+    url: AmqpUrl,
+    connection_name: String,
     channel: Mutex<ConfirmChannel>,
     confirm_timeout: Duration,
     max_attempts: u32,
@@ -160,7 +164,9 @@ impl PublisherBuilder {
         let connection = connect(&self.url, &self.connection_name).await?;
         let channel = confirm_channel(&connection).await?;
         Ok(Publisher {
-            connection,
+            connection: Mutex::new(Arc::new(connection)),
+            url: self.url,
+            connection_name: self.connection_name,
             channel: Mutex::new(ConfirmChannel::new(channel)),
             confirm_timeout: self.confirm_timeout,
             max_attempts: self.max_attempts,
@@ -302,21 +308,54 @@ impl Publisher {
     }
 
     /// Publishes on a new channel from now on instead of `used`, which is closed; unless
-    /// another publish replaced it already.
+    /// another publish replaced it already. A connection that gives no channel within the
+    /// confirm timeout (lapin's recovery failed, or is stuck on a node going down) is replaced
+    /// by a new one.
     async fn replace_channel(&self, used: &ConfirmChannel) {
         let mut current = self.channel.lock().await;
         if !current.is_same(used) {
             return;
         }
-        match confirm_channel(&self.connection).await {
-            Ok(channel) => {
-                let old = std::mem::replace(&mut *current, ConfirmChannel::new(channel));
-                drop(current);
-                let closing = old.channel().close(200, "replaced".into());
-                let _ = tokio::time::timeout(self.confirm_timeout, closing).await;
+        let connection = Arc::clone(&*self.connection.lock().await);
+        let opened = tokio::time::timeout(self.confirm_timeout, confirm_channel(&connection)).await;
+        let channel = match opened {
+            Ok(Ok(channel)) => channel,
+            failed => {
+                let why = match failed {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => format!("no channel within {:?}", self.confirm_timeout),
+                };
+                tracing::warn!(%why, "the publisher's connection did not recover; connecting again");
+                match self.reconnect().await {
+                    Ok(channel) => channel,
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot open a new publisher connection");
+                        return;
+                    }
+                }
             }
-            Err(error) => tracing::warn!(%error, "cannot open a new publisher channel"),
-        }
+        };
+        let old = std::mem::replace(&mut *current, ConfirmChannel::new(channel));
+        drop(current);
+        let closing = old.channel().close(200, "replaced".into());
+        let _ = tokio::time::timeout(self.confirm_timeout, closing).await;
+    }
+
+    /// Opens a new connection (from the next node) in place of the current one, which is
+    /// closed, and a confirm channel on it.
+    async fn reconnect(&self) -> Result<Channel> {
+        let connecting = connect(&self.url, &self.connection_name);
+        let connection = tokio::time::timeout(self.confirm_timeout, connecting)
+            .await
+            .map_err(|_| Error::TimedOut {
+                operation: "connecting the publisher again".to_owned(),
+                after: self.confirm_timeout,
+            })??;
+        let channel = confirm_channel(&connection).await?;
+        let old = std::mem::replace(&mut *self.connection.lock().await, Arc::new(connection));
+        let closing = old.close(200, "replaced".into());
+        let _ = tokio::time::timeout(self.confirm_timeout, closing).await;
+        Ok(channel)
     }
 
     /// Closes the channel and the connection.
@@ -327,7 +366,8 @@ impl Publisher {
             .channel()
             .close(200, "closing".into())
             .await;
-        let _ = self.connection.close(200, "closing".into()).await;
+        let connection = self.connection.into_inner();
+        let _ = connection.close(200, "closing".into()).await;
     }
 }
 
