@@ -177,6 +177,25 @@ fn join(problems: &[SettingError]) -> String {
 }
 
 impl Error {
+    /// Whether an AMQP operation failed because its connection was lost (its node went away or
+    /// is stopping), not because the broker refused it.
+    pub(crate) fn is_connection_lost(&self) -> bool {
+        use lapin::protocol::{AMQPErrorKind, AMQPHardError};
+        let Error::Amqp { source, .. } = self else {
+            return false;
+        };
+        match source.kind() {
+            lapin::ErrorKind::IOError(_)
+            | lapin::ErrorKind::InvalidConnectionState(_)
+            | lapin::ErrorKind::InvalidChannelState(..) => true,
+            lapin::ErrorKind::ProtocolError(amqp) => matches!(
+                amqp.kind(),
+                AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED)
+            ),
+            _ => false,
+        }
+    }
+
     /// The settings refused at start ([`Error::Settings`]); empty for every other error.
     pub fn settings(&self) -> &[SettingError] {
         match self {

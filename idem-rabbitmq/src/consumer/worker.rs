@@ -27,6 +27,9 @@ use crate::error::Result;
 use crate::queue_kind::QueueKind;
 use crate::stop::StopSignal;
 
+/// How many times the first session is opened when its node goes away meanwhile.
+const START_ATTEMPTS: u32 = 3;
+
 /// What a worker did at shutdown.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
@@ -116,9 +119,22 @@ impl Worker {
         }
     }
 
-    /// Opens the first session, so that a wrong URL or topology fails `start`.
+    /// Opens the first session, so that a wrong URL or topology fails `start`. A node lost while
+    /// the session opens (killed or stopping under it) is not the user's mistake: the session is
+    /// opened again, from the next node, a few times.
     pub(crate) async fn start(self) -> Result<JoinHandle<ShutdownReport>> {
-        let session = self.opener().open().await?;
+        let mut attempt = 1;
+        let session = loop {
+            match self.opener().open().await {
+                Ok(session) => break session,
+                Err(error) if attempt < START_ATTEMPTS && error.is_connection_lost() => {
+                    tracing::warn!(queue = self.queue(), %error, attempt, "the broker's node went away while the consumer started; trying again");
+                    tokio::time::sleep(self.settings.reconnect_delay).await;
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        };
         Ok(tokio::spawn(self.run(session)))
     }
 
