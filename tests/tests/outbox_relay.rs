@@ -664,8 +664,9 @@ async fn an_unroutable_message_holds_back_the_ones_after_it(backend: Backend) {
         .start()
         .await
         .unwrap();
+    // Three tries take their holds' growing pauses: near WAIT on a quiet machine.
     f.broker
-        .eventually("publishes retried", WAIT, || async {
+        .eventually("publishes retried", WAIT * 2, || async {
             relay.stats().failed >= 3
         })
         .await;
