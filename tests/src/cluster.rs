@@ -165,13 +165,21 @@ fn data_dir() -> PathBuf {
 }
 
 async fn script(command: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cluster/rabbitmq-cluster");
+    run_script("rabbitmq-cluster", command).await;
+}
+
+/// Runs `tests/cluster/<name> <command>` (the cluster's script, a database pair's); fails the
+/// test with what it printed if it fails.
+pub async fn run_script(name: &str, command: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("cluster")
+        .join(name);
     let output = Command::new("bash")
         .arg(&path)
         .arg(command)
         .output()
         .await
-        .expect("the cluster script runs");
+        .unwrap_or_else(|e| panic!("{} runs: {e}", path.display()));
     assert!(
         output.status.success(),
         "{} {command} failed: {}{}",

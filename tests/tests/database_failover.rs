@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_rabbitmq::{Binding, PublishOptions};
+use idem_tests::cluster::run_script;
 use idem_tests::proxy::Proxy;
 use idem_tests::rabbit::consumer_builder;
 use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, unique};
-use tokio::process::Command;
 use tokio::sync::Mutex;
 
 /// How long every order may take to be charged once the new primary takes writes.
@@ -55,22 +55,7 @@ const MARIADB: Pair = Pair {
 
 impl Pair {
     async fn run(&self, command: &str) {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("cluster")
-            .join(self.script);
-        let output = Command::new("bash")
-            .arg(&path)
-            .arg(command)
-            .output()
-            .await
-            .expect("the pair's script runs");
-        assert!(
-            output.status.success(),
-            "{} {command} failed: {}{}",
-            self.script,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        run_script(self.script, command).await;
     }
 
     /// The URL of the database through `port`.
