@@ -177,9 +177,11 @@ fn join(problems: &[SettingError]) -> String {
 }
 
 impl Error {
-    /// Whether an AMQP operation failed because its connection was lost (its node went away or
-    /// is stopping), not because the broker refused it.
-    pub(crate) fn is_connection_lost(&self) -> bool {
+    /// Whether an AMQP operation failed because of the broker's state at that moment, which a
+    /// later try may find changed, not because the broker refused what was asked: its
+    /// connection was lost (its node went away or is stopping), or the broker failed it on its
+    /// side (`INTERNAL_ERROR`, as a quorum queue's declaration while its cluster has no majority).
+    pub(crate) fn is_transient(&self) -> bool {
         use lapin::protocol::{AMQPErrorKind, AMQPHardError};
         let Error::Amqp { source, .. } = self else {
             return false;
@@ -190,7 +192,7 @@ impl Error {
             | lapin::ErrorKind::InvalidChannelState(..) => true,
             lapin::ErrorKind::ProtocolError(amqp) => matches!(
                 amqp.kind(),
-                AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED)
+                AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED | AMQPHardError::INTERNALERROR)
             ),
             _ => false,
         }

@@ -27,7 +27,7 @@ impl Cluster {
     /// (the first start takes about 30 s). Fails the test if the cluster does not come up.
     pub async fn take() -> Self {
         let serial = SERIAL.lock().await;
-        script("start").await;
+        start_stopped().await;
         Self { _serial: serial }
     }
 
@@ -127,6 +127,58 @@ impl Cluster {
 /// the cluster meanwhile).
 pub async fn start_stopped() {
     script("start").await;
+    wait_until_quorum_queues_declare().await;
+}
+
+/// Waits until a quorum queue can be declared through every node. A node that runs in the
+/// cluster may still refuse to start a new queue's replicas (`INTERNAL_ERROR`) for a while after
+/// a restart; a test that declares its queues then would fail on the cluster's state, not on
+/// idem. Fails the test if a node still refuses after a minute.
+async fn wait_until_quorum_queues_declare() {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for node in NODES {
+        loop {
+            match declare_probe(node).await {
+                Ok(()) => break,
+                Err(error) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "node {node} declares no quorum queue: {error}"
+                    );
+                    eprintln!("node {node} declares no quorum queue yet: {error}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Declares and deletes a quorum queue through `node`.
+async fn declare_probe(node: u8) -> Result<(), idem_rabbitmq::lapin::Error> {
+    use idem_rabbitmq::lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+    use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+    use idem_rabbitmq::lapin::{Connection, ConnectionProperties};
+
+    let connection =
+        Connection::connect(&Cluster::url(node), ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    let queue = format!("idem-cluster-probe-{node}");
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), options, arguments)
+        .await?;
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    connection.close(200, "probe done".into()).await
 }
 
 /// Closes, from the broker side, every connection of the cluster whose client-provided name

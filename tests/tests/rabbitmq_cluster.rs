@@ -490,3 +490,37 @@ async fn a_publisher_whose_node_dies_goes_on_on_the_next() {
     delete_queues(&[queue.queue(), queue.dead_letter_queue()]).await;
     cluster.start_stopped().await;
 }
+
+/// A consumer started while two of the three nodes are stopped for 12 s (the broker cannot form
+/// a new quorum queue and refuses its declaration with `INTERNAL_ERROR`) starts once they are back,
+/// and charges what it is sent: the refusal is the cluster's state, not the user's mistake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_started_while_the_cluster_recovers_starts_once_it_can() {
+    let cluster = Cluster::take().await;
+    let (db, inbox, effects) = inbox_and_effects(Backend::Postgres).await;
+    let topology = QueueTopology::quorum(unique("idem_cq"));
+    cluster.ctl(2, &["stop_app"]).await;
+    cluster.ctl(3, &["stop_app"]).await;
+    let back = tokio::spawn(async {
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        idem_tests::cluster::start_stopped().await;
+    });
+    let consumer = consumer(&inbox, &topology, &db, &effects, 1).await;
+    back.await.expect("the nodes are started again");
+    let publisher = Publisher::builder(Cluster::urls_from(1).as_str())
+        .connect()
+        .await
+        .expect("the producer connects");
+    publisher
+        .publish("", topology.queue(), &Msg::new("o-1", "x"), with_id("o-1"))
+        .await
+        .expect("published");
+    let deadline = Instant::now() + SETTLE;
+    while db.count(&effects, "1=1").await < 1 {
+        assert!(Instant::now() < deadline, "the order charged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    publisher.close().await;
+    consumer.shutdown().await;
+    delete_queues(&[topology.queue(), topology.dead_letter_queue()]).await;
+}

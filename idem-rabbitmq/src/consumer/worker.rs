@@ -27,8 +27,9 @@ use crate::error::Result;
 use crate::queue_kind::QueueKind;
 use crate::stop::StopSignal;
 
-/// How many times the first session is opened when its node goes away meanwhile.
-const START_ATTEMPTS: u32 = 3;
+/// How long `start` keeps opening the first session while the broker's state refuses it (a node
+/// going away, a cluster without the majority a quorum queue needs) before it gives up.
+const START_PATIENCE: Duration = Duration::from_secs(60);
 
 /// What a worker did at shutdown.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -119,17 +120,21 @@ impl Worker {
         }
     }
 
-    /// Opens the first session, so that a wrong URL or topology fails `start`. A node lost while
-    /// the session opens (killed or stopping under it) is not the user's mistake: the session is
-    /// opened again, from the next node, a few times.
+    /// Opens the first session, so that a wrong URL or topology fails `start`. A refusal that
+    /// comes from the broker's state, not from the user's mistake (a node killed or stopping
+    /// under the session, a cluster that cannot form a quorum queue yet), is retried with a
+    /// growing delay, from the next node, for up to a minute.
     pub(crate) async fn start(self) -> Result<JoinHandle<ShutdownReport>> {
+        let begun = tokio::time::Instant::now();
+        let mut delays =
+            Backoff::new(self.settings.reconnect_delay, Duration::from_secs(5)).delays();
         let mut attempt = 1;
         let session = loop {
             match self.opener().open().await {
                 Ok(session) => break session,
-                Err(error) if attempt < START_ATTEMPTS && error.is_connection_lost() => {
-                    tracing::warn!(queue = self.queue(), %error, attempt, "the broker's node went away while the consumer started; trying again");
-                    tokio::time::sleep(self.settings.reconnect_delay).await;
+                Err(error) if error.is_transient() && begun.elapsed() < START_PATIENCE => {
+                    tracing::warn!(queue = self.queue(), %error, attempt, "the broker could not open the consumer's session now; trying again");
+                    tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(5))).await;
                     attempt += 1;
                 }
                 Err(error) => return Err(error),
