@@ -8,7 +8,8 @@ use crate::error::{Error, Result, Settle};
 use crate::handler::Outcome;
 use crate::metadata::Metadata;
 
-use crate::metrics::MESSAGES_TOTAL;
+use crate::metrics::{DUPLICATE_AGE_SECONDS, MESSAGES_TOTAL};
+use crate::store::Row;
 
 /// The span of one message: consumer, message key, correlation id and outcome.
 pub(crate) fn span(consumer: &str, metadata: &Metadata) -> Span {
@@ -48,5 +49,14 @@ fn log_error(span: &Span, error: &Error) {
         Settle::DeadLetter(_) => tracing::error!(%error, "message cannot be processed"),
         Settle::Requeue => tracing::warn!(%error, "message will be retried"),
         Settle::Ack => tracing::warn!(%error, "message was processed before"),
+    }
+}
+
+/// Records a duplicate's age: how long before `row`, its key's record as the duplicate found
+/// it, was completed, by the database's clock.
+pub(crate) fn duplicate_age(consumer: &str, row: &Row) {
+    if let Some(completed_at) = row.completed_at {
+        let age = (row.now - completed_at).max(0) as f64 / 1000.0;
+        metrics::histogram!(DUPLICATE_AGE_SECONDS, "consumer" => consumer.to_owned()).record(age);
     }
 }

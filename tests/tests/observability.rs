@@ -1,5 +1,5 @@
 //! Metrics through the `metrics` facade: a counter per outcome for the inbox, per settlement for
-//! the RabbitMQ consumer, and the cleaner's deletions. This binary installs a global recorder,
+//! the RabbitMQ consumer, the cleaner's deletions, and the duplicates' ages. This binary installs a global recorder,
 //! so it holds these tests alone.
 //!
 //! Run: `cargo test -p idem-tests --test observability` with PostgreSQL and RabbitMQ up.
@@ -10,16 +10,30 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use idem_rabbitmq::{Consumer, PublishOptions};
-use idem_runtime::{Metadata, RetentionPolicy};
+use idem_runtime::transport::BatchItem;
+use idem_runtime::{MessageKey, Metadata, RetentionPolicy};
 use idem_tests::rabbit::amqp_url;
 use idem_tests::{Fixture, Msg, unique};
 use metrics::{
     Counter, Gauge, Histogram, Key, KeyName, Metadata as MetricMetadata, SharedString, Unit,
 };
 
-/// Counters by name and sorted labels.
+/// Counters and histograms by name and sorted labels.
 #[derive(Debug, Default)]
-struct Counters(Mutex<BTreeMap<String, Arc<AtomicU64>>>);
+struct Counters {
+    counters: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
+    histograms: Mutex<BTreeMap<String, Arc<Values>>>,
+}
+
+/// A histogram's recorded values.
+#[derive(Debug, Default)]
+struct Values(Mutex<Vec<f64>>);
+
+impl metrics::HistogramFn for Values {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
 
 struct Cell(Arc<AtomicU64>);
 
@@ -47,7 +61,7 @@ impl metrics::Recorder for Counters {
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
     fn register_counter(&self, key: &Key, _: &MetricMetadata<'_>) -> Counter {
         let cell = self
-            .0
+            .counters
             .lock()
             .unwrap()
             .entry(label(key))
@@ -58,8 +72,15 @@ impl metrics::Recorder for Counters {
     fn register_gauge(&self, _: &Key, _: &MetricMetadata<'_>) -> Gauge {
         Gauge::noop()
     }
-    fn register_histogram(&self, _: &Key, _: &MetricMetadata<'_>) -> Histogram {
-        Histogram::noop()
+    fn register_histogram(&self, key: &Key, _: &MetricMetadata<'_>) -> Histogram {
+        let values = self
+            .histograms
+            .lock()
+            .unwrap()
+            .entry(label(key))
+            .or_default()
+            .clone();
+        Histogram::from_arc(values)
     }
 }
 
@@ -74,11 +95,20 @@ fn counters() -> &'static Counters {
 
 fn count(name_and_labels: &str) -> u64 {
     counters()
-        .0
+        .counters
         .lock()
         .unwrap()
         .get(name_and_labels)
         .map_or(0, |cell| cell.load(Ordering::SeqCst))
+}
+
+fn recorded(name_and_labels: &str) -> Vec<f64> {
+    counters()
+        .histograms
+        .lock()
+        .unwrap()
+        .get(name_and_labels)
+        .map_or_else(Vec::new, |values| values.0.lock().unwrap().clone())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -169,4 +199,43 @@ async fn outcomes_settlements_and_cleanup_are_counted() {
         (1, 1, 1)
     );
     running.shutdown().await;
+}
+
+/// Each duplicate answered from its stored record, one at a time or in a batch, records how long
+/// before its key's record was completed; a copy within its original's batch records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_record_their_age() {
+    counters();
+    let t = Fixture::builder().build().await;
+    let inbox = &t.inbox;
+    let consumer = unique("aged");
+    let handler = t.recorder(&consumer);
+    let meta = Metadata::default();
+    inbox
+        .process(&handler, Msg::new("a", "1"), &meta)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let again = inbox.process(&handler, Msg::new("a", "1"), &meta).await;
+    assert!(again.unwrap().is_duplicate());
+    let item = |id: &str| BatchItem {
+        key: MessageKey::new(id),
+        message: Msg::new(id, "1"),
+        metadata: Metadata::default(),
+    };
+    let results = inbox
+        .process_batch(&handler, vec![item("a"), item("b"), item("b")])
+        .await;
+    let duplicates = results
+        .iter()
+        .filter(|result| matches!(result, Ok(outcome) if outcome.is_duplicate()))
+        .count();
+    assert_eq!(duplicates, 2, "{results:?}");
+    let ages = recorded(&format!(
+        "idem_duplicate_age_seconds{{consumer={consumer}}}"
+    ));
+    assert_eq!(ages.len(), 2, "{ages:?}");
+    for age in ages {
+        assert!((1.0..60.0).contains(&age), "an age of {age} s");
+    }
 }

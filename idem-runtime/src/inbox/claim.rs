@@ -10,6 +10,7 @@ use sea_orm::{ConnectionTrait, DbErr};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::InboxKey;
+use crate::observe;
 use crate::store::dialect::{Failure, classify};
 use crate::store::{ClaimValues, Row, Status, Store};
 
@@ -145,6 +146,7 @@ async fn take_over_or_report<'a>(
     }
     check_fingerprint(request, &row)?;
     if status == Status::Completed {
+        observe::duplicate_age(request.key.consumer.as_str(), &row);
         return Ok(Some(Claimed::Completed(row.output)));
     }
     let lease_until = row.lease_until.unwrap_or(0);

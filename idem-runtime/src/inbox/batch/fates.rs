@@ -187,7 +187,10 @@ pub(super) fn known_fate<M, T>(lead: &Lead<M, T>, row: Row) -> Fate<T> {
         row.fingerprint.as_deref(),
         lead.fingerprint.as_ref(),
     ) {
-        Ok(()) => Fate::Duplicate(row.output, row.fingerprint),
+        Ok(()) => {
+            observe::duplicate_age(lead.key.consumer.as_str(), &row);
+            Fate::Duplicate(row.output, row.fingerprint)
+        }
         Err(error) => Fate::Failed(error),
     }
 }
