@@ -216,7 +216,7 @@ pub use context::Context;
 pub use error::{ConfigError, Error, Result};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use handler::{Handler, Mode, Outcome};
-pub use inbox::{BatchChecks, Inbox, InboxBuilder};
+pub use inbox::{BatchChecks, ConsumerStats, Inbox, InboxBuilder, Released};
 pub use key::{ConsumerName, InboxKey, KeyError, MessageKey};
 pub use metadata::Metadata;
 pub use outbox::{Outbound, Outbox, OutboxBuilder, OutboxMessage, StagingError, derived_id};

@@ -4,6 +4,7 @@ mod batch;
 mod builder;
 mod claim;
 mod completion;
+mod operate;
 mod record;
 mod renewal;
 mod two_phase;
@@ -36,6 +37,7 @@ use crate::store::table::TableName;
 
 pub use batch::{BatchChecks, BatchItem, MAX_BATCH};
 pub use builder::InboxBuilder;
+pub use operate::{ConsumerStats, Released};
 pub use record::InboxRecord;
 
 use claim::{ClaimRequest, Claimed, Deadlocks};

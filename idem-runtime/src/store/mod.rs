@@ -9,6 +9,7 @@ mod many_pg;
 mod setup;
 pub(crate) mod startup;
 mod statements;
+mod stats;
 pub(crate) mod table;
 
 use std::time::Duration;

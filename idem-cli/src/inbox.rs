@@ -1,0 +1,271 @@
+//! `idem inbox`: records per consumer, one record, a stuck claim ended, a record forgotten.
+
+use std::error::Error;
+use std::io::{BufRead, IsTerminal, Write};
+
+use clap::{Args as ClapArgs, Subcommand};
+use idem_runtime::sea_orm::{ConnectOptions, Database};
+use idem_runtime::transport::InboxRecord;
+use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey, Released};
+use serde_json::json;
+
+use crate::Done;
+use crate::output::{age, print_table, time, time_ms};
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// The inbox's subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum InboxCommand {
+    /// Records per consumer: completed, in progress (and the oldest claim's age), expired and
+    /// awaiting the cleaner, the most attempts of one key, the oldest and newest.
+    Stats {
+        #[command(flatten)]
+        table: Table,
+        /// Only this consumer.
+        #[arg(long)]
+        consumer: Option<String>,
+    },
+    /// One record: its status, attempts, times, fingerprint and stored output.
+    Show(KeyArgs),
+    /// Ends a stuck claim now (a two-phase handler whose worker died or hangs): the next
+    /// delivery takes the key over, and the old worker can no longer complete it.
+    Release(KeyArgs),
+    /// Deletes a record, so that the next delivery of its message is processed again.
+    Forget {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Does not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// The inbox table.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct Table {
+    /// The inbox table, when it is not the default.
+    #[arg(long, env = "IDEM_INBOX_TABLE", default_value = "idem_inbox")]
+    table: String,
+}
+
+/// One record: its table, consumer and key.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct KeyArgs {
+    #[command(flatten)]
+    table: Table,
+    /// The consumer (the handler's `consumer`).
+    consumer: String,
+    /// The message's key.
+    key: String,
+}
+
+impl KeyArgs {
+    fn inbox_key(&self) -> Result<InboxKey> {
+        Ok(InboxKey {
+            consumer: ConsumerName::new(self.consumer.as_str())?,
+            message_key: MessageKey::new(self.key.as_str())?,
+        })
+    }
+}
+
+/// Runs `command` on the inbox of the database at `url`.
+pub(crate) async fn run(url: &str, command: InboxCommand, json: bool) -> Result<Done> {
+    match command {
+        InboxCommand::Stats { table, consumer } => {
+            let inbox = open(url, &table).await?;
+            stats(&inbox, consumer.as_deref(), json).await
+        }
+        InboxCommand::Show(key) => {
+            let inbox = open(url, &key.table).await?;
+            show(&inbox, &key.inbox_key()?, json).await
+        }
+        InboxCommand::Release(key) => {
+            let inbox = open(url, &key.table).await?;
+            release(&inbox, &key.inbox_key()?, json).await
+        }
+        InboxCommand::Forget { key, yes } => {
+            let inbox = open(url, &key.table).await?;
+            forget(&inbox, &key.inbox_key()?, yes, json).await
+        }
+    }
+}
+
+/// The inbox in `table`, which must exist with this version's columns: the command creates
+/// nothing.
+async fn open(url: &str, table: &Table) -> Result<Inbox> {
+    let mut options = ConnectOptions::new(url);
+    options.max_connections(2).sqlx_logging(false);
+    let db = Database::connect(options)
+        .await
+        .map_err(|error| format!("cannot connect to the database: {error}"))?;
+    let inbox = Inbox::builder(db)
+        .table(table.table.as_str())
+        .create_table(false)
+        .build()
+        .await?;
+    Ok(inbox)
+}
+
+async fn stats(inbox: &Inbox, consumer: Option<&str>, json: bool) -> Result<Done> {
+    let all = inbox.stats(consumer).await?;
+    if json {
+        let rows: Vec<_> = all
+            .iter()
+            .map(|stats| {
+                json!({
+                    "consumer": stats.consumer,
+                    "completed": stats.completed,
+                    "in_progress": stats.in_progress,
+                    "oldest_claim_age_s": stats.oldest_claim_age.map(|age| age.as_secs_f64()),
+                    "expired": stats.expired,
+                    "max_attempts": stats.max_attempts,
+                    "oldest_ms": stats.oldest.map(time_ms),
+                    "newest_ms": stats.newest.map(time_ms),
+                    "unknown_status": stats.unknown_status,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return Ok(Done::Ok);
+    }
+    let header = [
+        "consumer",
+        "completed",
+        "in progress",
+        "oldest claim",
+        "expired",
+        "max attempts",
+        "oldest",
+        "newest",
+    ];
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|stats| {
+            vec![
+                stats.consumer.clone(),
+                stats.completed.to_string(),
+                stats.in_progress.to_string(),
+                stats.oldest_claim_age.map_or_else(|| "-".into(), age),
+                stats.expired.to_string(),
+                stats.max_attempts.to_string(),
+                stats.oldest.map_or_else(|| "-".into(), time),
+                stats.newest.map_or_else(|| "-".into(), time),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        println!("no records");
+    } else {
+        print_table(&header, &rows);
+    }
+    Ok(Done::Ok)
+}
+
+async fn show(inbox: &Inbox, key: &InboxKey, json: bool) -> Result<Done> {
+    let Some(record) = inbox.lookup(key).await? else {
+        return not_found(key, json);
+    };
+    if json {
+        println!("{}", record_json(key, &record));
+        return Ok(Done::Ok);
+    }
+    let fields = [
+        ("consumer", key.consumer.to_string()),
+        ("key", key.message_key.to_string()),
+        ("status", format!("{:?}", record.status)),
+        ("attempts", record.attempts.to_string()),
+        ("created", time(record.created_at)),
+        ("claimed", time(record.claimed_at)),
+        ("lease until", record.lease_until.map_or("-".into(), time)),
+        ("completed", record.completed_at.map_or("-".into(), time)),
+        ("expires", time(record.expires_at)),
+        (
+            "fingerprint",
+            record
+                .fingerprint
+                .map_or("-".into(), |print| print.to_hex()),
+        ),
+        ("output", record.output.unwrap_or_else(|| "-".into())),
+    ];
+    for (name, value) in fields {
+        println!("{name:<12} {value}");
+    }
+    Ok(Done::Ok)
+}
+
+fn record_json(key: &InboxKey, record: &InboxRecord) -> serde_json::Value {
+    json!({
+        "consumer": key.consumer.as_str(),
+        "key": key.message_key.as_str(),
+        "status": format!("{:?}", record.status),
+        "attempts": record.attempts,
+        "created_ms": time_ms(record.created_at),
+        "claimed_ms": time_ms(record.claimed_at),
+        "lease_until_ms": record.lease_until.map(time_ms),
+        "completed_ms": record.completed_at.map(time_ms),
+        "expires_ms": time_ms(record.expires_at),
+        "fingerprint": record.fingerprint.as_ref().map(|print| print.to_hex()),
+        "output": record.output,
+    })
+}
+
+async fn release(inbox: &Inbox, key: &InboxKey, json: bool) -> Result<Done> {
+    let said = match inbox.release(key).await? {
+        Released::Released => "released: the next delivery takes the key over",
+        Released::Completed => {
+            "already completed: no claim to end (`idem inbox forget` deletes the record)"
+        }
+        Released::Absent => return not_found(key, json),
+    };
+    say(json, key, said);
+    Ok(Done::Ok)
+}
+
+async fn forget(inbox: &Inbox, key: &InboxKey, yes: bool, json: bool) -> Result<Done> {
+    if !yes && !confirmed(key)? {
+        eprintln!("not forgotten (--yes forgets without asking)");
+        return Ok(Done::Declined);
+    }
+    if inbox.forget(key).await? {
+        say(json, key, "forgotten: its next delivery is processed again");
+        Ok(Done::Ok)
+    } else {
+        not_found(key, json)
+    }
+}
+
+/// Asks on the terminal; declines where there is no terminal to ask on.
+fn confirmed(key: &InboxKey) -> Result<bool> {
+    if !std::io::stdin().is_terminal() {
+        return Ok(false);
+    }
+    eprint!("forget {key}? its next delivery will be processed again [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
+fn not_found(key: &InboxKey, json: bool) -> Result<Done> {
+    if json {
+        println!(
+            "{}",
+            json!({ "consumer": key.consumer.as_str(), "key": key.message_key.as_str(), "found": false })
+        );
+    } else {
+        eprintln!("no record of {key}");
+    }
+    Ok(Done::NotFound)
+}
+
+fn say(json: bool, key: &InboxKey, what: &str) {
+    if json {
+        println!(
+            "{}",
+            json!({ "consumer": key.consumer.as_str(), "key": key.message_key.as_str(), "done": what })
+        );
+    } else {
+        println!("{key}: {what}");
+    }
+}

@@ -1,0 +1,66 @@
+//! The `idem` command: an operator's view of idem's inbox, on the same database as the services
+//! (`DATABASE_URL`: SQLite, PostgreSQL, MySQL/MariaDB).
+//!
+//! Exit codes: 0 done, 1 a failure (the database, the table), 2 a usage error or a refused
+//! confirmation, 3 no such record.
+
+mod inbox;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// An operator's view of idem's inbox: records per consumer, one record, stuck claims.
+#[derive(Debug, Parser)]
+#[command(
+    name = "idem",
+    version,
+    after_help = "Exit codes: 0 done, 1 a failure (the database, the table), 2 a usage error or \
+                  a refused confirmation, 3 no such record."
+)]
+struct Args {
+    /// The database the services use: sqlite://file.db, postgres://..., mysql://...
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Prints JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The inbox: processed message keys per consumer.
+    #[command(subcommand)]
+    Inbox(inbox::InboxCommand),
+}
+
+/// How a command ended, short of a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    /// It did what was asked.
+    Ok,
+    /// The operator declined to confirm.
+    Declined,
+    /// The record asked for does not exist.
+    NotFound,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let ran = match args.command {
+        Command::Inbox(command) => inbox::run(&args.database_url, command, args.json).await,
+    };
+    match ran {
+        Ok(Done::Ok) => ExitCode::SUCCESS,
+        Ok(Done::Declined) => ExitCode::from(2),
+        Ok(Done::NotFound) => ExitCode::from(3),
+        Err(error) => {
+            eprintln!("idem: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

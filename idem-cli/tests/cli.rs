@@ -1,0 +1,228 @@
+//! The `idem` command against the real databases: the counts it prints are the table's, a
+//! released claim is taken over by the next delivery, a forgotten key is processed again.
+//!
+//! Run: `cargo test -p idem-cli` with PostgreSQL and MariaDB up (SQLite is a file).
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_runtime::transport::Status;
+use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey, Metadata};
+use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
+use serde_json::Value;
+
+on_each_backend!(
+    stats_count_what_the_table_holds,
+    release_lets_the_next_delivery_take_a_stuck_claim_over,
+    forget_asks_then_deletes_the_record,
+    a_missing_record_or_table_has_its_own_exit_code,
+);
+
+/// Runs `idem args...` on `db`'s database with the inbox table `table`.
+fn idem(db: &TestDb, table: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env("DATABASE_URL", db.url())
+        .env("IDEM_INBOX_TABLE", table)
+        .stdin(Stdio::null())
+        .output()
+        .expect("idem runs")
+}
+
+fn json(output: &Output) -> Value {
+    assert!(output.status.success(), "{output:?}");
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
+async fn inbox(db: &TestDb) -> (Inbox, String) {
+    let table = db.table("inbox");
+    let inbox = Inbox::builder(db.db.clone())
+        .table(table.as_str())
+        .build()
+        .await
+        .expect("inbox builds");
+    (inbox, table)
+}
+
+fn key(consumer: &str, key: &str) -> InboxKey {
+    InboxKey {
+        consumer: ConsumerName::new(consumer).unwrap(),
+        message_key: MessageKey::new(key).unwrap(),
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Writes a two-phase claim taken `age` ago, its lease running for another hour, as a worker
+/// that died after claiming leaves it.
+async fn stuck_claim(db: &TestDb, table: &str, consumer: &str, message_key: &str, age: Duration) {
+    let claimed = now_ms() - age.as_millis() as i64;
+    let hour = 3_600_000;
+    db.exec(&format!(
+        "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, created_at, \
+         claimed_at, lease_until, expires_at) VALUES ('{consumer}', '{message_key}', \
+         'in_progress', 1, 42, {claimed}, {claimed}, {}, {})",
+        now_ms() + hour,
+        now_ms() + 24 * hour
+    ))
+    .await;
+}
+
+async fn stats_count_what_the_table_holds(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("billing");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    for id in ["a", "b", "c"] {
+        inbox
+            .process(&handler, Msg::new(id, "1"), &Metadata::default())
+            .await
+            .unwrap();
+    }
+    let other = unique("shipping");
+    stuck_claim(&db, &table, &other, "s-1", Duration::from_secs(600)).await;
+
+    let all = json(&idem(&db, &table, &["inbox", "stats", "--json"]));
+    let rows = all.as_array().expect("one row per consumer");
+    assert_eq!(rows.len(), 2, "{all}");
+    let row = |name: &str| {
+        rows.iter()
+            .find(|row| row["consumer"] == name)
+            .unwrap_or_else(|| panic!("{name} in {all}"))
+    };
+    assert_eq!(row(&consumer)["completed"], 3);
+    assert_eq!(row(&consumer)["in_progress"], 0);
+    assert_eq!(row(&other)["completed"], 0);
+    assert_eq!(row(&other)["in_progress"], 1);
+    let claim_age = row(&other)["oldest_claim_age_s"].as_f64().unwrap();
+    assert!((590.0..700.0).contains(&claim_age), "{claim_age}");
+
+    let one = json(&idem(
+        &db,
+        &table,
+        &["inbox", "stats", "--consumer", &consumer, "--json"],
+    ));
+    assert_eq!(one.as_array().map(Vec::len), Some(1), "{one}");
+
+    // For people: a header and a row per consumer.
+    let printed = idem(&db, &table, &["inbox", "stats"]);
+    let text = String::from_utf8(printed.stdout).unwrap();
+    assert!(text.starts_with("consumer"), "{text}");
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert!(text.contains(&consumer), "{text}");
+}
+
+async fn release_lets_the_next_delivery_take_a_stuck_claim_over(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("billing");
+    stuck_claim(&db, &table, &consumer, "o-1", Duration::from_secs(60)).await;
+    let handler = Recorder::new(&db, &effects, &consumer);
+    // Held: the delivery is refused while the dead worker's lease runs.
+    let held = inbox
+        .process(&handler, Msg::new("o-1", "1"), &Metadata::default())
+        .await;
+    assert_eq!(held.unwrap_err().code(), "in-progress-elsewhere");
+
+    let released = idem(&db, &table, &["inbox", "release", &consumer, "o-1"]);
+    assert!(released.status.success(), "{released:?}");
+    inbox
+        .process(&handler, Msg::new("o-1", "1"), &Metadata::default())
+        .await
+        .expect("the next delivery takes the key over");
+    assert_eq!(db.count(&effects, "message_key = 'o-1'").await, 1);
+    let record = inbox.lookup(&key(&consumer, "o-1")).await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.attempts, 2, "the takeover is counted");
+
+    // A completed record has no claim to end: said, nothing changed.
+    let again = json(&idem(
+        &db,
+        &table,
+        &["inbox", "release", &consumer, "o-1", "--json"],
+    ));
+    assert!(
+        again["done"].as_str().unwrap().contains("completed"),
+        "{again}"
+    );
+    let shown = json(&idem(
+        &db,
+        &table,
+        &["inbox", "show", &consumer, "o-1", "--json"],
+    ));
+    assert_eq!(shown["status"], "Completed");
+    assert_eq!(shown["attempts"], 2);
+}
+
+async fn forget_asks_then_deletes_the_record(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("billing");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    let meta = Metadata::default();
+    inbox
+        .process(&handler, Msg::new("o-1", "1"), &meta)
+        .await
+        .unwrap();
+
+    // No terminal to ask on and no --yes: declined, exit 2, the record kept.
+    let declined = idem(&db, &table, &["inbox", "forget", &consumer, "o-1"]);
+    assert_eq!(declined.status.code(), Some(2), "{declined:?}");
+    assert!(
+        inbox
+            .lookup(&key(&consumer, "o-1"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let forgotten = idem(&db, &table, &["inbox", "forget", &consumer, "o-1", "--yes"]);
+    assert!(forgotten.status.success(), "{forgotten:?}");
+    assert!(
+        inbox
+            .lookup(&key(&consumer, "o-1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let again = inbox
+        .process(&handler, Msg::new("o-1", "1"), &meta)
+        .await
+        .unwrap();
+    assert!(!again.is_duplicate(), "processed again once forgotten");
+    assert_eq!(db.count(&effects, "message_key = 'o-1'").await, 2);
+}
+
+async fn a_missing_record_or_table_has_its_own_exit_code(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (_inbox, table) = inbox(&db).await;
+    for command in ["show", "release"] {
+        let missing = idem(&db, &table, &["inbox", command, "nobody", "nothing"]);
+        assert_eq!(missing.status.code(), Some(3), "{command}: {missing:?}");
+    }
+    let forgotten = idem(
+        &db,
+        &table,
+        &["inbox", "forget", "nobody", "nothing", "--yes"],
+    );
+    assert_eq!(forgotten.status.code(), Some(3), "{forgotten:?}");
+    // A table that is not there is a failure, said, and the command creates nothing.
+    let absent = unique("absent");
+    let failed = idem(&db, &absent, &["inbox", "stats"]);
+    assert_eq!(failed.status.code(), Some(1), "{failed:?}");
+    assert!(!failed.stderr.is_empty());
+    let invalid = idem(&db, &table, &["inbox", "show", "", "k"]);
+    assert_eq!(
+        invalid.status.code(),
+        Some(1),
+        "an empty consumer: {invalid:?}"
+    );
+}

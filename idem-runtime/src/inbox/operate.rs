@@ -1,0 +1,110 @@
+//! What an operator does with an inbox besides processing: its records counted per consumer,
+//! and a stuck claim ended (the `idem` command's `inbox` subcommands use these).
+
+use std::time::{Duration, SystemTime};
+
+use crate::clock::from_epoch_ms;
+use crate::error::{Error, Result};
+use crate::inbox::Inbox;
+use crate::key::InboxKey;
+use crate::store::Status;
+
+/// One consumer's records in the inbox table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// The consumer.
+    pub consumer: String,
+    /// Records of processed messages (expired ones included).
+    pub completed: u64,
+    /// Committed claims not completed: two-phase handlers running, or stopped before their
+    /// completion (a transactional handler's claim is never seen before it commits).
+    pub in_progress: u64,
+    /// How long ago the oldest in-progress claim started.
+    pub oldest_claim_age: Option<Duration>,
+    /// Records past their expiry, which the cleaner has not deleted yet: they count as absent.
+    pub expired: u64,
+    /// The most claims one key had (1, plus one per takeover).
+    pub max_attempts: u32,
+    /// When the oldest record was first claimed.
+    pub oldest: Option<SystemTime>,
+    /// When the newest record was first claimed.
+    pub newest: Option<SystemTime>,
+    /// Records whose status no version of idem writes.
+    pub unknown_status: u64,
+}
+
+/// What [`Inbox::release`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The claim's lease ended now: the next delivery takes the key over, and the completion
+    /// of the worker that held it is refused.
+    Released,
+    /// The key was processed: there is no claim to end ([`Inbox::forget`] deletes the record).
+    Completed,
+    /// The inbox holds no record of the key.
+    Absent,
+}
+
+impl Inbox {
+    /// Counts the records of each consumer, or of `consumer` only, by the database's clock.
+    pub async fn stats(&self, consumer: Option<&str>) -> Result<Vec<ConsumerStats>> {
+        let counts = self.inner.store.stats(&self.inner.db, consumer).await?;
+        let mut all: Vec<ConsumerStats> = Vec::new();
+        for count in counts {
+            if all
+                .last()
+                .is_none_or(|last| last.consumer != count.consumer)
+            {
+                all.push(ConsumerStats {
+                    consumer: count.consumer.clone(),
+                    ..ConsumerStats::default()
+                });
+            }
+            let stats = all.last_mut().expect("pushed above");
+            match count.status {
+                Some(Status::Completed) => stats.completed += count.records,
+                Some(Status::InProgress) => {
+                    stats.in_progress += count.records;
+                    let age = u64::try_from(count.now - count.oldest_claimed_at).unwrap_or(0);
+                    stats.oldest_claim_age = Some(Duration::from_millis(age));
+                }
+                None => stats.unknown_status += count.records,
+            }
+            stats.expired += count.expired;
+            let attempts = u32::try_from(count.max_attempts).unwrap_or(u32::MAX);
+            stats.max_attempts = stats.max_attempts.max(attempts);
+            let oldest = from_epoch_ms(count.oldest_created_at);
+            let newest = from_epoch_ms(count.newest_created_at);
+            stats.oldest = Some(stats.oldest.map_or(oldest, |was| was.min(oldest)));
+            stats.newest = Some(stats.newest.map_or(newest, |was| was.max(newest)));
+        }
+        Ok(all)
+    }
+
+    /// Ends the claim held on `key` now, as a lease running out would: the record and its
+    /// attempts stay, the next delivery takes the key over under a new claim token, and the
+    /// worker that held it can no longer complete it (fenced by the token). For a worker known
+    /// dead, or stuck past any use.
+    pub async fn release(&self, key: &InboxKey) -> Result<Released> {
+        let store = &self.inner.store;
+        loop {
+            let Some(row) = store.find(&self.inner.db, key).await? else {
+                return Ok(Released::Absent);
+            };
+            match Status::parse(&row.status) {
+                Some(Status::Completed) => return Ok(Released::Completed),
+                Some(Status::InProgress) => {}
+                None => {
+                    return Err(Error::CorruptRecord {
+                        key: key.clone(),
+                        detail: format!("unknown status {:?}", row.status),
+                    });
+                }
+            }
+            if store.hand_on(&self.inner.db, key, row.claim_token).await? {
+                return Ok(Released::Released);
+            }
+            // Completed or taken over between the read and the update: read it again.
+        }
+    }
+}
