@@ -249,10 +249,7 @@ fn confirmed(key: &InboxKey) -> Result<bool> {
 
 fn not_found(key: &InboxKey, json: bool) -> Result<Done> {
     if json {
-        println!(
-            "{}",
-            json!({ "consumer": key.consumer.as_str(), "key": key.message_key.as_str(), "found": false })
-        );
+        print_about(key, "found", false.into());
     } else {
         eprintln!("no record of {key}");
     }
@@ -261,11 +258,15 @@ fn not_found(key: &InboxKey, json: bool) -> Result<Done> {
 
 fn say(json: bool, key: &InboxKey, what: &str) {
     if json {
-        println!(
-            "{}",
-            json!({ "consumer": key.consumer.as_str(), "key": key.message_key.as_str(), "done": what })
-        );
+        print_about(key, "done", what.into());
     } else {
         println!("{key}: {what}");
     }
+}
+
+/// Prints `{"consumer": ..., "key": ..., field: value}`.
+fn print_about(key: &InboxKey, field: &str, value: serde_json::Value) {
+    let mut about = json!({ "consumer": key.consumer.as_str(), "key": key.message_key.as_str() });
+    about[field] = value;
+    println!("{about}");
 }

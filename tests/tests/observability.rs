@@ -60,28 +60,20 @@ impl metrics::Recorder for Counters {
     fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
     fn register_counter(&self, key: &Key, _: &MetricMetadata<'_>) -> Counter {
-        let cell = self
-            .counters
-            .lock()
-            .unwrap()
-            .entry(label(key))
-            .or_default()
-            .clone();
-        Counter::from_arc(Arc::new(Cell(cell)))
+        Counter::from_arc(Arc::new(Cell(entry(&self.counters, key))))
     }
     fn register_gauge(&self, _: &Key, _: &MetricMetadata<'_>) -> Gauge {
         Gauge::noop()
     }
     fn register_histogram(&self, key: &Key, _: &MetricMetadata<'_>) -> Histogram {
-        let values = self
-            .histograms
-            .lock()
-            .unwrap()
-            .entry(label(key))
-            .or_default()
-            .clone();
-        Histogram::from_arc(values)
+        Histogram::from_arc(entry(&self.histograms, key))
     }
+}
+
+/// The metric of `key` in `metrics`, made when it is first registered.
+fn entry<T: Default>(metrics: &Mutex<BTreeMap<String, Arc<T>>>, key: &Key) -> Arc<T> {
+    let mut metrics = metrics.lock().unwrap();
+    metrics.entry(label(key)).or_default().clone()
 }
 
 fn counters() -> &'static Counters {
