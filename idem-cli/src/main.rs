@@ -1,17 +1,19 @@
-//! The `idem` command: an operator's view of idem's inbox, on the same database as the services
+//! The `idem` command: an operator's view of idem's inbox and outbox, on the same database as the services
 //! (`DATABASE_URL`: SQLite, PostgreSQL, MySQL/MariaDB).
 //!
 //! Exit codes: 0 done, 1 a failure (the database, the table), 2 a usage error or a refused
 //! confirmation, 3 no such record.
 
 mod inbox;
+mod outbox;
 mod output;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// An operator's view of idem's inbox: records per consumer, one record, stuck claims.
+/// An operator's view of idem's inbox and outbox: records per consumer, one record, stuck
+/// claims, messages waiting to be published.
 #[derive(Debug, Parser)]
 #[command(
     name = "idem",
@@ -35,6 +37,9 @@ enum Command {
     /// The inbox: processed message keys per consumer.
     #[command(subcommand)]
     Inbox(inbox::InboxCommand),
+    /// The outbox: messages staged for publishing.
+    #[command(subcommand)]
+    Outbox(outbox::OutboxCommand),
 }
 
 /// How a command ended, short of a failure.
@@ -53,6 +58,7 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     let ran = match args.command {
         Command::Inbox(command) => inbox::run(&args.database_url, command, args.json).await,
+        Command::Outbox(command) => outbox::run(&args.database_url, command, args.json).await,
     };
     match ran {
         Ok(Done::Ok) => ExitCode::SUCCESS,

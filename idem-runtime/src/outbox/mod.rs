@@ -16,6 +16,7 @@ mod outbound;
 mod pending;
 mod run_order;
 mod statements;
+mod stats;
 mod table;
 
 use std::sync::Arc;
@@ -40,6 +41,7 @@ pub use outbound::Outbound;
 pub(crate) use outbound::RunClaim;
 pub use pending::{PendingBatch, PendingMessage};
 pub(crate) use statements::RunStatements;
+pub use stats::{HeldExchange, OutboxStats};
 #[cfg(feature = "migration")]
 pub(crate) use table::drop_outbox_statement;
 pub use table::{create_outbox_statements, upgrade_outbox_statements};

@@ -146,7 +146,12 @@ impl Outbox {
     }
 
     /// A text column, which MySQL/MariaDB hands over as bytes when it is binary.
-    fn read_text(&self, row: &QueryResult, index: usize, what: &str) -> Result<String, DbErr> {
+    pub(super) fn read_text(
+        &self,
+        row: &QueryResult,
+        index: usize,
+        what: &str,
+    ) -> Result<String, DbErr> {
         if self.backend() != DbBackend::MySql {
             return row.try_get_by_index(index);
         }

@@ -1,0 +1,139 @@
+//! `idem outbox`: what waits to be published, what is held back and why, what the cleaner has
+//! yet to delete.
+
+use std::error::Error;
+use std::time::Duration;
+
+use clap::Subcommand;
+use idem_runtime::Outbox;
+use idem_runtime::sea_orm::{ConnectOptions, Database};
+use serde_json::json;
+
+use crate::Done;
+use crate::output::{age, print_table};
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// The outbox's subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum OutboxCommand {
+    /// Pending messages (the oldest one's age), those held back by exchange (a missing
+    /// exchange, a refused message, and the rest of their runs), sent ones and those past the
+    /// retention awaiting the cleaner.
+    Stats {
+        /// The outbox table, when it is not the default.
+        #[arg(long, env = "IDEM_OUTBOX_TABLE", default_value = Outbox::DEFAULT_TABLE)]
+        table: String,
+        /// The outbox's retention in the services (`90s`, `30m`, `24h`, `7d`): sent messages
+        /// older than that await the cleaner.
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        retention: Duration,
+    },
+}
+
+/// Runs `command` on the outbox of the database at `url`.
+pub(crate) async fn run(url: &str, command: OutboxCommand, json: bool) -> Result<Done> {
+    let OutboxCommand::Stats { table, retention } = command;
+    let mut options = ConnectOptions::new(url);
+    options.max_connections(2).sqlx_logging(false);
+    let db = Database::connect(options)
+        .await
+        .map_err(|error| format!("cannot connect to the database: {error}"))?;
+    let outbox = Outbox::builder(db)
+        .table(table)
+        .create_table(false)
+        .retention(retention)
+        .build()
+        .await?;
+    let stats = outbox.stats().await?;
+    let held: Vec<_> = stats
+        .held
+        .iter()
+        .map(|held| {
+            json!({
+                "exchange": held.exchange,
+                "messages": held.messages,
+                "runs": held.runs,
+                "longest_hold_s": held.longest_hold.as_secs_f64(),
+            })
+        })
+        .collect();
+    if json {
+        let all = json!({
+            "pending": stats.pending,
+            "oldest_pending_age_s": stats.oldest_pending_age.map(|age| age.as_secs_f64()),
+            "held": held,
+            "sent": stats.sent,
+            "sent_expired": stats.sent_expired,
+        });
+        println!("{all}");
+        return Ok(Done::Ok);
+    }
+    let oldest = stats.oldest_pending_age.map_or_else(|| "-".into(), age);
+    println!("pending       {} (oldest {oldest})", stats.pending);
+    println!(
+        "sent          {} ({} past the retention, awaiting the cleaner)",
+        stats.sent, stats.sent_expired
+    );
+    if stats.held.is_empty() {
+        println!("held          none");
+        return Ok(Done::Ok);
+    }
+    println!("held back, by exchange:");
+    let rows: Vec<Vec<String>> = stats
+        .held
+        .iter()
+        .map(|held| {
+            let exchange = if held.exchange.is_empty() {
+                "(default)".to_owned()
+            } else {
+                held.exchange.clone()
+            };
+            vec![
+                exchange,
+                held.messages.to_string(),
+                held.runs.to_string(),
+                age(held.longest_hold),
+            ]
+        })
+        .collect();
+    print_table(&["exchange", "messages", "runs", "held for up to"], &rows);
+    Ok(Done::Ok)
+}
+
+/// `90s`, `30m`, `24h`, `7d`.
+fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let refused = || format!("{text:?}: a number and s, m, h or d (`24h`, `7d`)");
+    let unit = text.chars().last().ok_or_else(refused)?;
+    let unit_secs = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(refused()),
+    };
+    let number: u64 = text[..text.len() - unit.len_utf8()]
+        .parse()
+        .map_err(|_| refused())?;
+    if number == 0 {
+        return Err("a retention of zero".into());
+    }
+    let secs = number.checked_mul(unit_secs).ok_or_else(refused)?;
+    Ok(Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_a_unit() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse_duration("7").is_err());
+        assert!(parse_duration("0h").is_err());
+        assert!(parse_duration("h").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("7é").is_err());
+    }
+}

@@ -1,0 +1,101 @@
+//! What an operator reads of the outbox table as a whole: what waits to be published, what is
+//! held back and for which exchange, what the cleaner has yet to delete.
+
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DbErr, QueryResult, Value};
+
+use super::Outbox;
+use crate::clock::duration_ms;
+
+/// The outbox table's messages, counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Messages not published yet, held ones included.
+    pub pending: u64,
+    /// How long ago the oldest of them was staged.
+    pub oldest_pending_age: Option<Duration>,
+    /// Of the pending messages, those a relay holds back (a missing exchange, a message the
+    /// broker refused, the rest of their runs), by exchange.
+    pub held: Vec<HeldExchange>,
+    /// Messages published.
+    pub sent: u64,
+    /// Of them, those past the outbox's retention, which the cleaner has not deleted yet.
+    pub sent_expired: u64,
+}
+
+/// The messages to one exchange that a relay holds back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldExchange {
+    /// The exchange (empty: the default exchange).
+    pub exchange: String,
+    /// How many messages to it are held.
+    pub messages: u64,
+    /// How many runs they belong to (messages of no run not counted).
+    pub runs: u64,
+    /// How long until the last of their holds runs out (zero when it has).
+    pub longest_hold: Duration,
+}
+
+impl Outbox {
+    /// Counts the table's messages by the database's clock: two scans of the table, for an
+    /// operator (the `idem` command), not for a service's hot path.
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn stats(&self) -> Result<OutboxStats, DbErr> {
+        let dialect = self.inner.dialect;
+        let (now, t) = (dialect.now_ms(), self.inner.table.quoted(self.backend()));
+        let totals = dialect.placeholders(&format!(
+            "SELECT COUNT(CASE WHEN sent_at IS NULL THEN 1 END), \
+             MIN(CASE WHEN sent_at IS NULL THEN staged_at END), \
+             COUNT(CASE WHEN sent_at IS NOT NULL THEN 1 END), \
+             COUNT(CASE WHEN sent_at < {now} - ? THEN 1 END), {now} FROM {t}"
+        ));
+        let retention = Value::from(duration_ms(self.inner.retention));
+        let row = (self.inner.db)
+            .query_one_raw(self.statement(&totals, vec![retention]))
+            .await?
+            .ok_or_else(|| DbErr::Custom("no row from a count".into()))?;
+        let now: i64 = row.try_get_by_index(4)?;
+        let oldest: Option<i64> = row.try_get_by_index(1)?;
+        let held = format!(
+            "SELECT exchange, COUNT(*), COUNT(DISTINCT origin), MAX(held_until), {now} FROM {t} \
+             WHERE sent_at IS NULL AND held_until IS NOT NULL GROUP BY exchange ORDER BY exchange"
+        );
+        let rows = (self.inner.db)
+            .query_all_raw(self.statement(&held, Vec::new()))
+            .await?;
+        Ok(OutboxStats {
+            pending: count(&row, 0)?,
+            oldest_pending_age: oldest.map(|staged| since(staged, now)),
+            held: rows
+                .iter()
+                .map(|row| self.read_held(row))
+                .collect::<Result<_, _>>()?,
+            sent: count(&row, 2)?,
+            sent_expired: count(&row, 3)?,
+        })
+    }
+
+    fn read_held(&self, row: &QueryResult) -> Result<HeldExchange, DbErr> {
+        let until: i64 = row.try_get_by_index(3)?;
+        let now: i64 = row.try_get_by_index(4)?;
+        Ok(HeldExchange {
+            exchange: self.read_text(row, 0, "exchange")?,
+            messages: count(row, 1)?,
+            runs: count(row, 2)?,
+            longest_hold: since(now, until),
+        })
+    }
+}
+
+fn count(row: &QueryResult, index: usize) -> Result<u64, DbErr> {
+    Ok(u64::try_from(row.try_get_by_index::<i64>(index)?).unwrap_or(0))
+}
+
+/// From `from` to `to` (epoch ms), zero when `to` is earlier.
+fn since(from: i64, to: i64) -> Duration {
+    Duration::from_millis(u64::try_from(to - from).unwrap_or(0))
+}
