@@ -6,7 +6,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use clap::{Args as ClapArgs, Subcommand};
 use idem_runtime::sea_orm::{ConnectOptions, Database};
 use idem_runtime::transport::InboxRecord;
-use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey, Released};
+use idem_runtime::{ConsumerName, Inbox, InboxKey, KeyError, MessageKey, Released};
 use serde_json::json;
 
 use crate::Done;
@@ -61,33 +61,37 @@ pub(crate) struct KeyArgs {
 }
 
 impl KeyArgs {
-    fn inbox_key(&self) -> Result<InboxKey> {
+    /// The key, or why it is not one (a usage error).
+    fn inbox_key(&self) -> std::result::Result<InboxKey, String> {
+        let invalid = |error: KeyError| format!("{error}");
         Ok(InboxKey {
-            consumer: ConsumerName::new(self.consumer.as_str())?,
-            message_key: MessageKey::new(self.key.as_str())?,
+            consumer: ConsumerName::new(self.consumer.as_str()).map_err(invalid)?,
+            message_key: MessageKey::new(self.key.as_str()).map_err(invalid)?,
         })
     }
 }
 
 /// Runs `command` on the inbox of the database at `url`.
 pub(crate) async fn run(url: &str, command: InboxCommand, json: bool) -> Result<Done> {
+    let (table, key) = match &command {
+        InboxCommand::Stats { table, .. } => (table, None),
+        InboxCommand::Show(key) | InboxCommand::Release(key) => (&key.table, Some(key)),
+        InboxCommand::Forget { key, .. } => (&key.table, Some(key)),
+    };
+    let key = match key.map(KeyArgs::inbox_key).transpose() {
+        Ok(key) => key,
+        Err(invalid) => {
+            eprintln!("idem: {invalid}");
+            return Ok(Done::Usage);
+        }
+    };
+    let inbox = open(url, table).await?;
+    let key = || key.as_ref().expect("the command names a key");
     match command {
-        InboxCommand::Stats { table, consumer } => {
-            let inbox = open(url, &table).await?;
-            stats(&inbox, consumer.as_deref(), json).await
-        }
-        InboxCommand::Show(key) => {
-            let inbox = open(url, &key.table).await?;
-            show(&inbox, &key.inbox_key()?, json).await
-        }
-        InboxCommand::Release(key) => {
-            let inbox = open(url, &key.table).await?;
-            release(&inbox, &key.inbox_key()?, json).await
-        }
-        InboxCommand::Forget { key, yes } => {
-            let inbox = open(url, &key.table).await?;
-            forget(&inbox, &key.inbox_key()?, yes, json).await
-        }
+        InboxCommand::Stats { consumer, .. } => stats(&inbox, consumer.as_deref(), json).await,
+        InboxCommand::Show(_) => show(&inbox, key(), json).await,
+        InboxCommand::Release(_) => release(&inbox, key(), json).await,
+        InboxCommand::Forget { yes, .. } => forget(&inbox, key(), yes, json).await,
     }
 }
 
@@ -211,24 +215,52 @@ fn record_json(key: &InboxKey, record: &InboxRecord) -> serde_json::Value {
 }
 
 async fn release(inbox: &Inbox, key: &InboxKey, json: bool) -> Result<Done> {
-    let said = match inbox.release(key).await? {
-        Released::Released => "released: the next delivery takes the key over",
-        Released::Completed => {
-            "already completed: no claim to end (`idem inbox forget` deletes the record)"
-        }
+    let (result, said) = match inbox.release(key).await? {
+        Released::Released { attempts } => (
+            "released",
+            format!(
+                "released after {attempts} claim(s): the next delivery takes the key over, unless \
+                 that reaches the services' max_attempts (then it is dead-lettered as \
+                 needs-intervention, and `idem inbox forget` lets it be processed again)"
+            ),
+        ),
+        Released::Completed => (
+            "completed",
+            "already completed: no claim to end (`idem inbox forget` deletes the record)".into(),
+        ),
+        Released::Changed => (
+            "changed",
+            "the claim changed meanwhile (completed or taken over): nothing done, look again"
+                .into(),
+        ),
         Released::Absent => return not_found(key, json),
+        _ => return Err("an outcome this version of idem does not know".into()),
     };
-    say(json, key, said);
-    Ok(Done::Ok)
+    say(json, key, result, &said);
+    Ok(if result == "changed" {
+        Done::Changed
+    } else {
+        Done::Ok
+    })
 }
 
 async fn forget(inbox: &Inbox, key: &InboxKey, yes: bool, json: bool) -> Result<Done> {
     if !yes && !confirmed(key)? {
-        eprintln!("not forgotten (--yes forgets without asking)");
+        say(
+            json,
+            key,
+            "declined",
+            "not forgotten (--yes forgets without asking)",
+        );
         return Ok(Done::Declined);
     }
     if inbox.forget(key).await? {
-        say(json, key, "forgotten: its next delivery is processed again");
+        say(
+            json,
+            key,
+            "forgotten",
+            "forgotten: its next delivery is processed again",
+        );
         Ok(Done::Ok)
     } else {
         not_found(key, json)
@@ -248,25 +280,24 @@ fn confirmed(key: &InboxKey) -> Result<bool> {
 }
 
 fn not_found(key: &InboxKey, json: bool) -> Result<Done> {
-    if json {
-        print_about(key, "found", false.into());
-    } else {
-        eprintln!("no record of {key}");
-    }
+    say(json, key, "not-found", "no record");
     Ok(Done::NotFound)
 }
 
-fn say(json: bool, key: &InboxKey, what: &str) {
+/// Says what became of `key`: `{"consumer", "key", "result", "said"}` in JSON on stdout, else a
+/// line (on stderr when nothing was done).
+fn say(json: bool, key: &InboxKey, result: &str, said: &str) {
     if json {
-        print_about(key, "done", what.into());
+        let about = json!({
+            "consumer": key.consumer.as_str(),
+            "key": key.message_key.as_str(),
+            "result": result,
+            "said": said,
+        });
+        println!("{about}");
+    } else if matches!(result, "released" | "forgotten" | "completed") {
+        println!("{key}: {said}");
     } else {
-        println!("{key}: {what}");
+        eprintln!("{key}: {said}");
     }
-}
-
-/// Prints `{"consumer": ..., "key": ..., field: value}`.
-fn print_about(key: &InboxKey, field: &str, value: serde_json::Value) {
-    let mut about = json!({ "consumer": key.consumer.as_str(), "key": key.message_key.as_str() });
-    about[field] = value;
-    println!("{about}");
 }

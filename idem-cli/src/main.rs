@@ -2,7 +2,7 @@
 //! (`DATABASE_URL`: SQLite, PostgreSQL, MySQL/MariaDB).
 //!
 //! Exit codes: 0 done, 1 a failure (the database, the table), 2 a usage error or a refused
-//! confirmation, 3 no such record.
+//! confirmation, 3 no such record, 4 the record changed meanwhile (nothing done).
 
 mod inbox;
 mod outbox;
@@ -19,7 +19,8 @@ use clap::{Parser, Subcommand};
     name = "idem",
     version,
     after_help = "Exit codes: 0 done, 1 a failure (the database, the table), 2 a usage error or \
-                  a refused confirmation, 3 no such record."
+                  a refused confirmation, 3 no such record, 4 the record changed meanwhile \
+                  (nothing done)."
 )]
 struct Args {
     /// The database the services use: sqlite://file.db, postgres://..., mysql://...
@@ -47,10 +48,14 @@ enum Command {
 enum Done {
     /// It did what was asked.
     Ok,
+    /// What was asked is not a valid request (a key idem would refuse).
+    Usage,
     /// The operator declined to confirm.
     Declined,
     /// The record asked for does not exist.
     NotFound,
+    /// The record changed while the command ran: nothing was done.
+    Changed,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -62,8 +67,9 @@ async fn main() -> ExitCode {
     };
     match ran {
         Ok(Done::Ok) => ExitCode::SUCCESS,
-        Ok(Done::Declined) => ExitCode::from(2),
+        Ok(Done::Usage | Done::Declined) => ExitCode::from(2),
         Ok(Done::NotFound) => ExitCode::from(3),
+        Ok(Done::Changed) => ExitCode::from(4),
         Err(error) => {
             eprintln!("idem: {error}");
             ExitCode::FAILURE

@@ -9,7 +9,7 @@ use crate::handler::Outcome;
 use crate::metadata::Metadata;
 
 use crate::metrics::{DUPLICATE_AGE_SECONDS, MESSAGES_TOTAL};
-use crate::store::Row;
+use std::time::Duration;
 
 /// The span of one message: consumer, message key, correlation id and outcome.
 pub(crate) fn span(consumer: &str, metadata: &Metadata) -> Span {
@@ -52,11 +52,11 @@ fn log_error(span: &Span, error: &Error) {
     }
 }
 
-/// Records a duplicate's age: how long before `row`, its key's record as the duplicate found
-/// it, was completed, by the database's clock.
-pub(crate) fn duplicate_age(consumer: &str, row: &Row) {
-    if let Some(completed_at) = row.completed_at {
-        let age = (row.now - completed_at).max(0) as f64 / 1000.0;
-        metrics::histogram!(DUPLICATE_AGE_SECONDS, "consumer" => consumer.to_owned()).record(age);
+/// Records a duplicate's age: how long before it came its key's record was completed (zero
+/// for a copy in its original's batch). Call it once the duplicate's result is settled.
+pub(crate) fn duplicate_age(consumer: &str, age: Option<Duration>) {
+    if let Some(age) = age {
+        metrics::histogram!(DUPLICATE_AGE_SECONDS, "consumer" => consumer.to_owned())
+            .record(age.as_secs_f64());
     }
 }

@@ -171,24 +171,27 @@ async fn declare_probe(node: u8) -> Result<(), idem_rabbitmq::lapin::Error> {
 
     let connection =
         Connection::connect(&Cluster::url(node), ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    let queue = format!("idem-cluster-probe-{node}");
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    let options = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(queue.as_str().into(), options, arguments)
-        .await?;
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await?;
-    connection.close(200, "probe done".into()).await
+    let probed = async {
+        let channel = connection.create_channel().await?;
+        let queue = format!("idem-cluster-probe-{node}");
+        let mut arguments = FieldTable::default();
+        let quorum = AMQPValue::LongString("quorum".into());
+        arguments.insert("x-queue-type".into(), quorum);
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue.as_str().into(), options, arguments)
+            .await?;
+        channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+    }
+    .await;
+    // Closed whatever the probe found: a node that keeps refusing is asked once a second.
+    let _ = connection.close(200, "probe done".into()).await;
+    probed.map(|_| ())
 }
 
 /// Closes, from the broker side, every connection of the cluster whose client-provided name

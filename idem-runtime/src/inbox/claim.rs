@@ -10,7 +10,6 @@ use sea_orm::{ConnectionTrait, DbErr};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::InboxKey;
-use crate::observe;
 use crate::store::dialect::{Failure, classify};
 use crate::store::{ClaimValues, Row, Status, Store};
 
@@ -42,8 +41,13 @@ pub(crate) enum Claimed {
         /// When the claim that was taken over had started (epoch ms), on a lease takeover.
         previous_claim_at: Option<i64>,
     },
-    /// The message was processed before; its stored output (JSON).
-    Completed(Option<String>),
+    /// The message was processed before.
+    Completed {
+        /// Its stored output (JSON).
+        output: Option<String>,
+        /// How long ago its record was completed.
+        age: Option<Duration>,
+    },
 }
 
 /// How many times a claim that lost a deadlock is tried again before the error goes to the
@@ -146,8 +150,11 @@ async fn take_over_or_report<'a>(
     }
     check_fingerprint(request, &row)?;
     if status == Status::Completed {
-        observe::duplicate_age(request.key.consumer.as_str(), &row);
-        return Ok(Some(Claimed::Completed(row.output)));
+        let age = row.completed_age();
+        return Ok(Some(Claimed::Completed {
+            output: row.output,
+            age,
+        }));
     }
     let lease_until = row.lease_until.unwrap_or(0);
     if lease_until > row.now {

@@ -195,9 +195,11 @@ impl Inbox {
         let (tx, token, attempt, previous_claim_at) = loop {
             let tx = store.dialect().begin(&self.inner.db).await?;
             match claim::claim(store, &tx, request).await {
-                Ok(Claimed::Completed(output)) => {
+                Ok(Claimed::Completed { output, age }) => {
                     tx.commit().await?;
-                    return decode_stored(request.key, output).map(Outcome::Duplicate);
+                    let duplicate = decode_stored(request.key, output)?;
+                    observe::duplicate_age(request.key.consumer.as_str(), age);
+                    return Ok(Outcome::Duplicate(duplicate));
                 }
                 Ok(Claimed::Acquired {
                     token,

@@ -6,11 +6,13 @@ use std::time::{Duration, SystemTime};
 use crate::clock::from_epoch_ms;
 use crate::error::{Error, Result};
 use crate::inbox::Inbox;
+use crate::inbox::claim::new_token;
 use crate::key::InboxKey;
 use crate::store::Status;
 
 /// One consumer's records in the inbox table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConsumerStats {
     /// The consumer.
     pub consumer: String,
@@ -33,14 +35,24 @@ pub struct ConsumerStats {
     pub unknown_status: u64,
 }
 
-/// What [`Inbox::release`] found.
+/// What [`Inbox::release`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Released {
-    /// The claim's lease ended now: the next delivery takes the key over, and the completion
-    /// of the worker that held it is refused.
-    Released,
+    /// The claim's lease ended now and its token was taken away: the next delivery takes the
+    /// key over, and the worker that held it can neither renew nor complete it. `attempts` is
+    /// the number of claims the key has had: once it reaches the inbox's `max_attempts`, the
+    /// next delivery is dead-lettered (`needs-intervention`) instead, and
+    /// [`Inbox::forget`] is what lets it be processed again.
+    Released {
+        /// Claims the key has had, the released one included.
+        attempts: u32,
+    },
     /// The key was processed: there is no claim to end ([`Inbox::forget`] deletes the record).
     Completed,
+    /// The claim changed between the read and the release (completed, or taken over by another
+    /// worker): nothing was done, look again.
+    Changed,
     /// The inbox holds no record of the key.
     Absent,
 }
@@ -81,30 +93,35 @@ impl Inbox {
         Ok(all)
     }
 
-    /// Ends the claim held on `key` now, as a lease running out would: the record and its
-    /// attempts stay, the next delivery takes the key over under a new claim token, and the
-    /// worker that held it can no longer complete it (fenced by the token). For a worker known
-    /// dead, or stuck past any use.
+    /// Ends the claim held on `key` now, as a lease running out would, and takes its token away:
+    /// the record and its attempts stay, the next delivery takes the key over under a new
+    /// claim token, and the worker that held it can neither renew nor complete it. For a worker
+    /// known dead, or stuck past any use. A claim that changes while this runs is left alone
+    /// ([`Released::Changed`]): it is not the one the caller meant to end.
     pub async fn release(&self, key: &InboxKey) -> Result<Released> {
         let store = &self.inner.store;
-        loop {
-            let Some(row) = store.find(&self.inner.db, key).await? else {
-                return Ok(Released::Absent);
-            };
-            match Status::parse(&row.status) {
-                Some(Status::Completed) => return Ok(Released::Completed),
-                Some(Status::InProgress) => {}
-                None => {
-                    return Err(Error::CorruptRecord {
-                        key: key.clone(),
-                        detail: format!("unknown status {:?}", row.status),
-                    });
-                }
+        let Some(row) = store.find(&self.inner.db, key).await? else {
+            return Ok(Released::Absent);
+        };
+        match Status::parse(&row.status) {
+            Some(Status::Completed) => return Ok(Released::Completed),
+            Some(Status::InProgress) => {}
+            None => {
+                return Err(Error::CorruptRecord {
+                    key: key.clone(),
+                    detail: format!("unknown status {:?}", row.status),
+                });
             }
-            if store.hand_on(&self.inner.db, key, row.claim_token).await? {
-                return Ok(Released::Released);
-            }
-            // Completed or taken over between the read and the update: read it again.
         }
+        let revoked = store
+            .revoke(&self.inner.db, key, row.claim_token, new_token())
+            .await?;
+        Ok(if revoked {
+            Released::Released {
+                attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+            }
+        } else {
+            Released::Changed
+        })
     }
 }

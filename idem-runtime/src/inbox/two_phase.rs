@@ -15,6 +15,7 @@ use crate::error::{BoxError, Error, Result};
 use crate::handler::{Handler, Mode, Outcome};
 use crate::key::{InboxKey, MessageKey};
 use crate::metadata::Metadata;
+use crate::observe;
 use crate::store::dialect::{Failure, classify};
 
 impl Inbox {
@@ -30,8 +31,10 @@ impl Inbox {
         let db = &self.inner.db;
         let claim_sent = tokio::time::Instant::now();
         let (token, attempt, previous_claim_at) = match claim::claim(store, db, request).await? {
-            Claimed::Completed(output) => {
-                return decode_stored(request.key, output).map(Outcome::Duplicate);
+            Claimed::Completed { output, age } => {
+                let duplicate = decode_stored(request.key, output)?;
+                observe::duplicate_age(request.key.consumer.as_str(), age);
+                return Ok(Outcome::Duplicate(duplicate));
             }
             Claimed::Acquired {
                 token,

@@ -10,6 +10,7 @@ use crate::clock::duration_ms;
 
 /// The outbox table's messages, counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OutboxStats {
     /// Messages not published yet, held ones included.
     pub pending: u64,
@@ -26,6 +27,7 @@ pub struct OutboxStats {
 
 /// The messages to one exchange that a relay holds back.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HeldExchange {
     /// The exchange (empty: the default exchange).
     pub exchange: String,

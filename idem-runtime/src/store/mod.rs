@@ -73,6 +73,14 @@ pub(crate) struct Row {
 }
 
 impl Row {
+    /// How long before the read the record was completed, by the database's clock.
+    pub(crate) fn completed_age(&self) -> Option<Duration> {
+        let completed_at = self.completed_at?;
+        Some(Duration::from_millis(
+            u64::try_from(self.now - completed_at).unwrap_or(0),
+        ))
+    }
+
     /// Reads [`statements::READ_COLUMNS`] and the database's clock from `row`, starting at
     /// column `first`.
     fn read(row: &sea_orm::QueryResult, first: usize) -> Result<Self, DbErr> {
@@ -416,6 +424,26 @@ impl Store {
         token: i64,
     ) -> Result<bool, DbErr> {
         self.on_claim(conn, &self.sql.hand_on, key, token).await
+    }
+
+    /// Ends the lease of the claim `token` holds on `key` at once and replaces its token with
+    /// `new_token`, keeping the record and its attempts: the next claim takes it over, and the
+    /// worker that held it can neither renew nor complete it. Returns whether the claim was
+    /// still held.
+    pub(crate) async fn revoke(
+        &self,
+        conn: &impl ConnectionTrait,
+        key: &InboxKey,
+        token: i64,
+        new_token: i64,
+    ) -> Result<bool, DbErr> {
+        let mut values = vec![Value::from(new_token)];
+        values.extend(Self::key_values(key));
+        values.push(Value::from(token));
+        let result = conn
+            .execute_raw(self.statement(&self.sql.revoke, values))
+            .await?;
+        Ok(result.rows_affected() == 1)
     }
 
     /// Runs `sql`, which binds a key and a claim token, on the claim `token` holds on `key`;

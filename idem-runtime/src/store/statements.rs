@@ -39,6 +39,9 @@ pub(super) struct Statements {
     pub(super) release: String,
     /// Binds the key and the claim token; ends the claim's lease at once, keeping its record.
     pub(super) hand_on: String,
+    /// Binds a new claim token, the key and the claim token; ends the claim's lease at once and
+    /// takes its token away, so that its worker can neither renew nor complete it.
+    pub(super) revoke: String,
     /// Binds the key.
     pub(super) delete: String,
     /// Binds the time before which records expired and the batch size. On MySQL/MariaDB it
@@ -120,6 +123,10 @@ impl Statements {
             "UPDATE {t} SET lease_until = {now} \
              WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
         );
+        let revoke = format!(
+            "UPDATE {t} SET lease_until = {now}, claim_token = ? \
+             WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
+        );
         let delete = format!("DELETE FROM {t} WHERE {KEY}");
         let delete_expired = match dialect.backend() {
             // A delete waits for every record it meets that another transaction holds.
@@ -148,6 +155,7 @@ impl Statements {
             renew: sql(renew),
             release: sql(release),
             hand_on: sql(hand_on),
+            revoke: sql(revoke),
             delete: sql(delete),
             delete_expired: sql(delete_expired),
             now: format!("SELECT {now}"),

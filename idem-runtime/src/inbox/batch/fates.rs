@@ -23,8 +23,9 @@ pub(super) enum Fate<T> {
     Fresh,
     /// Processed here, to be committed: the output and its JSON as stored.
     Processed(T, Option<String>),
-    /// A completed record: its stored output and fingerprint.
-    Duplicate(Option<String>, Option<Vec<u8>>),
+    /// A completed record: its stored output and fingerprint, and how long ago it was
+    /// completed.
+    Duplicate(Option<String>, Option<Vec<u8>>, Option<Duration>),
     /// Left for the per-message path after the commit.
     Deferred,
     /// Failed with this error; nothing of it is committed.
@@ -188,8 +189,8 @@ pub(super) fn known_fate<M, T>(lead: &Lead<M, T>, row: Row) -> Fate<T> {
         lead.fingerprint.as_ref(),
     ) {
         Ok(()) => {
-            observe::duplicate_age(lead.key.consumer.as_str(), &row);
-            Fate::Duplicate(row.output, row.fingerprint)
+            let age = row.completed_age();
+            Fate::Duplicate(row.output, row.fingerprint, age)
         }
         Err(error) => Fate::Failed(error),
     }
@@ -197,8 +198,9 @@ pub(super) fn known_fate<M, T>(lead: &Lead<M, T>, row: Row) -> Fate<T> {
 
 /// What a later copy of a key learns from its first copy.
 enum First {
-    /// It is recorded: the output and fingerprint stored.
-    Stored(Option<String>, Option<Vec<u8>>),
+    /// It is recorded: the output and fingerprint stored, and how long before the batch it
+    /// was completed (zero when in this batch).
+    Stored(Option<String>, Option<Vec<u8>>, Option<Duration>),
     /// It failed.
     Failed,
 }
@@ -217,12 +219,16 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
             let result = match fate {
                 Fate::Processed(output, json) => {
                     let stored = lead.fingerprint.map(|print| print.as_bytes().to_vec());
-                    firsts.insert(key.message_key.clone(), First::Stored(json, stored));
+                    let first = First::Stored(json, stored, Some(Duration::ZERO));
+                    firsts.insert(key.message_key.clone(), first);
                     Ok(Outcome::Processed(output))
                 }
-                Fate::Duplicate(output, stored) => {
+                Fate::Duplicate(output, stored, age) => {
                     let result = decode_stored(&key, output.clone()).map(Outcome::Duplicate);
-                    firsts.insert(key.message_key.clone(), First::Stored(output, stored));
+                    if result.is_ok() {
+                        observe::duplicate_age(consumer.as_str(), age);
+                    }
+                    firsts.insert(key.message_key.clone(), First::Stored(output, stored, age));
                     result
                 }
                 Fate::Failed(error) => {
@@ -244,10 +250,18 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
                 message_key: repeat.key,
             };
             let result = match firsts.get(&key.message_key) {
-                Some(First::Stored(output, stored)) => {
-                    check_stored_fingerprint(&key, stored.as_deref(), repeat.fingerprint.as_ref())
-                        .and_then(|()| decode_stored(&key, output.clone()))
-                        .map(Outcome::Duplicate)
+                Some(First::Stored(output, stored, age)) => {
+                    let result = check_stored_fingerprint(
+                        &key,
+                        stored.as_deref(),
+                        repeat.fingerprint.as_ref(),
+                    )
+                    .and_then(|()| decode_stored(&key, output.clone()))
+                    .map(Outcome::Duplicate);
+                    if result.is_ok() {
+                        observe::duplicate_age(consumer.as_str(), *age);
+                    }
+                    result
                 }
                 // The first copy failed: this one is retried after it, not beside it.
                 Some(First::Failed) => Err(Error::InProgressElsewhere {
