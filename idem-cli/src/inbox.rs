@@ -4,7 +4,6 @@ use std::error::Error;
 use std::io::{BufRead, IsTerminal, Write};
 
 use clap::{Args as ClapArgs, Subcommand};
-use idem_runtime::sea_orm::{ConnectOptions, Database};
 use idem_runtime::transport::InboxRecord;
 use idem_runtime::{ConsumerName, Inbox, InboxKey, KeyError, MessageKey, Released};
 use serde_json::json;
@@ -98,11 +97,7 @@ pub(crate) async fn run(url: &str, command: InboxCommand, json: bool) -> Result<
 /// The inbox in `table`, which must exist with this version's columns: the command creates
 /// nothing.
 async fn open(url: &str, table: &Table) -> Result<Inbox> {
-    let mut options = ConnectOptions::new(url);
-    options.max_connections(2).sqlx_logging(false);
-    let db = Database::connect(options)
-        .await
-        .map_err(|error| format!("cannot connect to the database: {error}"))?;
+    let db = crate::connect(url).await?;
     let inbox = Inbox::builder(db)
         .table(table.table.as_str())
         .create_table(false)

@@ -11,6 +11,7 @@ mod output;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use idem_runtime::sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
 /// An operator's view of idem's inbox and outbox: records per consumer, one record, stuck
 /// claims, messages waiting to be published.
@@ -56,6 +57,15 @@ enum Done {
     NotFound,
     /// The record changed while the command ran: nothing was done.
     Changed,
+}
+
+/// A small pool on the database at `url`, as every command needs.
+async fn connect(url: &str) -> Result<DatabaseConnection, String> {
+    let mut options = ConnectOptions::new(url);
+    options.max_connections(2).sqlx_logging(false);
+    Database::connect(options)
+        .await
+        .map_err(|error: DbErr| format!("cannot connect to the database: {error}"))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

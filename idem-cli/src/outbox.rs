@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use clap::Subcommand;
 use idem_runtime::Outbox;
-use idem_runtime::sea_orm::{ConnectOptions, Database};
 use serde_json::json;
 
 use crate::Done;
@@ -34,11 +33,7 @@ pub(crate) enum OutboxCommand {
 /// Runs `command` on the outbox of the database at `url`.
 pub(crate) async fn run(url: &str, command: OutboxCommand, json: bool) -> Result<Done> {
     let OutboxCommand::Stats { table, retention } = command;
-    let mut options = ConnectOptions::new(url);
-    options.max_connections(2).sqlx_logging(false);
-    let db = Database::connect(options)
-        .await
-        .map_err(|error| format!("cannot connect to the database: {error}"))?;
+    let db = crate::connect(url).await?;
     let outbox = Outbox::builder(db)
         .table(table)
         .create_table(false)
