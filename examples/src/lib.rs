@@ -28,6 +28,7 @@
 //! | `--events-exchange` | `BILLING_EVENTS_EXCHANGE` | `billing.events` | the exchange billing publishes `InvoiceIssued` to, through its outbox |
 //! | `--provider-url` | `NOTIFICATIONS_PROVIDER_URL` | none | also run the notifications service, calling this provider (the demo runs a loopback stub of its own) |
 //! | `--notifications-queue` | `NOTIFICATIONS_QUEUE` | `notifications.invoices` | the quorum queue the notifications service declares, bounded to [`notifications::MAX_LENGTH`] events, and consumes |
+//! | `--metrics-addr` | `BILLING_METRICS_ADDR` | none | serve Prometheus metrics at this address (`127.0.0.1:9464`: any path answers, `/metrics` by convention), see [`metrics`] |
 //! | `--demo [N]` | | | publish N demo orders (100 without N), check orders → charges → invoices → notifications, exit non-zero if anything is off; the report counts this run's orders only ([`demo`]) |
 //! | `--json` | | off | with `--demo`, print the report as one JSON object (`orders`, `messages_published`, `earlier_messages`, `invoices`, `events_published`, `notified`, `stub_calls`, `stub_calls_distinct_keys`, `dead_lettered`, `lost`, ...) |
 //!
@@ -47,6 +48,7 @@ pub mod billing;
 pub mod broker;
 pub mod cli;
 pub mod demo;
+pub mod metrics;
 pub mod notifications;
 pub mod orders;
 pub mod progress;

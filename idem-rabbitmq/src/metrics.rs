@@ -6,10 +6,15 @@
 //! | metric | kind | labels | what it counts |
 //! |---|---|---|---|
 //! | `idem_rabbitmq_deliveries_total` ([`DELIVERIES_TOTAL`]) | counter | `queue`, `settle` (`acked`, `duplicate`, `requeued`, `dead-lettered`, `dead-letter-failed`, `settle-lost`) | deliveries settled by a consumer |
+//! | `idem_rabbitmq_dead_letters_total` ([`DEAD_LETTERS_TOTAL`]) | counter | `queue`, `reason` (the `x-idem-reason` code) | copies a consumer put in its dead-letter queue |
+//! | `idem_rabbitmq_in_flight` ([`IN_FLIGHT`]) | gauge | `queue` | deliveries a consumer is processing or settling |
+//! | `idem_rabbitmq_connected` ([`CONNECTED`]) | gauge | `queue` | 1 while a consumer's session of the queue is connected, 0 while it is lost |
 //! | `idem_rabbitmq_connections_total` ([`CONNECTIONS_TOTAL`]) | counter | `connection` (its name), `node` (`host:port`) | connections opened to a broker node, reconnections included: which node each connection is on |
 //! | `idem_outbox_published_total` ([`OUTBOX_PUBLISHED_TOTAL`]) | counter | `table` | outbox messages a relay published, confirmed by the broker |
 //! | `idem_outbox_publish_failures_total` ([`OUTBOX_PUBLISH_FAILURES_TOTAL`]) | counter | `table`, `reason` (`unroutable`, `refused`, `no-confirm`, `channel`) | publishes the broker did not take |
 //! | `idem_outbox_pending_age_seconds` ([`OUTBOX_PENDING_AGE_SECONDS`]) | gauge | `table` | the age of the oldest message in a relay's last batch (0 when none) |
+//! | `idem_outbox_pending` ([`OUTBOX_PENDING`]) | gauge | `table` | messages not published yet, held ones included, counted by a relay every [`OUTBOX_PENDING_EVERY`] at most |
+//! | `idem_outbox_relay_connected` ([`OUTBOX_RELAY_CONNECTED`]) | gauge | `table` | 1 while a relay has a usable broker connection, 0 while it has none |
 //!
 //! A steady `dead-letter-failed` deserves an alert: dead-letter copies the broker does not take,
 //! so the messages go back to their queue instead; `settle-lost` counts settlements a dying
@@ -32,3 +37,23 @@ pub const OUTBOX_PUBLISH_FAILURES_TOTAL: &str = "idem_outbox_publish_failures_to
 /// The gauge of the age, in seconds, of the oldest message in the last batch a
 /// [`Relay`](crate::Relay) took (0 when it found none), by table.
 pub const OUTBOX_PENDING_AGE_SECONDS: &str = "idem_outbox_pending_age_seconds";
+
+/// The counter of dead-letter copies a consumer published, by queue and reason (the
+/// `x-idem-reason` code).
+pub const DEAD_LETTERS_TOTAL: &str = "idem_rabbitmq_dead_letters_total";
+
+/// The gauge of deliveries a consumer is processing or settling, by queue.
+pub const IN_FLIGHT: &str = "idem_rabbitmq_in_flight";
+
+/// The gauge of a consumer's session state, by queue: 1 connected, 0 lost.
+pub const CONNECTED: &str = "idem_rabbitmq_connected";
+
+/// The gauge of the messages of an outbox table not published yet (held ones included), by
+/// table, as a [`Relay`](crate::Relay) last counted them.
+pub const OUTBOX_PENDING: &str = "idem_outbox_pending";
+
+/// How often, at most, a relay counts its table's pending messages.
+pub const OUTBOX_PENDING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The gauge of a relay's broker connection, by table: 1 usable, 0 none.
+pub const OUTBOX_RELAY_CONNECTED: &str = "idem_outbox_relay_connected";

@@ -9,6 +9,9 @@
 //! | `idem_cleanup_deleted_total` ([`CLEANUP_DELETED_TOTAL`]) | counter | `table` | inbox records and sent outbox rows the cleaner deleted |
 //! | `idem_outbox_staged_total` ([`OUTBOX_STAGED_TOTAL`]) | counter | `table` | outbox messages staged by handlers in committed transactions |
 //! | `idem_duplicate_age_seconds` ([`DUPLICATE_AGE_SECONDS`]) | histogram | `consumer` | for each duplicate answered from its stored record, how long before its key's record was completed |
+//! | `idem_processing_duration_seconds` ([`PROCESSING_DURATION_SECONDS`]) | histogram | `consumer`, `outcome` | a message processed on its own, from its claim to its commit (the handler included) |
+//! | `idem_batch_size` ([`BATCH_SIZE`]) | histogram | `consumer` | messages per batch transaction |
+//! | `idem_batch_duration_seconds` ([`BATCH_DURATION_SECONDS`]) | histogram | `consumer` | a batch transaction, from its claims to its commit (the handlers included) |
 //!
 //! A rising `duplicate` rate points at producer retries, an acknowledgment window that is too
 //! short or unhealthy consumers; any `fingerprint-mismatch` deserves an alert. Duplicate ages
@@ -28,3 +31,14 @@ pub const OUTBOX_STAGED_TOTAL: &str = "idem_outbox_staged_total";
 /// The histogram of duplicates' ages (seconds since their key's record was completed), by
 /// consumer.
 pub const DUPLICATE_AGE_SECONDS: &str = "idem_duplicate_age_seconds";
+
+/// The histogram of the time a message processed on its own took, from its claim to its commit
+/// (its handler included), in seconds, by consumer and outcome.
+pub const PROCESSING_DURATION_SECONDS: &str = "idem_processing_duration_seconds";
+
+/// The histogram of the number of messages in each batch transaction, by consumer.
+pub const BATCH_SIZE: &str = "idem_batch_size";
+
+/// The histogram of the time a batch transaction took, from its claims to its commit (its
+/// handlers included), in seconds, by consumer.
+pub const BATCH_DURATION_SECONDS: &str = "idem_batch_duration_seconds";

@@ -8,8 +8,11 @@ use crate::error::{Error, Result, Settle};
 use crate::handler::Outcome;
 use crate::metadata::Metadata;
 
-use crate::metrics::{DUPLICATE_AGE_SECONDS, MESSAGES_TOTAL};
-use std::time::Duration;
+use crate::metrics::{
+    BATCH_DURATION_SECONDS, BATCH_SIZE, DUPLICATE_AGE_SECONDS, MESSAGES_TOTAL,
+    PROCESSING_DURATION_SECONDS,
+};
+use std::time::{Duration, Instant};
 
 /// The span of one message: consumer, message key, correlation id and outcome.
 pub(crate) fn span(consumer: &str, metadata: &Metadata) -> Span {
@@ -27,16 +30,39 @@ pub(crate) fn span(consumer: &str, metadata: &Metadata) -> Span {
 /// settle: a dead-lettered message is an error (an alert for a fingerprint mismatch), a requeued
 /// one a warning.
 pub(crate) fn record<T>(span: &Span, consumer: &str, result: &Result<Outcome<T>>) {
-    let outcome = match result {
-        Ok(Outcome::Processed(_)) => "processed",
-        Ok(Outcome::Duplicate(_)) => "duplicate",
-        Err(error) => error.code(),
-    };
+    let outcome = outcome(result);
     span.record("outcome", outcome);
     metrics::counter!(MESSAGES_TOTAL, "consumer" => consumer.to_owned(), "outcome" => outcome)
         .increment(1);
     if let Err(error) = result {
         log_error(span, error);
+    }
+}
+
+/// Records how long a message processed on its own took, begun at `begun`, with its outcome.
+pub(crate) fn processing_duration<T>(consumer: &str, begun: Instant, result: &Result<Outcome<T>>) {
+    metrics::histogram!(
+        PROCESSING_DURATION_SECONDS,
+        "consumer" => consumer.to_owned(),
+        "outcome" => outcome(result)
+    )
+    .record(begun.elapsed().as_secs_f64());
+}
+
+/// Records a batch transaction of `size` messages, begun at `begun`.
+pub(crate) fn batch(consumer: &str, size: usize, begun: Instant) {
+    let consumer = consumer.to_owned();
+    metrics::histogram!(BATCH_SIZE, "consumer" => consumer.clone()).record(size as f64);
+    metrics::histogram!(BATCH_DURATION_SECONDS, "consumer" => consumer)
+        .record(begun.elapsed().as_secs_f64());
+}
+
+/// A result's outcome label: `processed`, `duplicate`, or the error's code.
+fn outcome<T>(result: &Result<Outcome<T>>) -> &'static str {
+    match result {
+        Ok(Outcome::Processed(_)) => "processed",
+        Ok(Outcome::Duplicate(_)) => "duplicate",
+        Err(error) => error.code(),
     }
 }
 

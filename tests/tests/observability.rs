@@ -1,6 +1,7 @@
 //! Metrics through the `metrics` facade: a counter per outcome for the inbox, per settlement for
-//! the RabbitMQ consumer, the cleaner's deletions, and the duplicates' ages. This binary installs a global recorder,
-//! so it holds these tests alone.
+//! the RabbitMQ consumer, the cleaner's deletions, the duplicates' ages, the processing and
+//! batch histograms, and the consumer's and relay's gauges. This binary installs a global
+//! recorder, so it holds these tests alone.
 //!
 //! Run: `cargo test -p idem-tests --test observability` with PostgreSQL and RabbitMQ up.
 
@@ -12,7 +13,8 @@ use std::time::Duration;
 use idem_rabbitmq::{Consumer, PublishOptions};
 use idem_runtime::transport::BatchItem;
 use idem_runtime::{MessageKey, Metadata, RetentionPolicy};
-use idem_tests::rabbit::amqp_url;
+use idem_tests::proxy::Proxy;
+use idem_tests::rabbit::{amqp_addr, amqp_url, amqp_url_through, consumer_builder_at};
 use idem_tests::{Fixture, Msg, unique};
 use metrics::{
     Counter, Gauge, Histogram, Key, KeyName, Metadata as MetricMetadata, SharedString, Unit,
@@ -23,6 +25,35 @@ use metrics::{
 struct Counters {
     counters: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
     histograms: Mutex<BTreeMap<String, Arc<Values>>>,
+    gauges: Mutex<BTreeMap<String, Arc<Level>>>,
+}
+
+/// A gauge's value, as the bits of an `f64`.
+#[derive(Debug, Default)]
+struct Level(AtomicU64);
+
+impl Level {
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::SeqCst))
+    }
+
+    fn update(&self, change: impl Fn(f64) -> f64) {
+        let _ = (self.0).fetch_update(Ordering::SeqCst, Ordering::SeqCst, |bits| {
+            Some(change(f64::from_bits(bits)).to_bits())
+        });
+    }
+}
+
+impl metrics::GaugeFn for Level {
+    fn increment(&self, value: f64) {
+        self.update(|level| level + value);
+    }
+    fn decrement(&self, value: f64) {
+        self.update(|level| level - value);
+    }
+    fn set(&self, value: f64) {
+        self.update(|_| value);
+    }
 }
 
 /// A histogram's recorded values.
@@ -62,8 +93,8 @@ impl metrics::Recorder for Counters {
     fn register_counter(&self, key: &Key, _: &MetricMetadata<'_>) -> Counter {
         Counter::from_arc(Arc::new(Cell(entry(&self.counters, key))))
     }
-    fn register_gauge(&self, _: &Key, _: &MetricMetadata<'_>) -> Gauge {
-        Gauge::noop()
+    fn register_gauge(&self, key: &Key, _: &MetricMetadata<'_>) -> Gauge {
+        Gauge::from_arc(entry(&self.gauges, key))
     }
     fn register_histogram(&self, key: &Key, _: &MetricMetadata<'_>) -> Histogram {
         Histogram::from_arc(entry(&self.histograms, key))
@@ -92,6 +123,25 @@ fn count(name_and_labels: &str) -> u64 {
         .unwrap()
         .get(name_and_labels)
         .map_or(0, |cell| cell.load(Ordering::SeqCst))
+}
+
+/// A gauge's value, if it was ever set.
+fn gauge(name_and_labels: &str) -> Option<f64> {
+    let gauges = counters().gauges.lock().unwrap();
+    gauges.get(name_and_labels).map(|level| level.get())
+}
+
+/// Waits up to `timeout` for the gauge to read `want`.
+async fn wait_for_gauge(name_and_labels: &str, want: f64, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while gauge(name_and_labels) != Some(want) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name_and_labels} is {:?}, not {want}, after {timeout:?}",
+            gauge(name_and_labels)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn recorded(name_and_labels: &str) -> Vec<f64> {
@@ -236,4 +286,78 @@ async fn duplicates_record_their_age() {
     for age in &ages[1..] {
         assert!((1.0..60.0).contains(age), "an age of {age} s");
     }
+}
+
+/// A consumer's gauges: its deliveries in flight while their handlers run, and its session's
+/// connection, 0 while the broker is cut off and 1 again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gauges_follow_the_deliveries_in_flight_and_the_connection() {
+    counters();
+    let t = Fixture::new().await;
+    let proxy = Proxy::start(&amqp_addr()).await;
+    let consumer = unique("gauged");
+    let handler = t.recorder(&consumer).slow(Duration::from_millis(1_500));
+    let running = consumer_builder_at(&amqp_url_through(&proxy), &t.inbox, &consumer)
+        .reconnect_delay(Duration::from_millis(100))
+        .bind_with(t.binding(handler))
+        .start()
+        .await
+        .expect("the consumer starts");
+    let in_flight = format!("idem_rabbitmq_in_flight{{queue={}}}", t.queue);
+    let connected = format!("idem_rabbitmq_connected{{queue={}}}", t.queue);
+    assert_eq!(gauge(&connected), Some(1.0));
+    for i in 0..3 {
+        t.send(&Msg::new(format!("m{i}"), "x"), PublishOptions::default())
+            .await;
+    }
+    wait_for_gauge(&in_flight, 3.0, Duration::from_secs(10)).await;
+    wait_for_gauge(&in_flight, 0.0, Duration::from_secs(20)).await;
+    assert_eq!(t.effects("1 = 1").await, 3);
+    let durations = recorded(&format!(
+        "idem_processing_duration_seconds{{consumer={consumer},outcome=processed}}"
+    ));
+    assert_eq!(durations.len(), 3, "{durations:?}");
+    assert!(
+        durations.iter().all(|d| (1.5..60.0).contains(d)),
+        "{durations:?}"
+    );
+
+    proxy.cut().await;
+    wait_for_gauge(&connected, 0.0, Duration::from_secs(30)).await;
+    proxy.restore();
+    wait_for_gauge(&connected, 1.0, Duration::from_secs(60)).await;
+    running.shutdown().await;
+    assert_eq!(gauge(&connected), Some(0.0));
+}
+
+/// A batch's size and duration are recorded once per transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batches_record_their_size_and_duration() {
+    counters();
+    let t = Fixture::new().await;
+    let consumer = unique("batched");
+    let handler = t.recorder(&consumer);
+    let item = |id: &str| BatchItem {
+        key: MessageKey::new(id),
+        message: Msg::new(id, "1"),
+        metadata: Metadata::default(),
+    };
+    let results = t
+        .inbox
+        .process_batch(&handler, vec![item("a"), item("b"), item("c")])
+        .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let results = t.inbox.process_batch(&handler, vec![item("a")]).await;
+    assert!(results[0].as_ref().unwrap().is_duplicate());
+    assert_eq!(
+        recorded(&format!("idem_batch_size{{consumer={consumer}}}")),
+        [3.0, 1.0]
+    );
+    assert_eq!(
+        recorded(&format!(
+            "idem_batch_duration_seconds{{consumer={consumer}}}"
+        ))
+        .len(),
+        2
+    );
 }

@@ -542,6 +542,9 @@ async fn messages_committed_before_any_relay_runs_are_published_once(backend: Ba
     let (last, max) = gauge("idem_outbox_pending_age_seconds", table);
     assert!(max >= 1.0, "the first batch was over a second old: {max}");
     assert_eq!(last, 0.0, "no message pending since");
+    // Each relay counted the table's pending messages as it began: four, then none.
+    assert_eq!(gauge("idem_outbox_pending", table), (0.0, 4.0));
+    assert_eq!(gauge("idem_outbox_relay_connected", table), (0.0, 1.0));
 }
 
 /// What the child process of [`a_process_killed_after_its_commit_loses_and_repeats_nothing`]

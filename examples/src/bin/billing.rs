@@ -13,6 +13,7 @@
 //! the notifications service; then consume until a signal, or run the demo; then stop, in
 //! order.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,6 +140,11 @@ struct Args {
     /// With --demo: print the report as one JSON object on standard output
     #[arg(long, requires = "demo")]
     json: bool,
+
+    /// Serve Prometheus metrics at ADDR (e.g. 127.0.0.1:9464; any path answers, /metrics by
+    /// convention)
+    #[arg(long, value_name = "ADDR", env = "BILLING_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
 }
 
 #[tokio::main]
@@ -157,6 +163,11 @@ async fn main() -> ExitCode {
 /// The service: its parts started one after the other, then its work, then its stop.
 async fn run(args: Args) -> Result<(), BoxError> {
     log_settings(&args);
+    if let Some(addr) = args.metrics_addr {
+        idem_examples::metrics::serve(addr)
+            .map_err(|error| format!("cannot serve metrics at {addr}: {error}"))?;
+        tracing::info!(%addr, "serving Prometheus metrics");
+    }
     // A signal while the service starts (a broker or database slow to answer) stops it there,
     // dropping what had started; later, it stops the service (or the demo) in order.
     let signal = wait_for_signal();

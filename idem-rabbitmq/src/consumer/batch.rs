@@ -13,6 +13,7 @@ use super::binding::Handled;
 use super::gather::Gathered;
 use super::job::JobContext;
 use super::settle::Verdict;
+use super::stats::InFlight;
 use crate::metadata::metadata_of;
 
 /// A batch of deliveries of one binding, with what settling them needs.
@@ -27,9 +28,11 @@ impl BatchJob {
     /// Processes the batch and settles each of its deliveries, in a span of its own.
     pub(crate) async fn run(self) {
         let deliveries = &self.batch.deliveries;
+        let queue = self.context.binding.topology().queue();
+        let _in_flight = InFlight::new(queue, deliveries.len());
         let span = tracing::info_span!(
             "idem.batch_delivery",
-            queue = self.context.binding.topology().queue(),
+            queue,
             size = deliveries.len(),
             first_tag = deliveries.first().map(|d| d.delivery_tag),
         );

@@ -9,7 +9,7 @@ use lapin::Event;
 use tokio::time::{Instant, Interval};
 
 use super::session::ConsumerSession;
-use super::stats::ConsumerCounters;
+use super::stats::{ConsumerCounters, gauge_connected};
 use crate::stop::StopSignal;
 
 /// Why consuming stopped.
@@ -46,6 +46,7 @@ impl Health {
         }
         let since = *self.lost_since.get_or_insert_with(|| {
             tracing::warn!(queue, "connection lost; waiting for recovery");
+            gauge_connected(queue, false);
             Instant::now()
         });
         since.elapsed() > self.timeout
@@ -119,6 +120,7 @@ impl<'a> SessionWatch<'a> {
     pub(super) fn note(&mut self, event: &Event) {
         if self.health.on_event(event) {
             tracing::info!(queue = self.queue, "connection recovered");
+            gauge_connected(self.queue, true);
             (self.counters.recoveries).fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -15,7 +15,7 @@ use tracing::field::Empty;
 use super::binding::{Dispatch, Handled};
 use super::settings::ConsumerSettings;
 use super::settle::Settler;
-use super::stats::{ConsumerCounters, Ending};
+use super::stats::{ConsumerCounters, Ending, InFlight};
 use crate::confirm::ConfirmChannel;
 use crate::metadata::metadata_of;
 use crate::stop::StopSignal;
@@ -89,6 +89,7 @@ impl DeliveryJob {
         } = self;
         let binding = &context.binding;
         let topology = binding.topology();
+        let _in_flight = InFlight::new(topology.queue(), 1);
         let metadata = metadata_of(&delivery.properties, delivery.redelivered);
         let span = tracing::info_span!(
             "idem.delivery",

@@ -319,6 +319,12 @@ impl Settler<'_> {
         .await;
         let problem = match published {
             Ok(()) => {
+                metrics::counter!(
+                    crate::metrics::DEAD_LETTERS_TOTAL,
+                    "queue" => self.queue.to_owned(),
+                    "reason" => reason.code
+                )
+                .increment(1);
                 return match self.ack(delivery, Ending::DeadLettered).await {
                     Ending::Lost => Ending::Lost,
                     _ => Ending::DeadLettered,

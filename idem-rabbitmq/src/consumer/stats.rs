@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::metrics::{CONNECTED, IN_FLIGHT};
+
 /// How a delivery ended, for metrics and stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ending {
@@ -111,4 +113,34 @@ impl ConsumerCounters {
             failed_reconnections: self.failed_reconnections.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Deliveries of a queue in flight, on the [`IN_FLIGHT`] gauge for as long as it lives.
+pub(crate) struct InFlight {
+    queue: String,
+    count: f64,
+}
+
+impl InFlight {
+    /// Counts `count` deliveries of `queue` in flight.
+    pub(crate) fn new(queue: &str, count: usize) -> Self {
+        let count = count as f64;
+        metrics::gauge!(IN_FLIGHT, "queue" => queue.to_owned()).increment(count);
+        Self {
+            queue: queue.to_owned(),
+            count,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!(IN_FLIGHT, "queue" => std::mem::take(&mut self.queue))
+            .decrement(self.count);
+    }
+}
+
+/// Sets the [`CONNECTED`] gauge of `queue`'s session.
+pub(crate) fn gauge_connected(queue: &str, connected: bool) {
+    metrics::gauge!(CONNECTED, "queue" => queue.to_owned()).set(f64::from(u8::from(connected)));
 }

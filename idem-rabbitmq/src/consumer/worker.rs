@@ -21,7 +21,7 @@ use super::interrupt::{Interruption, SessionWatch};
 use super::job::{DeliveryJob, JobContext};
 use super::session::{ConsumerSession, SessionOpener};
 use super::settings::ConsumerSettings;
-use super::stats::ConsumerCounters;
+use super::stats::{ConsumerCounters, gauge_connected};
 use crate::connect::Retirees;
 use crate::error::Result;
 use crate::queue_kind::QueueKind;
@@ -140,6 +140,7 @@ impl Worker {
                 Err(error) => return Err(error),
             }
         };
+        gauge_connected(self.queue(), true);
         Ok(tokio::spawn(self.run(session)))
     }
 
@@ -148,7 +149,9 @@ impl Worker {
         let mut tasks = JoinSet::new();
         let mut session = first;
         loop {
-            match self.consume(&mut session, &mut tasks).await {
+            let interruption = self.consume(&mut session, &mut tasks).await;
+            gauge_connected(self.queue(), false);
+            match interruption {
                 Interruption::Shutdown => return self.drain(Some(session), &mut tasks).await,
                 Interruption::SessionLost(why) => {
                     tracing::warn!(queue = self.queue(), %why, "session lost; reconnecting");
@@ -158,6 +161,7 @@ impl Worker {
             session = match self.reconnect().await {
                 Some(reopened) => {
                     self.counters.reconnections.fetch_add(1, Ordering::Relaxed);
+                    gauge_connected(self.queue(), true);
                     reopened
                 }
                 None => return self.drain(None, &mut tasks).await,

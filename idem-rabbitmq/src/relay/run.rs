@@ -19,7 +19,8 @@ use super::stats::RelayCounters;
 use crate::confirm::NotTaken;
 use crate::connect::Retirees;
 use crate::metrics::{
-    OUTBOX_PENDING_AGE_SECONDS, OUTBOX_PUBLISH_FAILURES_TOTAL, OUTBOX_PUBLISHED_TOTAL,
+    OUTBOX_PENDING, OUTBOX_PENDING_AGE_SECONDS, OUTBOX_PENDING_EVERY,
+    OUTBOX_PUBLISH_FAILURES_TOTAL, OUTBOX_PUBLISHED_TOTAL, OUTBOX_RELAY_CONNECTED,
 };
 use crate::stop::StopSignal;
 
@@ -81,6 +82,8 @@ pub(super) struct Runner {
     held: HoldMemory,
     /// When it last released the holds that ran out.
     released: tokio::time::Instant,
+    /// When it last counted the pending messages, if it has.
+    pending_counted: Option<tokio::time::Instant>,
     /// Where its pass through the pending rows goes on: after this seq. A pass takes batch
     /// after batch from the first pending row to the last, then starts again from the first,
     /// where it finds rows committed behind it (a lower seq in a transaction that committed
@@ -117,6 +120,7 @@ impl Runner {
             table,
             held: HoldMemory::default(),
             released: tokio::time::Instant::now(),
+            pending_counted: None,
             pass_after: None,
             _local: local,
         }
@@ -126,6 +130,7 @@ impl Runner {
     /// after a failure; then closes the connection.
     pub(super) async fn run(mut self) {
         tracing::info!(table = self.table, "outbox relay started");
+        self.gauge_connected(true);
         let mut failures = 0u32;
         loop {
             if self.stop.is_set() {
@@ -164,6 +169,7 @@ impl Runner {
         if let Some(session) = self.session.take() {
             session.close(&self.retirees).await;
         }
+        self.gauge_connected(false);
         self.retirees.wait_until_gone(Duration::from_secs(10)).await;
         tracing::info!(table = self.table, "outbox relay stopped");
     }
@@ -173,6 +179,7 @@ impl Runner {
     /// and marks the confirmed ones sent.
     async fn round(&mut self) -> Result<Round, Problem> {
         self.release_holds().await?;
+        self.gauge_pending().await;
         let Some(batch) = self.take_batch().await? else {
             return Ok(Round::Stopped);
         };
@@ -278,6 +285,33 @@ impl Runner {
         let refused = refused_exchange(error);
         holds.extend(self.held.channel_closed(publishable, careful_for, refused));
         true
+    }
+
+    /// Sets the gauge of the pending messages, counted when the last count is older than
+    /// [`OUTBOX_PENDING_EVERY`]. A failed count leaves it as it was: the round's own statements
+    /// report the database.
+    async fn gauge_pending(&mut self) {
+        if self
+            .pending_counted
+            .is_some_and(|counted| counted.elapsed() < OUTBOX_PENDING_EVERY)
+        {
+            return;
+        }
+        self.pending_counted = Some(tokio::time::Instant::now());
+        match self.outbox.pending_count().await {
+            Ok(pending) => {
+                metrics::gauge!(OUTBOX_PENDING, "table" => self.table.clone()).set(pending as f64)
+            }
+            Err(error) => {
+                tracing::debug!(table = self.table, %error, "cannot count the pending messages")
+            }
+        }
+    }
+
+    /// Sets the gauge of the relay's broker connection.
+    fn gauge_connected(&self, connected: bool) {
+        metrics::gauge!(OUTBOX_RELAY_CONNECTED, "table" => self.table.clone())
+            .set(f64::from(u8::from(connected)));
     }
 
     /// Counts `published` messages the broker confirmed.
@@ -430,6 +464,7 @@ impl Runner {
     async fn connect(&mut self) -> Result<(), Problem> {
         if self.session.as_ref().is_some_and(|s| !s.usable()) {
             tracing::warn!(table = self.table, "broker connection lost; reconnecting");
+            self.gauge_connected(false);
             self.replace_session();
         }
         if self.session.is_none() {
@@ -437,6 +472,7 @@ impl Runner {
                 .await
                 .map_err(Problem::Connect)?;
             RelayCounters::add(&self.counters.reconnections, 1);
+            self.gauge_connected(true);
             self.session = Some(session);
         }
         Ok(())

@@ -142,10 +142,12 @@ impl Inbox {
     ) -> Result<Outcome<H::Output>> {
         let consumer = handler.consumer();
         let span = observe::span(consumer, metadata);
+        let begun = std::time::Instant::now();
         let result = self
             .process_in_span(handler, key, message, metadata)
             .instrument(span.clone())
             .await;
+        observe::processing_duration(consumer, begun, &result);
         observe::record(&span, consumer, &result);
         result
     }

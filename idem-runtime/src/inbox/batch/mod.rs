@@ -157,12 +157,9 @@ impl Inbox {
         let mut items = items.into_iter().peekable();
         while items.peek().is_some() {
             let chunk: Vec<_> = items.by_ref().take(MAX_BATCH).collect();
-            let span = chunk_span(handler, chunk.len());
-            results.extend(
-                self.one_batch(handler, chunk, checks)
-                    .instrument(span)
-                    .await,
-            );
+            let size = chunk.len();
+            let one = self.one_batch(handler, chunk, checks);
+            results.extend(in_chunk(handler.consumer(), size, one).await);
         }
         results
     }
@@ -264,9 +261,14 @@ impl Inbox {
     }
 }
 
-/// The span of one transaction's worth of a batch.
-pub(super) fn chunk_span<H: Handler>(handler: &H, size: usize) -> tracing::Span {
-    tracing::info_span!("idem.batch", consumer = handler.consumer(), size)
+/// Runs one transaction's worth of a batch, of `size` messages, in its span; records its size
+/// and how long it took.
+pub(super) async fn in_chunk<F: Future>(consumer: &str, size: usize, work: F) -> F::Output {
+    let span = tracing::info_span!("idem.batch", consumer, size);
+    let begun = std::time::Instant::now();
+    let output = work.instrument(span).await;
+    crate::observe::batch(consumer, size, begun);
+    output
 }
 
 /// Fails every item with `error` (a configuration that cannot work), recorded for `consumer`.

@@ -10,7 +10,7 @@ use super::attempt::{Batch, Finishing, Tried};
 use super::fates::{Handled, Lead};
 use super::guard::{Run, Staging};
 use super::lost::{self, Lost};
-use super::{BatchChecks, BatchItem, MAX_BATCH, chunk_span};
+use super::{BatchChecks, BatchItem, MAX_BATCH, in_chunk};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::handler::{Mode, Outcome};
@@ -19,7 +19,6 @@ use crate::key::InboxKey;
 use crate::outbox::RunClaim;
 use crate::slice::{SliceContext, SliceHandler};
 use crate::store::dialect::{Failure, classify, database_error_in};
-use tracing::Instrument;
 
 impl Inbox {
     /// Processes `items` with a slice handler in one transaction, returning one result per item,
@@ -62,8 +61,9 @@ impl Inbox {
         let mut items = items.into_iter().peekable();
         while items.peek().is_some() {
             let chunk: Vec<_> = items.by_ref().take(MAX_BATCH).collect();
-            let span = chunk_span(handler, chunk.len());
-            results.extend(self.one_slice_batch(handler, chunk).instrument(span).await);
+            let size = chunk.len();
+            let one = self.one_slice_batch(handler, chunk);
+            results.extend(in_chunk(handler.consumer(), size, one).await);
         }
         results
     }
