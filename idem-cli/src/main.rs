@@ -1,9 +1,11 @@
-//! The `idem` command: an operator's view of idem's inbox and outbox, on the same database as the services
-//! (`DATABASE_URL`: SQLite, PostgreSQL, MySQL/MariaDB).
+//! The `idem` command: an operator's view of idem's inbox and outbox, on the same database as
+//! the services (`DATABASE_URL`: SQLite, PostgreSQL, MySQL/MariaDB), and of their dead-letter
+//! queues on the broker (`AMQP_URL`).
 //!
 //! Exit codes: 0 done, 1 a failure (the database, the table), 2 a usage error or a refused
 //! confirmation, 3 no such record, 4 the record changed meanwhile (nothing done).
 
+mod dlq;
 mod inbox;
 mod outbox;
 mod output;
@@ -13,8 +15,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use idem_runtime::sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
-/// An operator's view of idem's inbox and outbox: records per consumer, one record, stuck
-/// claims, messages waiting to be published.
+/// An operator's view of idem's inbox, outbox and dead-letter queues: records per consumer, one
+/// record, stuck claims, messages waiting to be published, dead letters by reason and their
+/// replay.
 #[derive(Debug, Parser)]
 #[command(
     name = "idem",
@@ -25,8 +28,8 @@ use idem_runtime::sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr}
 )]
 struct Args {
     /// The database the services use: sqlite://file.db, postgres://..., mysql://...
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    database_url: String,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    database_url: Option<String>,
     /// Prints JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -42,6 +45,9 @@ enum Command {
     /// The outbox: messages staged for publishing.
     #[command(subcommand)]
     Outbox(outbox::OutboxCommand),
+    /// Dead-letter queues: their messages by reason, moved back to a queue.
+    #[command(subcommand)]
+    Dlq(dlq::DlqCommand),
 }
 
 /// How a command ended, short of a failure.
@@ -71,9 +77,15 @@ async fn connect(url: &str) -> Result<DatabaseConnection, String> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let ran = match args.command {
-        Command::Inbox(command) => inbox::run(&args.database_url, command, args.json).await,
-        Command::Outbox(command) => outbox::run(&args.database_url, command, args.json).await,
+    let database_url = args.database_url.as_deref();
+    let ran = match (args.command, database_url) {
+        (Command::Dlq(command), url) => dlq::run(url, command, args.json).await,
+        (Command::Inbox(command), Some(url)) => inbox::run(url, command, args.json).await,
+        (Command::Outbox(command), Some(url)) => outbox::run(url, command, args.json).await,
+        (_, None) => {
+            eprintln!("idem: the database is needed: --database-url or DATABASE_URL");
+            Ok(Done::Usage)
+        }
     };
     match ran {
         Ok(Done::Ok) => ExitCode::SUCCESS,

@@ -10,6 +10,8 @@ pub const CONSUMER: &str = "x-idem-consumer";
 pub const KEY: &str = "x-idem-key";
 /// The queue the message was consumed from.
 pub const QUEUE: &str = "x-idem-queue";
+/// When the consumer dead-lettered it, in milliseconds since the Unix epoch.
+pub const DEAD_LETTERED_AT: &str = "x-idem-dead-lettered-at";
 /// How many deliveries the message had.
 pub const DELIVERIES: &str = "x-idem-deliveries";
 /// The exchange the message was first published to; also on the fresh copies a quorum queue's

@@ -365,6 +365,14 @@ impl Settler<'_> {
             ShortString::from(headers::DELIVERIES),
             AMQPValue::LongLongInt(i64::from(deliveries)),
         );
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let now_ms = now.map_or(0, |since| {
+            i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+        });
+        table.insert(
+            ShortString::from(headers::DEAD_LETTERED_AT),
+            AMQPValue::LongLongInt(now_ms),
+        );
         table
     }
 

@@ -1,0 +1,162 @@
+//! Reading a dead-letter queue without taking anything from it: `basic.get` without
+//! acknowledging, every message left unacknowledged given back in its place at the end.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_rabbitmq::lapin::options::{BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
+use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+use idem_rabbitmq::lapin::{Channel, Connection};
+use idem_rabbitmq::{AmqpUrl, headers, lapin};
+use serde_json::json;
+
+use super::{QueueArgs, Result};
+
+/// How many characters of a body a sample shows.
+const SAMPLE_CHARS: usize = 200;
+
+/// One dead-lettered message, as read.
+#[derive(Debug, Clone)]
+pub(super) struct Letter {
+    pub(super) message_id: Option<String>,
+    pub(super) reason: String,
+    pub(super) detail: Option<String>,
+    pub(super) consumer: Option<String>,
+    pub(super) key: Option<String>,
+    pub(super) dead_lettered_at: Option<SystemTime>,
+    /// The start of its body.
+    pub(super) sample: String,
+}
+
+impl Letter {
+    pub(super) fn of(delivery: &lapin::message::Delivery) -> Self {
+        let properties = &delivery.properties;
+        let table = properties.headers().as_ref();
+        let text = |name: &str| match table?.inner().get(name)? {
+            AMQPValue::LongString(value) => {
+                Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
+            }
+            AMQPValue::ShortString(value) => Some(value.as_str().to_owned()),
+            _ => None,
+        };
+        let at = match table.and_then(|t| t.inner().get(headers::DEAD_LETTERED_AT)) {
+            Some(AMQPValue::LongLongInt(ms)) => u64::try_from(*ms)
+                .ok()
+                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+            _ => None,
+        };
+        Self {
+            message_id: properties.message_id().as_ref().map(|id| id.to_string()),
+            reason: text(headers::REASON).unwrap_or_else(|| "(none)".into()),
+            detail: text(headers::DETAIL),
+            consumer: text(headers::CONSUMER),
+            key: text(headers::KEY),
+            dead_lettered_at: at,
+            sample: String::from_utf8_lossy(&delivery.data)
+                .chars()
+                .take(SAMPLE_CHARS)
+                .collect(),
+        }
+    }
+
+    pub(super) fn summary(&self) -> serde_json::Value {
+        json!({
+            "message_id": self.message_id,
+            "consumer": self.consumer,
+            "key": self.key,
+            "dead_lettered_ms": self.dead_lettered_at.map(crate::output::time_ms),
+        })
+    }
+}
+
+/// A dead-letter queue read with `basic.get`, nothing acknowledged unless moved: what is left
+/// unacknowledged goes back in its place when the browse is closed (or its connection dies).
+pub(super) struct Browse {
+    connection: Connection,
+    pub(super) channel: Channel,
+    pub(super) queue: String,
+    reason: Option<String>,
+    /// The messages in the queue when it was opened: those are read, not the later ones.
+    pub(super) count: u32,
+    /// The last delivery taken, which a close gives back with every one before it.
+    last_tag: Option<u64>,
+}
+
+impl Browse {
+    pub(super) async fn open(args: &QueueArgs) -> Result<Self> {
+        let url = AmqpUrl::new(args.amqp_url.as_str());
+        let connection = idem_rabbitmq::connect(&url, "idem dlq").await?;
+        let channel = connection.create_channel().await?;
+        let count = message_count(&channel, &args.queue)
+            .await
+            .map_err(|error| format!("no queue {} on the broker: {error}", args.queue))?;
+        Ok(Self {
+            connection,
+            channel,
+            queue: args.queue.clone(),
+            reason: args.reason.clone(),
+            count,
+            last_tag: None,
+        })
+    }
+
+    /// The next message that was in the queue when it was opened, of the asked reason; skipped
+    /// ones stay unacknowledged.
+    pub(super) async fn next(&mut self) -> Result<Option<(lapin::message::Delivery, Letter)>> {
+        while self.count > 0 {
+            self.count -= 1;
+            let Some(got) = (self.channel)
+                .basic_get(
+                    self.queue.as_str().into(),
+                    BasicGetOptions { no_ack: false },
+                )
+                .await?
+            else {
+                return Ok(None);
+            };
+            let delivery = got.delivery;
+            self.last_tag = Some(delivery.delivery_tag);
+            let letter = Letter::of(&delivery);
+            if self.reason.as_ref().is_none_or(|r| *r == letter.reason) {
+                return Ok(Some((delivery, letter)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads up to `limit` letters (all without one).
+    pub(super) async fn read(&mut self, limit: Option<u64>) -> Result<Vec<Letter>> {
+        let mut letters = Vec::new();
+        while limit.is_none_or(|limit| (letters.len() as u64) < limit) {
+            let Some((_, letter)) = self.next().await? else {
+                break;
+            };
+            letters.push(letter);
+        }
+        Ok(letters)
+    }
+
+    /// Gives back every message taken and not moved, in its place, and closes.
+    pub(super) async fn close(self) {
+        if let Some(tag) = self.last_tag {
+            let options = BasicNackOptions {
+                multiple: true,
+                requeue: true,
+            };
+            let _ = self.channel.basic_nack(tag, options).await;
+        }
+        let _ = self.channel.close(200, "done".into()).await;
+        let _ = self.connection.close(200, "done".into()).await;
+    }
+}
+
+/// How many messages `queue` holds, ready ones; an error when it does not exist.
+pub(super) async fn message_count(channel: &Channel, queue: &str) -> lapin::Result<u32> {
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let declared = channel
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await?;
+    Ok(declared.message_count())
+}

@@ -1,0 +1,215 @@
+//! `idem dlq replay`: letters moved to a queue one at a time with publisher confirms, or for a
+//! dry run, checked against the inbox.
+
+use std::io::{IsTerminal, Write};
+use std::time::SystemTime;
+
+use idem_rabbitmq::lapin;
+use idem_rabbitmq::lapin::Confirmation;
+use idem_rabbitmq::lapin::options::{BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions};
+use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
+use idem_runtime::transport::{InboxRecord, Status};
+use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey};
+use serde_json::json;
+
+use super::browse::{Browse, Letter, message_count};
+use super::{QueueArgs, Result};
+use crate::Done;
+use crate::output::print_table;
+
+/// The header a replayed copy carries: the dead-letter queue it came from.
+const REPLAYED_FROM: &str = "x-idem-replayed-from";
+
+/// What the inbox would make of a replayed letter.
+fn verdict(letter: &Letter, record: Option<&InboxRecord>) -> &'static str {
+    match record {
+        _ if letter.key.is_none() || letter.consumer.is_none() => "no-key",
+        None => "new",
+        Some(record) if record.expires_at <= SystemTime::now() => "expired",
+        Some(record) if record.status == Status::Completed => "duplicate",
+        Some(_) => "in-progress",
+    }
+}
+
+/// Says for each letter what replaying it to `target` would do, moving nothing.
+pub(super) async fn dry_run(
+    target: &str,
+    letters: &[Letter],
+    inbox: Option<&Inbox>,
+    json: bool,
+) -> Result<Done> {
+    let mut rows = Vec::with_capacity(letters.len());
+    for letter in letters {
+        let verdict = match inbox {
+            None => "not-checked",
+            Some(inbox) => {
+                let record = match inbox_key(letter) {
+                    Some(key) => inbox.lookup(&key).await?,
+                    None => None,
+                };
+                verdict(letter, record.as_ref())
+            }
+        };
+        rows.push((letter, verdict));
+    }
+    if json {
+        let all: Vec<_> = rows
+            .iter()
+            .map(|(letter, verdict)| {
+                json!({
+                    "message_id": letter.message_id,
+                    "reason": letter.reason,
+                    "consumer": letter.consumer,
+                    "key": letter.key,
+                    "inbox": verdict,
+                })
+            })
+            .collect();
+        println!("{}", json!({"to": target, "messages": all}));
+        return Ok(Done::Ok);
+    }
+    println!("would move {} messages to {target}:", rows.len());
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(letter, verdict)| {
+            vec![
+                letter.message_id.clone().unwrap_or_else(|| "-".into()),
+                letter.reason.clone(),
+                letter.key.clone().unwrap_or_else(|| "-".into()),
+                (*verdict).to_owned(),
+            ]
+        })
+        .collect();
+    print_table(&["message id", "reason", "key", "inbox"], &table);
+    Ok(Done::Ok)
+}
+
+fn inbox_key(letter: &Letter) -> Option<InboxKey> {
+    Some(InboxKey {
+        consumer: ConsumerName::new(letter.consumer.as_deref()?).ok()?,
+        message_key: MessageKey::new(letter.key.as_deref()?).ok()?,
+    })
+}
+
+/// Moves the letters of the asked reason to `target`, one at a time: each copy published with
+/// its properties and confirmed, then the original acknowledged.
+pub(super) async fn replay(
+    args: &QueueArgs,
+    target: &str,
+    limit: Option<u64>,
+    json: bool,
+) -> Result<Done> {
+    let mut browse = Browse::open(args).await?;
+    if let Err(error) = message_count(&browse.channel, target).await {
+        browse.close().await;
+        eprintln!("idem: no queue {target} on the broker: {error}");
+        return Ok(Done::NotFound);
+    }
+    browse
+        .channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let total = browse.count;
+    let progress = Progress::new("moved", total);
+    let mut moved = 0u64;
+    let outcome = loop {
+        if limit.is_some_and(|limit| moved >= limit) {
+            break Ok(());
+        }
+        let (delivery, letter) = match browse.next().await {
+            Ok(Some(next)) => next,
+            Ok(None) => break Ok(()),
+            Err(error) => break Err(error),
+        };
+        if let Err(error) = move_one(&browse, target, &delivery).await {
+            let id = letter.message_id.as_deref().unwrap_or("-");
+            break Err(format!("message {id} was not moved: {error}").into());
+        }
+        moved += 1;
+        progress.show(moved);
+    };
+    progress.finish();
+    browse.close().await;
+    if json {
+        println!("{}", json!({"moved": moved, "to": target}));
+    } else {
+        println!("moved {moved} messages from {} to {target}", args.queue);
+    }
+    outcome.map(|()| Done::Ok)
+}
+
+/// Publishes a copy of `delivery` to `target` and waits for the broker's confirm; then
+/// acknowledges the original.
+async fn move_one(
+    browse: &Browse,
+    target: &str,
+    delivery: &lapin::message::Delivery,
+) -> Result<()> {
+    let mut table = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .map(|table| table.inner().clone())
+        .unwrap_or_default();
+    table.remove("x-delivery-count");
+    table.insert(
+        ShortString::from(REPLAYED_FROM),
+        AMQPValue::LongString(browse.queue.as_str().into()),
+    );
+    let properties = delivery
+        .properties
+        .clone()
+        .with_headers(FieldTable::from(table));
+    let options = BasicPublishOptions {
+        mandatory: true,
+        ..BasicPublishOptions::default()
+    };
+    let confirm = browse
+        .channel
+        .basic_publish(
+            "".into(),
+            target.into(),
+            options,
+            &delivery.data,
+            properties,
+        )
+        .await?;
+    match confirm.await? {
+        Confirmation::Ack(None) => {}
+        Confirmation::Ack(Some(_)) => return Err(format!("no queue {target} took it").into()),
+        Confirmation::Nack(_) => return Err("the broker refused it".into()),
+        Confirmation::NotRequested => return Err("the channel is not in confirm mode".into()),
+    }
+    delivery.acker.ack(BasicAckOptions::default()).await?;
+    Ok(())
+}
+
+/// `moved 120 of at most 4000` on standard error, rewritten in place, when it is a terminal.
+pub(super) struct Progress {
+    verb: &'static str,
+    total: u32,
+    shown: bool,
+}
+
+impl Progress {
+    pub(super) fn new(verb: &'static str, total: u32) -> Self {
+        Self {
+            verb,
+            total,
+            shown: std::io::stderr().is_terminal(),
+        }
+    }
+
+    pub(super) fn show(&self, done: u64) {
+        if self.shown && (done.is_multiple_of(50) || done == u64::from(self.total)) {
+            eprint!("\r{} {done} of at most {}", self.verb, self.total);
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    pub(super) fn finish(&self) {
+        if self.shown {
+            eprintln!();
+        }
+    }
+}

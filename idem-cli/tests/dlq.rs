@@ -1,0 +1,356 @@
+//! `idem dlq` against the real RabbitMQ and PostgreSQL: letters a consumer dead-lettered are
+//! counted by reason and left in place, checked against the inbox, moved back to their queue
+//! and processed once the handler is fixed; a replay killed half-way loses nothing.
+//!
+//! Run: `cargo test -p idem-cli --test dlq` with RabbitMQ and PostgreSQL up.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use idem_rabbitmq::PublishOptions;
+use idem_rabbitmq::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+use idem_rabbitmq::lapin::{BasicProperties, Channel};
+use idem_tests::rabbit::{amqp_url, setup_channel};
+use idem_tests::{Fixture, Msg, TestBroker, unique};
+use serde_json::Value;
+
+/// Runs `idem args...` with the broker and, when given, the fixture's database and inbox.
+fn idem(fixture: Option<&Fixture>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+    command
+        .args(args)
+        .env("AMQP_URL", amqp_url())
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null());
+    if let Some(f) = fixture {
+        command
+            .env("DATABASE_URL", f.db.url())
+            .env("IDEM_INBOX_TABLE", f.inbox.table().as_str());
+    }
+    command.output().expect("idem runs")
+}
+
+fn json(output: &Output) -> Value {
+    assert!(output.status.success(), "{output:?}");
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
+fn ids(letters: &[idem_tests::rabbit::DeadLetter]) -> Vec<String> {
+    letters
+        .iter()
+        .map(|letter| letter.message_id.clone().unwrap_or_default())
+        .collect()
+}
+
+/// Waits until `queue` holds `depth` messages.
+async fn wait_for_depth(broker: &TestBroker, queue: &str, depth: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = broker.depth(queue).await;
+        if now == depth {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{queue} holds {now}, not {depth}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the handler wrote `count` effects.
+async fn wait_for_effects(f: &Fixture, count: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while f.effects("1 = 1").await < count {
+        assert!(Instant::now() < deadline, "fewer than {count} effects");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The whole round: a consumer dead-letters two messages its handler failed permanently, one
+/// it could not decode and one that reused a key with other content; `list` counts them by
+/// reason and leaves them in their order; `--dry-run` tells the inbox's view of each and moves
+/// nothing; `replay --reason` moves the handler's failures back once it is fixed, where they are
+/// processed, and leaves the others in their order.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_are_counted_checked_and_replayed_once_fixed() {
+    let f = Fixture::new().await;
+    let consumer = unique("dlq");
+    let mut handler = f.recorder(&consumer);
+    handler.permanent = true;
+    handler.fail_next(2);
+    let running = f.start(handler.clone()).await;
+    let dlq = f.topology.dead_letter_queue().to_owned();
+    let send = |id: &'static str, body: &'static str| {
+        let f = &f;
+        async move {
+            f.send(
+                &Msg::new(id, body),
+                PublishOptions::default().message_id(id),
+            )
+            .await
+        }
+    };
+    send("p1", "x").await;
+    wait_for_depth(&f.broker, &dlq, 1).await;
+    send("p2", "x").await;
+    wait_for_depth(&f.broker, &dlq, 2).await;
+    f.send_bytes(b"not json", PublishOptions::default().message_id("u1"))
+        .await;
+    send("p3", "x").await;
+    wait_for_depth(&f.broker, &dlq, 3).await;
+    wait_for_effects(&f, 1).await;
+    send("p3", "other").await;
+    wait_for_depth(&f.broker, &dlq, 4).await;
+
+    for _ in 0..2 {
+        let listed = json(&idem(None, &["dlq", "list", &dlq, "--json"]));
+        assert_eq!(listed["messages"], 4, "{listed}");
+        let reasons = listed["reasons"].as_array().unwrap();
+        let by = |code: &str| {
+            reasons
+                .iter()
+                .find(|r| r["reason"] == code)
+                .unwrap_or_else(|| panic!("no {code} in {listed}"))
+        };
+        let failed = by("handler-permanent-error");
+        assert_eq!(failed["count"], 2);
+        assert_eq!(failed["first"]["message_id"], "p1");
+        assert_eq!(failed["last"]["message_id"], "p2");
+        assert_eq!(failed["first"]["key"], "p1");
+        assert_eq!(failed["first"]["consumer"], consumer.as_str());
+        assert!(failed["first"]["dead_lettered_ms"].as_u64().unwrap() > 0);
+        assert_eq!(by("undecodable")["count"], 1);
+        assert_eq!(by("undecodable")["samples"][0]["body"], "not json");
+        assert_eq!(by("fingerprint-mismatch")["count"], 1);
+    }
+    let only = json(&idem(
+        None,
+        &["dlq", "list", &dlq, "--reason", "undecodable", "--json"],
+    ));
+    assert_eq!(only["messages"], 1, "{only}");
+
+    let dry = json(&idem(
+        Some(&f),
+        &[
+            "dlq",
+            "replay",
+            &dlq,
+            "--to",
+            &f.queue,
+            "--dry-run",
+            "--json",
+        ],
+    ));
+    let verdicts: Vec<(String, String)> = dry["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let id = m["message_id"].as_str().unwrap().to_owned();
+            (id, m["inbox"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    let expected = [
+        ("p1", "new"),
+        ("p2", "new"),
+        ("u1", "no-key"),
+        ("p3", "duplicate"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(id, verdict)| ((*id).to_owned(), (*verdict).to_owned()))
+        .collect();
+    assert_eq!(verdicts, expected, "{dry}");
+    assert_eq!(f.broker.depth(&dlq).await, 4, "a dry run moves nothing");
+
+    // The handler works now: its failures go back to its queue and are processed.
+    let replayed = json(&idem(
+        None,
+        &[
+            "dlq",
+            "replay",
+            &dlq,
+            "--to",
+            &f.queue,
+            "--reason",
+            "handler-permanent-error",
+            "--json",
+        ],
+    ));
+    assert_eq!(replayed["moved"], 2, "{replayed}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while f.effects("1 = 1").await < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the replayed messages were not processed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.shutdown().await;
+    assert_eq!(f.effects("1 = 1").await, 3, "p1, p2 and p3 once each");
+    assert_eq!(f.depth().await, 0);
+    assert_eq!(ids(&f.broker.drain(&dlq).await), ["u1", "p3"]);
+}
+
+/// Publishes `count` letters named `<prefix>-<i>` to `queue`, confirmed.
+async fn publish_letters(channel: &Channel, queue: &str, prefix: &str, count: usize) {
+    for i in 0..count {
+        let mut headers = FieldTable::default();
+        let reason = if i % 3 == 0 {
+            "undecodable"
+        } else {
+            "handler-error"
+        };
+        headers.insert(
+            idem_rabbitmq::headers::REASON.into(),
+            AMQPValue::LongString(reason.into()),
+        );
+        let properties = BasicProperties::default()
+            .with_message_id(format!("{prefix}-{i}").into())
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                format!("letter {i}").as_bytes(),
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+}
+
+/// Listing a quorum dead-letter queue, or a classic one, leaves its messages in their order,
+/// and a replay to a queue that does not exist moves nothing (exit code 3).
+#[tokio::test(flavor = "multi_thread")]
+async fn listing_leaves_every_message_in_its_place() {
+    let broker = TestBroker::connect().await;
+    let channel = setup_channel().await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let quorum = unique("dlq_quorum");
+    broker
+        .declare_queue(&quorum, &[("x-queue-type", "quorum")])
+        .await;
+    let classic = unique("dlq_classic");
+    broker.declare_queue(&classic, &[]).await;
+    for queue in [&quorum, &classic] {
+        publish_letters(&channel, queue, "l", 12).await;
+        for _ in 0..3 {
+            let listed = json(&idem(None, &["dlq", "list", queue, "--json"]));
+            assert_eq!(listed["messages"], 12, "{listed}");
+        }
+        let missing = idem(
+            None,
+            &["dlq", "replay", queue, "--to", "no-such-queue-here"],
+        );
+        assert_eq!(missing.status.code(), Some(3), "{missing:?}");
+        let expected: Vec<String> = (0..12).map(|i| format!("l-{i}")).collect();
+        assert_eq!(ids(&broker.drain(queue).await), expected, "{queue}");
+    }
+    let missing = idem(None, &["dlq", "list", "no-such-queue-here"]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+}
+
+/// `replay --limit` moves that many of the asked reason, in order; a replay killed (SIGKILL)
+/// half-way through thousands leaves every message in one queue or the other, at most one in
+/// both; a second replay moves the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_killed_half_way_loses_nothing() {
+    const LETTERS: usize = 3_000;
+    let broker = TestBroker::connect().await;
+    let channel = setup_channel().await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let dlq = unique("dlq_killed");
+    let target = unique("dlq_target");
+    broker.declare_queue(&dlq, &[]).await;
+    broker.declare_queue(&target, &[]).await;
+    publish_letters(&channel, &dlq, "k", LETTERS).await;
+
+    let limited = json(&idem(
+        None,
+        &[
+            "dlq",
+            "replay",
+            &dlq,
+            "--to",
+            &target,
+            "--reason",
+            "undecodable",
+            "--limit",
+            "3",
+            "--json",
+        ],
+    ));
+    assert_eq!(limited["moved"], 3, "{limited}");
+    let first: Vec<String> = ["k-0", "k-3", "k-6"].map(String::from).to_vec();
+    let copies = broker.drain(&target).await;
+    assert_eq!(ids(&copies), first);
+    for copy in &copies {
+        assert_eq!(copy.headers.get("x-idem-replayed-from"), Some(&dlq));
+        assert_eq!(
+            copy.reason(),
+            "undecodable",
+            "the letter's headers are kept"
+        );
+        assert_eq!(copy.delivery_mode, Some(2));
+    }
+    let limited_ids = first;
+
+    let mut replay = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["dlq", "replay", &dlq, "--to", &target])
+        .env("AMQP_URL", amqp_url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while broker.depth(&target).await < 300 {
+        assert!(Instant::now() < deadline, "the replay moved nothing");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    replay.kill().unwrap();
+    replay.wait().unwrap();
+    // The broker gives the killed command's unacknowledged message back.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let remaining = LETTERS - limited_ids.len();
+    let (left, moved) = (broker.depth(&dlq).await, broker.depth(&target).await);
+    assert!(
+        (left + moved) as usize == remaining || (left + moved) as usize == remaining + 1,
+        "{left} left and {moved} moved of {remaining}"
+    );
+    assert!(moved < remaining as u32, "killed before the end: {moved}");
+
+    let finished = json(&idem(
+        None,
+        &["dlq", "replay", &dlq, "--to", &target, "--json"],
+    ));
+    assert_eq!(finished["moved"].as_u64().unwrap(), u64::from(left));
+    assert_eq!(broker.depth(&dlq).await, 0);
+    let mut got = ids(&broker.drain(&target).await);
+    let copies = got.len();
+    got.sort();
+    got.dedup();
+    assert!(
+        copies - got.len() <= 1,
+        "{} copies twice",
+        copies - got.len()
+    );
+    let mut expected: Vec<String> = (0..LETTERS)
+        .map(|i| format!("k-{i}"))
+        .filter(|id| !limited_ids.contains(id))
+        .collect();
+    expected.sort();
+    assert_eq!(got, expected, "every letter moved");
+}
