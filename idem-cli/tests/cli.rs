@@ -17,6 +17,7 @@ on_each_backend!(
     forget_asks_then_deletes_the_record,
     a_missing_record_or_table_has_its_own_exit_code,
     outbox_stats_count_pending_held_and_sent,
+    outbox_show_lists_held_runs_and_retry_lifts_them,
 );
 
 /// Runs `idem args...` on `db`'s database with the inbox table `table`.
@@ -301,4 +302,96 @@ async fn outbox_stats_count_pending_held_and_sent(backend: Backend) {
     assert!(text.contains("pending       3"), "{text}");
     assert!(text.contains("sent          2 (0 past"), "{text}");
     assert!(text.contains("ex-b"), "{text}");
+}
+
+/// `outbox show` lists the held runs and messages of no run, and one run's pending messages;
+/// `outbox retry` lifts a hold, so that the next batch takes its messages; a subject with
+/// nothing held or pending exits 3, none named 2.
+async fn outbox_show_lists_held_runs_and_retry_lifts_them(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("outbox");
+    let outbox = Outbox::builder(db.db.clone())
+        .table(table.as_str())
+        .build()
+        .await
+        .expect("outbox builds");
+    let staged = [
+        ("ex-a", Some("r-1")),
+        ("ex-a", Some("r-1")),
+        ("ex-b", None),
+        ("ex-c", Some("r-2")),
+    ];
+    for (exchange, run) in staged {
+        let mut message = OutboxMessage::new(exchange, "rk", b"{}".to_vec());
+        if let Some(run) = run {
+            message = message.in_run(run);
+        }
+        outbox.stage(&db.db, message).await.expect("staged");
+    }
+    // A relay's batch: r-1 (from its first message) and the message to ex-b held back.
+    let batch = outbox.take_pending(10).await.expect("taken");
+    let messages = batch.messages().to_vec();
+    let lone = messages.iter().find(|m| m.exchange == "ex-b").unwrap();
+    let lone_id = lone.message_id.clone();
+    batch
+        .hold(&messages[0], Duration::from_secs(600))
+        .await
+        .unwrap();
+    batch.hold(lone, Duration::from_secs(600)).await.unwrap();
+    batch.mark_sent(&[]).await.expect("committed");
+    let run = |args: &[&str]| {
+        let mut all = vec!["outbox"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--table", &table]);
+        idem(&db, "unused", &all)
+    };
+
+    let held = json(&run(&["show", "--json"]));
+    let held = held.as_array().unwrap();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert_eq!(held[0]["run"], "run:r-1");
+    assert_eq!(held[0]["exchange"], "ex-a");
+    assert_eq!(held[0]["messages"], 2);
+    assert!(held[0]["hold_left_s"].as_f64().unwrap() > 500.0, "{held:?}");
+    assert_eq!(held[1]["message"], lone_id.as_str());
+    let pending = json(&run(&["show", "run:r-1", "--json"]));
+    let pending = pending.as_array().unwrap();
+    assert_eq!(pending.len(), 2, "{pending:?}");
+    assert!(
+        pending
+            .iter()
+            .all(|row| row["hold_left_s"].as_f64().unwrap() > 500.0)
+    );
+    let text = String::from_utf8(run(&["show"]).stdout).unwrap();
+    assert!(text.contains("run:r-1") && text.contains("ex-a"), "{text}");
+
+    let lifted = json(&run(&["retry", "run:r-1", "--json"]));
+    assert_eq!(lifted["lifted"], 2);
+    let batch = outbox.take_pending(10).await.expect("taken");
+    let taken: Vec<&str> = batch
+        .messages()
+        .iter()
+        .map(|m| m.exchange.as_str())
+        .collect();
+    assert_eq!(
+        taken,
+        ["ex-a", "ex-a", "ex-c"],
+        "r-1 is taken again, ex-b still held"
+    );
+    batch.mark_sent(&[]).await.unwrap();
+    assert_eq!(
+        run(&["retry", "run:r-1"]).status.code(),
+        Some(3),
+        "nothing held"
+    );
+    let lifted = json(&run(&["retry", "--message", &lone_id, "--json"]));
+    assert_eq!(lifted["lifted"], 1);
+    assert_eq!(run(&["show", "run:nothing"]).status.code(), Some(3));
+    assert_eq!(run(&["retry"]).status.code(), Some(2));
+    assert!(
+        json(&run(&["show", "--json"]))
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use idem_rabbitmq::{Relay, RelayBuilder, RelayHandle};
+use idem_runtime::outbox::HeldSubject;
 use idem_runtime::sea_orm::{DbErr, TransactionTrait};
 use idem_runtime::{
     Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
@@ -60,6 +61,7 @@ mod server {
         a_message_to_a_missing_exchange_holds_back_its_own_run_only,
         many_messages_to_a_missing_exchange_hold_up_no_other_run,
         a_database_outage_is_ridden_out_and_listening_resumes,
+        a_lifted_hold_is_published_at_once,
     );
 }
 
@@ -737,6 +739,38 @@ async fn an_unroutable_message_holds_back_its_own_run_only(backend: Backend) {
     let stats = relay.shutdown().await;
     assert_eq!(stats.published, 5, "{stats:?}");
     assert_eq!(f.unsent().await, 0);
+}
+
+/// An operator lifts a run's hold (`idem outbox retry`) once its message is routable: the
+/// relay, woken, publishes it at once rather than when the hold, grown to 20 s, runs out.
+async fn a_lifted_hold_is_published_at_once(backend: Backend) {
+    let f = fixture(backend).await;
+    let message = OutboxMessage::new(f.exchange(), "unbound", b"{}".to_vec())
+        .message_id("lifted")
+        .in_run("a");
+    f.outbox().stage(&f.db.db, message).await.unwrap();
+    let relay = relay_of(f.outbox(), &unique("idem-relay"))
+        .start()
+        .await
+        .unwrap();
+    // Held 5 s, then 10 s, then 20 s.
+    f.broker
+        .eventually("publishes retried", WAIT * 2, || async {
+            relay.stats().failed >= 3
+        })
+        .await;
+    let run = HeldSubject::Run("run:a".to_owned());
+    let held = f.outbox().held_runs(10).await.unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].held, run);
+    assert!(held[0].hold_left > PROMPT, "{held:?}");
+
+    f.broker.bind(&f.queue, f.exchange(), "unbound").await;
+    assert_eq!(f.outbox().lift_holds(&run).await.unwrap(), 1);
+    assert_eq!(ids(&f.receive(1, PROMPT).await), ["lifted"]);
+    assert_eq!(relay.shutdown().await.published, 1);
+    assert_eq!(f.unsent().await, 0);
+    assert!(f.outbox().held_runs(10).await.unwrap().is_empty());
 }
 
 /// Runs `pausing` for message `run` to its commit, without pausing it.

@@ -11,6 +11,7 @@
 //! is woken by commits ([`Outbox::staged`], [`Outbox::local_relay`]).
 
 mod error;
+mod holds;
 mod message;
 mod outbound;
 mod pending;
@@ -35,6 +36,7 @@ use crate::store::table::TableName;
 use statements::{Guard, Statements};
 
 pub use error::StagingError;
+pub use holds::{HeldRun, HeldSubject, PendingRow};
 pub use message::{OutboxMessage, derived_id};
 pub(crate) use message::{handler_run, named_run};
 pub use outbound::Outbound;

@@ -353,7 +353,7 @@ pub(super) fn rows_for(count: usize) -> usize {
 
 /// The origin column compared by its bytes: MySQL/MariaDB's default collation takes runs that
 /// differ in case, accents or trailing spaces (`c/a`, `c/A`) for one.
-fn origin_bytes(backend: DbBackend) -> &'static str {
+pub(super) fn origin_bytes(backend: DbBackend) -> &'static str {
     if backend == DbBackend::MySql {
         // Converted first: an origin column created latin1 by an older version.
         "CAST(CONVERT(origin USING utf8mb4) AS BINARY)"

@@ -1,5 +1,7 @@
 //! `idem outbox`: what waits to be published, what is held back and why, what the cleaner has
-//! yet to delete.
+//! yet to delete; a hold lifted.
+
+mod holds;
 
 use std::error::Error;
 use std::time::Duration;
@@ -20,26 +22,76 @@ pub(crate) enum OutboxCommand {
     /// exchange, a refused message, and the rest of their runs), sent ones and those past the
     /// retention awaiting the cleaner.
     Stats {
-        /// The outbox table, when it is not the default.
-        #[arg(long, env = "IDEM_OUTBOX_TABLE", default_value = Outbox::DEFAULT_TABLE)]
-        table: String,
+        #[command(flatten)]
+        table: Table,
         /// The outbox's retention in the services (`90s`, `30m`, `24h`, `7d`): sent messages
         /// older than that await the cleaner.
         #[arg(long, default_value = "24h", value_parser = parse_duration)]
         retention: Duration,
     },
+    /// The runs the relays hold back (and messages of no run), the oldest first; with RUN (or
+    /// --message), that run's pending messages.
+    Show {
+        #[command(flatten)]
+        table: Table,
+        #[command(flatten)]
+        subject: holds::SubjectArgs,
+        /// At most this many lines.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Lifts the hold of RUN (or of the message of no run --message ID) now: the relays take
+    /// its messages at their next look at the table (at once on PostgreSQL).
+    Retry {
+        #[command(flatten)]
+        table: Table,
+        #[command(flatten)]
+        subject: holds::SubjectArgs,
+    },
+}
+
+/// The outbox table.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Table {
+    /// The outbox table, when it is not the default.
+    #[arg(long, env = "IDEM_OUTBOX_TABLE", default_value = Outbox::DEFAULT_TABLE)]
+    table: String,
 }
 
 /// Runs `command` on the outbox of the database at `url`.
 pub(crate) async fn run(url: &str, command: OutboxCommand, json: bool) -> Result<Done> {
-    let OutboxCommand::Stats { table, retention } = command;
+    match command {
+        OutboxCommand::Stats { table, retention } => {
+            stats(&open(url, &table, Some(retention)).await?, json).await
+        }
+        OutboxCommand::Show {
+            table,
+            subject,
+            limit,
+        } => holds::show(&open(url, &table, None).await?, &subject, limit, json).await,
+        OutboxCommand::Retry { table, subject } => {
+            let Some(subject) = subject.subject() else {
+                eprintln!("idem: name the run to retry, or --message ID");
+                return Ok(Done::Usage);
+            };
+            holds::retry(&open(url, &table, None).await?, &subject, json).await
+        }
+    }
+}
+
+/// The outbox in `table`, which must exist: the command creates nothing.
+async fn open(url: &str, table: &Table, retention: Option<Duration>) -> Result<Outbox> {
     let db = crate::connect(url).await?;
-    let outbox = Outbox::builder(db)
-        .table(table)
-        .create_table(false)
-        .retention(retention)
-        .build()
-        .await?;
+    let mut outbox = Outbox::builder(db)
+        .table(table.table.as_str())
+        .create_table(false);
+    if let Some(retention) = retention {
+        outbox = outbox.retention(retention);
+    }
+    Ok(outbox.build().await?)
+}
+
+async fn stats(outbox: &Outbox, json: bool) -> Result<Done> {
     let stats = outbox.stats().await?;
     let held: Vec<_> = stats
         .held
@@ -79,13 +131,8 @@ pub(crate) async fn run(url: &str, command: OutboxCommand, json: bool) -> Result
         .held
         .iter()
         .map(|held| {
-            let exchange = if held.exchange.is_empty() {
-                "(default)".to_owned()
-            } else {
-                held.exchange.clone()
-            };
             vec![
-                exchange,
+                holds::exchange(&held.exchange),
                 held.messages.to_string(),
                 held.runs.to_string(),
                 age(held.longest_hold),
