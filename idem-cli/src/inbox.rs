@@ -96,7 +96,7 @@ pub(crate) async fn run(url: &str, command: InboxCommand, json: bool) -> Result<
 
 /// The inbox in `table`, which must exist with this version's columns: the command creates
 /// nothing.
-async fn open(url: &str, table: &Table) -> Result<Inbox> {
+pub(crate) async fn open(url: &str, table: &Table) -> Result<Inbox> {
     let db = crate::connect(url).await?;
     let inbox = Inbox::builder(db)
         .table(table.table.as_str())

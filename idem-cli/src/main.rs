@@ -9,6 +9,7 @@ mod dlq;
 mod inbox;
 mod outbox;
 mod output;
+mod retention;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,9 @@ enum Command {
     /// The outbox: messages staged for publishing.
     #[command(subcommand)]
     Outbox(outbox::OutboxCommand),
+    /// Retention: each consumer's, against the duplicates' ages and the late duplicates seen.
+    #[command(subcommand)]
+    Retention(retention::RetentionCommand),
     /// Dead-letter queues: their messages by reason, moved back to a queue.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
@@ -82,6 +86,7 @@ async fn main() -> ExitCode {
         (Command::Dlq(command), url) => dlq::run(url, command, args.json).await,
         (Command::Inbox(command), Some(url)) => inbox::run(url, command, args.json).await,
         (Command::Outbox(command), Some(url)) => outbox::run(url, command, args.json).await,
+        (Command::Retention(command), Some(url)) => retention::run(url, command, args.json).await,
         (_, None) => {
             eprintln!("idem: the database is needed: --database-url or DATABASE_URL");
             Ok(Done::Usage)

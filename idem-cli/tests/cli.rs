@@ -18,6 +18,7 @@ on_each_backend!(
     a_missing_record_or_table_has_its_own_exit_code,
     outbox_stats_count_pending_held_and_sent,
     outbox_show_lists_held_runs_and_retry_lifts_them,
+    retention_advise_weighs_duplicates_and_late_ones,
 );
 
 /// Runs `idem args...` on `db`'s database with the inbox table `table`.
@@ -394,4 +395,61 @@ async fn outbox_show_lists_held_runs_and_retry_lifts_them(backend: Backend) {
             .unwrap()
             .is_empty()
     );
+}
+
+/// `retention advise`: a consumer whose copy came after its record expired is told its
+/// retention is too short, with twice it recommended; one whose duplicates came at once has
+/// enough; the figures are those its processes wrote.
+async fn retention_advise_weighs_duplicates_and_late_ones(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let (late, calm) = (unique("late"), unique("calm"));
+    let (late_handler, calm_handler) = (
+        Recorder::new(&db, &effects, &late),
+        Recorder::new(&db, &effects, &calm),
+    );
+    // A record of `late` processed ten minutes ago, expired a second ago.
+    let completed = now_ms() - 600_000;
+    db.exec(&format!(
+        "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, created_at, \
+         claimed_at, completed_at, expires_at) VALUES ('{late}', 'k', 'completed', 1, 0, \
+         {completed}, {completed}, {completed}, {})",
+        now_ms() - 1_000
+    ))
+    .await;
+    let meta = Metadata::default();
+    for (handler, key) in [
+        (&late_handler, "k"),
+        (&calm_handler, "x"),
+        (&calm_handler, "x"),
+    ] {
+        inbox
+            .process(handler, Msg::new(key, "1"), &meta)
+            .await
+            .unwrap();
+    }
+    inbox.cleaner().run_once().await.unwrap();
+
+    let advice = json(&idem(&db, &table, &["retention", "advise", "--json"]));
+    let of = |consumer: &str| {
+        advice
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["consumer"] == consumer)
+            .unwrap_or_else(|| panic!("no {consumer} in {advice}"))
+            .clone()
+    };
+    let week = 7.0 * 86_400.0;
+    let (late, calm) = (of(&late), of(&calm));
+    assert_eq!(late["late"], 1, "{late}");
+    assert_eq!(late["verdict"], "too-short", "{late}");
+    assert_eq!(late["retention_s"], week, "{late}");
+    assert_eq!(late["recommended_s"], 2.0 * week, "{late}");
+    assert_eq!(calm["duplicates"], 1, "{calm}");
+    assert_eq!(calm["verdict"], "enough", "{calm}");
+    assert_eq!(calm["recommended_s"], Value::Null);
+    let text = String::from_utf8(idem(&db, &table, &["retention", "advise"]).stdout).unwrap();
+    assert!(text.contains("too-short") && text.contains("14d"), "{text}");
 }

@@ -199,6 +199,7 @@ pub mod retention;
 pub mod schema;
 mod slice;
 mod store;
+mod telemetry;
 pub mod transport;
 
 #[cfg(feature = "migration")]
@@ -223,6 +224,7 @@ pub use outbox::{Outbound, Outbox, OutboxBuilder, OutboxMessage, StagingError, d
 pub use report::Report;
 pub use retention::{RedeliveryWindow, RetentionPolicy};
 pub use slice::{SliceContext, SliceHandler};
+pub use telemetry::DuplicateSummary;
 
 #[cfg(feature = "macros")]
 pub use idem_macros::idempotent;

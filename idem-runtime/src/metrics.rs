@@ -9,6 +9,7 @@
 //! | `idem_cleanup_deleted_total` ([`CLEANUP_DELETED_TOTAL`]) | counter | `table` | inbox records and sent outbox rows the cleaner deleted |
 //! | `idem_outbox_staged_total` ([`OUTBOX_STAGED_TOTAL`]) | counter | `table` | outbox messages staged by handlers in committed transactions |
 //! | `idem_duplicate_age_seconds` ([`DUPLICATE_AGE_SECONDS`]) | histogram | `consumer` | for each duplicate answered from its stored record, how long before its key's record was completed |
+//! | `idem_late_duplicates_total` ([`LATE_DUPLICATES_TOTAL`]) | counter | `consumer` | copies processed again because their key's record had expired or been deleted (a deleted one recognised by the cleaner's digest, which rarely gives a false alarm) |
 //! | `idem_processing_duration_seconds` ([`PROCESSING_DURATION_SECONDS`]) | histogram | `consumer`, `outcome` | a message processed on its own, from its claim to its commit (the handler included) |
 //! | `idem_batch_size` ([`BATCH_SIZE`]) | histogram | `consumer` | messages per batch transaction |
 //! | `idem_batch_duration_seconds` ([`BATCH_DURATION_SECONDS`]) | histogram | `consumer` | a batch transaction, from its claims to its commit (the handlers included) |
@@ -42,3 +43,7 @@ pub const BATCH_SIZE: &str = "idem_batch_size";
 /// The histogram of the time a batch transaction took, from its claims to its commit (its
 /// handlers included), in seconds, by consumer.
 pub const BATCH_DURATION_SECONDS: &str = "idem_batch_duration_seconds";
+
+/// The counter of late duplicates (copies processed again because their key's record had
+/// expired or been deleted), by consumer.
+pub const LATE_DUPLICATES_TOTAL: &str = "idem_late_duplicates_total";

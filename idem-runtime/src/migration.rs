@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use idem_runtime::schema::TableName;
-//! use idem_runtime::migration::CreateInbox;
+//! use idem_runtime::migration::{CreateInbox, CreateInboxCompanions};
 //! use sea_orm_migration::{MigrationTrait, MigratorTrait};
 //!
 //! struct Migrator;
@@ -13,6 +13,8 @@
 //!         vec![
 //!             Box::new(CreateInbox::default()), // `idem_inbox`
 //!             Box::new(CreateInbox::new(TableName::new("billing_inbox").unwrap())),
+//!             // For tables created before the duplicates' summaries and digests came:
+//!             Box::new(CreateInboxCompanions::default()),
 //!         ]
 //!     }
 //! }
@@ -23,9 +25,10 @@
 use sea_orm_migration::prelude::*;
 
 use crate::outbox::{create_outbox_statements, drop_outbox_statement};
-use crate::store::table::{TableName, create_table_statements, drop_table_statement};
+use crate::store::table::{TableName, create_table_statements, drop_table_statements};
 
-/// Creates the inbox table and its expiry index (`up`) or drops them (`down`).
+/// Creates the inbox table, its expiry index and the tables beside it (`up`) or drops them
+/// (`down`).
 ///
 /// Its name is `m20261129_000001_create_<table>`, so that migrations of several inbox tables are
 /// recorded apart; the default table's is `m20261129_000001_create_idem_inbox`.
@@ -70,11 +73,63 @@ impl MigrationTrait for CreateInbox {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        db.execute_unprepared(&drop_table_statement(
-            db.get_database_backend(),
-            &self.table,
-        ))
-        .await?;
+        for sql in drop_table_statements(db.get_database_backend(), &self.table) {
+            db.execute_unprepared(&sql).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Creates the tables beside an inbox table made by an earlier [`CreateInbox`]: the
+/// duplicates' summaries (`<table>_duplicates`) and the digests of deleted keys
+/// (`<table>_digest`), which `idem retention advise` reads. Idempotent (`up`); `down` drops
+/// them.
+///
+/// Its name is `m20261202_000001_create_<table>_companions`.
+#[derive(Debug, Clone)]
+pub struct CreateInboxCompanions {
+    table: TableName,
+    name: String,
+}
+
+impl CreateInboxCompanions {
+    /// The migration for a table with a custom name.
+    pub fn new(table: TableName) -> Self {
+        let name = format!("m20261202_000001_create_{table}_companions");
+        Self { table, name }
+    }
+}
+
+impl Default for CreateInboxCompanions {
+    /// The migration for the default table, `idem_inbox`.
+    fn default() -> Self {
+        Self::new(TableName::default())
+    }
+}
+
+impl MigrationName for CreateInboxCompanions {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[allow(elided_lifetimes_in_paths)]
+#[async_trait::async_trait]
+impl MigrationTrait for CreateInboxCompanions {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        for sql in create_table_statements(db.get_database_backend(), &self.table) {
+            db.execute_unprepared(&sql).await?;
+        }
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        let backend = db.get_database_backend();
+        for sql in drop_table_statements(backend, &self.table).iter().skip(1) {
+            db.execute_unprepared(sql).await?;
+        }
         Ok(())
     }
 }

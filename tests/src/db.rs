@@ -278,10 +278,12 @@ impl Drop for TestDb {
         let url = self.url.clone();
         crate::clean_up(async move {
             if let Ok(db) = connect(&url, 1).await {
+                // An inbox table's companions (its duplicates' summaries and digests) too.
                 for table in tables {
-                    let _ = db
-                        .execute_unprepared(&format!("DROP TABLE IF EXISTS {table}"))
-                        .await;
+                    for suffix in ["", "_duplicates", "_digest"] {
+                        let drop = format!("DROP TABLE IF EXISTS {table}{suffix}");
+                        let _ = db.execute_unprepared(&drop).await;
+                    }
                 }
                 let _ = db.close().await;
             }

@@ -689,6 +689,16 @@ async fn table_creation_is_idempotent_and_migration_creates_the_same_table(backe
         .await
         .unwrap();
     assert_eq!(db.count(&migrated, "1=1").await, 1);
+    // With the tables beside it; for an inbox migrated before they came, a migration of
+    // their own.
+    assert!(inbox.duplicate_summaries().await.unwrap().is_empty());
+    let companions = idem_runtime::migration::CreateInboxCompanions::new(
+        idem_runtime::schema::TableName::new(migrated.clone()).unwrap(),
+    );
+    companions.down(&manager).await.unwrap();
+    assert!(inbox.duplicate_summaries().await.is_err());
+    companions.up(&manager).await.unwrap();
+    assert!(inbox.duplicate_summaries().await.unwrap().is_empty());
     migration.down(&manager).await.unwrap();
     let gone = inbox.process(&handler, Msg::new("c", "1"), &meta()).await;
     assert!(matches!(gone, Err(Error::Database(_))), "{gone:?}");

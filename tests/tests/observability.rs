@@ -361,3 +361,39 @@ async fn batches_record_their_size_and_duration() {
         2
     );
 }
+
+/// A copy that comes after its record expired is processed again and counted as late, once
+/// however often it is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn late_duplicates_are_counted() {
+    counters();
+    let t = Fixture::new().await;
+    let consumer = unique("late");
+    let handler = t.recorder(&consumer);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let completed = now - 600_000;
+    t.db.exec(&format!(
+        "INSERT INTO {} (consumer, message_key, status, attempts, claim_token, created_at, \
+         claimed_at, completed_at, expires_at) VALUES ('{consumer}', 'k', 'completed', 1, 0, \
+         {completed}, {completed}, {completed}, {})",
+        t.inbox.table(),
+        now - 1_000
+    ))
+    .await;
+    // The first try fails and rolls back; its retry is the same late copy.
+    handler.fail_next(1);
+    let meta = Metadata::default();
+    assert!(
+        t.inbox
+            .process(&handler, Msg::new("k", "1"), &meta)
+            .await
+            .is_err()
+    );
+    let outcome = t.inbox.process(&handler, Msg::new("k", "1"), &meta).await;
+    assert!(!outcome.unwrap().is_duplicate());
+    let late = format!("idem_late_duplicates_total{{consumer={consumer}}}");
+    assert_eq!(count(&late), 1);
+}

@@ -13,6 +13,7 @@ use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
 use crate::store::startup::{dialect_of, enable_wal, starting};
 use crate::store::table::TableName;
+use crate::telemetry::Telemetry;
 
 /// Configures an [`Inbox`]; [`InboxBuilder::build`] validates everything and creates the table.
 ///
@@ -168,6 +169,9 @@ impl InboxBuilder {
                 run_statements,
                 db: self.db,
                 store,
+                // Deletions are remembered for three retentions: a copy later than that is
+                // not recognised.
+                telemetry: Telemetry::new(self.retention.default_retention().saturating_mul(3)),
                 retention: self.retention,
                 window: self.window,
                 max_attempts: self.max_attempts,

@@ -12,6 +12,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::InboxKey;
 use crate::store::dialect::{Failure, classify};
 use crate::store::{ClaimValues, Row, Status, Store};
+use crate::telemetry::Before;
 
 /// How many times a claim is retried when the record changes under it (deleted by the cleaner,
 /// taken over by another worker) before reporting contention.
@@ -40,6 +41,8 @@ pub(crate) enum Claimed {
         attempt: u32,
         /// When the claim that was taken over had started (epoch ms), on a lease takeover.
         previous_claim_at: Option<i64>,
+        /// What was there before.
+        before: Before,
     },
     /// The message was processed before.
     Completed {
@@ -104,7 +107,7 @@ pub(crate) async fn claim(
             .await
             .map_err(|error| lock_wait_ran_out(request, error))?
         {
-            return Ok(acquired(token, 1, None));
+            return Ok(acquired(token, 1, None, Before::Nothing));
         }
         let claimed = take_over_or_report(store, conn, request, token, values).await?;
         if let Some(claimed) = claimed {
@@ -146,7 +149,11 @@ async fn take_over_or_report<'a>(
             .take_over(conn, request.key, row.claim_token, &values(1, None))
             .await
             .map_err(lock_wait)?;
-        return Ok(taken.then(|| acquired(token, 1, None)));
+        let completed_age = (status == Status::Completed)
+            .then(|| row.completed_age())
+            .flatten();
+        let before = Before::Expired { completed_age };
+        return Ok(taken.then(|| acquired(token, 1, None, before)));
     }
     check_fingerprint(request, &row)?;
     if status == Status::Completed {
@@ -180,7 +187,7 @@ async fn take_over_or_report<'a>(
         )
         .await
         .map_err(lock_wait)?;
-    Ok(taken.then(|| acquired(token, next, Some(row.claimed_at))))
+    Ok(taken.then(|| acquired(token, next, Some(row.claimed_at), Before::Attempt)))
 }
 
 /// A claim whose wait for another transaction's lock ran out: the key is being processed
@@ -196,11 +203,12 @@ fn lock_wait_ran_out(request: ClaimRequest<'_>, error: DbErr) -> Error {
     }
 }
 
-fn acquired(token: i64, attempt: u32, previous_claim_at: Option<i64>) -> Claimed {
+fn acquired(token: i64, attempt: u32, previous_claim_at: Option<i64>, before: Before) -> Claimed {
     Claimed::Acquired {
         token,
         attempt,
         previous_claim_at,
+        before,
     }
 }
 

@@ -34,6 +34,7 @@ use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
 use crate::store::dialect::{Failure, classify, database_error_in, refuses_value};
 use crate::store::table::TableName;
+use crate::telemetry::Telemetry;
 
 pub use batch::{BatchChecks, BatchItem, MAX_BATCH};
 pub use builder::InboxBuilder;
@@ -79,6 +80,8 @@ pub struct Inbox {
 pub(crate) struct Inner {
     pub(crate) db: DatabaseConnection,
     pub(crate) store: Store,
+    /// What it learns of its duplicates.
+    pub(crate) telemetry: Telemetry,
     pub(crate) retention: RetentionPolicy,
     window: Option<RedeliveryWindow>,
     max_attempts: u32,
@@ -200,14 +203,18 @@ impl Inbox {
                 Ok(Claimed::Completed { output, age }) => {
                     tx.commit().await?;
                     let duplicate = decode_stored(request.key, output)?;
-                    observe::duplicate_age(request.key.consumer.as_str(), age);
+                    (self.inner.telemetry).duplicate(request.key.consumer.as_str(), age);
                     return Ok(Outcome::Duplicate(duplicate));
                 }
                 Ok(Claimed::Acquired {
                     token,
                     attempt,
                     previous_claim_at,
-                }) => break (tx, token, attempt, previous_claim_at),
+                    before,
+                }) => {
+                    self.inner.telemetry.claimed(request.key, before);
+                    break (tx, token, attempt, previous_claim_at);
+                }
                 Err(Error::Contention(error)) if deadlocks.try_again(&error) => drop(tx),
                 Err(error) => return Err(error),
             }

@@ -9,6 +9,7 @@ use crate::inbox::Inbox;
 use crate::inbox::claim::new_token;
 use crate::key::InboxKey;
 use crate::store::Status;
+use crate::telemetry::DuplicateSummary;
 
 /// One consumer's records in the inbox table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -33,6 +34,9 @@ pub struct ConsumerStats {
     pub newest: Option<SystemTime>,
     /// Records whose status no version of idem writes.
     pub unknown_status: u64,
+    /// The retention its handler ran with, as its completed records say (the longest of their
+    /// expiries less their completions); none without a completed record.
+    pub retention: Option<Duration>,
 }
 
 /// What [`Inbox::release`] did.
@@ -58,6 +62,17 @@ pub enum Released {
 }
 
 impl Inbox {
+    /// Each consumer's duplicates as every process that ran it wrote them (each writes its own
+    /// when its cleaner task looks at the table), summed: their ages and the late duplicates.
+    ///
+    /// # Errors
+    ///
+    /// The database failed, or the table of summaries is missing (an inbox table created
+    /// before it came: see [`CreateInboxCompanions`](crate::migration)).
+    pub async fn duplicate_summaries(&self) -> Result<Vec<DuplicateSummary>> {
+        Ok(crate::telemetry::read_summaries(&self.inner.store, &self.inner.db).await?)
+    }
+
     /// Counts the records of each consumer, or of `consumer` only, by the database's clock.
     pub async fn stats(&self, consumer: Option<&str>) -> Result<Vec<ConsumerStats>> {
         let counts = self.inner.store.stats(&self.inner.db, consumer).await?;
@@ -83,6 +98,10 @@ impl Inbox {
                 None => stats.unknown_status += count.records,
             }
             stats.expired += count.expired;
+            if let Some(ms) = count.retention_ms {
+                let retention = Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+                stats.retention = Some(stats.retention.map_or(retention, |r| r.max(retention)));
+            }
             let attempts = u32::try_from(count.max_attempts).unwrap_or(u32::MAX);
             stats.max_attempts = stats.max_attempts.max(attempts);
             let oldest = from_epoch_ms(count.oldest_created_at);

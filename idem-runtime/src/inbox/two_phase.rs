@@ -15,7 +15,6 @@ use crate::error::{BoxError, Error, Result};
 use crate::handler::{Handler, Mode, Outcome};
 use crate::key::{InboxKey, MessageKey};
 use crate::metadata::Metadata;
-use crate::observe;
 use crate::store::dialect::{Failure, classify};
 
 impl Inbox {
@@ -33,14 +32,18 @@ impl Inbox {
         let (token, attempt, previous_claim_at) = match claim::claim(store, db, request).await? {
             Claimed::Completed { output, age } => {
                 let duplicate = decode_stored(request.key, output)?;
-                observe::duplicate_age(request.key.consumer.as_str(), age);
+                (self.inner.telemetry).duplicate(request.key.consumer.as_str(), age);
                 return Ok(Outcome::Duplicate(duplicate));
             }
             Claimed::Acquired {
                 token,
                 attempt,
                 previous_claim_at,
-            } => (token, attempt, previous_claim_at),
+                before,
+            } => {
+                self.inner.telemetry.claimed(request.key, before);
+                (token, attempt, previous_claim_at)
+            }
         };
         let watch = ClaimWatch::default();
         let cx = Context::new(&request.key.message_key, metadata, None)

@@ -9,10 +9,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::RetentionPolicy;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::inbox::{Inbox, Inner};
 use crate::metrics::CLEANUP_DELETED_TOTAL;
 use crate::outbox::Outbox;
+use crate::telemetry::DigestRun;
 
 /// What one cleanup run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -126,12 +127,20 @@ impl Cleaner {
         let cleaner = self.clone();
         let run = tokio::spawn(async move {
             let (_tx, stop) = watch::channel(false);
-            cleaner.run_locked(&stop).await
+            let report = cleaner.run_locked(&stop).await;
+            cleaner.sync_telemetry().await;
+            report
         });
         match run.await {
             Ok(report) => report,
             Err(error) => std::panic::resume_unwind(error.into_panic()),
         }
+    }
+
+    /// Writes this process's duplicates' summaries and reads the digests of deleted keys back.
+    async fn sync_telemetry(&self) {
+        let inner = &self.inner;
+        inner.telemetry.sync(&inner.store, &inner.db).await;
     }
 
     /// How many connections of the inbox's pool a cleanup run holds at once: two on PostgreSQL
@@ -188,6 +197,8 @@ impl Cleaner {
                     Ok(report) => total.add(report),
                     Err(error) => tracing::warn!(%error, "inbox cleanup failed; retrying later"),
                 }
+                // Every process's task, whether its cleaner ran or another one did.
+                self.sync_telemetry().await;
                 tokio::select! {
                     _ = stop.changed() => break,
                     _ = tokio::time::sleep(interval) => {}
@@ -234,19 +245,35 @@ impl Cleaner {
         let now = store.now(&self.inner.db).await?;
         let mut report = CleanupReport::default();
         let mut pace = Pace::start(store.table().to_string(), policy);
-        loop {
-            let started = Instant::now();
-            let deleted = store
-                .delete_expired(&self.inner.db, now, policy.batch_size())
-                .await?;
-            report.deleted += deleted;
-            report.batches += 1;
-            if deleted < u64::from(policy.batch_size()) || *stop.borrow() {
-                break;
+        let mut digest = DigestRun::default();
+        let mut digested = true;
+        let deleting = async {
+            loop {
+                let started = Instant::now();
+                let deleted = store
+                    .delete_expired(&self.inner.db, now, policy.batch_size())
+                    .await?;
+                // A digest that cannot be read or written leaves the deletions alone.
+                if digested {
+                    digested = digest.add(store, &self.inner.db, &deleted).await.is_ok();
+                }
+                let deleted = deleted.len() as u64;
+                report.deleted += deleted;
+                report.batches += 1;
+                if deleted < u64::from(policy.batch_size()) || *stop.borrow() {
+                    break;
+                }
+                pace.full_batch(report.deleted);
+                pause(policy.rest_after(started.elapsed())).await;
             }
-            pace.full_batch(report.deleted);
-            pause(policy.rest_after(started.elapsed())).await;
+            Ok::<_, Error>(())
         }
+        .await;
+        // What was deleted before a failure is digested too.
+        (self.inner.telemetry)
+            .record_deleted(digest, store, &self.inner.db)
+            .await;
+        deleting?;
         report.fell_behind = pace.fell_behind;
         metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => store.table().to_string())
             .increment(report.deleted);

@@ -1,9 +1,19 @@
 //! The cleaner's statements: the database's clock, expired records deleted in bounded batches,
 //! and the lock that lets one cleaner run at a time.
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Value};
 
+use super::Status;
 use super::Store;
+
+/// A record the cleaner deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Deleted {
+    pub(crate) consumer: String,
+    pub(crate) key: String,
+    /// Whether its message had been processed (not an abandoned claim).
+    pub(crate) completed: bool,
+}
 
 impl Store {
     /// The database's clock, in milliseconds since the Unix epoch.
@@ -16,19 +26,30 @@ impl Store {
     }
 
     /// Deletes at most `limit` records that expired before `before`, leaving those another
-    /// transaction holds for a later run; returns how many.
+    /// transaction holds for a later run; returns the records deleted.
     pub(crate) async fn delete_expired(
         &self,
         db: &DatabaseConnection,
         before: i64,
         limit: u32,
-    ) -> Result<u64, DbErr> {
+    ) -> Result<Vec<Deleted>, DbErr> {
         let values = vec![Value::from(before), Value::from(i64::from(limit))];
         let statement = self.statement(&self.sql.delete_expired, values);
         if self.backend() == DbBackend::MySql {
             return self.delete_unheld(db, statement).await;
         }
-        Ok(db.execute_raw(statement).await?.rows_affected())
+        let rows = db.query_all_raw(statement).await?;
+        rows.iter().map(|row| self.read_deleted(row)).collect()
+    }
+
+    /// A deleted record, from its `consumer, message_key, status` columns.
+    pub(crate) fn read_deleted(&self, row: &QueryResult) -> Result<Deleted, DbErr> {
+        let status: String = row.try_get_by_index(2)?;
+        Ok(Deleted {
+            consumer: self.read_key(row, 0)?,
+            key: self.read_key(row, 1)?,
+            completed: Status::parse(&status) == Some(Status::Completed),
+        })
     }
 
     /// Tries to take the cleaner lock for this table, held until the transaction `conn` ends

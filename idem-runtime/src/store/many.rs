@@ -15,6 +15,7 @@ use sea_orm::{
     TransactionTrait, Value,
 };
 
+use super::cleanup::Deleted;
 use super::statements::READ_COLUMNS;
 use super::{MAX_BATCH, Row, Status, Store, opt_text, text};
 use crate::clock::duration_ms;
@@ -458,11 +459,10 @@ impl Store {
         &self,
         db: &DatabaseConnection,
         select: Statement,
-    ) -> Result<u64, DbErr> {
+    ) -> Result<Vec<Deleted>, DbErr> {
         let tx = db.begin().await?;
         let rows = tx.query_all_raw(select).await?;
         let t = &self.quoted;
-        let mut deleted = 0;
         // A statement binds at most 65 535 values.
         for rows in rows.chunks(MAX_BATCH) {
             let padded = rows_for(rows.len());
@@ -484,17 +484,15 @@ impl Store {
                  ON r.consumer = v.c AND r.message_key = v.k",
                 self.key_index_hint()
             );
-            deleted += tx
-                .execute_raw(self.statement(&sql, values))
-                .await?
-                .rows_affected();
+            tx.execute_raw(self.statement(&sql, values)).await?;
         }
         tx.commit().await?;
-        Ok(deleted)
+        // Every row read is locked by this transaction: each is deleted.
+        rows.iter().map(|row| self.read_deleted(row)).collect()
     }
 
     /// A message key read back from column `index`: MySQL/MariaDB store keys as bytes.
-    fn read_key(&self, row: &QueryResult, index: usize) -> Result<String, DbErr> {
+    pub(crate) fn read_key(&self, row: &QueryResult, index: usize) -> Result<String, DbErr> {
         if self.backend() != DbBackend::MySql {
             return row.try_get_by_index(index);
         }

@@ -18,6 +18,7 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr, Statement, Value};
 
 use crate::clock::duration_ms;
 use crate::key::{ConsumerName, InboxKey, MessageKey};
+pub(crate) use cleanup::Deleted;
 use dialect::Dialect;
 pub(crate) use many::{BatchClaim, Claims};
 
@@ -255,7 +256,7 @@ impl Store {
         &self.quoted
     }
 
-    fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
+    pub(crate) fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
         Statement::from_sql_and_values(self.backend(), sql, values)
     }
 

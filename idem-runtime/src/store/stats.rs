@@ -19,6 +19,8 @@ pub(crate) struct StatusCount {
     pub(crate) oldest_claimed_at: i64,
     /// The database's clock.
     pub(crate) now: i64,
+    /// The longest retention of its completed records (expiry less completion), in ms.
+    pub(crate) retention_ms: Option<i64>,
 }
 
 impl Store {
@@ -37,7 +39,8 @@ impl Store {
         };
         let sql = self.dialect().placeholders(&format!(
             "SELECT consumer, status, COUNT(*), COUNT(CASE WHEN expires_at <= {now} THEN 1 END), \
-             MAX(attempts), MIN(created_at), MAX(created_at), MIN(claimed_at), {now} \
+             MAX(attempts), MIN(created_at), MAX(created_at), MIN(claimed_at), {now}, \
+             MAX(CASE WHEN completed_at IS NOT NULL THEN expires_at - completed_at END) \
              FROM {}{filter} GROUP BY consumer, status ORDER BY consumer, status",
             self.quoted_table()
         ));
@@ -64,5 +67,6 @@ fn read(row: &QueryResult) -> Result<StatusCount, DbErr> {
         newest_created_at: row.try_get_by_index(6)?,
         oldest_claimed_at: row.try_get_by_index(7)?,
         now: row.try_get_by_index(8)?,
+        retention_ms: row.try_get_by_index(9)?,
     })
 }

@@ -63,7 +63,8 @@ impl std::fmt::Display for TableName {
     }
 }
 
-/// The statements that create the inbox table and its expiry index, idempotently.
+/// The statements that create the inbox table and its expiry index, and the two tables beside
+/// it (the duplicates' summaries and the digests of deleted keys), idempotently.
 ///
 /// Keys are compared byte for byte on every backend: MySQL/MariaDB store them as `VARBINARY`,
 /// because their default collations would make `"A"` equal `"a"` and `"a"` equal `"a "`.
@@ -100,7 +101,7 @@ pub fn create_table_statements(backend: DbBackend, table: &TableName) -> Vec<Str
          expires_at BIGINT NOT NULL, \
          PRIMARY KEY (consumer, message_key)"
     );
-    match backend {
+    let mut statements = match backend {
         DbBackend::MySql => vec![format!(
             "CREATE TABLE IF NOT EXISTS {name} ({columns}, INDEX {index} (expires_at)) \
              ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
@@ -109,13 +110,67 @@ pub fn create_table_statements(backend: DbBackend, table: &TableName) -> Vec<Str
             format!("CREATE TABLE IF NOT EXISTS {name} ({columns})"),
             format!("CREATE INDEX IF NOT EXISTS {index} ON {name} (expires_at)"),
         ],
+    };
+    statements.extend(companion_statements(backend, table, consumer_type));
+    statements
+}
+
+/// The tables beside the inbox: what each process learnt of each consumer's duplicates
+/// (`<table>_duplicates`, a row per consumer and process), and the digests of the keys the
+/// cleaner deleted (`<table>_digest`, Bloom filters by consumer and period).
+fn companion_statements(backend: DbBackend, table: &TableName, consumer: &str) -> Vec<String> {
+    let blob = match backend {
+        DbBackend::MySql => "MEDIUMBLOB",
+        DbBackend::Postgres => "BYTEA",
+        _ => "BLOB",
+    };
+    let engine = match backend {
+        DbBackend::MySql => " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+        _ => "",
+    };
+    let duplicates = companion(backend, table, DUPLICATES);
+    let digest = companion(backend, table, DIGEST);
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {duplicates} (consumer {consumer} NOT NULL, \
+             instance VARCHAR(36) NOT NULL, since_ms BIGINT NOT NULL, \
+             updated_ms BIGINT NOT NULL, duplicates BIGINT NOT NULL, ages VARCHAR(255) NOT NULL, \
+             max_age_ms BIGINT NOT NULL, late BIGINT NOT NULL, \
+             PRIMARY KEY (consumer, instance)){engine}"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {digest} (consumer {consumer} NOT NULL, \
+             period_ms BIGINT NOT NULL, key_count BIGINT NOT NULL, bits {blob} NOT NULL, \
+             updated_ms BIGINT NOT NULL, PRIMARY KEY (consumer, period_ms)){engine}"
+        ),
+    ]
+}
+
+/// The suffix of the table of duplicates' summaries.
+pub(crate) const DUPLICATES: &str = "duplicates";
+
+/// The suffix of the table of deleted keys' digests.
+pub(crate) const DIGEST: &str = "digest";
+
+/// The table `<table>_<suffix>`, quoted for `backend`.
+pub(crate) fn companion(backend: DbBackend, table: &TableName, suffix: &str) -> String {
+    match backend {
+        DbBackend::MySql => format!("`{}_{suffix}`", table.as_str()),
+        _ => format!("\"{}_{suffix}\"", table.as_str()),
     }
 }
 
-/// The statement that drops the inbox table (used by the migration's `down`).
+/// The statements that drop the inbox table and those beside it (the migration's `down`).
 #[cfg(feature = "migration")]
-pub(crate) fn drop_table_statement(backend: DbBackend, table: &TableName) -> String {
-    format!("DROP TABLE IF EXISTS {}", table.quoted(backend))
+pub(crate) fn drop_table_statements(backend: DbBackend, table: &TableName) -> Vec<String> {
+    [
+        table.quoted(backend),
+        companion(backend, table, DUPLICATES),
+        companion(backend, table, DIGEST),
+    ]
+    .iter()
+    .map(|name| format!("DROP TABLE IF EXISTS {name}"))
+    .collect()
 }
 
 #[cfg(test)]

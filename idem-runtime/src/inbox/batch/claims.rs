@@ -14,6 +14,7 @@ use crate::inbox::claim::{Deadlocks, new_token};
 use crate::key::MessageKey;
 use crate::store::dialect::{Failure, classify, refuses_value};
 use crate::store::{BatchClaim, Claims, Store};
+use crate::telemetry::Before;
 
 /// A try's transaction, its keys claimed.
 pub(super) struct Claimed {
@@ -72,6 +73,7 @@ impl Inbox {
         for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
             lead.claimed = taken.fresh.contains(lead.key.message_key.as_str());
             lead.fate = if lead.claimed {
+                self.inner.telemetry.claimed(&lead.key, Before::Nothing);
                 Fate::Fresh
             } else {
                 Fate::Deferred

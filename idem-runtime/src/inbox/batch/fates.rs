@@ -16,6 +16,7 @@ use crate::key::{ConsumerName, InboxKey, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;
 use crate::store::{Row, Status};
+use crate::telemetry::Telemetry;
 
 /// What became of the first copy of a key in the batch.
 pub(super) enum Fate<T> {
@@ -209,7 +210,11 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
     /// Turns every settled fate into its message's result (counted and logged as the
     /// per-message path does), and answers later copies from their first copy. Returns the
     /// messages left for the per-message path, first copies before their later copies.
-    pub(super) fn answer(&mut self, consumer: &ConsumerName) -> Vec<Later<M>> {
+    pub(super) fn answer(
+        &mut self,
+        consumer: &ConsumerName,
+        telemetry: &Telemetry,
+    ) -> Vec<Later<M>> {
         let mut firsts: HashMap<MessageKey, First> = HashMap::new();
         let mut later = Vec::new();
         for lead in std::mem::take(&mut self.leads) {
@@ -226,7 +231,7 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
                 Fate::Duplicate(output, stored, age) => {
                     let result = decode_stored(&key, output.clone()).map(Outcome::Duplicate);
                     if result.is_ok() {
-                        observe::duplicate_age(consumer.as_str(), age);
+                        telemetry.duplicate(consumer.as_str(), age);
                     }
                     firsts.insert(key.message_key.clone(), First::Stored(output, stored, age));
                     result
@@ -259,7 +264,7 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
                     .and_then(|()| decode_stored(&key, output.clone()))
                     .map(Outcome::Duplicate);
                     if result.is_ok() {
-                        observe::duplicate_age(consumer.as_str(), *age);
+                        telemetry.duplicate(consumer.as_str(), *age);
                     }
                     result
                 }

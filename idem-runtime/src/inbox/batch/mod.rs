@@ -250,7 +250,7 @@ impl Inbox {
             }
         }
         sorted.leads = leads;
-        for (index, key, message) in sorted.answer(consumer) {
+        for (index, key, message) in sorted.answer(consumer, &self.inner.telemetry) {
             let metadata = &sorted.metadata[index];
             let result = self
                 .process_with_key(handler, Ok(key), message, metadata)

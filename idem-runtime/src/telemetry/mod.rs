@@ -1,0 +1,175 @@
+//! What an inbox learns of its duplicates, for the operator deciding its retention: each
+//! duplicate's age, and the **late duplicates**, copies that came after their key's record had
+//! expired, which the inbox processes again.
+//!
+//! A late duplicate is caught two ways. A copy that finds its key's completed record expired but
+//! not yet deleted is one for certain, its age known. A copy whose key has no record is checked
+//! against digests (Bloom filters, [`bloom`]) of the keys the cleaner deleted: a hit is one,
+//! or, about once in a hundred and fifty over a full digest, a false alarm. Either is counted
+//! (`idem_late_duplicates_total`) and logged with its key, once per key in a while.
+//!
+//! Nothing is written per message: each process keeps its counts in memory and writes them, a
+//! row per consumer (`<inbox>_duplicates`), when its cleaner task looks at the table; the
+//! cleaner that deletes writes the digests (`<inbox>_digest`), which every cleaner task reads
+//! back.
+
+mod bloom;
+mod digest;
+mod summary;
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sea_orm::DbErr;
+
+pub(crate) use digest::DigestRun;
+pub use summary::DuplicateSummary;
+pub(crate) use summary::read_all as read_summaries;
+
+use crate::key::InboxKey;
+use crate::metrics::LATE_DUPLICATES_TOTAL;
+use digest::Digests;
+use summary::Summaries;
+
+/// How many late duplicates' keys are remembered, so that the retries of one are not counted
+/// again.
+const REMEMBERED: usize = 4096;
+
+/// What was there before a claim took its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Before {
+    /// No record: the key is new, or its record was deleted.
+    Nothing,
+    /// A record past its retention; `completed_age` is how long ago its message was processed
+    /// (none for an abandoned claim).
+    Expired { completed_age: Option<Duration> },
+    /// An attempt whose lease ran out.
+    Attempt,
+}
+
+/// An inbox's duplicates' summaries and its digests of deleted keys.
+#[derive(Debug)]
+pub(crate) struct Telemetry {
+    summaries: Summaries,
+    digests: Digests,
+    /// Keys of late duplicates counted lately.
+    reported: Mutex<Reported>,
+    /// Whether the companion tables were found missing (said once).
+    missing: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Reported {
+    order: VecDeque<InboxKey>,
+    keys: HashSet<InboxKey>,
+}
+
+impl Reported {
+    /// Notes `key`; whether it was not noted lately.
+    fn first_time(&mut self, key: &InboxKey) -> bool {
+        if !self.keys.insert(key.clone()) {
+            return false;
+        }
+        self.order.push_back(key.clone());
+        if self.order.len() > REMEMBERED
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.keys.remove(&oldest);
+        }
+        true
+    }
+}
+
+impl Telemetry {
+    /// The telemetry of an inbox whose digests cover `window` of deletions.
+    pub(crate) fn new(window: Duration) -> Self {
+        Self {
+            summaries: Summaries::default(),
+            digests: Digests::new(window),
+            reported: Mutex::default(),
+            missing: AtomicBool::new(false),
+        }
+    }
+
+    /// Records a duplicate answered from its record, `age` after the record was completed.
+    pub(crate) fn duplicate(&self, consumer: &str, age: Option<Duration>) {
+        crate::observe::duplicate_age(consumer, age);
+        self.summaries.duplicate(consumer, age);
+    }
+
+    /// Looks at what a claim of `key` found: a late duplicate is counted and logged.
+    pub(crate) fn claimed(&self, key: &InboxKey, before: Before) {
+        match before {
+            Before::Expired {
+                completed_age: Some(age),
+            } => self.late(key, Some(age)),
+            Before::Nothing if self.digests.contains(key) => self.late(key, None),
+            _ => {}
+        }
+    }
+
+    fn late(&self, key: &InboxKey, age: Option<Duration>) {
+        let first = (self.reported.lock().unwrap_or_else(|e| e.into_inner())).first_time(key);
+        if !first {
+            return;
+        }
+        let consumer = key.consumer.as_str();
+        metrics::counter!(LATE_DUPLICATES_TOTAL, "consumer" => consumer.to_owned()).increment(1);
+        self.summaries.late(consumer);
+        match age {
+            Some(age) => tracing::warn!(
+                consumer,
+                key = key.message_key.as_str(),
+                age_s = age.as_secs(),
+                "late duplicate: its record had expired, so it is processed again; the \
+                 consumer's retention is shorter than its redeliveries"
+            ),
+            None => tracing::warn!(
+                consumer,
+                key = key.message_key.as_str(),
+                "late duplicate (or, rarely, a false alarm of the digest): the cleaner had \
+                 deleted its record, so it is processed again; the consumer's retention is \
+                 shorter than its redeliveries"
+            ),
+        }
+    }
+
+    /// Writes this process's summaries that changed, and reads the digests the cleaner wrote
+    /// since the last look. Called by the cleaner task after each of its runs.
+    pub(crate) async fn sync(&self, store: &crate::store::Store, db: &sea_orm::DatabaseConnection) {
+        let synced = async {
+            self.summaries.flush(store, db).await?;
+            self.digests.refresh(store, db).await
+        }
+        .await;
+        if let Err(error) = synced {
+            self.missing_or_failed(&error);
+        }
+    }
+
+    /// Adds what a cleaner run deleted to the digests, and keeps this process's copy.
+    pub(crate) async fn record_deleted(
+        &self,
+        run: DigestRun,
+        store: &crate::store::Store,
+        db: &sea_orm::DatabaseConnection,
+    ) {
+        match run.write(store, db, self.digests.window()).await {
+            Ok(written) => self.digests.keep(written),
+            Err(error) => self.missing_or_failed(&error),
+        }
+    }
+
+    fn missing_or_failed(&self, error: &DbErr) {
+        if !self.missing.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                %error,
+                "cannot write or read the inbox's duplicates' summaries and digests (their \
+                 tables are created with the inbox's, or by the CreateInboxCompanions \
+                 migration); late duplicates are not detected meanwhile"
+            );
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Late duplicates on each backend: a copy that comes after its key's record expired, or after
+//! the cleaner deleted it, is processed again (as designed) and counted as late, in the process
+//! that met it and, through the digests of deleted keys, in any other; new keys are not; the
+//! duplicates' summaries every process writes add up.
+//!
+//! Run: `cargo test -p idem-tests --test late_duplicates` with PostgreSQL and MariaDB up.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_runtime::{DuplicateSummary, Inbox, Metadata, RetentionPolicy};
+use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
+
+on_each_backend!(
+    copies_after_their_record_expired_or_was_deleted_are_late,
+    duplicates_are_summed_across_processes,
+);
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Inserts completed records of `consumer` for `keys`, processed `age` ago and expired since.
+async fn seed_expired(db: &TestDb, table: &str, consumer: &str, keys: &[String], age: Duration) {
+    let completed = now_ms() - age.as_millis() as i64;
+    let rows: Vec<String> = keys
+        .iter()
+        .map(|key| {
+            format!(
+                "('{consumer}', '{key}', 'completed', 1, 0, {completed}, {completed}, \
+                 {completed}, {})",
+                now_ms() - 1_000
+            )
+        })
+        .collect();
+    db.exec(&format!(
+        "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, created_at, \
+         claimed_at, completed_at, expires_at) VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+}
+
+async fn inbox(db: &TestDb, table: &str) -> Inbox {
+    Inbox::builder(db.db.clone())
+        .table(table)
+        .retention(RetentionPolicy::default().with_batch_size(100))
+        .build()
+        .await
+        .unwrap()
+}
+
+fn summary_of<'a>(all: &'a [DuplicateSummary], consumer: &str) -> &'a DuplicateSummary {
+    all.iter()
+        .find(|summary| summary.consumer == consumer)
+        .unwrap_or_else(|| panic!("no summary of {consumer} in {all:?}"))
+}
+
+async fn process(inbox: &Inbox, handler: &Recorder, key: &str) -> bool {
+    let outcome = inbox
+        .process(handler, Msg::new(key, "x"), &Metadata::default())
+        .await
+        .unwrap();
+    !outcome.is_duplicate()
+}
+
+async fn copies_after_their_record_expired_or_was_deleted_are_late(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("inbox");
+    let (first, second) = (inbox(&db, &table).await, inbox(&db, &table).await);
+    let effects = db.effects_table().await;
+    let consumer = unique("late");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    let deleted: Vec<String> = (0..250).map(|i| format!("gone-{i}")).collect();
+    seed_expired(&db, &table, &consumer, &deleted, Duration::from_secs(3_600)).await;
+    let report = first.cleaner().run_once().await.unwrap();
+    assert_eq!(report.deleted, 250);
+    seed_expired(
+        &db,
+        &table,
+        &consumer,
+        &["stale".to_owned()],
+        Duration::from_secs(90),
+    )
+    .await;
+
+    // Processed again, each: the inbox cannot tell them from new messages, but counts them.
+    assert!(process(&first, &handler, "gone-5").await);
+    assert!(process(&first, &handler, "stale").await);
+    // The other process learns of the deletions at its cleaner task's next look.
+    second.cleaner().run_once().await.unwrap();
+    assert!(process(&second, &handler, "gone-6").await);
+    // A retry of the same late copy is not counted again, and new keys are not late.
+    let again = inbox(&db, &table).await;
+    assert!(
+        !process(&again, &handler, "gone-6").await,
+        "a duplicate now"
+    );
+    for i in 0..200 {
+        assert!(process(&first, &handler, &format!("new-{i}")).await);
+    }
+    for inbox in [&first, &second, &again] {
+        inbox.cleaner().run_once().await.unwrap();
+    }
+
+    let all = first.duplicate_summaries().await.unwrap();
+    let summary = summary_of(&all, &consumer);
+    assert_eq!(summary.late, 3, "{summary:?}");
+    assert_eq!(summary.duplicates, 1, "{summary:?}");
+    assert_eq!(db.count(&effects, "1=1").await, 203);
+}
+
+async fn duplicates_are_summed_across_processes(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("inbox");
+    let (first, second) = (inbox(&db, &table).await, inbox(&db, &table).await);
+    let effects = db.effects_table().await;
+    let consumer = unique("summed");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    assert!(process(&first, &handler, "a").await);
+    assert!(process(&first, &handler, "b").await);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(!process(&first, &handler, "a").await);
+    assert!(!process(&second, &handler, "a").await);
+    assert!(!process(&second, &handler, "b").await);
+    first.cleaner().run_once().await.unwrap();
+    second.cleaner().run_once().await.unwrap();
+    // A process's later counts replace its row, they do not add a second one.
+    assert!(!process(&first, &handler, "b").await);
+    first.cleaner().run_once().await.unwrap();
+
+    let all = second.duplicate_summaries().await.unwrap();
+    let summary = summary_of(&all, &consumer);
+    assert_eq!(summary.duplicates, 4, "{summary:?}");
+    assert_eq!(summary.late, 0);
+    // Between one second and a minute old, every one.
+    assert_eq!(summary.ages[1], 4, "{summary:?}");
+    assert!(summary.max_age >= Duration::from_secs(1));
+    assert_eq!(summary.age_below(0.99), Some(Duration::from_secs(60)));
+    assert!(summary.since.is_some() && summary.updated >= summary.since);
+    let stats = first.stats(Some(&consumer)).await.unwrap();
+    let retention = stats[0].retention.expect("completed records");
+    assert_eq!(retention, RetentionPolicy::default().default_retention());
+}
