@@ -44,6 +44,7 @@
 //! |---|---|
 //! | `tls` | `amqps://` URLs, with rustls: the platform's root certificates, a private CA and a client certificate ([`TlsSettings`]) |
 //! | `postgres` | a [`Relay`] on a PostgreSQL outbox is woken by commits in other processes (`LISTEN`) |
+//! | `otel` | W3C Trace Context across services through `tracing-opentelemetry`: a delivery's span continues the trace its `traceparent` header (or CloudEvents' `cloudEvents:traceparent`) names, a batch's links every message's; [`Publisher`] publishes and outbox stagings carry the current span on (`idem_runtime::trace_context`) |
 //!
 //! # A cluster
 //!

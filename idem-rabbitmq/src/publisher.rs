@@ -36,6 +36,25 @@ pub struct PublishOptions {
 }
 
 impl PublishOptions {
+    /// With feature `otel`, the options carrying the current span's trace context
+    /// (`traceparent`, `tracestate`) unless their headers name one; as they are without.
+    fn with_current_trace(self) -> Self {
+        #[cfg(feature = "otel")]
+        {
+            use idem_runtime::trace_context::{TRACEPARENT, current_headers};
+            let mut options = self;
+            if !options.headers.iter().any(|(name, _)| name == TRACEPARENT) {
+                let current = current_headers().into_iter();
+                options
+                    .headers
+                    .extend(current.map(|(name, value)| (name.to_owned(), value)));
+            }
+            options
+        }
+        #[cfg(not(feature = "otel"))]
+        self
+    }
+
     /// Sets the message id.
     pub fn message_id(mut self, id: impl Into<String>) -> Self {
         self.message_id = Some(id.into());
@@ -251,6 +270,7 @@ impl Publisher {
             .message_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let options = options.with_current_trace();
         let properties = properties(&message_id, &options).map_err(Error::InvalidMessage)?;
         let mut last = String::new();
         for attempt in 1..=self.max_attempts {

@@ -168,7 +168,8 @@
 //! | `postgres` | no | PostgreSQL |
 //! | `mysql` | no | MySQL and MariaDB |
 //! | `tls-rustls` | no | TLS to the database |
-//! | `migration` | no | `migration::CreateInbox` for `sea-orm-migration` |
+//! | `migration` | no | `migration::CreateInbox` and `CreateInboxCompanions` for `sea-orm-migration` |
+//! | `otel` | no | staged outbox messages carry the handler's trace context (`traceparent`), through `tracing-opentelemetry` ([`trace_context`](crate::trace_context) when enabled) |
 //!
 //! # Backends
 //!
@@ -200,6 +201,8 @@ pub mod schema;
 mod slice;
 mod store;
 mod telemetry;
+#[cfg(feature = "otel")]
+pub mod trace_context;
 pub mod transport;
 
 #[cfg(feature = "migration")]

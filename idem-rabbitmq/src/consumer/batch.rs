@@ -36,6 +36,13 @@ impl BatchJob {
             size = deliveries.len(),
             first_tag = deliveries.first().map(|d| d.delivery_tag),
         );
+        #[cfg(feature = "otel")]
+        for delivery in deliveries {
+            let metadata = metadata_of(&delivery.properties, delivery.redelivered);
+            idem_runtime::trace_context::link_trace(&span, |name| {
+                metadata.headers.get(name).cloned()
+            });
+        }
         self.settle_all().instrument(span).await;
     }
 

@@ -101,6 +101,10 @@ impl DeliveryJob {
             key = Empty,
             settle = Empty,
         );
+        #[cfg(feature = "otel")]
+        idem_runtime::trace_context::continue_trace(&span, |name| {
+            metadata.headers.get(name).cloned()
+        });
         async {
             // A panic outside the handler (a key expression, a codec, an output's `Serialize`)
             // must still settle the delivery, or it would hold its place until the channel

@@ -73,6 +73,26 @@ impl OutboxMessage {
         self
     }
 
+    /// With feature `otel`, the message carrying the current span's trace context
+    /// (`traceparent`, `tracestate`) unless it carries one of its own; as it is without.
+    pub(crate) fn with_current_trace(self) -> Self {
+        #[cfg(feature = "otel")]
+        {
+            let mut message = self;
+            if !message
+                .headers
+                .contains_key(crate::trace_context::TRACEPARENT)
+            {
+                for (name, value) in crate::trace_context::current_headers() {
+                    message.headers.insert(name.to_owned(), value);
+                }
+            }
+            message
+        }
+        #[cfg(not(feature = "otel"))]
+        self
+    }
+
     /// A header (a string value).
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());

@@ -141,6 +141,7 @@ impl Outbox {
         conn: &impl ConnectionTrait,
         message: OutboxMessage,
     ) -> Result<String, StagingError> {
+        let message = message.with_current_trace();
         let id = message
             .message_id
             .clone()

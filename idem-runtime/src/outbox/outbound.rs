@@ -105,6 +105,7 @@ impl<'a> Outbound<'a> {
         };
         // Relays in other processes are told once per run (one announcement wakes them for
         // all), and only when none runs here: the inbox wakes that one after the commit.
+        let message = message.with_current_trace();
         let announce = self.staged() == 0 && !outbox.has_local_relay();
         let position = self.next.fetch_add(1, Ordering::Relaxed);
         let id = self.id_at(position);
