@@ -169,7 +169,7 @@
 //! | `mysql` | no | MySQL and MariaDB |
 //! | `tls-rustls` | no | TLS to the database |
 //! | `migration` | no | `migration::CreateInbox` and `CreateInboxCompanions` for `sea-orm-migration` |
-//! | `otel` | no | staged outbox messages carry the handler's trace context (`traceparent`), through `tracing-opentelemetry` ([`trace_context`](crate::trace_context) when enabled) |
+//! | `otel` | no | staged outbox messages carry the handler's trace context (`traceparent`), through `tracing-opentelemetry` (the module `trace_context`) |
 //!
 //! # Backends
 //!
