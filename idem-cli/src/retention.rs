@@ -42,6 +42,8 @@ enum Verdict {
     Enough,
     /// No duplicate was seen: nothing to go on.
     NoDuplicates,
+    /// Duplicates were seen, but no record tells the retention.
+    Unknown,
 }
 
 impl Verdict {
@@ -51,6 +53,7 @@ impl Verdict {
             Verdict::Tight => "tight",
             Verdict::Enough => "enough",
             Verdict::NoDuplicates => "no-duplicates",
+            Verdict::Unknown => "retention-unknown",
         }
     }
 }
@@ -66,10 +69,21 @@ struct Advice {
 
 /// The verdict on a consumer's figures, and the retention to set when it should change: twice
 /// the longer of the retention and the oldest duplicate when late duplicates came, twice the
-/// oldest duplicate when it came past half the retention.
+/// oldest duplicate when it came past half the retention. Late duplicates the digest
+/// recognised count only beyond what its false alarms would explain; with no retention known
+/// (no completed record left), there is no recommendation.
 fn advise(retention: Option<Duration>, summary: &DuplicateSummary) -> (Verdict, Option<Duration>) {
-    let retention = retention.unwrap_or_default();
-    if summary.late > 0 {
+    let certain = summary.late.saturating_sub(summary.late_deleted);
+    let beyond_alarms = summary.late_deleted as f64 > 2.0 * summary.expected_false_alarms + 3.0;
+    let Some(retention) = retention else {
+        let verdict = match (certain > 0 || beyond_alarms, summary.duplicates) {
+            (true, _) => Verdict::TooShort,
+            (false, 0) => Verdict::NoDuplicates,
+            (false, _) => Verdict::Unknown,
+        };
+        return (verdict, None);
+    };
+    if certain > 0 || beyond_alarms {
         let longer = retention.max(summary.max_age);
         return (Verdict::TooShort, Some(rounded_up(longer * 2)));
     }
@@ -148,6 +162,8 @@ fn print(advice: &[Advice], json: bool) {
                     "p99_age_below_s": secs(a.summary.age_below(0.99)),
                     "max_age_s": a.summary.max_age.as_secs_f64(),
                     "late": a.summary.late,
+                    "late_from_digest": a.summary.late_deleted,
+                    "expected_false_alarms": a.summary.expected_false_alarms,
                     "verdict": a.verdict.label(),
                     "recommended_s": secs(a.recommended),
                 })

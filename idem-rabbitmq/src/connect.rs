@@ -39,6 +39,13 @@ pub async fn connect(url: &AmqpUrl, connection_name: &str) -> Result<Connection>
     open(url, connection_name, properties).await
 }
 
+/// Connects without automatic recovery, for a tool whose work a lost connection must stop (its
+/// unacknowledged deliveries go back to their queues, and lapin would hand on a new channel
+/// as if nothing happened): [`connect`] otherwise.
+pub async fn connect_once(url: &AmqpUrl, connection_name: &str) -> Result<Connection> {
+    open(url, connection_name, ConnectionProperties::default()).await
+}
+
 /// Opens a connection named `name` to the first of `url`'s nodes it reaches, with `properties`;
 /// lapin's reconnections, if `properties` asks for them, go through the nodes in turn too.
 pub(crate) async fn open(

@@ -108,6 +108,15 @@ async fn copies_after_their_record_expired_or_was_deleted_are_late(backend: Back
     let all = first.duplicate_summaries().await.unwrap();
     let summary = summary_of(&all, &consumer);
     assert_eq!(summary.late, 3, "{summary:?}");
+    assert_eq!(
+        summary.late_deleted, 2,
+        "gone-5 and gone-6 by the digest: {summary:?}"
+    );
+    // About 0.015 % of each fresh key checked against the one filter.
+    assert!(
+        (0.01..0.1).contains(&summary.expected_false_alarms),
+        "{summary:?}"
+    );
     assert_eq!(summary.duplicates, 1, "{summary:?}");
     assert_eq!(db.count(&effects, "1=1").await, 203);
 }

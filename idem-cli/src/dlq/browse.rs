@@ -84,7 +84,8 @@ pub(super) struct Browse {
 impl Browse {
     pub(super) async fn open(args: &QueueArgs) -> Result<Self> {
         let url = AmqpUrl::new(args.amqp_url.as_str());
-        let connection = idem_rabbitmq::connect(&url, "idem dlq").await?;
+        // A lost connection stops the command: what it holds goes back to the queue.
+        let connection = idem_rabbitmq::connect_once(&url, "idem dlq").await?;
         let channel = connection.create_channel().await?;
         let count = message_count(&channel, &args.queue)
             .await

@@ -27,8 +27,8 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 #[derive(Debug, Subcommand)]
 pub(crate) enum DlqCommand {
     /// Counts a dead-letter queue's messages by reason (`x-idem-reason`), with the first and
-    /// last of each and sample bodies. Every message stays in its place. (On a quorum queue
-    /// with a delivery limit, RabbitMQ 3 counts each listing as a delivery.)
+    /// last of each and sample bodies. Every message stays in its place. (On a quorum queue,
+    /// RabbitMQ before 4.3 counts each listing as a delivery, against its delivery limit.)
     List {
         #[command(flatten)]
         queue: QueueArgs,

@@ -156,10 +156,7 @@ async fn move_one(
         ShortString::from(REPLAYED_FROM),
         AMQPValue::LongString(browse.queue.as_str().into()),
     );
-    let properties = delivery
-        .properties
-        .clone()
-        .with_headers(FieldTable::from(table));
+    let properties = idem_rabbitmq::copy_properties(&delivery.properties, FieldTable::from(table));
     let options = BasicPublishOptions {
         mandatory: true,
         ..BasicPublishOptions::default()
@@ -180,7 +177,14 @@ async fn move_one(
         Confirmation::Nack(_) => return Err("the broker refused it".into()),
         Confirmation::NotRequested => return Err("the channel is not in confirm mode".into()),
     }
-    delivery.acker.ack(BasicAckOptions::default()).await?;
+    // `false`: the channel failed first, and the broker gives the letter back.
+    if !delivery.acker.ack(BasicAckOptions::default()).await? {
+        return Err(
+            "its copy was confirmed but the letter could not be acknowledged (both \
+                    queues hold it now)"
+                .into(),
+        );
+    }
     Ok(())
 }
 

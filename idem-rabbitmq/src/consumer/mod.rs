@@ -40,6 +40,16 @@ use idem_runtime::transport::{Backoff, RetryMemory};
 use settings::ConsumerSettings;
 use stats::ConsumerCounters;
 pub use stats::ConsumerStats;
+
+/// The properties idem gives a copy of a delivery it publishes again (a dead letter, a letter
+/// moved back): the original's, persistent, with `headers`, without its user id (the broker
+/// checks it against the publisher's login) or expiration.
+pub fn copy_properties(
+    original: &lapin::BasicProperties,
+    headers: lapin::types::FieldTable,
+) -> lapin::BasicProperties {
+    copy::properties_of(original, headers, false)
+}
 pub use worker::ShutdownReport;
 use worker::Worker;
 

@@ -274,6 +274,7 @@ impl Worker {
     ) -> Result<(), Interruption> {
         let queue = self.queue();
         tracing::warn!(queue, %error, "consumer error; waiting for recovery");
+        gauge_connected(queue, false);
         let recovery = tokio::time::timeout(
             self.settings.recovery_timeout,
             session.wait_for_recovery(error),

@@ -24,6 +24,9 @@ use crate::metrics::{
 };
 use crate::stop::StopSignal;
 
+/// The longest a relay waits for its count of the pending messages.
+const PENDING_COUNT_LIMIT: Duration = Duration::from_secs(2);
+
 /// What a round did.
 enum Round {
     /// It published messages: there may be more.
@@ -298,13 +301,23 @@ impl Runner {
             return;
         }
         self.pending_counted = Some(tokio::time::Instant::now());
-        match self.outbox.pending_count().await {
-            Ok(pending) => {
+        // A count of a large backlog (or a database that hangs) holds neither the round up
+        // for long nor a stop.
+        let count = tokio::time::timeout(PENDING_COUNT_LIMIT, self.outbox.pending_count());
+        match self.stop.clone().unless_stopped(count).await {
+            Some(Ok(Ok(pending))) => {
                 metrics::gauge!(OUTBOX_PENDING, "table" => self.table.clone()).set(pending as f64)
             }
-            Err(error) => {
+            Some(Ok(Err(error))) => {
                 tracing::debug!(table = self.table, %error, "cannot count the pending messages")
             }
+            Some(Err(_)) => {
+                tracing::debug!(
+                    table = self.table,
+                    "counting the pending messages took too long"
+                )
+            }
+            None => {}
         }
     }
 
@@ -480,6 +493,7 @@ impl Runner {
 
     /// Gives the session up; the next round opens a new one.
     fn replace_session(&mut self) {
+        self.gauge_connected(false);
         if let Some(session) = self.session.take() {
             session.retire(&self.retirees);
         }

@@ -64,10 +64,13 @@ impl Outbox {
         let dialect = self.inner.dialect;
         let (now, t) = (dialect.now_ms(), self.inner.table.quoted(self.backend()));
         let held = "sent_at IS NULL AND held_until IS NOT NULL";
+        // Runs are told apart by their bytes, as the relay tells them (MySQL's collation would
+        // merge `a` and `A`).
+        let run = origin_bytes(self.backend());
         let runs = format!(
-            "SELECT origin, MIN(exchange), COUNT(*), MIN(staged_at), MAX(held_until), {now} \
-             FROM {t} WHERE {held} AND origin IS NOT NULL GROUP BY origin ORDER BY MIN(seq) \
-             LIMIT {limit}"
+            "SELECT MIN(origin), MIN(exchange), COUNT(*), MIN(staged_at), MAX(held_until), \
+             {now} FROM {t} WHERE {held} AND origin IS NOT NULL GROUP BY {run} \
+             ORDER BY MIN(seq) LIMIT {limit}"
         );
         let singles = format!(
             "SELECT message_id, exchange, seq, staged_at, held_until, {now} FROM {t} \

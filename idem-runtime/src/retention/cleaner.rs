@@ -204,6 +204,8 @@ impl Cleaner {
                     _ = tokio::time::sleep(interval) => {}
                 }
             }
+            // What the last interval saw, before the process goes.
+            self.sync_telemetry().await;
             total
         });
         CleanerHandle {

@@ -10,9 +10,12 @@ pub(crate) const BITS: usize = 1 << 20;
 const PROBES: u64 = 7;
 
 /// Keys a filter takes before a new one is begun: at this many its false-positive rate is
-/// about 0.015 % (`(1 - e^(-7 * 50000 / 2^20))^7`); a check against several filters errs at
-/// about the sum of their rates.
+/// about 0.015 % (`(1 - e^(-7 * 50000 / 2^20))^7`, [`FALSE_POSITIVE_RATE`]); a check against
+/// several filters errs at about the sum of their rates.
 pub(crate) const CAPACITY: u64 = 50_000;
+
+/// The false-positive rate of a full filter.
+pub(crate) const FALSE_POSITIVE_RATE: f64 = 0.000_15;
 
 /// A set of keys that answers "maybe" or "no".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,14 +54,29 @@ impl Bloom {
 
     /// Adds `consumer`'s `key`.
     pub(crate) fn insert(&mut self, consumer: &str, key: &str) {
-        for bit in positions(consumer, key) {
+        for bit in Positions::of(consumer, key).0 {
             self.words[bit / 64] |= 1 << (bit % 64);
         }
     }
 
-    /// Whether `consumer`'s `key` may have been added (false positives at the rate above).
-    pub(crate) fn contains(&self, consumer: &str, key: &str) -> bool {
-        positions(consumer, key).all(|bit| self.words[bit / 64] & (1 << (bit % 64)) != 0)
+    /// Whether the key of `positions` may have been added (false positives at the rate above).
+    pub(crate) fn contains(&self, positions: &Positions) -> bool {
+        (positions.0.iter()).all(|bit| self.words[bit / 64] & (1 << (bit % 64)) != 0)
+    }
+}
+
+/// The bits of a key, computed once for all the filters it is checked against.
+#[derive(Debug)]
+pub(crate) struct Positions([usize; PROBES as usize]);
+
+impl Positions {
+    /// The bits of `consumer`'s `key`.
+    pub(crate) fn of(consumer: &str, key: &str) -> Self {
+        let mut bits = [0; PROBES as usize];
+        for (slot, bit) in bits.iter_mut().zip(positions(consumer, key)) {
+            *slot = bit;
+        }
+        Self(bits)
     }
 }
 
@@ -86,8 +104,11 @@ mod tests {
         }
         let stored = Bloom::from_bytes(&bloom.to_bytes()).unwrap();
         assert_eq!(stored, bloom);
-        assert!((0..1000).all(|i| stored.contains("c", &format!("k{i}"))));
-        assert!(!stored.contains("other", "k1"), "keyed by consumer too");
+        assert!((0..1000).all(|i| stored.contains(&Positions::of("c", &format!("k{i}")))));
+        assert!(
+            !stored.contains(&Positions::of("other", "k1")),
+            "keyed by consumer too"
+        );
         assert!(Bloom::from_bytes(&[0; 16]).is_none());
     }
 
@@ -99,7 +120,7 @@ mod tests {
         }
         let trials = 100_000;
         let hits = (0..trials)
-            .filter(|i| bloom.contains("c", &format!("out-{i}")))
+            .filter(|i| bloom.contains(&Positions::of("c", &format!("out-{i}"))))
             .count();
         let rate = hits as f64 / f64::from(trials);
         assert!(rate < 0.001, "false-positive rate {rate}");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult, Value};
 
-use super::bloom::{Bloom, CAPACITY};
+use super::bloom::{Bloom, CAPACITY, Positions};
 use super::summary::now_ms;
 use crate::key::InboxKey;
 use crate::store::table::{DIGEST, companion};
@@ -17,6 +17,11 @@ use crate::store::{Deleted, Store};
 
 /// How far back a refresh reads again, for writers whose clocks run behind this one's.
 const CLOCK_SLACK_MS: i64 = 300_000;
+
+/// The most filters kept per consumer (4 MiB, 1.6 million deleted keys): past them the
+/// oldest go, and the digest covers less than its window rather than err more (each filter
+/// adds its false-positive rate to every check).
+pub(crate) const MAX_FILTERS: usize = 32;
 
 /// The keys of one consumer the cleaner deleted from `period_ms` on, until it filled.
 #[derive(Debug, Clone)]
@@ -58,13 +63,22 @@ impl Generation {
 
 const COLUMNS: &str = "consumer, period_ms, key_count, bits, updated_ms";
 
-/// This process's copy of the digests, by consumer.
+/// This process's copy of the digests, by consumer: at most [`MAX_FILTERS`] each.
 #[derive(Debug)]
 pub(super) struct Digests {
     window: Duration,
     by_consumer: RwLock<HashMap<String, Vec<Generation>>>,
     /// The latest write read back, by its writer's clock.
     seen_ms: Mutex<i64>,
+}
+
+/// What a check of a fresh key found.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Check {
+    /// Whether a filter holds the key.
+    pub(super) hit: bool,
+    /// How many filters it was checked against.
+    pub(super) filters: usize,
 }
 
 impl Digests {
@@ -81,13 +95,22 @@ impl Digests {
         self.window
     }
 
-    /// Whether `key` may be among the deleted keys of its consumer.
-    pub(super) fn contains(&self, key: &InboxKey) -> bool {
+    /// Checks whether `key` may be among the deleted keys of its consumer (its key hashed
+    /// once, whatever the number of filters).
+    pub(super) fn check(&self, key: &InboxKey) -> Check {
+        let consumer = key.consumer.as_str();
         let by_consumer = self.by_consumer.read().unwrap_or_else(|e| e.into_inner());
-        let (consumer, key) = (key.consumer.as_str(), key.message_key.as_str());
-        by_consumer
-            .get(consumer)
-            .is_some_and(|generations| generations.iter().any(|g| g.bloom.contains(consumer, key)))
+        let Some(generations) = by_consumer.get(consumer) else {
+            return Check {
+                hit: false,
+                filters: 0,
+            };
+        };
+        let positions = Positions::of(consumer, key.message_key.as_str());
+        Check {
+            hit: generations.iter().any(|g| g.bloom.contains(&positions)),
+            filters: generations.len(),
+        }
     }
 
     /// Reads the generations written since the last look, and forgets those past the window.
@@ -101,9 +124,8 @@ impl Digests {
         let sql = store.dialect().placeholders(&format!(
             "SELECT {COLUMNS} FROM {table} WHERE updated_ms > ?"
         ));
-        let rows = db
-            .query_all_raw(store.statement(&sql, vec![Value::from(since)]))
-            .await?;
+        let values = vec![Value::from(since)];
+        let rows = db.query_all_raw(store.statement(&sql, values)).await?;
         let read: Vec<Generation> = (rows.iter())
             .map(|row| Generation::read(store, row))
             .collect::<Result<_, _>>()?;
@@ -116,7 +138,7 @@ impl Digests {
     }
 
     /// Keeps `generations`, replacing this process's copies of them, and forgets those past
-    /// the window.
+    /// the window or beyond [`MAX_FILTERS`].
     pub(super) fn keep(&self, generations: Vec<Generation>) {
         let oldest = now_ms() - window_ms(self.window);
         let mut by_consumer = self.by_consumer.write().unwrap_or_else(|e| e.into_inner());
@@ -127,6 +149,8 @@ impl Digests {
         }
         for kept in by_consumer.values_mut() {
             kept.retain(|g| g.updated_ms >= oldest);
+            kept.sort_by_key(|g| std::cmp::Reverse(g.period_ms));
+            kept.truncate(MAX_FILTERS);
         }
         by_consumer.retain(|_, kept| !kept.is_empty());
     }
@@ -176,9 +200,10 @@ impl DigestRun {
         db: &DatabaseConnection,
         window: Duration,
     ) -> Result<Vec<Generation>, DbErr> {
-        for (_, open) in self.open.drain() {
+        for (consumer, open) in self.open.drain() {
             write(store, db, &open).await?;
             self.written.push(open);
+            drop_beyond_cap(store, db, &consumer).await?;
         }
         let table = companion(store.backend(), store.table(), DIGEST);
         let sql = store
@@ -188,6 +213,33 @@ impl DigestRun {
         db.execute_raw(store.statement(&sql, vec![oldest])).await?;
         Ok(self.written)
     }
+}
+
+/// Deletes the consumer's generations older than its [`MAX_FILTERS`] newest.
+async fn drop_beyond_cap(
+    store: &Store,
+    db: &DatabaseConnection,
+    consumer: &str,
+) -> Result<(), DbErr> {
+    let table = companion(store.backend(), store.table(), DIGEST);
+    let dialect = store.dialect();
+    let oldest_kept = dialect.placeholders(&format!(
+        "SELECT period_ms FROM {table} WHERE consumer = ? ORDER BY period_ms DESC \
+         LIMIT 1 OFFSET {}",
+        MAX_FILTERS - 1
+    ));
+    let consumer = Value::from(consumer.to_owned());
+    let row = db
+        .query_one_raw(store.statement(&oldest_kept, vec![consumer.clone()]))
+        .await?;
+    let Some(row) = row else { return Ok(()) };
+    let oldest: i64 = row.try_get_by_index(0)?;
+    let delete = dialect.placeholders(&format!(
+        "DELETE FROM {table} WHERE consumer = ? AND period_ms < ?"
+    ));
+    let values = vec![consumer, Value::from(oldest)];
+    db.execute_raw(store.statement(&delete, values)).await?;
+    Ok(())
 }
 
 /// The consumer's latest generation, or a new one when it has none or it is full.

@@ -19,7 +19,7 @@ mod summary;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sea_orm::DbErr;
@@ -30,6 +30,7 @@ pub(crate) use summary::read_all as read_summaries;
 
 use crate::key::InboxKey;
 use crate::metrics::LATE_DUPLICATES_TOTAL;
+use bloom::FALSE_POSITIVE_RATE;
 use digest::Digests;
 use summary::Summaries;
 
@@ -56,8 +57,8 @@ pub(crate) struct Telemetry {
     digests: Digests,
     /// Keys of late duplicates counted lately.
     reported: Mutex<Reported>,
-    /// Whether the companion tables were found missing (said once).
-    missing: AtomicBool,
+    /// How many syncs failed (said now and then).
+    failures: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -89,7 +90,7 @@ impl Telemetry {
             summaries: Summaries::default(),
             digests: Digests::new(window),
             reported: Mutex::default(),
-            missing: AtomicBool::new(false),
+            failures: AtomicU64::new(0),
         }
     }
 
@@ -105,7 +106,17 @@ impl Telemetry {
             Before::Expired {
                 completed_age: Some(age),
             } => self.late(key, Some(age)),
-            Before::Nothing if self.digests.contains(key) => self.late(key, None),
+            Before::Nothing => {
+                let check = self.digests.check(key);
+                if check.filters > 0 {
+                    let consumer = key.consumer.as_str();
+                    self.summaries
+                        .checked(consumer, check.filters as f64 * FALSE_POSITIVE_RATE);
+                }
+                if check.hit {
+                    self.late(key, None);
+                }
+            }
             _ => {}
         }
     }
@@ -117,7 +128,7 @@ impl Telemetry {
         }
         let consumer = key.consumer.as_str();
         metrics::counter!(LATE_DUPLICATES_TOTAL, "consumer" => consumer.to_owned()).increment(1);
-        self.summaries.late(consumer);
+        self.summaries.late(consumer, age.is_none());
         match age {
             Some(age) => tracing::warn!(
                 consumer,
@@ -163,9 +174,12 @@ impl Telemetry {
     }
 
     fn missing_or_failed(&self, error: &DbErr) {
-        if !self.missing.swap(true, Ordering::Relaxed) {
+        // Said at the first failure, then once per ten, not at every cleaner run.
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed);
+        if failures.is_multiple_of(10) {
             tracing::warn!(
                 %error,
+                failures = failures + 1,
                 "cannot write or read the inbox's duplicates' summaries and digests (their \
                  tables are created with the inbox's, or by the CreateInboxCompanions \
                  migration); late duplicates are not detected meanwhile"

@@ -10,11 +10,14 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 use crate::store::Store;
 use crate::store::table::{DUPLICATES, companion};
 
+/// How long a process's row is kept after its last write: 90 days.
+const STALE_AFTER_MS: i64 = 90 * 86_400_000;
+
 /// See [`DuplicateSummary::AGE_BUCKETS`].
 const AGE_BUCKETS: [u64; 9] = DuplicateSummary::AGE_BUCKETS;
 
 /// One consumer's duplicates, as every process that ran it wrote them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct DuplicateSummary {
     /// The consumer.
@@ -29,6 +32,12 @@ pub struct DuplicateSummary {
     /// Late duplicates: copies processed again because their record had expired or been
     /// deleted.
     pub late: u64,
+    /// Of them, those the digest of deleted keys recognised, false alarms included.
+    pub late_deleted: u64,
+    /// How many false alarms the digest was expected to give over the keys it checked (each
+    /// check errs at the rate of a full filter times the filters checked): `late_deleted`
+    /// well above it says the late duplicates are real.
+    pub expected_false_alarms: f64,
     /// Since when the counts run (the earliest process's start).
     pub since: Option<SystemTime>,
     /// When a process last wrote them.
@@ -65,6 +74,9 @@ struct Counts {
     ages: [u64; AGE_BUCKETS.len() + 1],
     max_age_ms: u64,
     late: u64,
+    late_deleted: u64,
+    /// Expected false alarms, in millionths.
+    expected_micros: u64,
     /// Changed since last written.
     dirty: bool,
 }
@@ -110,13 +122,30 @@ impl Summaries {
         });
     }
 
-    /// Counts a late duplicate.
-    pub(super) fn late(&self, consumer: &str) {
-        self.update(consumer, |counts| counts.late += 1);
+    /// Counts a late duplicate, one the digest recognised when `deleted`.
+    pub(super) fn late(&self, consumer: &str, deleted: bool) {
+        self.update(consumer, |counts| {
+            counts.late += 1;
+            counts.late_deleted += u64::from(deleted);
+        });
+    }
+
+    /// Counts a fresh key checked against the digest, which errs on it with probability
+    /// `false_alarm`.
+    pub(super) fn checked(&self, consumer: &str, false_alarm: f64) {
+        let micros = (false_alarm * 1e6).round() as u64;
+        self.update(consumer, |counts| counts.expected_micros += micros);
     }
 
     /// Writes the counts that changed, a row per consumer for this process.
     pub(super) async fn flush(&self, store: &Store, db: &DatabaseConnection) -> Result<(), DbErr> {
+        // The rows of processes silent for three months go: their counts are that old.
+        let table = companion(store.backend(), store.table(), DUPLICATES);
+        let prune = store
+            .dialect()
+            .placeholders(&format!("DELETE FROM {table} WHERE updated_ms < ?"));
+        let stale = Value::from(now_ms() - STALE_AFTER_MS);
+        db.execute_raw(store.statement(&prune, vec![stale])).await?;
         let changed: Vec<(String, Counts)> = {
             let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
             (counts.iter_mut())
@@ -127,10 +156,14 @@ impl Summaries {
                 })
                 .collect()
         };
-        for (consumer, counts) in changed {
+        let mut changed = changed.into_iter();
+        while let Some((consumer, counts)) = changed.next() {
             if let Err(error) = self.write(store, db, &consumer, &counts).await {
-                // Written at the next flush.
+                // Written at the next flush, with those after it.
                 self.update(&consumer, |_| {});
+                for (consumer, _) in changed {
+                    self.update(&consumer, |_| {});
+                }
                 return Err(error);
             }
         }
@@ -154,12 +187,15 @@ impl Summaries {
             Value::from(ages.join(",")),
             int(counts.max_age_ms),
             int(counts.late),
+            int(counts.late_deleted),
+            int(counts.expected_micros),
             Value::from(consumer.to_owned()),
             Value::from(self.instance.clone()),
         ];
         let update = dialect.placeholders(&format!(
             "UPDATE {table} SET updated_ms = ?, duplicates = ?, ages = ?, max_age_ms = ?, \
-             late = ? WHERE consumer = ? AND instance = ?"
+             late = ?, late_deleted = ?, false_alarms_micros = ? \
+             WHERE consumer = ? AND instance = ?"
         ));
         let updated = db
             .execute_raw(store.statement(&update, values.clone()))
@@ -168,8 +204,9 @@ impl Summaries {
             return Ok(());
         }
         let insert = dialect.placeholders(&format!(
-            "INSERT INTO {table} (updated_ms, duplicates, ages, max_age_ms, late, consumer, \
-             instance, since_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO {table} (updated_ms, duplicates, ages, max_age_ms, late, late_deleted, \
+             false_alarms_micros, consumer, instance, since_ms) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         ));
         let mut values = values;
         values.push(Value::from(self.since_ms));
@@ -185,7 +222,8 @@ pub(crate) async fn read_all(
 ) -> Result<Vec<DuplicateSummary>, DbErr> {
     let table = companion(store.backend(), store.table(), DUPLICATES);
     let sql = format!(
-        "SELECT consumer, duplicates, ages, max_age_ms, late, since_ms, updated_ms FROM {table}"
+        "SELECT consumer, duplicates, ages, max_age_ms, late, since_ms, updated_ms, \
+         late_deleted, false_alarms_micros FROM {table}"
     );
     let rows = db.query_all_raw(store.statement(&sql, Vec::new())).await?;
     let mut all: HashMap<String, DuplicateSummary> = HashMap::new();
@@ -208,6 +246,8 @@ pub(crate) async fn read_all(
         }
         summary.max_age = summary.max_age.max(Duration::from_millis(count(3)?));
         summary.late += count(4)?;
+        summary.late_deleted += count(7)?;
+        summary.expected_false_alarms += count(8)? as f64 / 1e6;
         let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
         let (since, updated) = (at(count(5)?), at(count(6)?));
         summary.since = Some(summary.since.map_or(since, |s| s.min(since)));
