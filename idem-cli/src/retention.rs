@@ -229,6 +229,20 @@ mod tests {
             advise(day, &summary(0, 0, 0)),
             (Verdict::NoDuplicates, None)
         );
+        assert_eq!(advise(None, &summary(10, 600, 0)), (Verdict::Unknown, None));
+    }
+
+    #[test]
+    fn digest_hits_count_beyond_its_false_alarms() {
+        let day = Some(Duration::from_secs(86_400));
+        let mut alarms = summary(10, 600, 4);
+        alarms.late_deleted = 4;
+        alarms.expected_false_alarms = 3.0;
+        let within = advise(day, &alarms).0;
+        assert_eq!(within, Verdict::Enough, "within the false alarms expected");
+        alarms.late = 40;
+        alarms.late_deleted = 40;
+        assert_eq!(advise(day, &alarms).0, Verdict::TooShort);
     }
 
     #[test]
