@@ -83,15 +83,19 @@ fn advise(retention: Option<Duration>, summary: &DuplicateSummary) -> (Verdict, 
         };
         return (verdict, None);
     };
+    // Never below the redelivery window the processes were configured with.
+    let at_least = |duration: Duration| {
+        rounded_up(duration.max(summary.redelivery_window.unwrap_or_default()))
+    };
     if certain > 0 || beyond_alarms {
         let longer = retention.max(summary.max_age);
-        return (Verdict::TooShort, Some(rounded_up(longer * 2)));
+        return (Verdict::TooShort, Some(at_least(longer * 2)));
     }
     if summary.duplicates == 0 {
         return (Verdict::NoDuplicates, None);
     }
     if summary.max_age * 2 >= retention {
-        return (Verdict::Tight, Some(rounded_up(summary.max_age * 2)));
+        return (Verdict::Tight, Some(at_least(summary.max_age * 2)));
     }
     (Verdict::Enough, None)
 }
@@ -158,6 +162,7 @@ fn print(advice: &[Advice], json: bool) {
                 json!({
                     "consumer": a.consumer,
                     "retention_s": secs(a.retention),
+                    "redelivery_window_s": secs(a.summary.redelivery_window),
                     "duplicates": a.summary.duplicates,
                     "p99_age_below_s": secs(a.summary.age_below(0.99)),
                     "max_age_s": a.summary.max_age.as_secs_f64(),
@@ -179,6 +184,7 @@ fn print(advice: &[Advice], json: bool) {
             vec![
                 a.consumer.clone(),
                 shown(a.retention),
+                shown(a.summary.redelivery_window),
                 a.summary.duplicates.to_string(),
                 a.summary
                     .age_below(0.99)
@@ -193,6 +199,7 @@ fn print(advice: &[Advice], json: bool) {
     let header = [
         "consumer",
         "retention",
+        "window",
         "duplicates",
         "99% aged",
         "oldest",

@@ -233,6 +233,17 @@ async fn a_missing_record_or_table_has_its_own_exit_code(backend: Backend) {
     );
 }
 
+/// Stages a message to each `(exchange, run)`, in that run when there is one.
+async fn stage(db: &TestDb, outbox: &Outbox, messages: &[(&str, Option<&str>)]) {
+    for (exchange, run) in messages {
+        let mut message = OutboxMessage::new(*exchange, "rk", b"{}".to_vec());
+        if let Some(run) = run {
+            message = message.in_run(*run);
+        }
+        outbox.stage(&db.db, message).await.expect("staged");
+    }
+}
+
 async fn outbox_stats_count_pending_held_and_sent(backend: Backend) {
     let db = TestDb::connect(backend).await;
     let table = db.table("outbox");
@@ -241,13 +252,12 @@ async fn outbox_stats_count_pending_held_and_sent(backend: Backend) {
         .build()
         .await
         .expect("outbox builds");
-    for (exchange, run) in [("ex-a", Some("r-1")), ("ex-a", Some("r-1")), ("ex-b", None)] {
-        let mut message = OutboxMessage::new(exchange, "rk", b"{}".to_vec());
-        if let Some(run) = run {
-            message = message.in_run(run);
-        }
-        outbox.stage(&db.db, message).await.expect("staged");
-    }
+    stage(
+        &db,
+        &outbox,
+        &[("ex-a", Some("r-1")), ("ex-a", Some("r-1")), ("ex-b", None)],
+    )
+    .await;
     for _ in 0..2 {
         let message = OutboxMessage::new("ex-c", "rk", b"{}".to_vec());
         outbox.stage(&db.db, message).await.expect("staged");
@@ -322,13 +332,7 @@ async fn outbox_show_lists_held_runs_and_retry_lifts_them(backend: Backend) {
         ("ex-b", None),
         ("ex-c", Some("r-2")),
     ];
-    for (exchange, run) in staged {
-        let mut message = OutboxMessage::new(exchange, "rk", b"{}".to_vec());
-        if let Some(run) = run {
-            message = message.in_run(run);
-        }
-        outbox.stage(&db.db, message).await.expect("staged");
-    }
+    stage(&db, &outbox, &staged).await;
     // A relay's batch: r-1 (from its first message) and the message to ex-b held back.
     let batch = outbox.take_pending(10).await.expect("taken");
     let messages = batch.messages().to_vec();

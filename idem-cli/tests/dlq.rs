@@ -194,6 +194,14 @@ async fn dead_letters_are_counted_checked_and_replayed_once_fixed() {
     assert_eq!(ids(&f.broker.drain(&dlq).await), ["u1", "p3"]);
 }
 
+/// A channel whose publishes the broker confirms.
+async fn confirming_channel() -> Channel {
+    let channel = setup_channel().await;
+    let options = ConfirmSelectOptions::default();
+    channel.confirm_select(options).await.unwrap();
+    channel
+}
+
 /// Publishes `count` letters named `<prefix>-<i>` to `queue`, confirmed.
 async fn publish_letters(channel: &Channel, queue: &str, prefix: &str, count: usize) {
     for i in 0..count {
@@ -231,11 +239,7 @@ async fn publish_letters(channel: &Channel, queue: &str, prefix: &str, count: us
 #[tokio::test(flavor = "multi_thread")]
 async fn listing_leaves_every_message_in_its_place() {
     let broker = TestBroker::connect().await;
-    let channel = setup_channel().await;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let channel = confirming_channel().await;
     let quorum = unique("dlq_quorum");
     broker
         .declare_queue(&quorum, &[("x-queue-type", "quorum")])
@@ -267,11 +271,7 @@ async fn listing_leaves_every_message_in_its_place() {
 async fn a_replay_killed_half_way_loses_nothing() {
     const LETTERS: usize = 3_000;
     let broker = TestBroker::connect().await;
-    let channel = setup_channel().await;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let channel = confirming_channel().await;
     let dlq = unique("dlq_killed");
     let target = unique("dlq_target");
     broker.declare_queue(&dlq, &[]).await;

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod cut;
 pub mod db;
 pub mod fixture;
+pub mod otel;
 pub mod proxy;
 pub mod rabbit;
 pub mod recorder;

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::{DuplicateSummary, Inbox, Metadata, RetentionPolicy};
+use idem_runtime::{DuplicateSummary, Inbox, Metadata, RedeliveryWindow, RetentionPolicy};
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
 
 on_each_backend!(
@@ -43,10 +43,16 @@ async fn seed_expired(db: &TestDb, table: &str, consumer: &str, keys: &[String],
     .await;
 }
 
+/// The redelivery window the inboxes are configured with.
+fn window() -> RedeliveryWindow {
+    RedeliveryWindow::new(5, Duration::from_secs(1_800))
+}
+
 async fn inbox(db: &TestDb, table: &str) -> Inbox {
     Inbox::builder(db.db.clone())
         .table(table)
         .retention(RetentionPolicy::default().with_batch_size(100))
+        .redelivery_window(window())
         .build()
         .await
         .unwrap()
@@ -149,6 +155,7 @@ async fn duplicates_are_summed_across_processes(backend: Backend) {
     assert!(summary.max_age >= Duration::from_secs(1));
     assert_eq!(summary.age_below(0.99), Some(Duration::from_secs(60)));
     assert!(summary.since.is_some() && summary.updated >= summary.since);
+    assert_eq!(summary.redelivery_window, Some(window().duration()));
     let stats = first.stats(Some(&consumer)).await.unwrap();
     let retention = stats[0].retention.expect("completed records");
     assert_eq!(retention, RetentionPolicy::default().default_retention());

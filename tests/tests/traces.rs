@@ -6,7 +6,6 @@
 //!
 //! Run: `cargo test -p idem-tests --test traces` with RabbitMQ and PostgreSQL up.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use idem_rabbitmq::lapin::ExchangeKind;
@@ -15,11 +14,9 @@ use idem_runtime::{
     Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, OutboxMessage,
     StagingError,
 };
+use idem_tests::otel::{SpanData, attribute, descends_from, in_memory_traces};
 use idem_tests::rabbit::{amqp_url, consumer_builder};
 use idem_tests::{Fixture, Msg, unique};
-use opentelemetry::trace::{SpanId, TraceId, TracerProvider};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use tracing_subscriber::layer::SubscriberExt;
 
 /// Bills an order: stages one `invoice` event for it to `events`.
 struct Bill {
@@ -47,28 +44,9 @@ impl Handler for Bill {
     }
 }
 
-/// The spans the subscriber exported, and their tracer's provider.
-fn exporter() -> (InMemorySpanExporter, SdkTracerProvider) {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("idem-test"));
-    let subscriber = tracing_subscriber::registry().with(layer);
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-    (exporter, provider)
-}
-
-fn attribute(span: &SpanData, name: &str) -> Option<String> {
-    span.attributes
-        .iter()
-        .find(|kv| kv.key.as_str() == name)
-        .map(|kv| kv.value.as_str().into_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_retried_order_is_one_trace_across_three_hops() {
-    let (exporter, provider) = exporter();
+    let (exporter, provider) = in_memory_traces();
     let f = Fixture::builder().outbox().build().await;
     let events = unique("idem_events");
     f.broker
@@ -122,7 +100,7 @@ async fn a_retried_order_is_one_trace_across_three_hops() {
         .iter()
         .find(|s| s.name == "checkout")
         .expect("the checkout span");
-    let trace: TraceId = root.span_context.trace_id();
+    let trace = root.span_context.trace_id();
     let deliveries: Vec<&SpanData> = spans.iter().filter(|s| s.name == "idem.delivery").collect();
     assert_eq!(deliveries.len(), 3, "{deliveries:#?}");
     for delivery in &deliveries {
@@ -149,19 +127,13 @@ async fn a_retried_order_is_one_trace_across_three_hops() {
         .iter()
         .find(|s| attribute(s, "settle").as_deref() == Some("acked"))
         .unwrap();
-    let parents: HashMap<SpanId, SpanId> = spans
-        .iter()
-        .map(|s| (s.span_context.span_id(), s.parent_span_id))
-        .collect();
     let [notice] = of_queue(notified.queue())[..] else {
         panic!("one delivery to the notifier: {deliveries:#?}");
     };
-    let mut ancestor = notice.parent_span_id;
-    while ancestor != billed.span_context.span_id() {
-        ancestor = *parents
-            .get(&ancestor)
-            .unwrap_or_else(|| panic!("the notice's ancestors miss the billing: {spans:#?}"));
-    }
+    assert!(
+        descends_from(&spans, notice, billed),
+        "the notice's delivery descends from the billing's: {spans:#?}"
+    );
 }
 
 /// Runs a future inside a span.

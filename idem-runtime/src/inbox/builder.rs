@@ -171,7 +171,10 @@ impl InboxBuilder {
                 store,
                 // Deletions are remembered for three retentions: a copy later than that is
                 // not recognised.
-                telemetry: Telemetry::new(self.retention.default_retention().saturating_mul(3)),
+                telemetry: Telemetry::new(
+                    self.retention.default_retention().saturating_mul(3),
+                    self.window.as_ref().map(RedeliveryWindow::duration),
+                ),
                 retention: self.retention,
                 window: self.window,
                 max_attempts: self.max_attempts,

@@ -136,7 +136,8 @@ fn companion_statements(backend: DbBackend, table: &TableName, consumer: &str) -
              instance VARCHAR(36) NOT NULL, since_ms BIGINT NOT NULL, \
              updated_ms BIGINT NOT NULL, duplicates BIGINT NOT NULL, ages VARCHAR(255) NOT NULL, \
              max_age_ms BIGINT NOT NULL, late BIGINT NOT NULL, late_deleted BIGINT NOT NULL, \
-             false_alarms_micros BIGINT NOT NULL, PRIMARY KEY (consumer, instance)){engine}"
+             false_alarms_micros BIGINT NOT NULL, window_ms BIGINT NULL, \
+             PRIMARY KEY (consumer, instance)){engine}"
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS {digest} (consumer {consumer} NOT NULL, \

@@ -84,10 +84,11 @@ impl Reported {
 }
 
 impl Telemetry {
-    /// The telemetry of an inbox whose digests cover `window` of deletions.
-    pub(crate) fn new(window: Duration) -> Self {
+    /// The telemetry of an inbox whose digests cover `window` of deletions, and whose
+    /// consumers' messages may be redelivered for `redelivery` (its configured window).
+    pub(crate) fn new(window: Duration, redelivery: Option<Duration>) -> Self {
         Self {
-            summaries: Summaries::default(),
+            summaries: Summaries::new(redelivery),
             digests: Digests::new(window),
             reported: Mutex::default(),
             failures: AtomicU64::new(0),

@@ -38,6 +38,9 @@ pub struct DuplicateSummary {
     /// check errs at the rate of a full filter times the filters checked): `late_deleted`
     /// well above it says the late duplicates are real.
     pub expected_false_alarms: f64,
+    /// The longest redelivery window its processes were configured with
+    /// ([`InboxBuilder::redelivery_window`](crate::InboxBuilder::redelivery_window)), if one was.
+    pub redelivery_window: Option<Duration>,
     /// Since when the counts run (the earliest process's start).
     pub since: Option<SystemTime>,
     /// When a process last wrote them.
@@ -86,20 +89,23 @@ struct Counts {
 pub(super) struct Summaries {
     instance: String,
     since_ms: i64,
+    /// The inbox's redelivery window, written with each row.
+    redelivery_ms: Option<i64>,
     counts: Mutex<HashMap<String, Counts>>,
 }
 
-impl Default for Summaries {
-    fn default() -> Self {
+impl Summaries {
+    /// This process's summaries, of an inbox configured with `redelivery` as its window.
+    pub(super) fn new(redelivery: Option<Duration>) -> Self {
         Self {
             instance: uuid::Uuid::new_v4().to_string(),
             since_ms: now_ms(),
+            redelivery_ms: redelivery
+                .map(|window| i64::try_from(window.as_millis()).unwrap_or(i64::MAX)),
             counts: Mutex::default(),
         }
     }
-}
 
-impl Summaries {
     fn update(&self, consumer: &str, change: impl FnOnce(&mut Counts)) {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let counts = counts.entry(consumer.to_owned()).or_default();
@@ -189,12 +195,13 @@ impl Summaries {
             int(counts.late),
             int(counts.late_deleted),
             int(counts.expected_micros),
+            Value::from(self.redelivery_ms),
             Value::from(consumer.to_owned()),
             Value::from(self.instance.clone()),
         ];
         let update = dialect.placeholders(&format!(
             "UPDATE {table} SET updated_ms = ?, duplicates = ?, ages = ?, max_age_ms = ?, \
-             late = ?, late_deleted = ?, false_alarms_micros = ? \
+             late = ?, late_deleted = ?, false_alarms_micros = ?, window_ms = ? \
              WHERE consumer = ? AND instance = ?"
         ));
         let updated = db
@@ -205,8 +212,8 @@ impl Summaries {
         }
         let insert = dialect.placeholders(&format!(
             "INSERT INTO {table} (updated_ms, duplicates, ages, max_age_ms, late, late_deleted, \
-             false_alarms_micros, consumer, instance, since_ms) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+             false_alarms_micros, window_ms, consumer, instance, since_ms) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         ));
         let mut values = values;
         values.push(Value::from(self.since_ms));
@@ -223,7 +230,7 @@ pub(crate) async fn read_all(
     let table = companion(store.backend(), store.table(), DUPLICATES);
     let sql = format!(
         "SELECT consumer, duplicates, ages, max_age_ms, late, since_ms, updated_ms, \
-         late_deleted, false_alarms_micros FROM {table}"
+         late_deleted, false_alarms_micros, window_ms FROM {table}"
     );
     let rows = db.query_all_raw(store.statement(&sql, Vec::new())).await?;
     let mut all: HashMap<String, DuplicateSummary> = HashMap::new();
@@ -248,6 +255,11 @@ pub(crate) async fn read_all(
         summary.late += count(4)?;
         summary.late_deleted += count(7)?;
         summary.expected_false_alarms += count(8)? as f64 / 1e6;
+        if let Some(window) = row.try_get_by_index::<Option<i64>>(9)? {
+            let window = Duration::from_millis(u64::try_from(window).unwrap_or(0));
+            summary.redelivery_window =
+                Some(summary.redelivery_window.map_or(window, |w| w.max(window)));
+        }
         let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
         let (since, updated) = (at(count(5)?), at(count(6)?));
         summary.since = Some(summary.since.map_or(since, |s| s.min(since)));
