@@ -14,7 +14,7 @@ use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{AmqpUrl, Consumer, Relay};
 use idem_runtime::{Inbox, Outbox};
-use idem_tests::otel::{SpanData, attribute, descends_from, in_memory_traces};
+use idem_tests::otel::{assert_retried_message_is_one_trace, in_memory_traces};
 use idem_tests::{Backend, TestBroker, TestDb, rabbit, unique};
 use tracing::Instrument;
 
@@ -91,39 +91,6 @@ async fn a_retried_order_is_one_trace_through_billing_and_notifications() {
     relay.shutdown().await;
     provider.force_flush().expect("flushed");
     let spans = exporter.get_finished_spans().expect("spans");
-
-    let root = spans
-        .iter()
-        .find(|s| s.name == "checkout")
-        .expect("checkout");
-    let deliveries: Vec<&SpanData> = spans.iter().filter(|s| s.name == "idem.delivery").collect();
-    assert_eq!(deliveries.len(), 3, "{deliveries:#?}");
-    assert!(
-        (deliveries.iter()).all(|d| d.span_context.trace_id() == root.span_context.trace_id()),
-        "one trace: {deliveries:#?}"
-    );
-    let of_queue = |queue: &str| -> Vec<&SpanData> {
-        (deliveries.iter().copied())
-            .filter(|s| attribute(s, "queue").as_deref() == Some(queue))
-            .collect()
-    };
-    let charges = of_queue(topology.queue());
-    let mut settles: Vec<String> = charges
-        .iter()
-        .filter_map(|s| attribute(s, "settle"))
-        .collect();
-    settles.sort();
-    assert_eq!(settles, ["acked", "duplicate"], "{charges:#?}");
-    let charged = charges
-        .iter()
-        .find(|s| attribute(s, "settle").as_deref() == Some("acked"))
-        .unwrap();
-    let [notice] = of_queue(notified.queue())[..] else {
-        panic!("one notification delivery: {deliveries:#?}");
-    };
-    assert!(
-        descends_from(&spans, notice, charged),
-        "the notification's delivery descends from the charge: {spans:#?}"
-    );
+    assert_retried_message_is_one_trace(&spans, "checkout", topology.queue(), notified.queue());
     assert_eq!(provider_stub.stats().calls, 1);
 }

@@ -18,6 +18,7 @@ on_each_backend!(
     a_missing_record_or_table_has_its_own_exit_code,
     outbox_stats_count_pending_held_and_sent,
     outbox_show_lists_held_runs_and_retry_lifts_them,
+    runs_differing_in_case_are_told_apart,
     retention_advise_weighs_duplicates_and_late_ones,
 );
 
@@ -456,4 +457,39 @@ async fn retention_advise_weighs_duplicates_and_late_ones(backend: Backend) {
     assert_eq!(calm["recommended_s"], Value::Null);
     let text = String::from_utf8(idem(&db, &table, &["retention", "advise"]).stdout).unwrap();
     assert!(text.contains("too-short") && text.contains("14d"), "{text}");
+}
+
+/// Runs whose names differ in case only are two runs (MySQL's collation would merge them):
+/// listed apart, lifted apart.
+async fn runs_differing_in_case_are_told_apart(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("outbox");
+    let outbox = Outbox::builder(db.db.clone())
+        .table(table.as_str())
+        .build()
+        .await
+        .expect("outbox builds");
+    stage(&db, &outbox, &[("ex", Some("Case")), ("ex", Some("case"))]).await;
+    let batch = outbox.take_pending(10).await.expect("taken");
+    for message in batch.messages().to_vec() {
+        batch
+            .hold(&message, Duration::from_secs(600))
+            .await
+            .unwrap();
+    }
+    batch.mark_sent(&[]).await.expect("committed");
+    let run = |args: &[&str]| {
+        let mut all = vec!["outbox"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--table", &table, "--json"]);
+        json(&idem(&db, "unused", &all))
+    };
+    let held = run(&["show"]);
+    let mut runs: Vec<&str> = (held.as_array().unwrap().iter())
+        .map(|run| run["run"].as_str().unwrap())
+        .collect();
+    runs.sort();
+    assert_eq!(runs, ["run:Case", "run:case"], "{held}");
+    assert_eq!(run(&["retry", "run:case"])["lifted"], 1);
+    assert_eq!(run(&["show"])[0]["run"], "run:Case");
 }

@@ -217,7 +217,8 @@ async fn publish_letters(channel: &Channel, queue: &str, prefix: &str, count: us
         );
         let properties = BasicProperties::default()
             .with_message_id(format!("{prefix}-{i}").into())
-            .with_delivery_mode(2)
+            // Transient, as letters the broker dead-lettered itself can be: their copies are not.
+            .with_delivery_mode(1)
             .with_headers(headers);
         channel
             .basic_publish(

@@ -42,3 +42,51 @@ pub fn descends_from(spans: &[SpanData], span: &SpanData, ancestor: &SpanData) -
     }
     true
 }
+
+/// Asserts the journey of a message published twice from the span `root` (a retry): three
+/// deliveries in `root`'s trace, the two to `first_queue` children of `root`, one `acked` and
+/// one `duplicate`, and the one to `next_queue` (what the first hop published) descending from
+/// the acked one.
+///
+/// # Panics
+///
+/// When any of that is not so.
+pub fn assert_retried_message_is_one_trace(
+    spans: &[SpanData],
+    root: &str,
+    first_queue: &str,
+    next_queue: &str,
+) {
+    let root = (spans.iter().find(|s| s.name == root)).unwrap_or_else(|| panic!("no {root}"));
+    let deliveries: Vec<&SpanData> = spans.iter().filter(|s| s.name == "idem.delivery").collect();
+    assert_eq!(deliveries.len(), 3, "{deliveries:#?}");
+    for delivery in &deliveries {
+        let trace = root.span_context.trace_id();
+        assert_eq!(delivery.span_context.trace_id(), trace, "{delivery:#?}");
+    }
+    let of_queue = |queue: &str| -> Vec<&SpanData> {
+        (deliveries.iter().copied())
+            .filter(|s| attribute(s, "queue").as_deref() == Some(queue))
+            .collect()
+    };
+    let firsts = of_queue(first_queue);
+    let mut settles: Vec<String> = firsts
+        .iter()
+        .filter_map(|s| attribute(s, "settle"))
+        .collect();
+    settles.sort();
+    assert_eq!(settles, ["acked", "duplicate"], "{firsts:#?}");
+    for first in &firsts {
+        assert_eq!(first.parent_span_id, root.span_context.span_id());
+    }
+    let acked = (firsts.iter())
+        .find(|s| attribute(s, "settle").as_deref() == Some("acked"))
+        .expect("an acked delivery");
+    let [next] = of_queue(next_queue)[..] else {
+        panic!("one delivery to {next_queue}: {deliveries:#?}");
+    };
+    assert!(
+        descends_from(spans, next, acked),
+        "the next hop's delivery descends from the first hop's: {spans:#?}"
+    );
+}

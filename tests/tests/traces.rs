@@ -14,7 +14,7 @@ use idem_runtime::{
     Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, OutboxMessage,
     StagingError,
 };
-use idem_tests::otel::{SpanData, attribute, descends_from, in_memory_traces};
+use idem_tests::otel::{assert_retried_message_is_one_trace, in_memory_traces};
 use idem_tests::rabbit::{amqp_url, consumer_builder};
 use idem_tests::{Fixture, Msg, unique};
 
@@ -95,45 +95,7 @@ async fn a_retried_order_is_one_trace_across_three_hops() {
     relay.shutdown().await;
     provider.force_flush().expect("flushed");
     let spans = exporter.get_finished_spans().expect("spans");
-
-    let root = spans
-        .iter()
-        .find(|s| s.name == "checkout")
-        .expect("the checkout span");
-    let trace = root.span_context.trace_id();
-    let deliveries: Vec<&SpanData> = spans.iter().filter(|s| s.name == "idem.delivery").collect();
-    assert_eq!(deliveries.len(), 3, "{deliveries:#?}");
-    for delivery in &deliveries {
-        assert_eq!(delivery.span_context.trace_id(), trace, "{delivery:#?}");
-    }
-    let of_queue = |queue: &str| -> Vec<&SpanData> {
-        (deliveries.iter().copied())
-            .filter(|s| attribute(s, "queue").as_deref() == Some(queue))
-            .collect()
-    };
-    let orders = of_queue(&f.queue);
-    let mut settles: Vec<String> = orders
-        .iter()
-        .filter_map(|s| attribute(s, "settle"))
-        .collect();
-    settles.sort();
-    assert_eq!(settles, ["acked", "duplicate"], "{orders:#?}");
-    for order in &orders {
-        assert_eq!(order.parent_span_id, root.span_context.span_id());
-    }
-    // The notifier's delivery descends from the billed order's delivery, through the span
-    // that staged its event.
-    let billed = orders
-        .iter()
-        .find(|s| attribute(s, "settle").as_deref() == Some("acked"))
-        .unwrap();
-    let [notice] = of_queue(notified.queue())[..] else {
-        panic!("one delivery to the notifier: {deliveries:#?}");
-    };
-    assert!(
-        descends_from(&spans, notice, billed),
-        "the notice's delivery descends from the billing's: {spans:#?}"
-    );
+    assert_retried_message_is_one_trace(&spans, "checkout", &f.queue, notified.queue());
 }
 
 /// Runs a future inside a span.
