@@ -9,6 +9,8 @@ use syn::{Expr, Ident, LitStr, Path, Token};
 mod kw {
     syn::custom_keyword!(transactional);
     syn::custom_keyword!(two_phase);
+    syn::custom_keyword!(entity);
+    syn::custom_keyword!(natural);
 }
 
 /// The options of one `#[idempotent(...)]`, as written.
@@ -18,7 +20,7 @@ pub(crate) struct Args {
     pub(crate) key: Option<Expr>,
     /// `consumer = "<name>"`.
     pub(crate) consumer: Option<LitStr>,
-    /// `mode = transactional | two_phase`, with the value's span.
+    /// `mode = transactional | two_phase | entity | natural`, with the value's span.
     pub(crate) mode: Option<(ModeArg, Span)>,
     /// `lease = "30s"`.
     pub(crate) lease: Option<Duration>,
@@ -44,6 +46,22 @@ pub(crate) struct Duration {
 pub(crate) enum ModeArg {
     Transactional,
     TwoPhase,
+    /// The business entity keeps the key.
+    Entity,
+    /// Naturally idempotent: no bookkeeping.
+    Natural,
+}
+
+impl ModeArg {
+    /// How the attribute spells it.
+    pub(crate) fn spelling(self) -> &'static str {
+        match self {
+            ModeArg::Transactional => "mode = transactional",
+            ModeArg::TwoPhase => "mode = two_phase",
+            ModeArg::Entity => "mode = entity",
+            ModeArg::Natural => "mode = natural",
+        }
+    }
 }
 
 /// What `fingerprint = ...` says.
@@ -136,11 +154,18 @@ fn parse_mode(input: ParseStream<'_>) -> syn::Result<(ModeArg, Span)> {
     } else if lookahead.peek(kw::two_phase) {
         let token = input.parse::<kw::two_phase>()?;
         Ok((ModeArg::TwoPhase, token.span))
+    } else if lookahead.peek(kw::entity) {
+        let token = input.parse::<kw::entity>()?;
+        Ok((ModeArg::Entity, token.span))
+    } else if lookahead.peek(kw::natural) {
+        let token = input.parse::<kw::natural>()?;
+        Ok((ModeArg::Natural, token.span))
     } else if input.peek(LitStr) {
         let lit: LitStr = input.parse()?;
         Err(syn::Error::new_spanned(
             &lit,
-            "write the mode without quotes: `mode = transactional` or `mode = two_phase`",
+            "write the mode without quotes: `mode = transactional`, `mode = two_phase`, \
+             `mode = entity` or `mode = natural`",
         ))
     } else {
         Err(lookahead.error())

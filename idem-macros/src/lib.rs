@@ -35,7 +35,8 @@
 //! - `fingerprint()` hashes the message as received (`Metadata::content_fingerprint`), or the
 //!   `fingerprint = <expr>` value with `Fingerprint::of`, or returns `None` for
 //!   `fingerprint = none`;
-//! - `mode()` is `Mode::Transactional` when the function takes `&DatabaseTransaction` and
+//! - `mode()` is `Mode::Entity` or `Mode::Natural` when `mode = entity` or `mode = natural`
+//!   says so, else `Mode::Transactional` when the function takes `&DatabaseTransaction` and
 //!   `Mode::TwoPhase` (with the `lease`) otherwise; `retention()` and `is_permanent()` follow
 //!   the `retention` and `permanent` options;
 //! - `handle()` calls the function, passing the inbox's transaction, the metadata and the
@@ -232,6 +233,48 @@ use proc_macro::TokenStream;
 ///     Ok(200)
 /// }
 /// assert_eq!(deliver_handler().mode(), Mode::two_phase());
+/// ```
+///
+/// ## `mode = entity`
+///
+/// No inbox record: the business entity's primary key, set from the message, marks it as
+/// processed (`idem_runtime::entity`). The handler takes `&Context<'_>` and creates its entity
+/// with `cx.create(entity)`: `Created::Fresh` for a new message, whose writes commit;
+/// `Created::Existing` with the stored entity for a duplicate, whose run rolls back. The stored
+/// entity is compared with the message through its `Marker::fingerprint`: a reused key is
+/// dead-lettered as the inbox does. No `retention`: the mark lives as long as the entity.
+///
+/// ```
+/// # use idem_runtime::{Context, Handler, Mode, idempotent};
+/// # use idem_runtime::sea_orm::DbErr;
+/// # #[derive(serde::Serialize)] struct OrderPlaced { order_id: String }
+/// #[idempotent(key = order.order_id, consumer = "billing", mode = entity)]
+/// async fn invoice(cx: &Context<'_>, order: OrderPlaced) -> Result<String, DbErr> {
+///     // let invoice = invoices::ActiveModel { order_id: Set(order.order_id), .. };
+///     // match cx.create(invoice).await? { Created::Fresh(inv) | Created::Existing(inv) => .. }
+///     # let _ = cx;
+///     Ok(order.order_id)
+/// }
+/// assert_eq!(invoice_handler().mode(), Mode::Entity);
+/// ```
+///
+/// ## `mode = natural`
+///
+/// A naturally idempotent handler (an upsert keyed on a business id, a state set with a version
+/// check that ignores older states) runs in a transaction every time a copy comes, with no
+/// bookkeeping; its errors settle as every handler's do. No `retention`.
+///
+/// ```
+/// # use idem_runtime::{Handler, Mode, idempotent};
+/// # use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
+/// # #[derive(serde::Serialize)] struct StatusChanged { order_id: String, version: u64 }
+/// #[idempotent(key = (event.order_id, event.version), consumer = "status", mode = natural)]
+/// async fn apply(tx: &DatabaseTransaction, event: StatusChanged) -> Result<(), DbErr> {
+///     // UPDATE orders SET status = ?, version = ? WHERE id = ? AND version < ?
+///     # let _ = tx;
+///     Ok(())
+/// }
+/// assert_eq!(apply_handler().mode(), Mode::Natural);
 /// ```
 ///
 /// ## `lease = "30s"`

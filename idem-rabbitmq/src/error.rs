@@ -139,12 +139,12 @@ pub enum SettingError {
         /// The most a batch may take.
         max: u32,
     },
-    /// A two-phase handler bound in batch mode: its side effects cannot share the batch's
-    /// transaction.
+    /// A handler that is not transactional (two-phase, entity or natural) bound in batch mode:
+    /// batches claim their messages in the inbox table, in one transaction.
     #[error(
-        "queue {queue:?} batches deliveries for {consumer:?}, a two-phase handler; batches are \
-         for transactional handlers, whose effects share the batch's transaction: bind it \
-         without `batch`"
+        "queue {queue:?} batches deliveries for {consumer:?}, which is not a transactional \
+         handler (two-phase, entity or natural mode); batches are for transactional handlers, \
+         whose claims and effects share the batch's transaction: bind it without `batch`"
     )]
     TwoPhaseBatch {
         /// The queue.

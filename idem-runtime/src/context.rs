@@ -8,6 +8,8 @@ use std::time::SystemTime;
 use sea_orm::DatabaseTransaction;
 use tokio::sync::Notify;
 
+use crate::entity::slot::MarkerSlot;
+use crate::fingerprint::Fingerprint;
 use crate::key::{InboxKey, MessageKey};
 use crate::metadata::Metadata;
 use crate::outbox::{Outbound, Outbox, OutboxMessage, RunClaim, StagingError};
@@ -24,6 +26,10 @@ pub struct Context<'a> {
     claim: Option<&'a ClaimWatch>,
     /// What the run stages and the keys it passes downstream.
     outbound: Outbound<'a>,
+    /// The message's fingerprint, in entity mode.
+    fingerprint: Option<Fingerprint>,
+    /// Where [`Context::create`] leaves the marker it found, in entity mode.
+    marker: Option<&'a MarkerSlot>,
 }
 
 impl<'a> Context<'a> {
@@ -42,7 +48,32 @@ impl<'a> Context<'a> {
             previous_claim_at: None,
             claim: None,
             outbound: Outbound::new(message_key, transaction),
+            fingerprint: None,
+            marker: None,
         }
+    }
+
+    /// The same context for a run in entity mode: the message's `fingerprint`, and the `slot`
+    /// where its marker's verdict goes.
+    pub(crate) fn with_marker(
+        mut self,
+        fingerprint: Option<Fingerprint>,
+        slot: &'a MarkerSlot,
+    ) -> Self {
+        self.fingerprint = fingerprint;
+        self.marker = Some(slot);
+        self
+    }
+
+    /// The message's fingerprint in entity mode ([`Mode::Entity`](crate::Mode::Entity)), to
+    /// store with the marker entity for [`Marker::fingerprint`](crate::entity::Marker) to
+    /// return; `None` in the other modes, or when the handler turns the check off.
+    pub fn fingerprint(&self) -> Option<Fingerprint> {
+        self.fingerprint
+    }
+
+    pub(crate) fn marker_slot(&self) -> Option<&'a MarkerSlot> {
+        self.marker
     }
 
     /// The same context for a run of the inbox's `origin`, staging in `outbox`: the inbox makes

@@ -125,10 +125,20 @@ pub enum Error {
     FingerprintMismatch {
         /// The inbox key.
         key: InboxKey,
-        /// The fingerprint stored with the record.
+        /// The fingerprint stored with the record (entity mode: the stored entity's).
         stored: Fingerprint,
         /// This delivery's fingerprint.
         received: Fingerprint,
+    },
+    /// An entity-mode handler returned without creating its marker entity
+    /// ([`Context::create`](crate::Context::create)): nothing tells a later copy that this one
+    /// was processed, so nothing was committed. Dead-lettered.
+    #[error(
+        "the entity-mode handler of {key} returned without creating its marker entity (Context::create): nothing was committed"
+    )]
+    MarkerMissing {
+        /// The inbox key.
+        key: InboxKey,
     },
     /// Another worker holds a live claim on the key (two-phase mode). Requeued, to be retried
     /// after the claim completes or its lease runs out.
@@ -295,6 +305,7 @@ impl Error {
             Error::InvalidConsumer(_) => "invalid-consumer",
             Error::Fingerprint(_) => "unfingerprintable",
             Error::FingerprintMismatch { .. } => "fingerprint-mismatch",
+            Error::MarkerMissing { .. } => "marker-missing",
             Error::InProgressElsewhere { .. } => "in-progress-elsewhere",
             Error::NeedsIntervention { .. } => "needs-intervention",
             Error::ClaimLost { .. } => "claim-lost",

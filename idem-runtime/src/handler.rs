@@ -41,6 +41,17 @@ pub enum Mode {
         /// may take it over, by the database's clock.
         lease: Duration,
     },
+    /// The key lives on the business entity, with no inbox record: the handler runs in a
+    /// transaction and creates its entity with [`Context::create`], whose primary key comes from
+    /// the message. Created, the message is new and the transaction commits; already there, it
+    /// is a duplicate (or, with other content, a mismatch) and the transaction rolls back. See
+    /// [`entity`](crate::entity) for when to choose it over the inbox.
+    Entity,
+    /// A naturally idempotent handler (an upsert keyed on a business id, an absolute state set
+    /// with a version check that ignores older states): no bookkeeping at all. It runs in a
+    /// transaction every time a copy comes, and every run is [`Outcome::Processed`]; the delivery
+    /// policy, dead-letter reasons, metrics and tracing are the same as in the other modes.
+    Natural,
 }
 
 impl Mode {
@@ -58,7 +69,8 @@ impl Mode {
 /// What processing a message gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome<T> {
-    /// The message was new; the handler ran and its output was recorded.
+    /// The message was new (or, for a naturally idempotent handler, whatever it was); the
+    /// handler ran and its output was recorded.
     Processed(T),
     /// The message had been processed before; this is the output recorded then. The handler did
     /// not run.

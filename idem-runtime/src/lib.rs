@@ -186,6 +186,7 @@ mod clock;
 mod configured;
 mod context;
 mod delivery;
+pub mod entity;
 mod error;
 mod fingerprint;
 mod handler;

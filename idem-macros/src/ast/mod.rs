@@ -198,13 +198,14 @@ impl<'a> Handler<'a> {
         self.params.iter().find(|param| param.role == role)
     }
 
-    /// Whether the handler runs in its inbox's transaction: it takes one, or `mode =
-    /// transactional` says so.
+    /// Whether the handler runs in a transaction: it takes one, or its mode says so
+    /// (`transactional`, `entity`, `natural`).
     pub(crate) fn is_transactional(&self) -> bool {
         match self.args.mode {
             // A slice shares the batch's transaction.
             None if self.is_slice() => true,
-            Some((ModeArg::Transactional, _)) => true,
+            // Entity and natural runs have a transaction of their own.
+            Some((ModeArg::Transactional | ModeArg::Entity | ModeArg::Natural, _)) => true,
             Some((ModeArg::TwoPhase, _)) => false,
             None => self.param(Role::Transaction).is_some(),
         }

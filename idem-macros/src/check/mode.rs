@@ -1,4 +1,5 @@
-//! The mode and the durations: a lease only for two phases, a transaction never with them.
+//! The mode and the durations: a lease only for two phases, a transaction never with them, a
+//! retention only with records, a context for entity handlers.
 
 use quote::ToTokens;
 
@@ -43,10 +44,9 @@ pub(super) fn check_lease_only_two_phase(cx: &Ctxt, handler: &Handler<'_>) {
     if matches!(handler.args.mode, Some((ModeArg::TwoPhase, _))) || !handler.is_transactional() {
         return;
     }
-    let why = if handler.param(Role::Transaction).is_some() {
-        "it takes a `&DatabaseTransaction`"
-    } else {
-        "of `mode = transactional`"
+    let why = match handler.args.mode {
+        Some((mode, _)) => format!("of `{}`", mode.spelling()),
+        None => "it takes a `&DatabaseTransaction`".to_owned(),
     };
     cx.error_spanned_by(
         &lease.lit,
@@ -55,4 +55,32 @@ pub(super) fn check_lease_only_two_phase(cx: &Ctxt, handler: &Handler<'_>) {
              {why}"
         ),
     );
+}
+
+// A retention says how long the inbox keeps a record; entity and natural handlers have none.
+pub(super) fn check_retention_only_with_records(cx: &Ctxt, handler: &Handler<'_>) {
+    if let (Some(retention), Some((mode @ (ModeArg::Entity | ModeArg::Natural), _))) =
+        (&handler.args.retention, handler.args.mode)
+    {
+        cx.error_spanned_by(
+            &retention.lit,
+            format!(
+                "`retention` says how long the inbox keeps a handler's records; `{}` keeps none",
+                mode.spelling()
+            ),
+        );
+    }
+}
+
+// An entity-mode handler creates its marker through the context, so it must take one.
+pub(super) fn check_entity_takes_context(cx: &Ctxt, handler: &Handler<'_>) {
+    if let Some((ModeArg::Entity, span)) = handler.args.mode
+        && handler.param(Role::Context).is_none()
+    {
+        cx.error_at(
+            span,
+            "`mode = entity` handlers create their marker entity with `cx.create(entity)`: take \
+             `cx: &Context<'_>`",
+        );
+    }
 }

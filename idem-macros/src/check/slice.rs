@@ -72,13 +72,19 @@ pub(super) fn check_slice_has_no_single_message_params(cx: &Ctxt, handler: &Hand
     }
 }
 
-// A slice's messages share the batch's transaction: a slice cannot run in two phases.
+// A slice's messages share the batch's transaction and its inbox claims: a slice cannot run in
+// two phases, nor without records.
 pub(super) fn check_slice_is_transactional(cx: &Ctxt, handler: &Handler<'_>) {
-    if let Some((ModeArg::TwoPhase, span)) = handler.args.mode {
+    if let Some((mode @ (ModeArg::TwoPhase | ModeArg::Entity | ModeArg::Natural), span)) =
+        handler.args.mode
+    {
         cx.error_at(
             span,
-            "a slice handler is transactional: its messages' effects commit in the batch's \
-             transaction; handle one message per call for two-phase mode",
+            format!(
+                "a slice handler is transactional: its messages' effects commit in the batch's \
+                 transaction; handle one message per call for `{}`",
+                mode.spelling()
+            ),
         );
     }
 }

@@ -6,6 +6,7 @@ use quote::{quote, quote_spanned};
 
 use super::names::{rt, rt_at};
 use crate::ast::Handler;
+use crate::attr::ModeArg;
 
 /// The consumer name's expression, and the item that checks it at compile time with the
 /// runtime's rules (reported at the literal, or at the function's name for the default): the
@@ -40,11 +41,14 @@ pub(super) fn consumer(handler: &Handler<'_>) -> (TokenStream, TokenStream) {
     }
 }
 
-/// The handler's `Mode`: transactional, or two-phase with the `lease`.
+/// The handler's `Mode`: entity, natural, transactional, or two-phase with the `lease`.
 pub(super) fn mode(handler: &Handler<'_>) -> TokenStream {
     let rt = rt();
-    if handler.is_transactional() {
-        return quote!(#rt::Mode::Transactional);
+    match handler.args.mode {
+        Some((ModeArg::Entity, _)) => return quote!(#rt::Mode::Entity),
+        Some((ModeArg::Natural, _)) => return quote!(#rt::Mode::Natural),
+        _ if handler.is_transactional() => return quote!(#rt::Mode::Transactional),
+        _ => {}
     }
     match handler
         .args

@@ -8,6 +8,7 @@ mod operate;
 mod record;
 mod renewal;
 mod two_phase;
+mod unrecorded;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -169,8 +170,17 @@ impl Inbox {
             consumer,
             message_key,
         };
-        let (retention, lease) = self.settings_for(&key.consumer, handler)?;
         let fingerprint = fingerprint_of(handler, &message, metadata)?;
+        match handler.mode() {
+            Mode::Entity => {
+                return self
+                    .entity(handler, &key, fingerprint, message, metadata)
+                    .await;
+            }
+            Mode::Natural => return self.natural(handler, &key, message, metadata).await,
+            Mode::Transactional | Mode::TwoPhase { .. } => {}
+        }
+        let (retention, lease) = self.settings_for(&key.consumer, handler)?;
         let request = ClaimRequest {
             key: &key,
             fingerprint: fingerprint.as_ref(),
@@ -259,10 +269,15 @@ impl Inbox {
                 });
             }
         }
-        let staged = cx.outbound().staged();
+        self.commit(cx.outbound().staged(), tx).await?;
+        Ok(Outcome::Processed(output))
+    }
+
+    /// Commits a run's transaction, which `staged` messages, and wakes the relays for them.
+    async fn commit(&self, staged: u32, tx: DatabaseTransaction) -> Result<()> {
         tx.commit().await?;
         self.staged(staged);
-        Ok(Outcome::Processed(output))
+        Ok(())
     }
 
     /// Wakes the outbox's relays after a commit that staged `count` messages, and counts them.
@@ -283,6 +298,10 @@ impl Inbox {
     /// consumer name, and its retention against the redelivery window if one was given.
     pub fn check_handler<H: Handler>(&self, handler: &H) -> Result<(), Error> {
         let consumer = ConsumerName::new(handler.consumer()).map_err(Error::InvalidConsumer)?;
+        if matches!(handler.mode(), Mode::Entity | Mode::Natural) {
+            // No record to keep, no retention to cover the window.
+            return Ok(());
+        }
         let (retention, _) = self.settings_for(&consumer, handler)?;
         if let Some(window) = &self.inner.window {
             check_covers(consumer.as_str(), retention, window.duration())?;
@@ -307,7 +326,7 @@ impl Inbox {
             return Err(ConfigError::Zero("retention"));
         }
         let lease = match handler.mode() {
-            Mode::Transactional => None,
+            Mode::Transactional | Mode::Entity | Mode::Natural => None,
             Mode::TwoPhase { lease } => {
                 let lease = self
                     .inner

@@ -1,0 +1,248 @@
+//! Entity mode ([`Mode::Entity`](crate::Mode::Entity)): the business entity's own unique key
+//! marks its message as processed, with no inbox record.
+//!
+//! The handler creates its entity with [`Context::create`], whose primary key it derives from
+//! the message (an order's id, a payment's reference). Created: the message is new, and the
+//! entity commits with the handler's other writes and stagings. Already there: the message is
+//! a duplicate; the stored entity is compared with the message through [`Marker::fingerprint`],
+//! and the run rolls back, acknowledged as [`Outcome::Duplicate`](crate::Outcome::Duplicate) or
+//! dead-lettered as [`Error::FingerprintMismatch`](crate::Error::FingerprintMismatch) exactly as
+//! the inbox does. Settle decisions, dead-letter reasons, metrics and logs are the inbox's.
+//!
+//! # Choosing between the inbox and the entity
+//!
+//! | | inbox table (`Mode::Transactional`) | the entity (`Mode::Entity`) |
+//! |---|---|---|
+//! | what marks a message | a row per `(consumer, key)` in the inbox table | the entity's primary key |
+//! | message types | any number share one table | one entity per handler; the message must create it |
+//! | coupling | none: the business schema is untouched | the key and the content check live in the business type |
+//! | retention | records expire and are cleaned: a redelivery after the retention runs again | as long as the entity lives: no retention to configure, no late duplicates; deleting the entity forgets the message |
+//! | what a duplicate returns | the output stored the first time | what the handler builds from the stored entity |
+//! | cost | one claim and one completion per message | the entity's insert, one read to compare on a duplicate |
+//!
+//! Choose the entity when each message creates exactly one entity whose identity the message
+//! carries (an order placed, a payment captured): no second table and nothing to expire.
+//! Choose the inbox when messages update rather than create, when several message types lead
+//! to one entity, or when a duplicate must get the first run's output back unchanged.
+//!
+//! Two consumers creating the same entity from one message would see each other's entity as
+//! their duplicate: an entity marks one consumer's messages.
+
+pub(crate) mod slot;
+
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IdenStatic,
+    Insert, IntoActiveModel, Iterable, PrimaryKeyToColumn, QueryFilter, QueryTrait, Select, SqlErr,
+};
+
+use crate::context::Context;
+use crate::fingerprint::Fingerprint;
+use slot::{Marked, Verdict};
+
+/// An entity that marks the message it was created from as processed (entity mode): how its
+/// stored form is compared with a redelivered message.
+///
+/// Return the fingerprint of the message the entity was made from: stored in a column the
+/// handler filled from [`Context::fingerprint`] (`Fingerprint::to_hex` and `from_hex`), or
+/// computed from the entity's fields the way the handler's `fingerprint = <expr>` computes it
+/// from the message. `None` turns the check off: every copy is a duplicate.
+pub trait Marker {
+    /// The fingerprint of the message this entity was created from.
+    fn fingerprint(&self) -> Option<Fingerprint>;
+}
+
+/// What [`Context::create`] found.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created<M> {
+    /// The entity was created: the message is new.
+    Fresh(M),
+    /// The entity was there already: the message is a duplicate, and this is the stored entity.
+    /// Return the output a duplicate gets; whatever the handler writes after this is rolled
+    /// back.
+    Existing(M),
+}
+
+impl<M> Created<M> {
+    /// The entity, created or stored.
+    pub fn into_inner(self) -> M {
+        match self {
+            Created::Fresh(model) | Created::Existing(model) => model,
+        }
+    }
+
+    /// Whether the entity was created by this call.
+    pub fn is_fresh(&self) -> bool {
+        matches!(self, Created::Fresh(_))
+    }
+}
+
+/// The model an active model `A` stores.
+type ModelOf<A> = <<A as ActiveModelTrait>::Entity as EntityTrait>::Model;
+
+impl Context<'_> {
+    /// Creates `entity` in the handler's transaction, unless an entity with its primary key
+    /// exists: in entity mode, the first entity a run creates is the marker that tells a new
+    /// message from a duplicate.
+    ///
+    /// The primary key must be set from the message (an auto-increment key identifies nothing).
+    /// The insert is the database's arbiter of concurrent copies: `ON CONFLICT DO NOTHING` on
+    /// the primary key (PostgreSQL, SQLite), the duplicate-key error (MySQL/MariaDB, where it
+    /// leaves the transaction usable); a copy racing the first waits for its commit and then
+    /// finds its entity.
+    ///
+    /// # Errors
+    ///
+    /// The database's error, to return from the handler as its own; a context without a
+    /// transaction (two-phase mode) or an entity without its primary key set is refused.
+    pub async fn create<A>(&self, entity: A) -> Result<Created<ModelOf<A>>, DbErr>
+    where
+        A: ActiveModelTrait + Send,
+        ModelOf<A>: Marker + IntoActiveModel<A>,
+    {
+        let Some(tx) = self.transaction() else {
+            return Err(DbErr::Custom(
+                "Context::create writes through the handler's transaction; this run has none \
+                 (two-phase mode)"
+                    .to_owned(),
+            ));
+        };
+        let backend = tx.get_database_backend();
+        let find = by_primary_key(&entity)?;
+        let created = insert(tx, backend, entity).await?;
+        let (model, verdict) = match created {
+            Ok(()) => (read(tx, backend, &find).await?, Verdict::Fresh),
+            Err(conflict) => {
+                let Some(model) = read_existing(tx, backend, &find).await? else {
+                    // Another unique key of the entity conflicted, not its primary key.
+                    return Err(conflict.unwrap_or_else(|| missing(backend, &find)));
+                };
+                let verdict = compare(model.fingerprint(), self.fingerprint());
+                (model, verdict)
+            }
+        };
+        if let Some(slot) = self.marker_slot() {
+            slot.mark(Marked {
+                verdict,
+                find: find.build(backend),
+            });
+        }
+        Ok(match verdict {
+            Verdict::Fresh => Created::Fresh(model),
+            _ => Created::Existing(model),
+        })
+    }
+}
+
+/// The select of `entity`'s row by its primary key, all of whose columns must be set.
+fn by_primary_key<A: ActiveModelTrait>(entity: &A) -> Result<Select<A::Entity>, DbErr> {
+    let mut find = A::Entity::find();
+    for key in <A::Entity as EntityTrait>::PrimaryKey::iter() {
+        let column = key.into_column();
+        let Some(value) = entity.get(column).into_value() else {
+            return Err(DbErr::Custom(format!(
+                "the marker entity's primary key column {} is not set: set it from the message",
+                column.as_str()
+            )));
+        };
+        find = find.filter(column.eq(value));
+    }
+    Ok(find)
+}
+
+/// Inserts `entity`: `Ok(())` when created, `Err` when its primary key was taken, with the
+/// duplicate-key error on MySQL/MariaDB (returned if the conflict was not the primary key's).
+async fn insert<A: ActiveModelTrait>(
+    tx: &impl ConnectionTrait,
+    backend: DbBackend,
+    entity: A,
+) -> Result<Result<(), Option<DbErr>>, DbErr>
+where
+    ModelOf<A>: IntoActiveModel<A>,
+{
+    let mut statement = Insert::one(entity).into_query();
+    if backend == DbBackend::MySql {
+        // `ON DUPLICATE KEY UPDATE` cannot tell a conflict from an insert under
+        // CLIENT_FOUND_ROWS; the duplicate-key error can, and leaves the transaction usable.
+        return match tx.execute(&statement).await {
+            Ok(_) => Ok(Ok(())),
+            Err(error) if matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => {
+                Ok(Err(Some(error)))
+            }
+            Err(error) => Err(error),
+        };
+    }
+    let keys = <A::Entity as EntityTrait>::PrimaryKey::iter().map(PrimaryKeyToColumn::into_column);
+    statement.on_conflict(OnConflict::columns(keys).do_nothing().to_owned());
+    let result = tx.execute(&statement).await?;
+    Ok(if result.rows_affected() == 1 {
+        Ok(())
+    } else {
+        Err(None)
+    })
+}
+
+/// Reads the entity this run just created.
+async fn read<E: EntityTrait>(
+    tx: &impl ConnectionTrait,
+    backend: DbBackend,
+    find: &Select<E>,
+) -> Result<E::Model, DbErr> {
+    let found = find.clone().one(tx).await?;
+    found.ok_or_else(|| missing(backend, find))
+}
+
+/// Reads the entity another run created: on MySQL/MariaDB with a shared lock, which reads the
+/// newest committed row whatever the transaction's snapshot (and, being shared, does not
+/// deadlock with the other copies reading it too).
+async fn read_existing<E: EntityTrait>(
+    tx: &impl ConnectionTrait,
+    backend: DbBackend,
+    find: &Select<E>,
+) -> Result<Option<E::Model>, DbErr> {
+    if backend != DbBackend::MySql {
+        return find.clone().one(tx).await;
+    }
+    let mut statement = find.build(backend);
+    statement.sql.push_str(" LOCK IN SHARE MODE");
+    find.clone().from_raw_sql(statement).one(tx).await
+}
+
+fn missing<E: EntityTrait>(backend: DbBackend, find: &Select<E>) -> DbErr {
+    DbErr::RecordNotFound(format!(
+        "the marker entity was not found by its primary key: {}",
+        find.build(backend)
+    ))
+}
+
+/// A duplicate's verdict: a mismatch only when both sides have a fingerprint and they differ.
+fn compare(stored: Option<Fingerprint>, received: Option<Fingerprint>) -> Verdict {
+    match (stored, received) {
+        (Some(stored), Some(received)) if stored != received => {
+            Verdict::Mismatch { stored, received }
+        }
+        _ => Verdict::Existing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_two_fingerprints_that_differ_are_a_mismatch() {
+        let a = Fingerprint::of_bytes(b"a");
+        let b = Fingerprint::of_bytes(b"b");
+        assert_eq!(compare(Some(a), Some(a)), Verdict::Existing);
+        assert_eq!(compare(None, Some(a)), Verdict::Existing);
+        assert_eq!(compare(Some(a), None), Verdict::Existing);
+        assert_eq!(
+            compare(Some(a), Some(b)),
+            Verdict::Mismatch {
+                stored: a,
+                received: b
+            }
+        );
+    }
+}
