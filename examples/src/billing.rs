@@ -10,7 +10,7 @@ use idem_runtime::{
     StagingError, derived_id, idempotent,
 };
 use sea_orm::sea_query::{Alias, Asterisk, Expr, ExprTrait, Func, Query};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};
 use serde::{Deserialize, Serialize};
 
 use crate::notifications::InvoiceIssued;
@@ -177,29 +177,49 @@ pub fn topology_on(queue: &str, exchange: &str) -> QueueTopology {
         .bind(exchange, ExchangeKind::Topic, ROUTING_KEY)
 }
 
-/// Creates the invoices table if it is missing. There is deliberately no unique constraint on
-/// `order_id`: the inbox alone keeps an order from being charged twice.
+/// Creates the invoices tables if they are missing. There is deliberately no unique constraint
+/// on `invoices.order_id`: the inbox alone keeps an order from being charged twice; the entity
+/// variant's `invoices_by_order` is keyed by the order, its marker.
 ///
 /// Replicas starting together on PostgreSQL race in `CREATE TABLE IF NOT EXISTS`: all but one
 /// may fail (a unique index of the catalog, or the relation created meanwhile). A loser tries
 /// again and finds the table.
 pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
+    create_table(
+        db,
+        "CREATE TABLE IF NOT EXISTS invoices (\
+         order_id VARCHAR(255) NOT NULL, \
+         customer VARCHAR(255) NOT NULL, \
+         amount_cents BIGINT NOT NULL)",
+    )
+    .await?;
+    // The entity-mode variant's, keyed by the order: the key is its marker, compared byte for
+    // byte (MySQL's default collation would take `A-1` and `a-1` for one order).
+    let key = match db.get_database_backend() {
+        DbBackend::MySql => "VARBINARY(255)",
+        _ => "VARCHAR(255)",
+    };
+    create_table(
+        db,
+        &format!(
+            "CREATE TABLE IF NOT EXISTS invoices_by_order (\
+             order_id {key} NOT NULL PRIMARY KEY, \
+             customer VARCHAR(255) NOT NULL, \
+             amount_cents BIGINT NOT NULL)"
+        ),
+    )
+    .await
+}
+
+async fn create_table(db: &DatabaseConnection, statement: &str) -> Result<(), DbErr> {
     let mut tries = 1;
     loop {
-        let created = db
-            .execute_unprepared(
-                "CREATE TABLE IF NOT EXISTS invoices (\
-                 order_id VARCHAR(255) NOT NULL, \
-                 customer VARCHAR(255) NOT NULL, \
-                 amount_cents BIGINT NOT NULL)",
-            )
-            .await;
-        match created {
+        match db.execute_unprepared(statement).await {
             // Replicas starting together race on PostgreSQL's `CREATE TABLE IF NOT EXISTS`
             // (a duplicate type, or the relation created meanwhile): the next try finds the
             // table. An error that lasts is returned after a few tries.
             Err(error) if tries < 5 => {
-                tracing::debug!(%error, "creating the invoices table raced another replica");
+                tracing::debug!(%error, "creating a table raced another replica");
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -208,15 +228,20 @@ pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
     }
 }
 
-/// How many invoices were written for orders whose id starts with `prefix`.
+/// How many invoices were written for orders whose id starts with `prefix`, by either variant
+/// (`invoices`, or the entity mode's `invoices_by_order`).
 pub async fn count_invoices(db: &DatabaseConnection, prefix: &str) -> Result<i64, DbErr> {
-    let count = Query::select()
-        .expr(Func::count(Expr::col(Asterisk)))
-        .from("invoices")
-        .and_where(Expr::col("order_id").like(format!("{prefix}%")))
-        .to_owned();
-    let row = db.query_one(&count).await?;
-    row.map_or(Ok(0), |row| row.try_get_by_index::<i64>(0))
+    let mut total = 0;
+    for table in ["invoices", crate::invoice::TABLE] {
+        let count = Query::select()
+            .expr(Func::count(Expr::col(Asterisk)))
+            .from(table)
+            .and_where(Expr::col("order_id").like(format!("{prefix}%")))
+            .to_owned();
+        let row = db.query_one(&count).await?;
+        total += row.map_or(Ok(0), |row| row.try_get_by_index::<i64>(0))?;
+    }
+    Ok(total)
 }
 
 /// The message id of the `InvoiceIssued` event that charging `order_id` stages: the first

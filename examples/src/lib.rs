@@ -25,6 +25,7 @@
 //! | `--batch` | `BILLING_BATCH` | one at a time | how many deliveries billing processes per transaction, 1 to [`idem_runtime::transport::MAX_BATCH`] |
 //! | `--trust-handlers` | `BILLING_TRUST_HANDLERS` | off | with `--batch`, check each batch's transaction once before its commit ([`idem_runtime::BatchChecks::BeforeCommit`]) |
 //! | `--slices` | `BILLING_SLICES` | off | with `--batch`, charge each batch's fresh orders in one call of the slice handler `charge_all` ([`idem_runtime::SliceHandler`]) |
+//! | `--keys` | `BILLING_KEYS` | `inbox` | where a charged order's key lives: `inbox` (an inbox record beside the invoice) or `entity` (the invoice itself, keyed by its order, [`invoice`]); not with `--batch` |
 //! | `--events-exchange` | `BILLING_EVENTS_EXCHANGE` | `billing.events` | the exchange billing publishes `InvoiceIssued` to, through its outbox |
 //! | `--provider-url` | `NOTIFICATIONS_PROVIDER_URL` | none | also run the notifications service, calling this provider (the demo runs a loopback stub of its own) |
 //! | `--notifications-queue` | `NOTIFICATIONS_QUEUE` | `notifications.invoices` | the quorum queue the notifications service declares, bounded to [`notifications::MAX_LENGTH`] events, and consumes |
@@ -48,10 +49,12 @@ pub mod billing;
 pub mod broker;
 pub mod cli;
 pub mod demo;
+pub mod invoice;
 pub mod metrics;
 pub mod notifications;
 pub mod orders;
 pub mod progress;
+pub mod statuses;
 pub mod stub;
 
 pub use cli::init_logging;

@@ -16,11 +16,12 @@ use idem_examples::notifications::{self, InvoiceIssued};
 use idem_examples::orders::{self, OrderPlaced};
 use idem_rabbitmq::{PublishOptions, Publisher};
 use idem_tests::{TestBroker, rabbit};
-use sea_orm::Database;
+use sea_orm::{ConnectionTrait, Database};
 
-fn run_demo(database_url: &str, orders: usize) -> String {
+fn run_demo(database_url: &str, orders: usize, options: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_billing"))
         .args(["--demo", &orders.to_string()])
+        .args(options)
         .env("DATABASE_URL", database_url)
         .env("RUST_LOG", "warn")
         .output()
@@ -32,6 +33,14 @@ fn run_demo(database_url: &str, orders: usize) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     stdout
+}
+
+/// How many rows of `table` belong to orders whose id starts with `prefix`.
+async fn rows(db: &sea_orm::DatabaseConnection, table: &str, prefix: &str) -> i64 {
+    let sql = format!("SELECT COUNT(*) FROM {table} WHERE order_id LIKE '{prefix}%'");
+    let statement = sea_orm::Statement::from_string(db.get_database_backend(), sql);
+    let row = db.query_one_raw(statement).await.unwrap().unwrap();
+    row.try_get_by_index(0).unwrap()
 }
 
 /// The run's id, from the summary's first line: `billing demo <run>: ...`.
@@ -210,8 +219,14 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
         .unwrap();
     events_of_other_runs(&broker, 50).await;
     let mut runs = Vec::new();
-    for url in [sqlite.as_str(), postgres.as_str()] {
-        let summary = run_demo(url, 40);
+    // The inbox on both databases, then the invoice as the marker (entity mode).
+    let variants = [
+        (sqlite.as_str(), "inbox"),
+        (postgres.as_str(), "inbox"),
+        (sqlite.as_str(), "entity"),
+    ];
+    for (url, keys) in variants {
+        let summary = run_demo(url, 40, &["--keys", keys]);
         // 40 orders, one invalid; every tenth published twice; one id reused. Messages an
         // earlier, interrupted run left on the queue can only add to the next two figures.
         assert_eq!(figure(&summary, "invoices written"), 39, "{summary}");
@@ -226,7 +241,15 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
             "{summary}"
         );
         assert_eq!(figure(&summary, "lost"), 0, "{summary}");
-        runs.push(run_id(&summary));
+        let run = run_id(&summary);
+        if keys == "entity" {
+            // The invoices are the markers: keyed by their orders, nothing in `invoices`.
+            let db = Database::connect(url).await.unwrap();
+            let prefix = format!("{run}-");
+            assert_eq!(rows(&db, idem_examples::invoice::TABLE, &prefix).await, 39);
+            assert_eq!(invoices(&db, &prefix).await, (0, 0));
+        }
+        runs.push(run);
     }
     // The queue the notifications service declared is bounded.
     let queues = rabbit::rabbitmqctl(&["list_queues", "name", "arguments"]).await;

@@ -134,8 +134,8 @@ impl<'a> Context<'a> {
         self.metadata
     }
 
-    /// The transaction the handler writes its effects through ([`Mode::Transactional`](crate::Mode::Transactional)); `None`
-    /// in two-phase mode.
+    /// The transaction the handler writes its effects through (transactional, entity and
+    /// natural modes); `None` in two-phase mode.
     pub fn transaction(&self) -> Option<&'a DatabaseTransaction> {
         self.transaction
     }

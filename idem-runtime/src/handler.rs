@@ -11,8 +11,11 @@ use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::key::{KeyError, MessageKey};
 use crate::metadata::Metadata;
 
-/// How a handler's effects are committed with its inbox record.
+/// How a handler's effects are committed, and where the mark of a processed message is kept:
+/// an inbox record (transactional, two-phase), the business entity (entity), or nowhere
+/// (natural).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mode {
     /// The Inbox pattern: claim, handler writes and outcome in one database transaction, which the
     /// handler receives through [`Context::transaction`]. A crash anywhere before the commit
@@ -70,7 +73,8 @@ impl Mode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome<T> {
     /// The message was new (or, for a naturally idempotent handler, whatever it was); the
-    /// handler ran and its output was recorded.
+    /// handler ran and its effects committed, with its output in the inbox record (transactional
+    /// and two-phase modes).
     Processed(T),
     /// The message had been processed before; this is the output recorded then. The handler did
     /// not run.

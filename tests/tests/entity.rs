@@ -21,8 +21,17 @@ on_each_backend!(
     a_reused_key_with_other_content_is_dead_lettered,
     a_handler_that_creates_no_marker_commits_nothing,
     a_failure_after_the_marker_leaves_nothing_and_the_retry_charges,
+    a_second_marker_in_a_run_is_refused,
     sixty_four_copies_in_four_processes_make_one_entity,
 );
+
+/// One server's own: PostgreSQL's failed statement aborts the whole transaction; MariaDB's
+/// default collation takes keys differing in case for one.
+mod servers {
+    use super::*;
+    on_each_backend!([postgres]: a_handler_carrying_on_after_an_aborted_transaction_commits_nothing);
+    on_each_backend!([mysql]: keys_a_collation_merges_are_refused_not_taken_for_duplicates);
+}
 
 /// The invoices the handler creates: the order id is the primary key, the marker.
 mod invoice {
@@ -56,7 +65,9 @@ struct Order {
     order_id: String,
     customer: String,
     amount_cents: i64,
-    /// `forget`: the handler creates no invoice; `fail`: it fails after creating it.
+    /// `forget`: the handler creates no invoice; `fail`: it fails after creating it;
+    /// `swallow`: a statement fails after it, whose error the handler ignores; `twice`: it
+    /// creates the invoice twice.
     script: String,
 }
 
@@ -86,6 +97,8 @@ struct Billing {
 impl Billing {
     #[idempotent(key = order.order_id, consumer = "billing.entity", mode = entity, fingerprint = (order.customer, order.amount_cents))]
     async fn invoice(&self, cx: &Context<'_>, order: Order) -> Result<i64, DbErr> {
+        let tx = cx.transaction().expect("entity mode runs in a transaction");
+        let mut amount = order.amount_cents;
         if order.script != "forget" {
             let invoice = invoice::ActiveModel {
                 order_id: Set(order.order_id.clone()),
@@ -93,11 +106,24 @@ impl Billing {
                 amount_cents: Set(order.amount_cents),
                 fingerprint: Set(cx.fingerprint().map(|f| f.to_hex())),
             };
-            if let Created::Existing(stored) = cx.create(invoice).await? {
-                return Ok(stored.amount_cents);
+            let created = cx.create(invoice.clone()).await?;
+            if order.script == "twice" {
+                cx.create(invoice).await?;
+            }
+            if let Created::Existing(stored) = created {
+                // Written after the duplicate was found: rolled back with its run.
+                amount = stored.amount_cents;
+                insert_effect(
+                    tx,
+                    &self.effects,
+                    "billing.entity",
+                    &order.order_id,
+                    "again",
+                )
+                .await?;
+                return Ok(amount);
             }
         }
-        let tx = cx.transaction().expect("entity mode runs in a transaction");
         insert_effect(
             tx,
             &self.effects,
@@ -106,10 +132,14 @@ impl Billing {
             "charged",
         )
         .await?;
+        if order.script == "swallow" {
+            let failed = tx.execute_unprepared("SELECT * FROM no_such_table").await;
+            assert!(failed.is_err(), "the statement fails");
+        }
         if order.script == "fail" {
             return Err(DbErr::Custom("the payment provider is down".to_owned()));
         }
-        Ok(order.amount_cents)
+        Ok(amount)
     }
 }
 
@@ -256,6 +286,48 @@ async fn a_failure_after_the_marker_leaves_nothing_and_the_retry_charges(backend
     assert_eq!(db.count(&billing.effects, "1=1").await, 1);
 }
 
+async fn a_handler_carrying_on_after_an_aborted_transaction_commits_nothing(backend: Backend) {
+    let (db, inbox, billing) = setup(backend).await;
+    let handler = billing.invoice_handler();
+    let order_id = unique("order");
+    let swallowing = Order::new(&order_id, 1250).scripted("swallow");
+    let error = charge(&inbox, &handler, swallowing).await.unwrap_err();
+    assert!(
+        matches!(error, Error::TransactionAborted { .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.settle(), Settle::Requeue);
+    assert_eq!(invoices(&db, &order_id).await, 0);
+    assert_eq!(db.count(&billing.effects, "1=1").await, 0);
+}
+
+async fn a_second_marker_in_a_run_is_refused(backend: Backend) {
+    let (db, inbox, billing) = setup(backend).await;
+    let handler = billing.invoice_handler();
+    let order_id = unique("order");
+    let twice = Order::new(&order_id, 1250).scripted("twice");
+    let error = charge(&inbox, &handler, twice).await.unwrap_err();
+    assert!(error.to_string().contains("once"), "{error}");
+    assert_eq!(invoices(&db, &order_id).await, 0, "nothing committed");
+}
+
+async fn keys_a_collation_merges_are_refused_not_taken_for_duplicates(backend: Backend) {
+    let (db, inbox, billing) = setup(backend).await;
+    let handler = billing.invoice_handler();
+    let order_id = unique("Order");
+    let first = charge(&inbox, &handler, Order::new(&order_id, 1250)).await;
+    assert_eq!(first.unwrap(), Outcome::Processed(1250));
+    // Another order, whose id differs in case only: the column's collation merges them.
+    let other = Order::new(&order_id.to_lowercase(), 1250);
+    let error = charge(&inbox, &handler, other).await.unwrap_err();
+    assert!(error.to_string().contains("collation"), "{error}");
+    assert_eq!(
+        db.count(&billing.effects, "1=1").await,
+        1,
+        "one charge, no duplicate"
+    );
+}
+
 /// What the child processes are told, through their environment.
 const CHILD_URL: &str = "IDEM_ENTITY_CHILD_URL";
 const CHILD_BACKEND: &str = "IDEM_ENTITY_CHILD_BACKEND";
@@ -337,6 +409,8 @@ async fn racing_copies_child() {
                         .await
                     {
                         Err(error) if error.settle() == Settle::Requeue => {
+                            // Waiting for the first copy is contention, not a failed attempt.
+                            assert!(!error.counts_as_attempt(), "{error}");
                             tokio::time::sleep(Duration::from_millis(5)).await;
                         }
                         settled => return settled.expect("a copy settles without an error"),

@@ -94,6 +94,17 @@ struct Args {
     )]
     batch: Option<usize>,
 
+    /// Where the key of a charged order lives: `inbox` (an inbox record beside the invoice) or
+    /// `entity` (the invoice itself, keyed by its order, in `invoices_by_order`)
+    #[arg(
+        long,
+        value_enum,
+        env = "BILLING_KEYS",
+        default_value = "inbox",
+        conflicts_with = "batch"
+    )]
+    keys: Keys,
+
     /// With --batch: check each batch's transaction once, before its commit, instead of after
     /// each message (billing's handler returns every database error and never ends its
     /// transaction)
@@ -145,6 +156,15 @@ struct Args {
     /// convention)
     #[arg(long, value_name = "ADDR", env = "BILLING_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
+}
+
+/// Where the key of a charged order lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Keys {
+    /// An inbox record beside the invoice.
+    Inbox,
+    /// The invoice itself, keyed by its order (entity mode).
+    Entity,
 }
 
 #[tokio::main]
@@ -255,6 +275,7 @@ fn log_settings(args: &Args) {
         batch = args.batch.unwrap_or(1),
         trust_handlers = args.trust_handlers,
         slices = args.slices,
+        keys = ?args.keys,
         "billing starting"
     );
 }
@@ -336,6 +357,9 @@ async fn start_consumer(args: &Args, broker: &AmqpUrl, inbox: Inbox) -> Result<C
                 .batch(size, wait)
                 .batch_checks(checks),
         ),
+        None if args.keys == Keys::Entity => {
+            consumer.bind_with(Binding::new(topology, service.charge_by_entity_handler()))
+        }
         None => consumer.bind_with(Binding::new(topology, service.charge_handler())),
     };
     Ok(consumer.start().await?)

@@ -18,7 +18,7 @@
 //! | coupling | none: the business schema is untouched | the key and the content check live in the business type |
 //! | retention | records expire and are cleaned: a redelivery after the retention runs again | as long as the entity lives: no retention to configure, no late duplicates; deleting the entity forgets the message |
 //! | what a duplicate returns | the output stored the first time | what the handler builds from the stored entity |
-//! | cost | one claim and one completion per message | the entity's insert, one read to compare on a duplicate |
+//! | cost | one claim and one completion per message | the entity's insert and a read of it back (the commit's proof), a read more to compare a duplicate |
 //!
 //! Choose the entity when each message creates exactly one entity whose identity the message
 //! carries (an order placed, a payment captured): no second table and nothing to expire.
@@ -26,19 +26,24 @@
 //! to one entity, or when a duplicate must get the first run's output back unchanged.
 //!
 //! Two consumers creating the same entity from one message would see each other's entity as
-//! their duplicate: an entity marks one consumer's messages.
+//! their duplicate: an entity marks one consumer's messages. On MySQL/MariaDB, give the key
+//! column a binary collation: under a collation that ignores case or trailing spaces, two
+//! messages' keys would meet in one row (idem refuses such a meeting rather than take it for a
+//! duplicate). On MySQL (not MariaDB) a deadlock the handler swallows cannot be told from the
+//! transaction's outside: return the database's errors from the handler.
 
 pub(crate) mod slot;
 
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IdenStatic,
-    Insert, IntoActiveModel, Iterable, PrimaryKeyToColumn, QueryFilter, QueryTrait, Select, SqlErr,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, DbBackend, DbErr,
+    EntityTrait, IdenStatic, Insert, IntoActiveModel, Iterable, ModelTrait, PrimaryKeyToColumn,
+    QueryFilter, QueryTrait, Select, SqlErr, Statement, Value,
 };
 
 use crate::context::Context;
 use crate::fingerprint::Fingerprint;
-use slot::{Marked, Verdict};
+use slot::{Marked, MarkerWait, Verdict};
 
 /// An entity that marks the message it was created from as processed (entity mode): how its
 /// stored form is compared with a redelivered message.
@@ -82,20 +87,26 @@ impl<M> Created<M> {
 type ModelOf<A> = <<A as ActiveModelTrait>::Entity as EntityTrait>::Model;
 
 impl Context<'_> {
-    /// Creates `entity` in the handler's transaction, unless an entity with its primary key
-    /// exists: in entity mode, the first entity a run creates is the marker that tells a new
-    /// message from a duplicate.
+    /// In entity mode, creates the marker: `entity`, whose primary key is set from the message,
+    /// in the handler's transaction, unless an entity with that key exists. Call it once per
+    /// run, before the run's other writes; create the handler's other entities with sea-orm's
+    /// own inserts.
     ///
-    /// The primary key must be set from the message (an auto-increment key identifies nothing).
     /// The insert is the database's arbiter of concurrent copies: `ON CONFLICT DO NOTHING` on
     /// the primary key (PostgreSQL, SQLite), the duplicate-key error (MySQL/MariaDB, where it
-    /// leaves the transaction usable); a copy racing the first waits for its commit and then
-    /// finds its entity.
+    /// leaves the transaction usable). A copy racing the first waits for its transaction at
+    /// most the inbox's claim wait (PostgreSQL, MariaDB), then finds its entity, or gives up
+    /// as contention and is requeued uncounted.
+    ///
+    /// A stored entity whose key differs from this one's although the database took them for
+    /// the same (a MySQL/MariaDB collation that ignores case or trailing spaces) is refused, not
+    /// taken for a duplicate: give the key column a binary collation.
     ///
     /// # Errors
     ///
-    /// The database's error, to return from the handler as its own; a context without a
-    /// transaction (two-phase mode) or an entity without its primary key set is refused.
+    /// The database's error, to return from the handler as its own; a second call in a run, a
+    /// context without a transaction (two-phase mode), an entity without its primary key set or
+    /// a key the collation merged with another are refused.
     pub async fn create<A>(&self, entity: A) -> Result<Created<ModelOf<A>>, DbErr>
     where
         A: ActiveModelTrait + Send,
@@ -108,9 +119,18 @@ impl Context<'_> {
                     .to_owned(),
             ));
         };
+        let slot = self.marker_slot();
+        if slot.is_some_and(|slot| !slot.attempt()) {
+            return Err(DbErr::Custom(
+                "Context::create creates the run's marker, once: create other entities with \
+                 sea-orm's own inserts"
+                    .to_owned(),
+            ));
+        }
         let backend = tx.get_database_backend();
-        let find = by_primary_key(&entity)?;
-        let created = insert(tx, backend, entity).await?;
+        let key = primary_key(&entity)?;
+        let find = by_key::<A::Entity>(&key);
+        let created = insert(tx, slot.map(|slot| &slot.wait), entity).await?;
         let (model, verdict) = match created {
             Ok(()) => (read(tx, backend, &find).await?, Verdict::Fresh),
             Err(conflict) => {
@@ -118,11 +138,12 @@ impl Context<'_> {
                     // Another unique key of the entity conflicted, not its primary key.
                     return Err(conflict.unwrap_or_else(|| missing(backend, &find)));
                 };
+                same_key(&model, &key)?;
                 let verdict = compare(model.fingerprint(), self.fingerprint());
                 (model, verdict)
             }
         };
-        if let Some(slot) = self.marker_slot() {
+        if let Some(slot) = slot {
             slot.mark(Marked {
                 verdict,
                 find: find.build(backend),
@@ -135,52 +156,104 @@ impl Context<'_> {
     }
 }
 
-/// The select of `entity`'s row by its primary key, all of whose columns must be set.
-fn by_primary_key<A: ActiveModelTrait>(entity: &A) -> Result<Select<A::Entity>, DbErr> {
-    let mut find = A::Entity::find();
-    for key in <A::Entity as EntityTrait>::PrimaryKey::iter() {
-        let column = key.into_column();
-        let Some(value) = entity.get(column).into_value() else {
-            return Err(DbErr::Custom(format!(
-                "the marker entity's primary key column {} is not set: set it from the message",
-                column.as_str()
-            )));
-        };
-        find = find.filter(column.eq(value));
-    }
-    Ok(find)
+/// The columns of an entity type's primary key.
+type KeyOf<E> = Vec<(<E as EntityTrait>::Column, Value)>;
+
+/// `entity`'s primary key, all of whose columns must be set.
+fn primary_key<A: ActiveModelTrait>(entity: &A) -> Result<KeyOf<A::Entity>, DbErr> {
+    <A::Entity as EntityTrait>::PrimaryKey::iter()
+        .map(|key| {
+            let column = key.into_column();
+            match entity.get(column).into_value() {
+                Some(value) => Ok((column, value)),
+                None => Err(DbErr::Custom(format!(
+                    "the marker entity's primary key column {} is not set: set it from the \
+                     message",
+                    column.as_str()
+                ))),
+            }
+        })
+        .collect()
 }
 
-/// Inserts `entity`: `Ok(())` when created, `Err` when its primary key was taken, with the
-/// duplicate-key error on MySQL/MariaDB (returned if the conflict was not the primary key's).
+/// The select of the row whose primary key is `key`.
+fn by_key<E: EntityTrait>(key: &KeyOf<E>) -> Select<E> {
+    key.iter().fold(E::find(), |find, (column, value)| {
+        find.filter(column.eq(value.clone()))
+    })
+}
+
+/// Refuses a stored entity whose key the database merged with `key` (a collation that ignores
+/// case or trailing spaces): another message's entity, not this one's.
+fn same_key<M: ModelTrait>(stored: &M, key: &KeyOf<M::Entity>) -> Result<(), DbErr> {
+    for (column, value) in key {
+        let theirs = stored.get(*column);
+        if &theirs != value {
+            return Err(DbErr::Custom(format!(
+                "the marker key {value:?} found the stored entity of {theirs:?}: the column {}'s \
+                 collation takes them for one; give it a binary collation",
+                column.as_str()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Inserts `entity`, waiting at most the marker's wait for a transaction that holds its key:
+/// `Ok(())` when created, `Err` when its primary key was taken, with the duplicate-key error on
+/// MySQL/MariaDB (returned if the conflict was not the primary key's).
 async fn insert<A: ActiveModelTrait>(
-    tx: &impl ConnectionTrait,
-    backend: DbBackend,
+    tx: &DatabaseTransaction,
+    wait: Option<&MarkerWait>,
     entity: A,
 ) -> Result<Result<(), Option<DbErr>>, DbErr>
 where
     ModelOf<A>: IntoActiveModel<A>,
 {
+    let backend = tx.get_database_backend();
     let mut statement = Insert::one(entity).into_query();
-    if backend == DbBackend::MySql {
+    if backend != DbBackend::MySql {
+        let keys =
+            <A::Entity as EntityTrait>::PrimaryKey::iter().map(PrimaryKeyToColumn::into_column);
+        statement.on_conflict(OnConflict::columns(keys).do_nothing().to_owned());
+    }
+    let mut statement = backend.build(&statement);
+    if let Some(wait) = wait {
+        statement.sql = wait.dialect.with_lock_wait(&statement.sql, wait.wait);
+        if backend == DbBackend::Postgres {
+            bound_lock_wait(tx, &wait.wait.as_millis().max(1).to_string()).await?;
+        }
+    }
+    let result = tx.execute_raw(statement).await;
+    if let Some(wait) = wait
+        && backend == DbBackend::Postgres
+        && result.is_ok()
+    {
+        bound_lock_wait(tx, &wait.restore).await?;
+    }
+    match result {
+        Ok(done) if backend == DbBackend::MySql || done.rows_affected() == 1 => Ok(Ok(())),
+        Ok(_) => Ok(Err(None)),
         // `ON DUPLICATE KEY UPDATE` cannot tell a conflict from an insert under
         // CLIENT_FOUND_ROWS; the duplicate-key error can, and leaves the transaction usable.
-        return match tx.execute(&statement).await {
-            Ok(_) => Ok(Ok(())),
-            Err(error) if matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => {
-                Ok(Err(Some(error)))
-            }
-            Err(error) => Err(error),
-        };
+        Err(error)
+            if backend == DbBackend::MySql
+                && matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) =>
+        {
+            Ok(Err(Some(error)))
+        }
+        Err(error) => Err(error),
     }
-    let keys = <A::Entity as EntityTrait>::PrimaryKey::iter().map(PrimaryKeyToColumn::into_column);
-    statement.on_conflict(OnConflict::columns(keys).do_nothing().to_owned());
-    let result = tx.execute(&statement).await?;
-    Ok(if result.rows_affected() == 1 {
-        Ok(())
-    } else {
-        Err(None)
-    })
+}
+
+/// Sets PostgreSQL's `lock_timeout` for the rest of the transaction.
+async fn bound_lock_wait(tx: &DatabaseTransaction, timeout: &str) -> Result<(), DbErr> {
+    let set = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT set_config('lock_timeout', $1, true)",
+        [Value::from(timeout.to_owned())],
+    );
+    tx.query_one_raw(set).await.map(drop)
 }
 
 /// Reads the entity this run just created.

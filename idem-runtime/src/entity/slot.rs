@@ -2,10 +2,13 @@
 //! handler returns.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use sea_orm::Statement;
 
 use crate::fingerprint::Fingerprint;
+use crate::store::dialect::Dialect;
 
 /// What creating the marker entity found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,29 +27,58 @@ pub(crate) enum Verdict {
     },
 }
 
-/// The first marker a run created: its verdict, and the statement that reads it back, which
-/// the runtime runs last in the run's transaction to prove the transaction still holds it.
+/// The run's marker: its verdict, and the statement that reads it back, which the runtime runs
+/// last in the run's transaction to prove the transaction still holds it.
 #[derive(Debug, Clone)]
 pub(crate) struct Marked {
     pub(crate) verdict: Verdict,
     pub(crate) find: Statement,
 }
 
+/// How long the marker's insert waits for another copy's transaction holding its key: the
+/// inbox's claim wait, as its claims wait.
+#[derive(Debug, Clone)]
+pub(crate) struct MarkerWait {
+    pub(crate) dialect: Dialect,
+    pub(crate) wait: Duration,
+    /// PostgreSQL's `lock_timeout` as configured, restored after the insert.
+    pub(crate) restore: String,
+}
+
 /// Where [`Context::create`](crate::Context::create) leaves what it found for the runtime.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct MarkerSlot {
+    pub(crate) wait: MarkerWait,
+    attempted: AtomicBool,
     marked: Mutex<Option<Marked>>,
 }
 
 impl MarkerSlot {
-    /// Keeps `marked` unless a marker was created before in this run: the first one is the
-    /// message's marker, later ones are the handler's other entities.
+    pub(crate) fn new(wait: MarkerWait) -> Self {
+        Self {
+            wait,
+            attempted: AtomicBool::new(false),
+            marked: Mutex::new(None),
+        }
+    }
+
+    /// Notes that the run tries to create its marker; `false` if it tried before: a run has
+    /// one marker.
+    pub(crate) fn attempt(&self) -> bool {
+        !self.attempted.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether the run tried to create its marker, whatever came of it.
+    pub(crate) fn attempted(&self) -> bool {
+        self.attempted.load(Ordering::Acquire)
+    }
+
+    /// Keeps what the run's marker found.
     pub(crate) fn mark(&self, marked: Marked) {
-        let mut slot = self
+        *self
             .marked
             .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        slot.get_or_insert(marked);
+            .unwrap_or_else(|poison| poison.into_inner()) = Some(marked);
     }
 
     /// What the run's marker found, if it created one.

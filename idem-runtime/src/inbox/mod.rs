@@ -114,7 +114,8 @@ impl Inbox {
     /// # Cancel safety
     ///
     /// Dropping the future before it completes is a crash of this worker as far as the message
-    /// is concerned: in transactional mode the transaction rolls back and nothing is recorded;
+    /// is concerned: in transactional, entity and natural modes the transaction rolls back and
+    /// nothing is recorded (entity mode: the marker entity with the rest);
     /// in two-phase mode the handler and the renewal of its lease stop together, and the claim
     /// stays in progress until its lease runs out, when a redelivery takes it over.
     //
@@ -170,16 +171,18 @@ impl Inbox {
             consumer,
             message_key,
         };
-        let fingerprint = fingerprint_of(handler, &message, metadata)?;
         match handler.mode() {
             Mode::Entity => {
+                let fingerprint = fingerprint_of(handler, &message, metadata)?;
                 return self
                     .entity(handler, &key, fingerprint, message, metadata)
                     .await;
             }
+            // Nothing to compare a copy with.
             Mode::Natural => return self.natural(handler, &key, message, metadata).await,
             Mode::Transactional | Mode::TwoPhase { .. } => {}
         }
+        let fingerprint = fingerprint_of(handler, &message, metadata)?;
         let (retention, lease) = self.settings_for(&key.consumer, handler)?;
         let request = ClaimRequest {
             key: &key,

@@ -1,17 +1,18 @@
 //! The modes that keep no inbox record: entity mode, where the handler's own entity marks the
 //! message, and naturally idempotent handlers, which need no mark at all.
 
-use sea_orm::ConnectionTrait;
+use sea_orm::{ConnectionTrait, DatabaseTransaction, Statement};
 
 use super::{Inbox, outage_or, run};
 use crate::context::Context;
-use crate::entity::slot::{MarkerSlot, Verdict};
+use crate::entity::slot::{MarkerSlot, MarkerWait, Verdict};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::handler::{Handler, Outcome};
 use crate::key::InboxKey;
 use crate::metadata::Metadata;
-use crate::store::dialect::{Failure, classify};
+use crate::outbox::RunClaim;
+use crate::store::dialect::{Failure, classify, database_error_in};
 
 impl Inbox {
     /// Entity mode: the handler runs in a transaction and creates its marker entity; the
@@ -24,10 +25,16 @@ impl Inbox {
         message: H::Message,
         metadata: &Metadata,
     ) -> Result<Outcome<H::Output>> {
-        let tx = self.inner.store.dialect().begin(&self.inner.db).await?;
-        let slot = MarkerSlot::default();
-        let cx = Context::new(&key.message_key, metadata, Some(&tx))
-            .with_origin(key, self.inner.outbox.as_ref())
+        let store = &self.inner.store;
+        let tx = store.dialect().begin(&self.inner.db).await?;
+        let (wait, restore) = store.claim_wait();
+        let slot = MarkerSlot::new(MarkerWait {
+            dialect: store.dialect(),
+            wait,
+            restore: restore.to_owned(),
+        });
+        let cx = self
+            .unrecorded_context(key, metadata, &tx)
             .with_marker(fingerprint, &slot);
         let result = run(handler, &cx, message).await;
         let marked = slot.take();
@@ -41,28 +48,30 @@ impl Inbox {
         }
         let output = match result {
             Ok(output) => output,
-            Err(error) => return Err(outage_or(error, &tx).await),
+            Err(error) => return Err(contention_or(outage_or(error, &tx).await)),
         };
         let Some(marked) = marked else {
+            // A marker tried and failed, its error ignored: the transaction cannot be trusted.
+            if slot.attempted() {
+                return Err(Error::TransactionAborted { key: key.clone() });
+            }
             return Err(Error::MarkerMissing { key: key.clone() });
         };
         if marked.verdict == Verdict::Existing {
-            // Dropped, the transaction rolls back whatever the handler wrote after the marker.
-            drop(tx);
-            (self.inner.telemetry).duplicate(key.consumer.as_str(), None);
+            // Whatever the handler wrote after finding the marker goes.
+            tx.rollback().await?;
             return Ok(Outcome::Duplicate(output));
         }
-        // The marker read back is the transaction's last statement: a transaction the database
-        // aborted (PostgreSQL) or rolled back (a MySQL deadlock the handler swallowed) no longer
-        // has it, and its commit would not mean the entity is stored.
+        // The marker read back, in a transaction still open, is the run's last statement: a
+        // transaction the database aborted (PostgreSQL) or rolled back (a MariaDB deadlock the
+        // handler swallowed, after which statements commit on their own) no longer has it, and
+        // its commit would not mean the entity is stored.
         match tx.query_one_raw(marked.find).await {
             Ok(Some(_)) => {}
             Ok(None) => return Err(Error::TransactionAborted { key: key.clone() }),
-            Err(error) if classify(&error) == Failure::Aborted => {
-                return Err(Error::TransactionAborted { key: key.clone() });
-            }
-            Err(error) => return Err(error.into()),
+            Err(error) => return Err(aborted_or(error, key)),
         }
+        self.still_open(&tx, key).await?;
         self.commit(cx.outbound().staged(), tx).await?;
         Ok(Outcome::Processed(output))
     }
@@ -76,21 +85,77 @@ impl Inbox {
         metadata: &Metadata,
     ) -> Result<Outcome<H::Output>> {
         let tx = self.inner.store.dialect().begin(&self.inner.db).await?;
-        let cx = Context::new(&key.message_key, metadata, Some(&tx))
-            .with_origin(key, self.inner.outbox.as_ref());
+        let cx = self.unrecorded_context(key, metadata, &tx);
         let output = match run(handler, &cx, message).await {
             Ok(output) => output,
-            Err(error) => return Err(outage_or(error, &tx).await),
+            Err(error) => return Err(contention_or(outage_or(error, &tx).await)),
         };
-        // On PostgreSQL a statement that failed aborted the transaction, and its commit would
-        // roll back while reporting success: one more statement tells.
-        if let Err(error) = tx.execute_unprepared("SELECT 1").await {
-            return Err(match classify(&error) {
-                Failure::Aborted => Error::TransactionAborted { key: key.clone() },
-                _ => error.into(),
-            });
-        }
+        self.still_open(&tx, key).await?;
         self.commit(cx.outbound().staged(), tx).await?;
         Ok(Outcome::Processed(output))
+    }
+
+    /// The context of a run without an inbox record. On MariaDB its stagings check that its
+    /// transaction is still open, as the inbox's runs do; elsewhere a transaction that is lost
+    /// fails its stagings (PostgreSQL) or is found before the commit.
+    fn unrecorded_context<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        metadata: &'a Metadata,
+        tx: &'a DatabaseTransaction,
+    ) -> Context<'a> {
+        let cx = Context::new(&key.message_key, metadata, Some(tx))
+            .with_origin(key, self.inner.outbox.as_ref());
+        if self.inner.store.dialect().tells_open_transaction() {
+            return cx.with_run_claim(RunClaim {
+                statements: self.inner.run_statements.as_ref(),
+                token: 0,
+            });
+        }
+        cx
+    }
+
+    /// Fails unless `tx` is still the open transaction the run began: PostgreSQL refuses any
+    /// statement in a transaction it aborted (whose commit would roll back while reporting
+    /// success); MariaDB tells whether a deadlock rolled it back.
+    async fn still_open(&self, tx: &DatabaseTransaction, key: &InboxKey) -> Result<()> {
+        let sql = if self.inner.store.dialect().tells_open_transaction() {
+            "SELECT 1 FROM DUAL WHERE @@in_transaction = 1"
+        } else {
+            "SELECT 1"
+        };
+        let backend = tx.get_database_backend();
+        match tx.query_one_raw(Statement::from_string(backend, sql)).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(Error::TransactionAborted { key: key.clone() }),
+            Err(error) => Err(aborted_or(error, key)),
+        }
+    }
+}
+
+/// A failed statement's error: a transaction the database aborted is `TransactionAborted`.
+fn aborted_or(error: sea_orm::DbErr, key: &InboxKey) -> Error {
+    match classify(&error) {
+        Failure::Aborted => Error::TransactionAborted { key: key.clone() },
+        _ => error.into(),
+    }
+}
+
+/// A handler's failure, or the contention behind it: a deadlock or a lock not granted in time
+/// (the marker's insert waiting for another copy) is retried without counting an attempt.
+fn contention_or(error: Error) -> Error {
+    let Error::Handler { source, .. } = &error else {
+        return error;
+    };
+    match database_error_in(source.as_ref()) {
+        Some(db_error)
+            if matches!(
+                classify(&db_error),
+                Failure::Deadlock | Failure::LockTimeout
+            ) =>
+        {
+            Error::Contention(db_error)
+        }
+        _ => error,
     }
 }

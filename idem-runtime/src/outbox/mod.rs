@@ -183,7 +183,8 @@ impl Outbox {
             announce,
         };
         let Some((claim, statements)) = claim.and_then(|c| Some((c, c.statements?))) else {
-            // A context made by hand (a unit test's): no claim to check.
+            // A context made by hand (a unit test's), or a run without an inbox record (entity
+            // and natural modes) off MariaDB: no claim to check.
             let statement = self.inner.statements.stage();
             self.insert(conn, statement, staging, message, Vec::new())
                 .await?;

@@ -243,6 +243,12 @@ impl Store {
         self.dialect
     }
 
+    /// How long a claim waits for another transaction holding its key, and PostgreSQL's
+    /// `lock_timeout` as configured, to restore after a bounded wait.
+    pub(crate) fn claim_wait(&self) -> (Duration, &str) {
+        (self.claim_wait, &self.lock_timeout)
+    }
+
     pub(crate) fn backend(&self) -> DbBackend {
         self.dialect.backend()
     }

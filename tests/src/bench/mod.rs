@@ -16,10 +16,10 @@ pub mod probe;
 pub mod seed;
 
 use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, OutboxMessage,
-    SliceContext, SliceHandler,
+    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, Mode,
+    OutboxMessage, SliceContext, SliceHandler,
 };
-use sea_orm::sea_query::{Alias, Query};
+use sea_orm::sea_query::{Alias, OnConflict, Query};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, DbErr, SqliteTransactionMode, Statement,
     TransactionOptions, TransactionTrait,
@@ -97,6 +97,64 @@ pub async fn create_charges(db: &TestDb) -> String {
     ))
     .await;
     charges
+}
+
+/// Creates a charges table whose primary key is the order id, for [`Upsert`].
+pub async fn create_keyed_charges(db: &TestDb) -> String {
+    let charges = db.table("keyed_charges");
+    db.exec(&format!(
+        "CREATE TABLE {charges} (order_id VARCHAR(255) PRIMARY KEY, amount BIGINT NOT NULL)"
+    ))
+    .await;
+    charges
+}
+
+/// The charge as a naturally idempotent handler (`Mode::Natural`): an upsert keyed on the order
+/// id, with no inbox record, for the inbox bench's `--mode natural`.
+#[derive(Debug, Clone)]
+pub struct Upsert {
+    /// The business table, keyed on the order id ([`create_keyed_charges`]).
+    pub table: String,
+}
+
+impl Handler for Upsert {
+    type Message = Order;
+    type Output = ();
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        "bench"
+    }
+    fn key(&self, order: &Order, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(order.id.as_str())
+    }
+    fn fingerprint(
+        &self,
+        _: &Order,
+        _: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(None)
+    }
+    fn mode(&self) -> Mode {
+        Mode::Natural
+    }
+    async fn handle(&self, cx: &Context<'_>, order: Order) -> Result<(), DbErr> {
+        let upsert = Query::insert()
+            .into_table(Alias::new(&self.table))
+            .columns(["order_id", "amount"])
+            .values_panic([order.id.into(), order.amount.into()])
+            .on_conflict(
+                OnConflict::column("order_id")
+                    .update_column("amount")
+                    .to_owned(),
+            )
+            .to_owned();
+        cx.transaction()
+            .expect("a transaction")
+            .execute(&upsert)
+            .await?;
+        Ok(())
+    }
 }
 
 /// idem's side: the business insert, through the inbox's transaction.
