@@ -108,7 +108,7 @@ impl Billing {
             };
             let created = cx.create(invoice.clone()).await?;
             if order.script == "twice" {
-                cx.create(invoice).await?;
+                let _second = cx.create(invoice).await?;
             }
             if let Created::Existing(stored) = created {
                 // Written after the duplicate was found: rolled back with its run.
