@@ -90,6 +90,7 @@ impl TestDb {
 
     /// Connects with a pool of `max_connections`.
     pub async fn connect_with_pool(backend: Backend, max_connections: u32) -> Self {
+        crate::watchdog::start();
         let sqlite_path = (backend == Backend::Sqlite).then(|| {
             std::env::temp_dir()
                 .join(format!("{}.db", unique("idem_test")))
@@ -115,6 +116,7 @@ impl TestDb {
     /// Connects to `backend` at `url` (a proxy in front of the server, another schema); tables
     /// it makes are dropped through the same URL.
     pub async fn connect_url(backend: Backend, url: String, max_connections: u32) -> Self {
+        crate::watchdog::start();
         let db = connect(&url, max_connections)
             .await
             .unwrap_or_else(|error| panic!("{backend:?} is not reachable at {url}: {error}"));

@@ -19,6 +19,7 @@ pub mod script;
 pub mod skew;
 pub mod slicer;
 pub mod tls;
+pub mod watchdog;
 
 pub use cut::CutWorker;
 pub use db::{Backend, TestDb, unique};

@@ -159,6 +159,7 @@ impl TestBroker {
 
     /// Connects to the broker at `url` (a cluster's nodes, comma-separated).
     pub async fn connect_to(url: &str) -> Self {
+        crate::watchdog::start();
         let url = url.to_owned();
         let fail = |error: &dyn std::fmt::Display| -> ! {
             panic!(

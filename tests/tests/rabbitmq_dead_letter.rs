@@ -458,10 +458,13 @@ async fn a_stated_broker_delivery_limit_is_reached_by_the_consumer_first() {
         )
         .await
         .unwrap();
+    // The copy reaches the dead-letter queue before the consumer counts it: wait for both.
     t.broker
-        .eventually("the message dead-lettered", WAIT, || async {
-            t.broker.depth(&t.dlq).await == 1
-        })
+        .eventually(
+            "the message dead-lettered by the consumer",
+            WAIT,
+            || async { t.broker.depth(&t.dlq).await == 1 && consumer.stats().dead_lettered == 1 },
+        )
         .await;
     let letters = t.dead_letters().await;
     assert_eq!(
