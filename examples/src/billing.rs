@@ -68,6 +68,17 @@ pub struct Billing {
 }
 
 impl Billing {
+    /// The `InvoiceIssued` event of charging `order`, to stage in the charge's transaction.
+    pub(crate) fn invoice_issued(&self, order: &OrderPlaced) -> Result<OutboxMessage, DbErr> {
+        let event = InvoiceIssued {
+            order_id: order.order_id.clone(),
+            customer: order.customer.clone(),
+            amount_cents: order.amount_cents,
+        };
+        OutboxMessage::json(&self.events_exchange, INVOICE_ISSUED, &event)
+            .map_err(|error| DbErr::Custom(error.to_string()))
+    }
+
     /// Charges an order: writes its invoice through the inbox's transaction and stages an
     /// `InvoiceIssued` event in the outbox, so the invoice, the event and the record that the
     /// order was charged commit together or not at all.
@@ -96,14 +107,7 @@ impl Billing {
             ])
             .to_owned();
         tx.execute(&insert).await?;
-        let event = InvoiceIssued {
-            order_id: order.order_id.clone(),
-            customer: order.customer,
-            amount_cents: order.amount_cents,
-        };
-        let message = OutboxMessage::json(&self.events_exchange, INVOICE_ISSUED, &event)
-            .map_err(|error| DbErr::Custom(error.to_string()))?;
-        outbound.stage(message).await?;
+        outbound.stage(self.invoice_issued(&order)?).await?;
         tracing::debug!(order_id = %order.order_id, amount_cents = order.amount_cents, "charged");
         Ok(Receipt {
             order_id: order.order_id,
@@ -146,14 +150,7 @@ impl Billing {
         cx.transaction().execute(&insert).await?;
         let mut receipts = Vec::with_capacity(orders.len());
         for (message, order) in cx.messages().iter().zip(orders) {
-            let event = InvoiceIssued {
-                order_id: order.order_id.clone(),
-                customer: order.customer,
-                amount_cents: order.amount_cents,
-            };
-            let outgoing = OutboxMessage::json(&self.events_exchange, INVOICE_ISSUED, &event)
-                .map_err(|error| DbErr::Custom(error.to_string()))?;
-            message.stage(outgoing).await?;
+            message.stage(self.invoice_issued(&order)?).await?;
             receipts.push(Receipt {
                 order_id: order.order_id,
                 amount_cents: order.amount_cents,

@@ -3,12 +3,10 @@
 //! no inbox record; a copy compares the stored invoice with the order it carries.
 
 use idem_runtime::entity::{Created, Marker};
-use idem_runtime::{Context, Fingerprint, OutboxMessage, idempotent};
+use idem_runtime::{Context, Fingerprint, idempotent};
 use sea_orm::ActiveValue::Set;
-use sea_orm::DbErr;
 
-use crate::billing::{Billing, BillingError, INVOICE_ISSUED, Receipt, is_permanent};
-use crate::notifications::InvoiceIssued;
+use crate::billing::{Billing, BillingError, Receipt, is_permanent};
 use crate::orders::OrderPlaced;
 
 /// The table of invoices keyed by their order.
@@ -77,14 +75,7 @@ impl Billing {
                 amount_cents: stored.amount_cents,
             });
         }
-        let event = InvoiceIssued {
-            order_id: order.order_id.clone(),
-            customer: order.customer,
-            amount_cents: order.amount_cents,
-        };
-        let message = OutboxMessage::json(&self.events_exchange, INVOICE_ISSUED, &event)
-            .map_err(|error| DbErr::Custom(error.to_string()))?;
-        cx.stage(message).await?;
+        cx.stage(self.invoice_issued(&order)?).await?;
         Ok(Receipt {
             order_id: order.order_id,
             amount_cents: order.amount_cents,

@@ -102,13 +102,7 @@ async fn a_natural_handler_keeps_the_delivery_policy_on_rabbitmq() {
             stats.acked as usize == events.len() && stats.dead_lettered == 2
         })
         .await;
-    let mut reasons: Vec<String> = t
-        .dead_letters()
-        .await
-        .iter()
-        .map(|letter| letter.reason().to_owned())
-        .collect();
-    reasons.sort();
+    let reasons = t.dead_letter_reasons().await;
     assert_eq!(reasons, ["handler-permanent-error", "undecodable"]);
     let table = &statuses.table;
     assert_eq!(

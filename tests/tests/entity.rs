@@ -12,6 +12,7 @@ use idem_runtime::entity::{Created, Marker};
 use idem_runtime::transport::Settle;
 use idem_runtime::{Context, Error, Fingerprint, Handler, Inbox, Metadata, Outcome, idempotent};
 use idem_tests::db::insert_effect;
+use idem_tests::proxy::behind_proxy;
 use idem_tests::{Backend, TestDb, inbox_key, on_each_backend, unique};
 use sea_orm::{ActiveValue::Set, ConnectionTrait, DbErr, Schema};
 use serde::Serialize;
@@ -25,9 +26,15 @@ on_each_backend!(
     sixty_four_copies_in_four_processes_make_one_entity,
 );
 
+/// Faults of the database servers'.
+mod servers {
+    use super::*;
+    on_each_backend!([postgres, mysql]: a_database_lost_after_the_marker_is_an_outage_and_charges_once);
+}
+
 /// One server's own: PostgreSQL's failed statement aborts the whole transaction; MariaDB's
 /// default collation takes keys differing in case for one.
-mod servers {
+mod server {
     use super::*;
     on_each_backend!([postgres]: a_handler_carrying_on_after_an_aborted_transaction_commits_nothing);
     on_each_backend!([mysql]: keys_a_collation_merges_are_refused_not_taken_for_duplicates);
@@ -67,7 +74,7 @@ struct Order {
     amount_cents: i64,
     /// `forget`: the handler creates no invoice; `fail`: it fails after creating it;
     /// `swallow`: a statement fails after it, whose error the handler ignores; `twice`: it
-    /// creates the invoice twice.
+    /// creates the invoice twice; `slow`: it takes 600 ms after its writes.
     script: String,
 }
 
@@ -138,6 +145,9 @@ impl Billing {
         }
         if order.script == "fail" {
             return Err(DbErr::Custom("the payment provider is down".to_owned()));
+        }
+        if order.script == "slow" {
+            tokio::time::sleep(Duration::from_millis(600)).await;
         }
         Ok(amount)
     }
@@ -299,6 +309,43 @@ async fn a_handler_carrying_on_after_an_aborted_transaction_commits_nothing(back
     assert_eq!(error.settle(), Settle::Requeue);
     assert_eq!(invoices(&db, &order_id).await, 0);
     assert_eq!(db.count(&billing.effects, "1=1").await, 0);
+}
+
+async fn a_database_lost_after_the_marker_is_an_outage_and_charges_once(backend: Backend) {
+    let (db, proxy) = behind_proxy(backend).await;
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .build()
+        .await
+        .expect("inbox builds");
+    create_invoices(&db.db).await;
+    let billing = Arc::new(Billing {
+        effects: db.effects_table().await,
+    });
+    let order_id = unique("order");
+    let run = {
+        let (inbox, handler) = (inbox.clone(), billing.invoice_handler());
+        let order = Order::new(&order_id, 1250).scripted("slow");
+        tokio::spawn(async move { charge(&inbox, &handler, order).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.cut().await;
+    let error = run.await.unwrap().unwrap_err();
+    assert!(error.is_store_unavailable(), "{error:?}");
+    assert!(!error.counts_as_attempt());
+    proxy.restore();
+    let handler = billing.invoice_handler();
+    let mut result = charge(&inbox, &handler, Order::new(&order_id, 1250)).await;
+    for _ in 0..20 {
+        if result.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        result = charge(&inbox, &handler, Order::new(&order_id, 1250)).await;
+    }
+    assert_eq!(result.unwrap(), Outcome::Processed(1250));
+    assert_eq!(invoices(&db, &order_id).await, 1);
+    assert_eq!(db.count(&billing.effects, "1=1").await, 1);
 }
 
 async fn a_second_marker_in_a_run_is_refused(backend: Backend) {
