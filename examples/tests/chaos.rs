@@ -7,7 +7,8 @@
 //! invoice went out through the processes' outbox relays and each order was notified, through a
 //! two-phase handler calling a provider stub, with exactly the key derived from it. A
 //! summary line per run gives the kills, closes, duplicates and effects. On PostgreSQL and on
-//! MariaDB, one after the other; and on the three-node RabbitMQ cluster of
+//! MariaDB, one after the other (and on MariaDB with `--keys entity`, the invoice itself the
+//! mark of a charged order); and on the three-node RabbitMQ cluster of
 //! `tests/cluster/rabbitmq-cluster` (started when it is down), per message and in batches, where
 //! nodes are SIGKILLed and restarted too.
 //!
@@ -83,6 +84,14 @@ async fn chaos_in_batches_on_postgres_charges_each_order_once() {
 async fn chaos_in_batches_on_mariadb_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
     chaos(Backend::MySql, Taking::Batches(20), None).await;
+}
+
+/// Entity mode: the invoice, keyed by its order, is the only mark of a charged order, on the
+/// database whose deadlocks roll a whole transaction back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_by_entity_on_mariadb_charges_each_order_once() {
+    let _serial = SERIAL.lock().await;
+    chaos(Backend::MySql, Taking::ByEntity, None).await;
 }
 
 /// Batches checked once before their commit, on the database whose deadlocks roll a whole
@@ -616,6 +625,8 @@ enum Taking {
     TrustedBatches(usize),
     /// Batches of up to that many, their fresh orders charged by the slice handler.
     Slices(usize),
+    /// One at a time, each invoice the marker of its order (entity mode, no inbox record).
+    ByEntity,
 }
 
 /// One run, the billing processes taking their deliveries as `taking` says, on the local broker
@@ -660,6 +671,7 @@ async fn chaos(backend: Backend, taking: Taking, cluster: Option<&Cluster>) {
     ];
     match taking {
         Taking::OneAtATime => {}
+        Taking::ByEntity => env.push(("BILLING_KEYS", "entity".to_owned())),
         Taking::Batches(size) => env.push(("BILLING_BATCH", size.to_string())),
         Taking::TrustedBatches(size) => {
             env.push(("BILLING_BATCH", size.to_string()));

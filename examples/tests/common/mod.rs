@@ -250,36 +250,47 @@ impl Drop for Billing {
 
 /// `(invoices, distinct orders invoiced)` for orders whose id starts with `prefix`.
 pub(crate) async fn invoices(db: &DatabaseConnection, prefix: &str) -> (i64, i64) {
-    let count = Query::select()
-        .expr(Func::count(Expr::col(Asterisk)))
-        .expr(Func::count_distinct(Expr::col("order_id")))
-        .from("invoices")
-        .and_where(Expr::col("order_id").like(format!("{prefix}%")))
-        .to_owned();
-    let row = db.query_one(&count).await.unwrap().unwrap();
-    (
-        row.try_get_by_index(0).unwrap(),
-        row.try_get_by_index(1).unwrap(),
-    )
+    let mut counts = (0, 0);
+    for table in INVOICE_TABLES {
+        let count = Query::select()
+            .expr(Func::count(Expr::col(Asterisk)))
+            .expr(Func::count_distinct(Expr::col("order_id")))
+            .from(table)
+            .and_where(Expr::col("order_id").like(format!("{prefix}%")))
+            .to_owned();
+        let row = db.query_one(&count).await.unwrap().unwrap();
+        counts.0 += row.try_get_by_index::<i64>(0).unwrap();
+        counts.1 += row.try_get_by_index::<i64>(1).unwrap();
+    }
+    counts
 }
+
+/// The tables billing writes its invoices to: `invoices`, or with `--keys entity`
+/// `invoices_by_order` (whose key is binary on MySQL/MariaDB). A run writes to one of them.
+const INVOICE_TABLES: [&str; 2] = ["invoices", idem_examples::invoice::TABLE];
 
 /// The amounts invoiced per order, for orders whose id starts with `prefix`.
 pub(crate) async fn invoiced_amounts(
     db: &DatabaseConnection,
     prefix: &str,
 ) -> BTreeMap<String, Vec<i64>> {
-    let select = Query::select()
-        .columns(["order_id", "amount_cents"])
-        .from("invoices")
-        .and_where(Expr::col("order_id").like(format!("{prefix}%")))
-        .to_owned();
     let mut amounts: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for row in db.query_all(&select).await.unwrap() {
-        let order: String = row.try_get_by_index(0).unwrap();
-        amounts
-            .entry(order)
-            .or_default()
-            .push(row.try_get_by_index(1).unwrap());
+    for table in INVOICE_TABLES {
+        let select = Query::select()
+            .columns(["order_id", "amount_cents"])
+            .from(table)
+            .and_where(Expr::col("order_id").like(format!("{prefix}%")))
+            .to_owned();
+        for row in db.query_all(&select).await.unwrap() {
+            let order = row.try_get_by_index::<String>(0).unwrap_or_else(|_| {
+                let bytes: Vec<u8> = row.try_get_by_index(0).unwrap();
+                String::from_utf8(bytes).unwrap()
+            });
+            amounts
+                .entry(order)
+                .or_default()
+                .push(row.try_get_by_index(1).unwrap());
+        }
     }
     amounts
 }
