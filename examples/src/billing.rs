@@ -193,7 +193,7 @@ pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
     // The entity-mode variant's, keyed by the order: the key is its marker, compared byte for
     // byte (MySQL's default collation would take `A-1` and `a-1` for one order).
     let key = match db.get_database_backend() {
-        DbBackend::MySql => "VARBINARY(255)",
+        DbBackend::MySql => "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
         _ => "VARCHAR(255)",
     };
     create_table(

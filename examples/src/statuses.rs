@@ -116,7 +116,7 @@ impl Statuses {
     pub async fn create_table(&self, db: &impl ConnectionTrait) -> Result<(), DbErr> {
         // Order ids compared byte for byte (MySQL's default collation ignores case).
         let key = match db.get_database_backend() {
-            DbBackend::MySql => "VARBINARY(64)",
+            DbBackend::MySql => "VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
             _ => "VARCHAR(64)",
         };
         db.execute_unprepared(&format!(

@@ -140,6 +140,16 @@ pub enum Error {
         /// The inbox key.
         key: InboxKey,
     },
+    /// An entity-mode handler's marker was refused ([`Context::create`](crate::Context::create)
+    /// called twice in a run, an entity without its primary key set, a key the column's
+    /// collation merges with another's): the handler or the schema must change. Dead-lettered.
+    #[error("the marker entity of {key} was refused: {reason}")]
+    MarkerRefused {
+        /// The inbox key.
+        key: InboxKey,
+        /// Why.
+        reason: String,
+    },
     /// Another worker holds a live claim on the key (two-phase mode). Requeued, to be retried
     /// after the claim completes or its lease runs out.
     #[error("key {key} is being processed elsewhere (claim held for another {remaining:?})")]
@@ -306,6 +316,7 @@ impl Error {
             Error::Fingerprint(_) => "unfingerprintable",
             Error::FingerprintMismatch { .. } => "fingerprint-mismatch",
             Error::MarkerMissing { .. } => "marker-missing",
+            Error::MarkerRefused { .. } => "marker-refused",
             Error::InProgressElsewhere { .. } => "in-progress-elsewhere",
             Error::NeedsIntervention { .. } => "needs-intervention",
             Error::ClaimLost { .. } => "claim-lost",

@@ -29,7 +29,10 @@ on_each_backend!(
 /// Faults of the database servers'.
 mod servers {
     use super::*;
-    on_each_backend!([postgres, mysql]: a_database_lost_after_the_marker_is_an_outage_and_charges_once);
+    on_each_backend!([postgres, mysql]:
+        a_database_lost_after_the_marker_is_an_outage_and_charges_once,
+        a_copy_waits_at_most_the_claim_wait_for_the_first,
+    );
 }
 
 /// One server's own: PostgreSQL's failed statement aborts the whole transaction; MariaDB's
@@ -74,7 +77,7 @@ struct Order {
     amount_cents: i64,
     /// `forget`: the handler creates no invoice; `fail`: it fails after creating it;
     /// `swallow`: a statement fails after it, whose error the handler ignores; `twice`: it
-    /// creates the invoice twice; `slow`: it takes 600 ms after its writes.
+    /// creates the invoice twice; `slow`: it takes 3 s after its writes.
     script: String,
 }
 
@@ -147,7 +150,7 @@ impl Billing {
             return Err(DbErr::Custom("the payment provider is down".to_owned()));
         }
         if order.script == "slow" {
-            tokio::time::sleep(Duration::from_millis(600)).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
         }
         Ok(amount)
     }
@@ -193,6 +196,13 @@ async fn charge<H: Handler<Message = Order, Output = i64>>(
     order: Order,
 ) -> Result<Outcome<i64>, Error> {
     inbox.process(handler, order, &Metadata::default()).await
+}
+
+fn assert_dead_lettered(error: &Error, code: &str) {
+    match error.settle() {
+        Settle::DeadLetter(reason) => assert_eq!(reason.code, code),
+        other => panic!("{error} settles as {other:?}"),
+    }
 }
 
 async fn invoices(db: &TestDb, order_id: &str) -> i64 {
@@ -244,10 +254,7 @@ async fn a_reused_key_with_other_content_is_dead_lettered(backend: Backend) {
         matches!(error, Error::FingerprintMismatch { .. }),
         "{error:?}"
     );
-    match error.settle() {
-        Settle::DeadLetter(reason) => assert_eq!(reason.code, "fingerprint-mismatch"),
-        other => panic!("a mismatch settles as {other:?}"),
-    }
+    assert_dead_lettered(&error, "fingerprint-mismatch");
     assert_eq!(invoices(&db, &order_id).await, 1);
     let amount = db
         .count(
@@ -266,10 +273,7 @@ async fn a_handler_that_creates_no_marker_commits_nothing(backend: Backend) {
     let order = Order::new(&order_id, 1250).scripted("forget");
     let error = charge(&inbox, &handler, order).await.unwrap_err();
     assert!(matches!(error, Error::MarkerMissing { .. }), "{error:?}");
-    match error.settle() {
-        Settle::DeadLetter(reason) => assert_eq!(reason.code, "marker-missing"),
-        other => panic!("a missing marker settles as {other:?}"),
-    }
+    assert_dead_lettered(&error, "marker-missing");
     assert_eq!(
         db.count(&billing.effects, "1=1").await,
         0,
@@ -348,13 +352,51 @@ async fn a_database_lost_after_the_marker_is_an_outage_and_charges_once(backend:
     assert_eq!(db.count(&billing.effects, "1=1").await, 1);
 }
 
+async fn a_copy_waits_at_most_the_claim_wait_for_the_first(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let inbox = Inbox::builder(db.db.clone())
+        .table(db.table("inbox"))
+        .claim_wait(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("inbox builds");
+    create_invoices(&db.db).await;
+    let billing = Arc::new(Billing {
+        effects: db.effects_table().await,
+    });
+    let order_id = unique("order");
+    // The first copy holds its new invoice for 3 s before its commit.
+    let first = {
+        let (inbox, handler) = (inbox.clone(), billing.invoice_handler());
+        let order = Order::new(&order_id, 1250).scripted("slow");
+        tokio::spawn(async move { charge(&inbox, &handler, order).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let handler = billing.invoice_handler();
+    let started = std::time::Instant::now();
+    let error = charge(&inbox, &handler, Order::new(&order_id, 1250))
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert!(matches!(error, Error::Contention(_)), "{error:?}");
+    assert!(!error.counts_as_attempt());
+    // Unbounded, the copy would have waited for the first's commit and found a duplicate.
+    // MariaDB's wait is in whole seconds: one at least.
+    assert!(waited < Duration::from_millis(2500), "waited {waited:?}");
+    assert_eq!(first.await.unwrap().unwrap(), Outcome::Processed(1250));
+    let again = charge(&inbox, &handler, Order::new(&order_id, 1250)).await;
+    assert_eq!(again.unwrap(), Outcome::Duplicate(1250));
+}
+
 async fn a_second_marker_in_a_run_is_refused(backend: Backend) {
     let (db, inbox, billing) = setup(backend).await;
     let handler = billing.invoice_handler();
     let order_id = unique("order");
     let twice = Order::new(&order_id, 1250).scripted("twice");
     let error = charge(&inbox, &handler, twice).await.unwrap_err();
+    assert!(matches!(error, Error::MarkerRefused { .. }), "{error:?}");
     assert!(error.to_string().contains("once"), "{error}");
+    assert_dead_lettered(&error, "marker-refused");
     assert_eq!(invoices(&db, &order_id).await, 0, "nothing committed");
 }
 
@@ -368,6 +410,7 @@ async fn keys_a_collation_merges_are_refused_not_taken_for_duplicates(backend: B
     let other = Order::new(&order_id.to_lowercase(), 1250);
     let error = charge(&inbox, &handler, other).await.unwrap_err();
     assert!(error.to_string().contains("collation"), "{error}");
+    assert_dead_lettered(&error, "marker-refused");
     assert_eq!(
         db.count(&billing.effects, "1=1").await,
         1,

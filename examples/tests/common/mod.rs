@@ -266,7 +266,7 @@ pub(crate) async fn invoices(db: &DatabaseConnection, prefix: &str) -> (i64, i64
 }
 
 /// The tables billing writes its invoices to: `invoices`, or with `--keys entity`
-/// `invoices_by_order` (whose key is binary on MySQL/MariaDB). A run writes to one of them.
+/// `invoices_by_order`. A run writes to one of them.
 const INVOICE_TABLES: [&str; 2] = ["invoices", idem_examples::invoice::TABLE];
 
 /// The amounts invoiced per order, for orders whose id starts with `prefix`.
@@ -282,10 +282,7 @@ pub(crate) async fn invoiced_amounts(
             .and_where(Expr::col("order_id").like(format!("{prefix}%")))
             .to_owned();
         for row in db.query_all(&select).await.unwrap() {
-            let order = row.try_get_by_index::<String>(0).unwrap_or_else(|_| {
-                let bytes: Vec<u8> = row.try_get_by_index(0).unwrap();
-                String::from_utf8(bytes).unwrap()
-            });
+            let order: String = row.try_get_by_index(0).unwrap();
             amounts
                 .entry(order)
                 .or_default()

@@ -7,7 +7,10 @@
 //! a duplicate; the stored entity is compared with the message through [`Marker::fingerprint`],
 //! and the run rolls back, acknowledged as [`Outcome::Duplicate`](crate::Outcome::Duplicate) or
 //! dead-lettered as [`Error::FingerprintMismatch`](crate::Error::FingerprintMismatch) exactly as
-//! the inbox does. Settle decisions, dead-letter reasons, metrics and logs are the inbox's.
+//! the inbox does. Settle decisions, dead-letter reasons, the outcome counters, spans and logs
+//! are the inbox's; a duplicate has no age (nothing records when its entity was created), so
+//! the duplicate-age histogram and the summaries `idem retention advise` reads leave entity
+//! duplicates out.
 //!
 //! # Choosing between the inbox and the entity
 //!
@@ -18,7 +21,7 @@
 //! | coupling | none: the business schema is untouched | the key and the content check live in the business type |
 //! | retention | records expire and are cleaned: a redelivery after the retention runs again | as long as the entity lives: no retention to configure, no late duplicates; deleting the entity forgets the message |
 //! | what a duplicate returns | the output stored the first time | what the handler builds from the stored entity |
-//! | cost | one claim and one completion per message | the entity's insert and a read of it back (the commit's proof), a read more to compare a duplicate |
+//! | cost | one claim and one completion per message | the entity's insert, a read of it, and before the commit a read of it again and a check that the transaction is open; on PostgreSQL two statements more to bound the insert's wait |
 //!
 //! Choose the entity when each message creates exactly one entity whose identity the message
 //! carries (an order placed, a payment captured): no second table and nothing to expire.
@@ -104,9 +107,11 @@ impl Context<'_> {
     ///
     /// # Errors
     ///
-    /// The database's error, to return from the handler as its own; a second call in a run, a
-    /// context without a transaction (two-phase mode), an entity without its primary key set or
-    /// a key the collation merged with another are refused.
+    /// The database's error, to return from the handler as its own. A context without a
+    /// transaction (two-phase mode) is refused; so are a second call in a run, an entity without
+    /// its primary key set and a key the collation merged with another, and the run then ends
+    /// in [`Error::MarkerRefused`](crate::Error::MarkerRefused), dead-lettered, whatever the
+    /// handler returns.
     pub async fn create<A>(&self, entity: A) -> Result<Created<ModelOf<A>>, DbErr>
     where
         A: ActiveModelTrait + Send,
@@ -120,15 +125,21 @@ impl Context<'_> {
             ));
         };
         let slot = self.marker_slot();
+        let refuse = |reason: String| {
+            if let Some(slot) = slot {
+                slot.refuse(&reason);
+            }
+            DbErr::Custom(reason)
+        };
         if slot.is_some_and(|slot| !slot.attempt()) {
-            return Err(DbErr::Custom(
+            return Err(refuse(
                 "Context::create creates the run's marker, once: create other entities with \
                  sea-orm's own inserts"
                     .to_owned(),
             ));
         }
         let backend = tx.get_database_backend();
-        let key = primary_key(&entity)?;
+        let key = primary_key(&entity).map_err(refuse)?;
         let find = by_key::<A::Entity>(&key);
         let created = insert(tx, slot.map(|slot| &slot.wait), entity).await?;
         let (model, verdict) = match created {
@@ -138,7 +149,9 @@ impl Context<'_> {
                     // Another unique key of the entity conflicted, not its primary key.
                     return Err(conflict.unwrap_or_else(|| missing(backend, &find)));
                 };
-                same_key(&model, &key)?;
+                if backend == DbBackend::MySql {
+                    same_key(&model, &key).map_err(refuse)?;
+                }
                 let verdict = compare(model.fingerprint(), self.fingerprint());
                 (model, verdict)
             }
@@ -160,17 +173,17 @@ impl Context<'_> {
 type KeyOf<E> = Vec<(<E as EntityTrait>::Column, Value)>;
 
 /// `entity`'s primary key, all of whose columns must be set.
-fn primary_key<A: ActiveModelTrait>(entity: &A) -> Result<KeyOf<A::Entity>, DbErr> {
+fn primary_key<A: ActiveModelTrait>(entity: &A) -> Result<KeyOf<A::Entity>, String> {
     <A::Entity as EntityTrait>::PrimaryKey::iter()
         .map(|key| {
             let column = key.into_column();
             match entity.get(column).into_value() {
                 Some(value) => Ok((column, value)),
-                None => Err(DbErr::Custom(format!(
+                None => Err(format!(
                     "the marker entity's primary key column {} is not set: set it from the \
                      message",
                     column.as_str()
-                ))),
+                )),
             }
         })
         .collect()
@@ -183,17 +196,17 @@ fn by_key<E: EntityTrait>(key: &KeyOf<E>) -> Select<E> {
     })
 }
 
-/// Refuses a stored entity whose key the database merged with `key` (a collation that ignores
-/// case or trailing spaces): another message's entity, not this one's.
-fn same_key<M: ModelTrait>(stored: &M, key: &KeyOf<M::Entity>) -> Result<(), DbErr> {
+/// Refuses a stored entity whose key the database merged with `key` (a MySQL/MariaDB
+/// collation that ignores case or trailing spaces): another message's entity, not this one's.
+fn same_key<M: ModelTrait>(stored: &M, key: &KeyOf<M::Entity>) -> Result<(), String> {
     for (column, value) in key {
         let theirs = stored.get(*column);
         if &theirs != value {
-            return Err(DbErr::Custom(format!(
+            return Err(format!(
                 "the marker key {value:?} found the stored entity of {theirs:?}: the column {}'s \
                  collation takes them for one; give it a binary collation",
                 column.as_str()
-            )));
+            ));
         }
     }
     Ok(())

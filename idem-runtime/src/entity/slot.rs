@@ -51,6 +51,8 @@ pub(crate) struct MarkerSlot {
     pub(crate) wait: MarkerWait,
     attempted: AtomicBool,
     marked: Mutex<Option<Marked>>,
+    /// Why the marker was refused, if it was.
+    refused: Mutex<Option<String>>,
 }
 
 impl MarkerSlot {
@@ -59,6 +61,7 @@ impl MarkerSlot {
             wait,
             attempted: AtomicBool::new(false),
             marked: Mutex::new(None),
+            refused: Mutex::new(None),
         }
     }
 
@@ -79,6 +82,24 @@ impl MarkerSlot {
             .marked
             .lock()
             .unwrap_or_else(|poison| poison.into_inner()) = Some(marked);
+    }
+
+    /// Notes why the run's marker was refused (the first reason stands).
+    pub(crate) fn refuse(&self, reason: &str) {
+        let mut refused = self
+            .refused
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        refused.get_or_insert_with(|| reason.to_owned());
+    }
+
+    /// Why the run's marker was refused, if it was: whatever the handler made of it, the
+    /// message cannot be processed as the handler stands.
+    pub(crate) fn refused(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone()
     }
 
     /// What the run's marker found, if it created one.

@@ -38,7 +38,13 @@ impl Inbox {
             .with_marker(fingerprint, &slot);
         let result = run(handler, &cx, message).await;
         let marked = slot.take();
-        // A reused key is the message's fault whatever the handler made of it.
+        // A refused marker and a reused key end the run whatever the handler made of them.
+        if let Some(reason) = slot.refused() {
+            return Err(Error::MarkerRefused {
+                key: key.clone(),
+                reason,
+            });
+        }
         if let Some(Verdict::Mismatch { stored, received }) = marked.as_ref().map(|m| m.verdict) {
             return Err(Error::FingerprintMismatch {
                 key: key.clone(),
