@@ -412,20 +412,23 @@ async fn beside<T, R: Future<Output = ()>>(
     }
 }
 
-/// A transactional handler's failure, or the database outage behind it: when the handler's
-/// statements failed because the database went away, the message is not at fault. Told by a
-/// database error in the handler error's source chain, or by the transaction itself no longer
-/// reaching the database.
+/// A transactional handler's failure, or the database outage or contention behind it: when the
+/// handler's statements failed because the database went away, or met a deadlock or a lock not
+/// granted in time, the message is not at fault. Told by a database error in the handler
+/// error's source chain, or by the transaction itself no longer reaching the database.
 async fn outage_or(error: Error, tx: &DatabaseTransaction) -> Error {
     let Error::Handler { source, .. } = &error else {
         return error;
     };
-    if let Some(db_error) = database_error_in(source.as_ref())
-        && classify(&db_error) == Failure::Unreachable
-    {
-        // The database's own error, whose kind (no connection free, a server that takes no
-        // writes) decides how the delivery is retried.
-        return Error::StoreUnavailable(db_error);
+    if let Some(db_error) = database_error_in(source.as_ref()) {
+        match classify(&db_error) {
+            // The database's own error, whose kind (no connection free, a server that takes no
+            // writes) decides how the delivery is retried.
+            Failure::Unreachable => return Error::StoreUnavailable(db_error),
+            // Retried without counting an attempt, as a claim's contention is.
+            Failure::Deadlock | Failure::LockTimeout => return Error::Contention(db_error),
+            Failure::Aborted | Failure::Refused => {}
+        }
     }
     match tx.execute_unprepared("SELECT 1").await {
         Err(probe) if classify(&probe) == Failure::Unreachable => Error::StoreUnavailable(probe),

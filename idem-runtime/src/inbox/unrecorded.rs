@@ -12,7 +12,7 @@ use crate::handler::{Handler, Outcome};
 use crate::key::InboxKey;
 use crate::metadata::Metadata;
 use crate::outbox::RunClaim;
-use crate::store::dialect::{Failure, classify, database_error_in};
+use crate::store::dialect::{Failure, classify};
 
 impl Inbox {
     /// Entity mode: the handler runs in a transaction and creates its marker entity; the
@@ -54,7 +54,7 @@ impl Inbox {
         }
         let output = match result {
             Ok(output) => output,
-            Err(error) => return Err(contention_or(outage_or(error, &tx).await)),
+            Err(error) => return Err(outage_or(error, &tx).await),
         };
         let Some(marked) = marked else {
             // A marker tried and failed, its error ignored: the transaction cannot be trusted.
@@ -94,7 +94,7 @@ impl Inbox {
         let cx = self.unrecorded_context(key, metadata, &tx);
         let output = match run(handler, &cx, message).await {
             Ok(output) => output,
-            Err(error) => return Err(contention_or(outage_or(error, &tx).await)),
+            Err(error) => return Err(outage_or(error, &tx).await),
         };
         self.still_open(&tx, key).await?;
         self.commit(cx.outbound().staged(), tx).await?;
@@ -144,24 +144,5 @@ fn aborted_or(error: sea_orm::DbErr, key: &InboxKey) -> Error {
     match classify(&error) {
         Failure::Aborted => Error::TransactionAborted { key: key.clone() },
         _ => error.into(),
-    }
-}
-
-/// A handler's failure, or the contention behind it: a deadlock or a lock not granted in time
-/// (the marker's insert waiting for another copy) is retried without counting an attempt.
-fn contention_or(error: Error) -> Error {
-    let Error::Handler { source, .. } = &error else {
-        return error;
-    };
-    match database_error_in(source.as_ref()) {
-        Some(db_error)
-            if matches!(
-                classify(&db_error),
-                Failure::Deadlock | Failure::LockTimeout
-            ) =>
-        {
-            Error::Contention(db_error)
-        }
-        _ => error,
     }
 }
