@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use idem_rabbitmq::{Consumer, PublishOptions};
 use idem_runtime::transport::BatchItem;
-use idem_runtime::{MessageKey, Metadata, RetentionPolicy};
+use idem_runtime::{MessageKey, Metadata, Outcome, RetentionPolicy, idempotent};
 use idem_tests::proxy::Proxy;
 use idem_tests::rabbit::{amqp_addr, amqp_url, amqp_url_through, consumer_builder_at};
 use idem_tests::{Fixture, Msg, unique};
@@ -241,6 +241,43 @@ async fn outcomes_settlements_and_cleanup_are_counted() {
         (1, 1, 1)
     );
     running.shutdown().await;
+}
+
+/// A naturally idempotent handler keeps no record, and keeps the metrics: every copy is counted
+/// as processed, its duration recorded, and its failure counted by its code.
+#[idempotent(key = msg.id, consumer = "observed.natural", mode = natural)]
+async fn touch(msg: Msg) -> Result<(), std::io::Error> {
+    match msg.body.as_str() {
+        "fail" => Err(std::io::Error::other("failing on purpose")),
+        _ => Ok(()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn natural_runs_are_counted_as_every_run_is() {
+    counters();
+    let t = Fixture::new().await;
+    let meta = Metadata::default();
+    let handler = touch_handler();
+    for _ in 0..2 {
+        let done = t.inbox.process(&handler, Msg::new("n-1", "1"), &meta).await;
+        assert_eq!(done.unwrap(), Outcome::Processed(()));
+    }
+    let failed = t
+        .inbox
+        .process(&handler, Msg::new("n-2", "fail"), &meta)
+        .await;
+    assert_eq!(failed.unwrap_err().code(), "handler-error");
+    let outcome = |outcome: &str| {
+        count(&format!(
+            "idem_messages_total{{consumer=observed.natural,outcome={outcome}}}"
+        ))
+    };
+    assert_eq!((outcome("processed"), outcome("duplicate")), (2, 0));
+    assert_eq!(outcome("handler-error"), 1);
+    let durations =
+        recorded("idem_processing_duration_seconds{consumer=observed.natural,outcome=processed}");
+    assert_eq!(durations.len(), 2);
 }
 
 /// Each duplicate records how long before its key's record was completed, once, when its result
