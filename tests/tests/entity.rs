@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use idem_runtime::entity::{Created, Marker};
 use idem_runtime::transport::Settle;
-use idem_runtime::{Context, Error, Fingerprint, Handler, Inbox, Metadata, Outcome, idempotent};
+use idem_runtime::{
+    Context, Error, Fingerprint, Handler, Inbox, InboxBuilder, Metadata, Outcome, idempotent,
+};
 use idem_tests::db::insert_effect;
 use idem_tests::proxy::behind_proxy;
 use idem_tests::{Backend, TestDb, inbox_key, on_each_backend, unique};
@@ -159,15 +161,31 @@ impl Billing {
 /// The database, an inbox (whose table entity mode leaves alone), the invoices table and the
 /// handler.
 async fn setup(backend: Backend) -> (TestDb, Inbox, Arc<Billing>) {
-    let db = TestDb::connect(backend).await;
-    let inbox = Inbox::builder(db.db.clone())
-        .table(db.table("inbox"))
+    setup_on(TestDb::connect(backend).await, |inbox| inbox).await
+}
+
+/// Like [`setup`], on `db`, the inbox configured by `configure`.
+async fn setup_on(
+    db: TestDb,
+    configure: impl FnOnce(InboxBuilder) -> InboxBuilder,
+) -> (TestDb, Inbox, Arc<Billing>) {
+    let inbox = configure(Inbox::builder(db.db.clone()).table(db.table("inbox")))
         .build()
         .await
         .expect("inbox builds");
     create_invoices(&db.db).await;
     let effects = db.effects_table().await;
     (db, inbox, Arc::new(Billing { effects }))
+}
+
+/// Charges `order` in a task of its own.
+fn spawn_charge(
+    inbox: &Inbox,
+    billing: &Arc<Billing>,
+    order: Order,
+) -> tokio::task::JoinHandle<Result<Outcome<i64>, Error>> {
+    let (inbox, handler) = (inbox.clone(), billing.invoice_handler());
+    tokio::spawn(async move { charge(&inbox, &handler, order).await })
 }
 
 /// Creates the invoices table if it is missing; several tests and processes share it (their
@@ -317,21 +335,13 @@ async fn a_handler_carrying_on_after_an_aborted_transaction_commits_nothing(back
 
 async fn a_database_lost_after_the_marker_is_an_outage_and_charges_once(backend: Backend) {
     let (db, proxy) = behind_proxy(backend).await;
-    let inbox = Inbox::builder(db.db.clone())
-        .table(db.table("inbox"))
-        .build()
-        .await
-        .expect("inbox builds");
-    create_invoices(&db.db).await;
-    let billing = Arc::new(Billing {
-        effects: db.effects_table().await,
-    });
+    let (db, inbox, billing) = setup_on(db, |inbox| inbox).await;
     let order_id = unique("order");
-    let run = {
-        let (inbox, handler) = (inbox.clone(), billing.invoice_handler());
-        let order = Order::new(&order_id, 1250).scripted("slow");
-        tokio::spawn(async move { charge(&inbox, &handler, order).await })
-    };
+    let run = spawn_charge(
+        &inbox,
+        &billing,
+        Order::new(&order_id, 1250).scripted("slow"),
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     proxy.cut().await;
     let error = run.await.unwrap().unwrap_err();
@@ -353,24 +363,16 @@ async fn a_database_lost_after_the_marker_is_an_outage_and_charges_once(backend:
 }
 
 async fn a_copy_waits_at_most_the_claim_wait_for_the_first(backend: Backend) {
+    let wait = Duration::from_millis(500);
     let db = TestDb::connect(backend).await;
-    let inbox = Inbox::builder(db.db.clone())
-        .table(db.table("inbox"))
-        .claim_wait(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("inbox builds");
-    create_invoices(&db.db).await;
-    let billing = Arc::new(Billing {
-        effects: db.effects_table().await,
-    });
+    let (_db, inbox, billing) = setup_on(db, |inbox| inbox.claim_wait(wait)).await;
     let order_id = unique("order");
     // The first copy holds its new invoice for 3 s before its commit.
-    let first = {
-        let (inbox, handler) = (inbox.clone(), billing.invoice_handler());
-        let order = Order::new(&order_id, 1250).scripted("slow");
-        tokio::spawn(async move { charge(&inbox, &handler, order).await })
-    };
+    let first = spawn_charge(
+        &inbox,
+        &billing,
+        Order::new(&order_id, 1250).scripted("slow"),
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     let handler = billing.invoice_handler();
     let started = std::time::Instant::now();
