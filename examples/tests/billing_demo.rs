@@ -247,7 +247,7 @@ async fn billing_service_charges_each_order_once_through_demo_crash_and_restart(
             let db = Database::connect(url).await.unwrap();
             let prefix = format!("{run}-");
             assert_eq!(rows(&db, idem_examples::invoice::TABLE, &prefix).await, 39);
-            assert_eq!(invoices(&db, &prefix).await, (0, 0));
+            assert_eq!(rows(&db, "invoices", &prefix).await, 0);
         }
         runs.push(run);
     }
