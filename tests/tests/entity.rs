@@ -223,6 +223,15 @@ fn assert_dead_lettered(error: &Error, code: &str) {
     }
 }
 
+/// Charges `order`, which must settle without an error.
+async fn charged<H: Handler<Message = Order, Output = i64>>(
+    inbox: &Inbox,
+    handler: &H,
+    order: Order,
+) -> Outcome<i64> {
+    charge(inbox, handler, order).await.unwrap()
+}
+
 async fn invoices(db: &TestDb, order_id: &str) -> i64 {
     db.count(
         "idem_test_entity_invoices",
@@ -236,16 +245,12 @@ async fn a_duplicate_finds_the_entity_and_writes_nothing(backend: Backend) {
     let handler = billing.invoice_handler();
     let order_id = unique("order");
     assert_eq!(
-        charge(&inbox, &handler, Order::new(&order_id, 1250))
-            .await
-            .unwrap(),
+        charged(&inbox, &handler, Order::new(&order_id, 1250)).await,
         Outcome::Processed(1250)
     );
     for _ in 0..2 {
         assert_eq!(
-            charge(&inbox, &handler, Order::new(&order_id, 1250))
-                .await
-                .unwrap(),
+            charged(&inbox, &handler, Order::new(&order_id, 1250)).await,
             Outcome::Duplicate(1250)
         );
     }
@@ -260,9 +265,7 @@ async fn a_reused_key_with_other_content_is_dead_lettered(backend: Backend) {
     let handler = billing.invoice_handler();
     let order_id = unique("order");
     assert_eq!(
-        charge(&inbox, &handler, Order::new(&order_id, 1250))
-            .await
-            .unwrap(),
+        charged(&inbox, &handler, Order::new(&order_id, 1250)).await,
         Outcome::Processed(1250)
     );
     let error = charge(&inbox, &handler, Order::new(&order_id, 9900))
@@ -309,9 +312,7 @@ async fn a_failure_after_the_marker_leaves_nothing_and_the_retry_charges(backend
     assert_eq!(invoices(&db, &order_id).await, 0, "the invoice rolled back");
     assert_eq!(db.count(&billing.effects, "1=1").await, 0);
     assert_eq!(
-        charge(&inbox, &handler, Order::new(&order_id, 1250))
-            .await
-            .unwrap(),
+        charged(&inbox, &handler, Order::new(&order_id, 1250)).await,
         Outcome::Processed(1250)
     );
     assert_eq!(invoices(&db, &order_id).await, 1);
