@@ -1,0 +1,141 @@
+//! The layer for any tower service: the key claimed with a lease, the service run outside any
+//! transaction, its response stored once it returns.
+
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{Method, Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use idem_runtime::{Context, Mode};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::endpoint::EndpointError;
+use crate::run::{BoxError, Call, guarded};
+use crate::settings::Idempotency;
+
+/// Guards the services it wraps with `Idempotency-Key` ([`Idempotency::layer`]). Safe methods
+/// (`GET`, `HEAD`, `OPTIONS`, `TRACE`) pass through unguarded.
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayer {
+    settings: Arc<Idempotency>,
+}
+
+impl IdempotencyLayer {
+    pub(crate) fn new(settings: Idempotency) -> Self {
+        Self {
+            settings: Arc::new(settings),
+        }
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Guarded<S>;
+
+    fn layer(&self, inner: S) -> Guarded<S> {
+        Guarded {
+            inner,
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+/// A service guarded by [`IdempotencyLayer`].
+#[derive(Debug, Clone)]
+pub struct Guarded<S> {
+    inner: S,
+    settings: Arc<Idempotency>,
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for Guarded<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<ResB>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        // The service polled ready is the one that serves this request.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        if is_safe(request.method()) {
+            let mut ready = ready;
+            return Box::pin(ready.call(request));
+        }
+        let settings = Arc::clone(&self.settings);
+        Box::pin(async move {
+            let forward = Forward {
+                service: Mutex::new(Some(ready)),
+                body: std::marker::PhantomData,
+            };
+            let mode = Mode::TwoPhase {
+                lease: settings.lease,
+            };
+            let response = guarded(&settings, mode, request, forward).await;
+            Ok(response.map(ResB::from))
+        })
+    }
+}
+
+/// Methods that change nothing by definition.
+fn is_safe(method: &Method) -> bool {
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method)
+}
+
+/// Runs the request through the wrapped service, once.
+struct Forward<S, ReqB> {
+    service: Mutex<Option<S>>,
+    body: std::marker::PhantomData<fn(ReqB)>,
+}
+
+impl<S, ReqB, ResB> Call for Forward<S, ReqB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    ReqB: From<Bytes>,
+    ResB: Body + Send,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    async fn call(
+        &self,
+        _: &Context<'_>,
+        request: Request<Bytes>,
+    ) -> Result<Response<Bytes>, EndpointError> {
+        let service = match self.service.lock() {
+            Ok(mut slot) => slot.take(),
+            Err(_) => None,
+        };
+        let Some(mut service) = service else {
+            return Err(EndpointError::Failed("the service was called twice".into()));
+        };
+        let response = service
+            .call(request.map(ReqB::from))
+            .await
+            .map_err(|error| EndpointError::Failed(error.into()))?;
+        let (parts, body) = response.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|error| EndpointError::Failed(error.into()))?
+            .to_bytes();
+        Ok(Response::from_parts(parts, body))
+    }
+}

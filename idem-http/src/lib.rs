@@ -1,0 +1,81 @@
+//! `Idempotency-Key` for HTTP endpoints, on idem's inbox: a retried `POST` has the effect of
+//! one.
+//!
+//! Implements the IETF HTTP API working group's draft "The Idempotency-Key HTTP Header Field"
+//! (draft-ietf-httpapi-idempotency-key-header-07) on the same inbox table as idem's message
+//! consumers, in the application's own database:
+//!
+//! | request | response |
+//! |---|---|
+//! | without `Idempotency-Key` | 400, `application/problem+json` |
+//! | with a malformed key (not one structured-field string, such as `"8e03978e-…"`) | 400 |
+//! | a first request with a key | the endpoint's response, stored with the key |
+//! | a retry after it completed | the stored response replayed (status, body, the headers chosen), with `Idempotent-Replayed: true` |
+//! | a retry while the first is still running | 409, `Retry-After` |
+//! | the same key with another method, path or body | 422 |
+//! | the body larger than the limit | 413 |
+//! | the database unreachable | 503, `Retry-After`; nothing stored |
+//!
+//! Keys are scoped per route (method and path) and, with [`Idempotency::principal`], per
+//! authenticated principal. A completed key is kept for its retention (a day by default),
+//! published in every stored response's `Idempotency-Key-Retention` header, in seconds; after
+//! it the key is free again, and the cleaner deletes the record as it deletes consumers'.
+//!
+//! As payment APIs do, the endpoint's first response is stored whatever its status, a 5xx
+//! included, and replayed; nothing is stored when the request is refused before it runs (the
+//! header, the body's size), conflicts with one in flight, or the endpoint says so
+//! ([`EndpointError::Rejected`], or [`NotStored`] in a response's extensions): the key stays free
+//! for a corrected retry.
+//!
+//! # Two ways to guard a route
+//!
+//! - [`Idempotency::layer`]: a tower layer around any service (an axum router's routes). The
+//!   key is claimed and committed first, so a concurrent retry gets 409 at once; the service
+//!   runs outside any transaction; its response is stored when it returns. A process that
+//!   crashes in between holds the key until the claim's lease ends, after which a retry runs the
+//!   service again.
+//! - [`Idempotency::transactional`]: an [`Endpoint`] run inside the key's transaction. Its
+//!   database writes, its stored response and the events it stages in the outbox commit
+//!   together or not at all: a crash anywhere leaves nothing, and the retry runs it afresh.
+//!
+//! # Example
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use idem_http::Idempotency;
+//! use idem_runtime::Inbox;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let db = idem_runtime::sea_orm::Database::connect("sqlite::memory:").await?;
+//! let inbox = Inbox::builder(db).build().await?;
+//! let keys = Idempotency::new(inbox, "http.payments")?;
+//! let app: Router = Router::new()
+//!     .route("/payments", post(|| async { (axum::http::StatusCode::CREATED, "paid") }))
+//!     .route_layer(keys.layer());
+//! # let _ = app; Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+//! ```
+
+mod endpoint;
+mod key;
+mod layer;
+mod problem;
+mod run;
+mod settings;
+mod stored;
+
+pub use endpoint::{Endpoint, EndpointError, Transactional};
+pub use key::{HeaderError, IDEMPOTENCY_KEY, MAX_KEY_LEN, request_key};
+pub use layer::{Guarded, IdempotencyLayer};
+pub use settings::Idempotency;
+
+/// The header a replayed response carries (`true`), as payment APIs name it.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The header publishing how long a completed request's key is kept, in seconds.
+pub const RETENTION_HEADER: &str = "idempotency-key-retention";
+
+/// In a response's extensions: send the response but store nothing, leaving the key free (a
+/// request the service found invalid before doing anything).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotStored;

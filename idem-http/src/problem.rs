@@ -1,0 +1,131 @@
+//! The errors the guard answers itself, as problem details (RFC 9457, `application/problem+json`).
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+/// Where each problem type is described: the crate's README, by anchor.
+const TYPES: &str = "https://github.com/idem-rs/idem/blob/main/idem-http/README.md";
+
+/// A response the guard makes itself: the request is refused, or could not be completed.
+#[derive(Debug, Clone)]
+pub(crate) struct Problem {
+    status: StatusCode,
+    /// The README anchor of its type.
+    kind: &'static str,
+    title: &'static str,
+    detail: String,
+    retry_after_s: Option<u32>,
+}
+
+impl Problem {
+    fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: String) -> Self {
+        Self {
+            status,
+            kind,
+            title,
+            detail,
+            retry_after_s: None,
+        }
+    }
+
+    /// 400: the route requires the header and the request has none.
+    pub(crate) fn key_missing() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-missing",
+            "Idempotency-Key is missing",
+            "This operation is idempotent and it requires correct usage of Idempotency Key."
+                .to_owned(),
+        )
+    }
+
+    /// 400: the header is not a structured-field string of an accepted length.
+    pub(crate) fn key_malformed(why: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-malformed",
+            "Idempotency-Key is malformed",
+            format!("{why}. The key is a quoted string, such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"."),
+        )
+    }
+
+    /// 409: a request with this key is still being processed.
+    pub(crate) fn in_progress() -> Self {
+        let mut problem = Self::new(
+            StatusCode::CONFLICT,
+            "idempotency-key-in-progress",
+            "A request is outstanding for this Idempotency-Key",
+            "A request with this key is still being processed; retry once it has completed."
+                .to_owned(),
+        );
+        problem.retry_after_s = Some(1);
+        problem
+    }
+
+    /// 422: the key was used for another request (method, path or body).
+    pub(crate) fn key_reused() -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency-key-reused",
+            "Idempotency-Key is already used",
+            "This operation is idempotent and it requires correct usage of Idempotency Key. \
+             Idempotency Key MUST not be reused across different payloads of this operation."
+                .to_owned(),
+        )
+    }
+
+    /// 413: the body is larger than the guard buffers.
+    pub(crate) fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "The request body is too large",
+            format!("An idempotent request's body is kept to compare retries with: at most {limit} bytes."),
+        )
+    }
+
+    /// 503: the database is unreachable or busy, or the request's transaction was lost;
+    /// nothing was stored, the same request may be retried.
+    pub(crate) fn unavailable(detail: String) -> Self {
+        let mut problem = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "The request could not be completed now",
+            detail,
+        );
+        problem.retry_after_s = Some(1);
+        problem
+    }
+
+    /// 500: the request failed; nothing was stored, unless the detail says otherwise.
+    pub(crate) fn failed(detail: String) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "failed",
+            "The request failed",
+            detail,
+        )
+    }
+
+    /// The response.
+    pub(crate) fn response(&self) -> Response<Bytes> {
+        let body = serde_json::json!({
+            "type": format!("{TYPES}#{}", self.kind),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        let mut response = Response::new(Bytes::from(body.to_string()));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(seconds) = self.retry_after_s {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}

@@ -1,0 +1,135 @@
+//! How a route is guarded: the inbox and consumer its keys are kept under, who the principal
+//! is, which headers are replayed, and how long a key is kept.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use http::header::{CONTENT_TYPE, LOCATION};
+use http::request::Parts;
+use idem_runtime::{ConsumerName, Inbox, KeyError};
+
+use crate::endpoint::{Endpoint, Transactional};
+use crate::layer::IdempotencyLayer;
+
+/// Tells a request's principal (the authenticated user or client) from its parts, typically
+/// from an extension the authentication layer in front put there.
+type Principal = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+/// `Idempotency-Key` for a group of routes: where keys are kept, and how.
+///
+/// Build it once per route group, then take [`Idempotency::layer`] for any tower service (the
+/// response is stored after it returns), or [`Idempotency::transactional`] for an
+/// [`Endpoint`] whose database writes, stored response and outbox stagings commit together.
+#[derive(Clone)]
+pub struct Idempotency {
+    pub(crate) inbox: Inbox,
+    pub(crate) consumer: ConsumerName,
+    pub(crate) principal: Option<Arc<Principal>>,
+    pub(crate) replayed: Vec<HeaderName>,
+    pub(crate) retention: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) body_limit: usize,
+}
+
+impl std::fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("consumer", &self.consumer)
+            .field("principal", &self.principal.is_some())
+            .field("replayed", &self.replayed)
+            .field("retention", &self.retention)
+            .field("lease", &self.lease)
+            .field("body_limit", &self.body_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Idempotency {
+    /// How long a completed request's key and response are kept by default: a day, as most
+    /// payment APIs keep theirs.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+    /// The largest body buffered by default (1 MiB): the body is read whole, to fingerprint it.
+    pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+    /// Keys kept in `inbox` under the consumer name `consumer` (the first half of each inbox
+    /// key, as a message consumer's; keep it stable: renaming it forgets every key).
+    ///
+    /// # Errors
+    ///
+    /// The consumer name is empty, longer than 128 bytes or holds a NUL character.
+    pub fn new(inbox: Inbox, consumer: impl Into<String>) -> Result<Self, KeyError> {
+        Ok(Self {
+            inbox,
+            consumer: ConsumerName::new(consumer)?,
+            principal: None,
+            replayed: vec![CONTENT_TYPE, LOCATION],
+            retention: Self::DEFAULT_RETENTION,
+            lease: idem_runtime::Mode::DEFAULT_LEASE,
+            body_limit: Self::DEFAULT_BODY_LIMIT,
+        })
+    }
+
+    /// Scopes keys per principal as well as per route: `principal` reads it from the request
+    /// (an extension the authentication in front set, a verified header). Requests for which it
+    /// gives `None` share the anonymous scope.
+    pub fn principal(
+        mut self,
+        principal: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.principal = Some(Arc::new(principal));
+        self
+    }
+
+    /// The headers a replay carries besides status and body (`Content-Type` and `Location` by
+    /// default): the ones named here replace them.
+    pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.replayed = names.into_iter().collect();
+        self
+    }
+
+    /// How long a completed request's key and response are kept ([`Self::DEFAULT_RETENTION`]
+    /// unless the inbox's retention policy names this consumer), published in each response's
+    /// [`RETENTION_HEADER`](crate::RETENTION_HEADER).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// With [`Idempotency::layer`]: how long a request's claim holds without its worker renewing
+    /// it (a crashed process's key is free again after it; the worker renews it while the
+    /// service runs).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The largest request body accepted, in bytes; a larger one gets 413.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// A tower layer guarding any service: a request is claimed (a retry meanwhile gets 409),
+    /// the service runs outside any transaction, and its response is stored once it returns.
+    /// A crash in between leaves the claim until its lease ends, after which a retry runs the
+    /// service again: for effects that cannot join the database's transaction. Use
+    /// [`Idempotency::transactional`] when they can.
+    pub fn layer(self) -> IdempotencyLayer {
+        IdempotencyLayer::new(self)
+    }
+
+    /// A service running `endpoint` in one transaction with the claim of the request's key and
+    /// its stored response (and its outbox stagings, with an inbox that has an outbox): all or
+    /// nothing. A retry while it runs waits at most the inbox's claim wait for it, then gets
+    /// 409.
+    pub fn transactional<E: Endpoint>(self, endpoint: E) -> Transactional<E> {
+        Transactional::new(self, endpoint)
+    }
+
+    /// The retention the inbox applies to this consumer's records.
+    pub(crate) fn applied_retention(&self) -> Duration {
+        (self.inbox.retention()).retention_for(self.consumer.as_str(), Some(self.retention))
+    }
+}

@@ -1,0 +1,121 @@
+//! A completed request's response as the inbox record keeps it: its status, the headers chosen
+//! for replay, and its body.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+
+/// The response a request completed with: the record's output, and what a retry gets back.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredResponse {
+    status: u16,
+    /// The replayed headers, by name, in order.
+    headers: Vec<(String, String)>,
+    /// The body, in base64 (the record's output is JSON text).
+    body: String,
+    /// Every header of the response as the endpoint made it, for the request that ran it; a
+    /// replay has the chosen ones only.
+    #[serde(skip)]
+    sent_headers: Option<HeaderMap>,
+}
+
+impl StoredResponse {
+    /// `response`, keeping the headers named in `replayed` for replays.
+    pub(crate) fn new(response: Response<Bytes>, replayed: &[HeaderName]) -> Self {
+        let (parts, body) = response.into_parts();
+        let headers = replayed
+            .iter()
+            .flat_map(|name| {
+                let values = parts.headers.get_all(name).iter();
+                values.filter_map(|value| Some((name.to_string(), value.to_str().ok()?.to_owned())))
+            })
+            .collect();
+        Self {
+            status: parts.status.as_u16(),
+            headers,
+            body: base64::encode(&body),
+            sent_headers: Some(parts.headers),
+        }
+    }
+
+    /// The response to send: as made for the request that ran it, the stored one for a replay.
+    /// `None` when the record no longer reads as a response (changed by hand).
+    pub(crate) fn into_response(self) -> Option<Response<Bytes>> {
+        let body = base64::decode(&self.body)?;
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = StatusCode::from_u16(self.status).ok()?;
+        match self.sent_headers {
+            Some(headers) => *response.headers_mut() = headers,
+            None => {
+                for (name, value) in self.headers {
+                    let name = HeaderName::try_from(name).ok()?;
+                    let value = HeaderValue::try_from(value).ok()?;
+                    response.headers_mut().append(name, value);
+                }
+            }
+        }
+        Some(response)
+    }
+}
+
+/// Standard base64 with padding (RFC 4648, section 4).
+mod base64 {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+    pub(super) fn encode(bytes: &[u8]) -> String {
+        let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4);
+        for chunk in bytes.chunks(3) {
+            let word = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |word, (i, &byte)| word | u32::from(byte) << (16 - 8 * i));
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    text.push(char::from(ALPHABET[(word >> (18 - 6 * i)) as usize & 63]));
+                } else {
+                    text.push('=');
+                }
+            }
+        }
+        text
+    }
+
+    pub(super) fn decode(text: &str) -> Option<Vec<u8>> {
+        let text = text.as_bytes();
+        if text.len() % 4 != 0 {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(text.len() / 4 * 3);
+        for chunk in text.chunks(4) {
+            let padding = chunk.iter().rev().take_while(|&&c| c == b'=').count();
+            if padding > 2 {
+                return None;
+            }
+            let mut word = 0u32;
+            for (i, &c) in chunk[..4 - padding].iter().enumerate() {
+                let value = ALPHABET.iter().position(|&a| a == c)? as u32;
+                word |= value << (18 - 6 * i);
+            }
+            let word = word.to_be_bytes();
+            bytes.extend_from_slice(&word[1..4 - padding]);
+        }
+        Some(bytes)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn round_trips_every_length_and_reads_the_rfc_vectors() {
+            for (plain, coded) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
+                assert_eq!(super::encode(plain.as_bytes()), coded);
+                assert_eq!(super::decode(coded).unwrap(), plain.as_bytes());
+            }
+            let all: Vec<u8> = (0..=255).collect();
+            for len in 0..all.len() {
+                assert_eq!(super::decode(&super::encode(&all[..len])).unwrap(), &all[..len]);
+            }
+            assert!(super::decode("Zg=").is_none());
+            assert!(super::decode("Z===").is_none());
+        }
+    }
+}
