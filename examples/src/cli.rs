@@ -174,6 +174,21 @@ fn colour(is_terminal: bool, no_color: Option<&OsStr>) -> bool {
     is_terminal && no_color.is_none_or(OsStr::is_empty)
 }
 
+/// Returns on Ctrl-C or SIGTERM.
+pub async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

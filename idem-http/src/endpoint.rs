@@ -13,7 +13,7 @@ use http_body_util::Full;
 use idem_runtime::{Context, Mode};
 use tower_service::Service;
 
-use crate::run::{BoxError, Call, guarded};
+use crate::run::{BoxError, Call, detached, guarded};
 use crate::settings::Idempotency;
 
 /// An HTTP endpoint run at most once per `Idempotency-Key`, in the transaction of its key's
@@ -91,7 +91,7 @@ impl<E: Endpoint> Transactional<E> {
     }
 }
 
-impl<E: Endpoint> Call for &E {
+impl<E: Endpoint> Call for Arc<E> {
     async fn call(
         &self,
         cx: &Context<'_>,
@@ -117,16 +117,8 @@ where
     }
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let response = guarded(
-                &this.settings,
-                Mode::Transactional,
-                request,
-                &*this.endpoint,
-            )
-            .await;
-            Ok(response.map(Full::new))
-        })
+        let (settings, endpoint) = (Arc::clone(&self.settings), Arc::clone(&self.endpoint));
+        let work = async move { guarded(&settings, Mode::Transactional, request, endpoint).await };
+        Box::pin(async move { Ok(detached(work).await.map(Full::new)) })
     }
 }

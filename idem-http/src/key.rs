@@ -68,7 +68,9 @@ fn parse_sf_string(raw: &[u8]) -> Result<String, HeaderError> {
                 return if bytes.as_slice().is_empty() {
                     Ok(key)
                 } else {
-                    Err(HeaderError::Malformed("something follows the quoted string"))
+                    Err(HeaderError::Malformed(
+                        "something follows the quoted string",
+                    ))
                 };
             }
             b'\\' => match bytes.next() {
@@ -76,28 +78,38 @@ fn parse_sf_string(raw: &[u8]) -> Result<String, HeaderError> {
                 _ => return Err(HeaderError::Malformed("a backslash escapes only \" and \\")),
             },
             0x20..=0x7e => key.push(char::from(byte)),
-            _ => return Err(HeaderError::Malformed("it holds a character outside printable ASCII")),
+            _ => {
+                return Err(HeaderError::Malformed(
+                    "it holds a character outside printable ASCII",
+                ));
+            }
         }
     }
     Err(HeaderError::Malformed("the quoted string is not closed"))
 }
 
-/// The inbox key of `key` sent to `parts`'s method and path by `principal`: keys are scoped
-/// per route and principal, so the same key on another route or from another principal is
-/// another request. Read as `METHOD path#<principal's length>:<principal><key>`; a scoped key
-/// longer than [`MessageKey::MAX_LEN`] is replaced by its SHA-256 (`sha256:<hex>`).
-pub(crate) fn scoped(
-    parts: &Parts,
+/// The inbox key under which a request's `key` (unquoted) is kept: the key sent with `method`
+/// to `path` by `principal` (`None` without [`Idempotency::principal`](crate::Idempotency::principal)).
+/// Keys are scoped per route and principal, so the same key on another route or from another
+/// principal is another request. It reads `METHOD path#<principal's length>:<principal><key>`;
+/// one longer than [`MessageKey::MAX_LEN`] is replaced by its SHA-256 (`sha256:<hex>`).
+///
+/// For operators (`idem` looks a record up by it) and for what derives from a request: the
+/// events a transactional endpoint stages get the ids
+/// [`derived_id`](idem_runtime::derived_id) gives for this key under the guard's consumer.
+///
+/// ```
+/// let key = idem_http::message_key("POST", "/orders", None, "k-1").unwrap();
+/// assert_eq!(key.as_str(), "POST /orders#0:k-1");
+/// ```
+pub fn message_key(
+    method: &str,
+    path: &str,
     principal: Option<&str>,
     key: &str,
 ) -> Result<MessageKey, KeyError> {
     let principal = principal.unwrap_or_default();
-    let scoped = format!(
-        "{} {}#{}:{principal}{key}",
-        parts.method,
-        parts.uri.path(),
-        principal.len()
-    );
+    let scoped = format!("{method} {path}#{}:{principal}{key}", principal.len());
     if scoped.len() <= MessageKey::MAX_LEN {
         MessageKey::new(scoped)
     } else {
@@ -108,10 +120,22 @@ pub(crate) fn scoped(
     }
 }
 
+/// [`message_key`] of a request.
+pub(crate) fn scoped(
+    parts: &Parts,
+    principal: Option<&str>,
+    key: &str,
+) -> Result<MessageKey, KeyError> {
+    message_key(parts.method.as_str(), parts.uri.path(), principal, key)
+}
+
 /// What makes two requests with one key "the same request": the method, the path with its
 /// query, and the body, byte for byte.
 pub(crate) fn request_fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
-    let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |target| target.as_str());
     let mut input = Vec::with_capacity(target.len() + body.len() + 16);
     input.extend_from_slice(parts.method.as_str().as_bytes());
     input.push(0);
@@ -136,8 +160,19 @@ mod tests {
     fn structured_field_strings_are_read_and_anything_else_refused() {
         assert_eq!(parsed(r#" "k-1" "#).unwrap(), "k-1");
         assert_eq!(parsed(r#""a\\b""#).unwrap(), r"a\b");
-        for bad in [r#""""#, "k-1", r#""open"#, r#""a"b"#, r#""a\nb""#, r#""k";p=1"#, "\"é\""] {
-            assert!(matches!(parsed(bad), Err(HeaderError::Malformed(_))), "{bad}");
+        for bad in [
+            r#""""#,
+            "k-1",
+            r#""open"#,
+            r#""a"b"#,
+            r#""a\nb""#,
+            r#""k";p=1"#,
+            "\"é\"",
+        ] {
+            assert!(
+                matches!(parsed(bad), Err(HeaderError::Malformed(_))),
+                "{bad}"
+            );
         }
         assert!(parsed(&format!("\"{}\"", "k".repeat(MAX_KEY_LEN))).is_ok());
         assert!(parsed(&format!("\"{}\"", "k".repeat(MAX_KEY_LEN + 1))).is_err());
@@ -148,7 +183,10 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.append(IDEMPOTENCY_KEY, "\"a\"".parse().unwrap());
         headers.append(IDEMPOTENCY_KEY, "\"b\"".parse().unwrap());
-        assert!(matches!(request_key(&headers), Err(HeaderError::Malformed(_))));
+        assert!(matches!(
+            request_key(&headers),
+            Err(HeaderError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -158,7 +196,10 @@ mod tests {
         let one = scoped(&orders, Some("a:b"), "c").unwrap();
         let two = scoped(&orders, Some("a"), "b:c").unwrap();
         assert_ne!(one, two);
-        assert_ne!(scoped(&parts("/refunds"), None, "k").unwrap(), scoped(&orders, None, "k").unwrap());
+        assert_ne!(
+            scoped(&parts("/refunds"), None, "k").unwrap(),
+            scoped(&orders, None, "k").unwrap()
+        );
         let long = scoped(&orders, Some(&"p".repeat(200)), &"k".repeat(200)).unwrap();
         assert!(long.as_str().starts_with("sha256:"));
     }

@@ -14,7 +14,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::endpoint::EndpointError;
-use crate::run::{BoxError, Call, guarded};
+use crate::run::{BoxError, Call, detached, guarded};
 use crate::settings::Idempotency;
 
 /// Guards the services it wraps with `Idempotency-Key` ([`Idempotency::layer`]). Safe methods
@@ -79,7 +79,7 @@ where
             return Box::pin(ready.call(request));
         }
         let settings = Arc::clone(&self.settings);
-        Box::pin(async move {
+        let work = async move {
             let forward = Forward {
                 service: Mutex::new(Some(ready)),
                 body: std::marker::PhantomData,
@@ -87,9 +87,9 @@ where
             let mode = Mode::TwoPhase {
                 lease: settings.lease,
             };
-            let response = guarded(&settings, mode, request, forward).await;
-            Ok(response.map(ResB::from))
-        })
+            guarded(&settings, mode, request, forward).await
+        };
+        Box::pin(async move { Ok(detached(work).await.map(ResB::from)) })
     }
 }
 

@@ -65,7 +65,7 @@ mod settings;
 mod stored;
 
 pub use endpoint::{Endpoint, EndpointError, Transactional};
-pub use key::{HeaderError, IDEMPOTENCY_KEY, MAX_KEY_LEN, request_key};
+pub use key::{HeaderError, IDEMPOTENCY_KEY, MAX_KEY_LEN, message_key, request_key};
 pub use layer::{Guarded, IdempotencyLayer};
 pub use settings::Idempotency;
 

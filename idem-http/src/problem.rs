@@ -46,7 +46,9 @@ impl Problem {
             StatusCode::BAD_REQUEST,
             "idempotency-key-malformed",
             "Idempotency-Key is malformed",
-            format!("{why}. The key is a quoted string, such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"."),
+            format!(
+                "{why}. The key is a quoted string, such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"."
+            ),
         )
     }
 
@@ -81,7 +83,9 @@ impl Problem {
             StatusCode::PAYLOAD_TOO_LARGE,
             "body-too-large",
             "The request body is too large",
-            format!("An idempotent request's body is kept to compare retries with: at most {limit} bytes."),
+            format!(
+                "An idempotent request's body is kept to compare retries with: at most {limit} bytes."
+            ),
         )
     }
 

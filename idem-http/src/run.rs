@@ -59,7 +59,10 @@ where
             return Problem::failed("The request body could not be read.".to_owned()).response();
         }
     };
-    let principal = settings.principal.as_ref().and_then(|principal| principal(&parts));
+    let principal = settings
+        .principal
+        .as_ref()
+        .and_then(|principal| principal(&parts));
     let key = match scoped(&parts, principal.as_deref(), &key) {
         Ok(key) => key,
         Err(error) => return Problem::key_malformed(error).response(),
@@ -85,6 +88,22 @@ where
         (response.headers_mut()).insert(RETENTION_HEADER, HeaderValue::from(retention));
     }
     response
+}
+
+/// Runs a guarded request in a task of its own, to its end whatever becomes of the caller: a
+/// client that hangs up (hyper then drops the request's future) must not cancel the database
+/// work in the middle of a statement, which leaves a connection that sqlx cannot always recover.
+/// The request completes and its response is stored, for the client's retry to get.
+pub(crate) async fn detached(
+    work: impl Future<Output = Response<Bytes>> + Send + 'static,
+) -> Response<Bytes> {
+    match tokio::spawn(work).await {
+        Ok(response) => response,
+        Err(join) => {
+            tracing::warn!(error = %join, "an idempotent request's task failed");
+            failed()
+        }
+    }
 }
 
 /// A request as the inbox processes it.
@@ -119,7 +138,7 @@ impl<C: Call> Handler for Run<'_, C> {
         message: &Buffered,
         _: &Metadata,
     ) -> Result<Option<Fingerprint>, FingerprintError> {
-        Ok(Some(message.fingerprint.clone()))
+        Ok(Some(message.fingerprint))
     }
 
     fn mode(&self) -> Mode {
@@ -183,10 +202,8 @@ fn respond(outcome: idem_runtime::Result<Outcome<StoredResponse>>) -> Response<B
         .response(),
         error if error.settle() == Settle::Requeue => {
             tracing::warn!(%error, "an idempotent request could not be completed; nothing was stored");
-            Problem::unavailable(
-                "Nothing was stored: the same request may be retried.".to_owned(),
-            )
-            .response()
+            Problem::unavailable("Nothing was stored: the same request may be retried.".to_owned())
+                .response()
         }
         error => {
             tracing::warn!(%error, "an idempotent request failed");

@@ -122,8 +122,10 @@ impl Idempotency {
 
     /// A service running `endpoint` in one transaction with the claim of the request's key and
     /// its stored response (and its outbox stagings, with an inbox that has an outbox): all or
-    /// nothing. A retry while it runs waits at most the inbox's claim wait for it, then gets
-    /// 409.
+    /// nothing. A retry while it runs waits at most the inbox's claim wait for it (getting its
+    /// response if it completes by then), then gets 409. SQLite writes one transaction at a
+    /// time: there the retry waits for the first request's commit, up to the pool's busy
+    /// timeout.
     pub fn transactional<E: Endpoint>(self, endpoint: E) -> Transactional<E> {
         Transactional::new(self, endpoint)
     }

@@ -65,10 +65,9 @@ mod base64 {
     pub(super) fn encode(bytes: &[u8]) -> String {
         let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4);
         for chunk in bytes.chunks(3) {
-            let word = chunk
-                .iter()
-                .enumerate()
-                .fold(0u32, |word, (i, &byte)| word | u32::from(byte) << (16 - 8 * i));
+            let word = chunk.iter().enumerate().fold(0u32, |word, (i, &byte)| {
+                word | u32::from(byte) << (16 - 8 * i)
+            });
             for i in 0..4 {
                 if i <= chunk.len() {
                     text.push(char::from(ALPHABET[(word >> (18 - 6 * i)) as usize & 63]));
@@ -82,7 +81,7 @@ mod base64 {
 
     pub(super) fn decode(text: &str) -> Option<Vec<u8>> {
         let text = text.as_bytes();
-        if text.len() % 4 != 0 {
+        if !text.len().is_multiple_of(4) {
             return None;
         }
         let mut bytes = Vec::with_capacity(text.len() / 4 * 3);
@@ -106,13 +105,22 @@ mod base64 {
     mod tests {
         #[test]
         fn round_trips_every_length_and_reads_the_rfc_vectors() {
-            for (plain, coded) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
+            for (plain, coded) in [
+                ("", ""),
+                ("f", "Zg=="),
+                ("fo", "Zm8="),
+                ("foo", "Zm9v"),
+                ("foobar", "Zm9vYmFy"),
+            ] {
                 assert_eq!(super::encode(plain.as_bytes()), coded);
                 assert_eq!(super::decode(coded).unwrap(), plain.as_bytes());
             }
             let all: Vec<u8> = (0..=255).collect();
             for len in 0..all.len() {
-                assert_eq!(super::decode(&super::encode(&all[..len])).unwrap(), &all[..len]);
+                assert_eq!(
+                    super::decode(&super::encode(&all[..len])).unwrap(),
+                    &all[..len]
+                );
             }
             assert!(super::decode("Zg=").is_none());
             assert!(super::decode("Z===").is_none());

@@ -236,15 +236,19 @@ impl TestDb {
 
     /// Counts the rows of `table` matching `filter` (a SQL condition, `1=1` for all).
     pub async fn count(&self, table: &str, filter: &str) -> i64 {
-        let sql = format!("SELECT COUNT(*) FROM {table} WHERE {filter}");
-        let row = self
-            .db
-            .query_one_raw(Statement::from_string(self.db.get_database_backend(), sql))
-            .await
-            .unwrap()
-            .unwrap();
-        row.try_get_by_index::<i64>(0).unwrap()
+        count_on(&self.db, table, filter).await
     }
+}
+
+/// Counts the rows of `table` matching `filter` through `db`.
+pub async fn count_on(db: &DatabaseConnection, table: &str, filter: &str) -> i64 {
+    let sql = format!("SELECT COUNT(*) FROM {table} WHERE {filter}");
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index::<i64>(0).unwrap()
 }
 
 /// Writes one effect row `(consumer, message_key, body)` into `table` through `conn`, the SQL

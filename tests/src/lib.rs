@@ -7,6 +7,7 @@
 
 pub mod backlog;
 pub mod bench;
+pub mod cancel;
 pub mod cluster;
 pub mod cut;
 pub mod db;

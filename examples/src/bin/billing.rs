@@ -190,7 +190,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     }
     // A signal while the service starts (a broker or database slow to answer) stops it there,
     // dropping what had started; later, it stops the service (or the demo) in order.
-    let signal = wait_for_signal();
+    let signal = idem_examples::cli::wait_for_signal();
     tokio::pin!(signal);
     let started = tokio::select! {
         started = start(&args) => started?,
@@ -471,18 +471,4 @@ fn log_stats(stats: &ConsumerStats) {
         reconnections = stats.reconnections,
         "billing stats"
     );
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -407,8 +407,9 @@ impl OutboxBuilder {
 
 impl Outbox {
     async fn create_table(&self) -> Result<(), DbErr> {
-        use sea_orm::TransactionTrait;
-        let tx = self.inner.db.begin().await?;
+        use crate::store::dialect::begin_detached;
+        use sea_orm::TransactionOptions;
+        let tx = begin_detached(&self.inner.db, TransactionOptions::default()).await?;
         if let Some((sql, values)) = self.inner.dialect.schema_lock(self.table().as_str()) {
             tx.query_one_raw(Statement::from_sql_and_values(self.backend(), sql, values))
                 .await?;

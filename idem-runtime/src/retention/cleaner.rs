@@ -4,7 +4,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sea_orm::{DbBackend, TransactionTrait};
+use sea_orm::{DbBackend, TransactionOptions};
+
+use crate::store::dialect::begin_detached;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -228,7 +230,7 @@ impl Cleaner {
             };
             return self.delete_batches(stop).await;
         }
-        let holder = db.begin().await?;
+        let holder = begin_detached(db, TransactionOptions::default()).await?;
         if !store.try_lock_cleaner(&holder).await? {
             holder.rollback().await?;
             return Ok(skipped());

@@ -326,15 +326,14 @@ impl Dialect {
     /// Begins a transaction. SQLite's takes the write lock at once: a deferred transaction that
     /// reads and then writes fails under concurrency whatever the busy timeout.
     pub(crate) async fn begin(self, db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
-        if self.backend == DbBackend::Sqlite {
-            db.begin_with_options(TransactionOptions {
+        let options = match self.backend {
+            DbBackend::Sqlite => TransactionOptions {
                 sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
                 ..TransactionOptions::default()
-            })
-            .await
-        } else {
-            db.begin().await
-        }
+            },
+            _ => TransactionOptions::default(),
+        };
+        begin_detached(db, options).await
     }
 
     /// The statement that tries, without waiting, to take the cross-process lock named `name`
@@ -387,6 +386,23 @@ impl Dialect {
 /// database.
 fn mysql_lock_name() -> &'static str {
     "CONCAT('idem:', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))"
+}
+
+/// Begins a transaction in a task of its own, which runs to its end whatever becomes of the
+/// caller. A caller dropped while `BEGIN` is under way (a consumer stopping, an HTTP client
+/// hanging up) must not leave the transaction open on the pooled connection: sqlx 0.9 queues no
+/// rollback for a transaction whose `BEGIN` it has not heard back from, and the connection's next
+/// borrower would run inside it, uncommitted. Here the task keeps the transaction until it is
+/// begun; dropped with the unclaimed result, it rolls back.
+pub(crate) async fn begin_detached(
+    db: &DatabaseConnection,
+    options: TransactionOptions,
+) -> Result<DatabaseTransaction, DbErr> {
+    let db = db.clone();
+    match tokio::spawn(async move { db.begin_with_options(options).await }).await {
+        Ok(begun) => begun,
+        Err(join) => Err(DbErr::Custom(format!("beginning a transaction: {join}"))),
+    }
 }
 
 #[cfg(test)]

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement,
-    TransactionTrait, Value,
+    TransactionOptions, Value,
 };
 
 use super::cleanup::Deleted;
+use super::dialect::begin_detached;
 use super::statements::READ_COLUMNS;
 use super::{MAX_BATCH, Row, Status, Store, opt_text, text};
 use crate::clock::duration_ms;
@@ -460,7 +461,7 @@ impl Store {
         db: &DatabaseConnection,
         select: Statement,
     ) -> Result<Vec<Deleted>, DbErr> {
-        let tx = db.begin().await?;
+        let tx = begin_detached(db, TransactionOptions::default()).await?;
         let rows = tx.query_all_raw(select).await?;
         let t = &self.quoted;
         // A statement binds at most 65 535 values.

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionTrait, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionOptions, Value};
+
+use super::dialect::begin_detached;
 
 use super::dialect::{Failure, classify};
 use super::{ClaimValues, Probed, Status, Store, table, text};
@@ -68,7 +70,7 @@ impl Store {
     /// Creates the table and its index if they do not exist. On PostgreSQL, whose
     /// `CREATE ... IF NOT EXISTS` races between sessions, creators take turns under a lock.
     pub(crate) async fn create_table(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
-        let tx = db.begin().await?;
+        let tx = begin_detached(db, TransactionOptions::default()).await?;
         if let Some((sql, values)) = self.dialect.schema_lock(self.table.as_str()) {
             tx.query_one_raw(self.statement(&sql, values)).await?;
         }
@@ -84,7 +86,7 @@ impl Store {
     /// failing every message. The probe's key is this call's own, so replicas starting together
     /// do not wait for each other's probes.
     pub(crate) async fn check_schema(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
-        let tx = db.begin().await?;
+        let tx = begin_detached(db, TransactionOptions::default()).await?;
         let unique = uuid::Uuid::new_v4().simple().to_string();
         let key = InboxKey {
             consumer: ConsumerName::new("c".repeat(ConsumerName::MAX_LEN)).expect("valid"),
