@@ -3,11 +3,13 @@
 //! (idem-http's transactional endpoint); the outbox relay publishes the event to billing.
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
 use axum::http::header::{CONTENT_TYPE, LOCATION};
 use axum::http::{Request, Response, StatusCode};
+use axum::routing::{get, post_service};
 use idem_http::{Endpoint, EndpointError, Idempotency};
-use idem_runtime::sea_orm::sea_query::Query;
+use idem_runtime::sea_orm::sea_query::{Expr, ExprTrait, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, SqlErr};
 use idem_runtime::{Context, Inbox, OutboxMessage};
 
@@ -44,8 +46,9 @@ impl Endpoint for PlaceOrder {
                 ));
             }
         };
-        if order.order_id.is_empty() || order.amount_cents <= 0 {
-            let detail = "an order needs an id and a positive amount";
+        if !is_order_id(&order.order_id) || order.amount_cents <= 0 {
+            let detail = "an order needs an id (1 to 64 letters, digits, '-', '_' or '.') and a \
+                          positive amount";
             return Err(rejected(StatusCode::UNPROCESSABLE_ENTITY, detail));
         }
         let tx = cx
@@ -97,17 +100,70 @@ fn rejected(status: StatusCode, detail: &str) -> EndpointError {
     EndpointError::Rejected(response)
 }
 
-/// The service's routes on `inbox` (which stages into its outbox).
+/// Whether `id` is an order id: 1 to 64 letters, digits, `-`, `_` or `.`, so that it goes into
+/// a URL as it is.
+fn is_order_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// The service's routes on `inbox` (which stages into its outbox): `POST /orders`, and
+/// `GET /orders/{id}` for the order a 201's `Location` names.
 ///
 /// # Errors
 ///
 /// None in practice: the consumer name is valid.
 pub fn router(inbox: Inbox, exchange: &str) -> Result<Router, idem_runtime::KeyError> {
+    let db = inbox.connection().clone();
     let keys = Idempotency::new(inbox, CONSUMER)?;
     let place = PlaceOrder {
         exchange: exchange.to_owned(),
     };
-    Ok(Router::new().route_service("/orders", keys.transactional(place)))
+    Ok(Router::new()
+        .route("/orders", post_service(keys.transactional(place)))
+        .route("/orders/{id}", get(show))
+        .with_state(db))
+}
+
+/// `GET /orders/{id}`: the order as JSON, or 404.
+async fn show(State(db): State<DatabaseConnection>, Path(id): Path<String>) -> Response<Body> {
+    let select = Query::select()
+        .columns(["order_id", "customer", "amount_cents"])
+        .from(TABLE)
+        .and_where(Expr::col("order_id").eq(id))
+        .to_owned();
+    let found = match db.query_one(&select).await {
+        Ok(row) => row,
+        Err(error) => {
+            tracing::warn!(%error, "reading an order");
+            return plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database is unavailable",
+            );
+        }
+    };
+    let order = found.and_then(|row| {
+        Some(OrderPlaced {
+            order_id: row.try_get("", "order_id").ok()?,
+            customer: row.try_get("", "customer").ok()?,
+            amount_cents: row.try_get("", "amount_cents").ok()?,
+        })
+    });
+    match order.map(|order| serde_json::to_vec(&order)) {
+        Some(Ok(json)) => Response::builder()
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::from(json))
+            .expect("a valid response"),
+        _ => plain(StatusCode::NOT_FOUND, "no such order"),
+    }
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(Body::from(text));
+    *response.status_mut() = status;
+    response
 }
 
 /// Creates the orders table if it is missing.

@@ -89,10 +89,13 @@ fn parse_sf_string(raw: &[u8]) -> Result<String, HeaderError> {
 }
 
 /// The inbox key under which a request's `key` (unquoted) is kept: the key sent with `method`
-/// to `path` by `principal` (`None` without [`Idempotency::principal`](crate::Idempotency::principal)).
-/// Keys are scoped per route and principal, so the same key on another route or from another
-/// principal is another request. It reads `METHOD path#<principal's length>:<principal><key>`;
-/// one longer than [`MessageKey::MAX_LEN`] is replaced by its SHA-256 (`sha256:<hex>`).
+/// to the route `scope` (its path, unless [`Idempotency::scope`](crate::Idempotency::scope)
+/// says otherwise) by `principal` (`None` without
+/// [`Idempotency::principal`](crate::Idempotency::principal), or when it tells none). Keys are
+/// scoped per route and principal, so the same key on another route or from another principal
+/// is another request. It reads `METHOD scope#<principal's length>:<principal><key>`, or
+/// `METHOD scope#-:<key>` without a principal; one longer than [`MessageKey::MAX_LEN`] is
+/// replaced by its SHA-256 (`sha256:<hex>`).
 ///
 /// For operators (`idem` looks a record up by it) and for what derives from a request: the
 /// events a transactional endpoint stages get the ids
@@ -100,16 +103,21 @@ fn parse_sf_string(raw: &[u8]) -> Result<String, HeaderError> {
 ///
 /// ```
 /// let key = idem_http::message_key("POST", "/orders", None, "k-1").unwrap();
-/// assert_eq!(key.as_str(), "POST /orders#0:k-1");
+/// assert_eq!(key.as_str(), "POST /orders#-:k-1");
+/// let key = idem_http::message_key("POST", "/orders", Some("ada"), "k-1").unwrap();
+/// assert_eq!(key.as_str(), "POST /orders#3:adak-1");
 /// ```
 pub fn message_key(
     method: &str,
-    path: &str,
+    scope: &str,
     principal: Option<&str>,
     key: &str,
 ) -> Result<MessageKey, KeyError> {
-    let principal = principal.unwrap_or_default();
-    let scoped = format!("{method} {path}#{}:{principal}{key}", principal.len());
+    let principal = match principal {
+        Some(principal) => format!("{}:{principal}", principal.len()),
+        None => "-:".to_owned(),
+    };
+    let scoped = format!("{method} {scope}#{principal}{key}");
     if scoped.len() <= MessageKey::MAX_LEN {
         MessageKey::new(scoped)
     } else {
@@ -120,13 +128,14 @@ pub fn message_key(
     }
 }
 
-/// [`message_key`] of a request.
+/// [`message_key`] of a request to `scope`.
 pub(crate) fn scoped(
     parts: &Parts,
+    scope: &str,
     principal: Option<&str>,
     key: &str,
 ) -> Result<MessageKey, KeyError> {
-    message_key(parts.method.as_str(), parts.uri.path(), principal, key)
+    message_key(parts.method.as_str(), scope, principal, key)
 }
 
 /// What makes two requests with one key "the same request": the method, the path with its
@@ -193,14 +202,16 @@ mod tests {
     fn scopes_keep_principals_and_routes_apart() {
         let parts = |uri: &str| http::Request::post(uri).body(()).unwrap().into_parts().0;
         let orders = parts("/orders");
-        let one = scoped(&orders, Some("a:b"), "c").unwrap();
-        let two = scoped(&orders, Some("a"), "b:c").unwrap();
+        let one = scoped(&orders, "/orders", Some("a:b"), "c").unwrap();
+        let two = scoped(&orders, "/orders", Some("a"), "b:c").unwrap();
         assert_ne!(one, two);
+        let anonymous = scoped(&orders, "/orders", None, "k").unwrap();
         assert_ne!(
-            scoped(&parts("/refunds"), None, "k").unwrap(),
-            scoped(&orders, None, "k").unwrap()
+            anonymous,
+            scoped(&orders, "/orders", Some(""), "k").unwrap()
         );
-        let long = scoped(&orders, Some(&"p".repeat(200)), &"k".repeat(200)).unwrap();
+        assert_ne!(scoped(&orders, "/refunds", None, "k").unwrap(), anonymous);
+        let long = scoped(&orders, "/orders", Some(&"p".repeat(200)), &"k".repeat(200)).unwrap();
         assert!(long.as_str().starts_with("sha256:"));
     }
 }

@@ -8,12 +8,13 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Method, Request, Response};
 use http_body::Body;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_runtime::{Context, Mode};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::endpoint::EndpointError;
+use crate::problem::Problem;
 use crate::run::{BoxError, Call, detached, guarded};
 use crate::settings::Idempotency;
 
@@ -82,6 +83,7 @@ where
         let work = async move {
             let forward = Forward {
                 service: Mutex::new(Some(ready)),
+                response_limit: settings.response_limit,
                 body: std::marker::PhantomData,
             };
             let mode = Mode::TwoPhase {
@@ -101,6 +103,7 @@ fn is_safe(method: &Method) -> bool {
 /// Runs the request through the wrapped service, once.
 struct Forward<S, ReqB> {
     service: Mutex<Option<S>>,
+    response_limit: usize,
     body: std::marker::PhantomData<fn(ReqB)>,
 }
 
@@ -131,11 +134,14 @@ where
             .await
             .map_err(|error| EndpointError::Failed(error.into()))?;
         let (parts, body) = response.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map_err(|error| EndpointError::Failed(error.into()))?
-            .to_bytes();
+        let body = match Limited::new(body, self.response_limit).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) if error.is::<LengthLimitError>() => {
+                let problem = Problem::response_too_large(self.response_limit).response();
+                return Err(EndpointError::Rejected(problem));
+            }
+            Err(error) => return Err(EndpointError::Failed(error)),
+        };
         Ok(Response::from_parts(parts, body))
     }
 }

@@ -11,13 +11,16 @@
 //! | with a malformed key (not one structured-field string, such as `"8e03978e-…"`) | 400 |
 //! | a first request with a key | the endpoint's response, stored with the key |
 //! | a retry after it completed | the stored response replayed (status, body, the headers chosen), with `Idempotent-Replayed: true` |
-//! | a retry while the first is still running | 409, `Retry-After` |
+//! | a retry while the first is still running | 409, `Retry-After` (the first's remaining lease, at most a minute) |
 //! | the same key with another method, path or body | 422 |
 //! | the body larger than the limit | 413 |
+//! | a body that cannot be read | 400 |
+//! | a layered service's response larger than its limit | 500, not kept, the key free again |
 //! | the database unreachable | 503, `Retry-After`; nothing stored |
 //!
-//! Keys are scoped per route (method and path) and, with [`Idempotency::principal`], per
-//! authenticated principal. A completed key is kept for its retention (a day by default),
+//! Keys are scoped per route (method and path, or what [`Idempotency::scope`] names) and, with
+//! [`Idempotency::principal`], per authenticated principal; without one, every client of a route
+//! shares its keys. A completed key is kept for its retention (a day by default),
 //! published in every stored response's `Idempotency-Key-Retention` header, in seconds; after
 //! it the key is free again, and the cleaner deletes the record as it deletes consumers'.
 //!

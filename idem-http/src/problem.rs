@@ -52,8 +52,8 @@ impl Problem {
         )
     }
 
-    /// 409: a request with this key is still being processed.
-    pub(crate) fn in_progress() -> Self {
+    /// 409: a request with this key is still being processed, for about `remaining` more.
+    pub(crate) fn in_progress(remaining: std::time::Duration) -> Self {
         let mut problem = Self::new(
             StatusCode::CONFLICT,
             "idempotency-key-in-progress",
@@ -61,7 +61,10 @@ impl Problem {
             "A request with this key is still being processed; retry once it has completed."
                 .to_owned(),
         );
-        problem.retry_after_s = Some(1);
+        // Whole seconds, at least one, at most a minute: a claim is renewed while its request
+        // runs, so its lease's end is an upper bound only.
+        let seconds = remaining.as_secs_f64().ceil().clamp(1.0, 60.0) as u32;
+        problem.retry_after_s = Some(seconds);
         problem
     }
 
@@ -85,6 +88,28 @@ impl Problem {
             "The request body is too large",
             format!(
                 "An idempotent request's body is kept to compare retries with: at most {limit} bytes."
+            ),
+        )
+    }
+
+    /// 400: the request body could not be read (the client went away, or sent a broken body).
+    pub(crate) fn body_unreadable() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "body-unreadable",
+            "The request body could not be read",
+            "The body ended before its announced length or could not be decoded.".to_owned(),
+        )
+    }
+
+    /// 500: the response is larger than the guard keeps.
+    pub(crate) fn response_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "response-too-large",
+            "The response is too large to keep",
+            format!(
+                "An idempotent response is kept for retries: at most {limit} bytes. Nothing was stored."
             ),
         )
     }

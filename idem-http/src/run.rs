@@ -1,13 +1,13 @@
 //! One guarded request: its key checked and scoped, its body read, then processed by the inbox
 //! as a message whose output is the response.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_runtime::transport::Settle;
 use idem_runtime::{
     Context, Error, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, Mode,
     Outcome,
@@ -56,14 +56,19 @@ where
         }
         Err(error) => {
             tracing::debug!(%error, "the request body could not be read");
-            return Problem::failed("The request body could not be read.".to_owned()).response();
+            return Problem::body_unreadable().response();
         }
     };
     let principal = settings
         .principal
         .as_ref()
         .and_then(|principal| principal(&parts));
-    let key = match scoped(&parts, principal.as_deref(), &key) {
+    let key = match scoped(
+        &parts,
+        settings.route_of(&parts).as_str(),
+        principal.as_deref(),
+        &key,
+    ) {
         Ok(key) => key,
         Err(error) => return Problem::key_malformed(error).response(),
     };
@@ -72,6 +77,7 @@ where
         settings,
         mode,
         call,
+        ran: Mutex::new(None),
     };
     let message = Buffered {
         key,
@@ -82,12 +88,8 @@ where
         .inbox
         .process(&run, message, &Metadata::default())
         .await;
-    let mut response = respond(outcome);
-    if response.status().is_success() || response.headers().contains_key(REPLAYED_HEADER) {
-        let retention = settings.applied_retention().as_secs();
-        (response.headers_mut()).insert(RETENTION_HEADER, HeaderValue::from(retention));
-    }
-    response
+    let retention = settings.applied_retention();
+    run.respond(outcome, retention)
 }
 
 /// Runs a guarded request in a task of its own, to its end whatever becomes of the caller: a
@@ -101,7 +103,7 @@ pub(crate) async fn detached(
         Ok(response) => response,
         Err(join) => {
             tracing::warn!(error = %join, "an idempotent request's task failed");
-            failed()
+            Problem::failed("The request could not be completed.".to_owned()).response()
         }
     }
 }
@@ -118,6 +120,17 @@ struct Run<'s, C> {
     settings: &'s Idempotency,
     mode: Mode,
     call: C,
+    /// What the call answered, once it has: in two-phase mode its effect has happened, whatever
+    /// becomes of the record after.
+    ran: Mutex<Option<Ran>>,
+}
+
+/// How far a run went.
+enum Ran {
+    /// The call began: a lock not granted from now on is the endpoint's own, not the key's.
+    Began,
+    /// The call answered with this response.
+    Answered(Response<Bytes>),
 }
 
 impl<C: Call> Handler for Run<'_, C> {
@@ -154,72 +167,121 @@ impl<C: Call> Handler for Run<'_, C> {
         cx: &Context<'_>,
         message: Buffered,
     ) -> Result<StoredResponse, EndpointError> {
+        self.note(Ran::Began);
         let response = self.call.call(cx, message.request).await?;
         if response.extensions().get::<crate::NotStored>().is_some() {
             return Err(EndpointError::Rejected(response));
         }
+        self.note(Ran::Answered(response.clone()));
         Ok(StoredResponse::new(response, &self.settings.replayed))
     }
 }
 
-/// The response for what processing the request gave.
-fn respond(outcome: idem_runtime::Result<Outcome<StoredResponse>>) -> Response<Bytes> {
-    let error = match outcome {
-        Ok(Outcome::Processed(stored)) => return stored_or_failed(stored),
-        Ok(Outcome::Duplicate(stored)) => {
-            let mut response = stored_or_failed(stored);
-            (response.headers_mut()).insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+impl<C> Run<'_, C> {
+    fn note(&self, ran: Ran) {
+        if let Ok(mut slot) = self.ran.lock() {
+            *slot = Some(ran);
+        }
+    }
+
+    fn began(&self) -> bool {
+        self.ran.lock().is_ok_and(|ran| ran.is_some())
+    }
+
+    /// The response the call answered, in two-phase mode, where its effect stands whatever
+    /// became of the record.
+    fn answered_outside_a_transaction(&self) -> Option<Response<Bytes>> {
+        if !matches!(self.mode, Mode::TwoPhase { .. }) {
+            return None;
+        }
+        match self.ran.lock().ok()?.take()? {
+            Ran::Answered(response) => Some(response),
+            Ran::Began => None,
+        }
+    }
+
+    /// The response for what processing the request gave.
+    fn respond(
+        &self,
+        outcome: idem_runtime::Result<Outcome<StoredResponse>>,
+        retention: Duration,
+    ) -> Response<Bytes> {
+        let error = match outcome {
+            Ok(Outcome::Processed(stored)) => return kept(stored, retention, false),
+            Ok(Outcome::Duplicate(stored)) => return kept(stored, retention, true),
+            Err(error) => error,
+        };
+        if !matches!(error, Error::Handler { .. } | Error::HandlerPanicked(_))
+            && let Some(response) = self.answered_outside_a_transaction()
+        {
+            // The service ran and its effect stands: its answer is the truth, though the
+            // record could not keep it (a retry may be told otherwise).
+            tracing::warn!(%error, "an idempotent request ran but its response was not kept");
             return response;
         }
-        Err(error) => error,
-    };
-    match error {
-        Error::Handler { source, .. } => match source.downcast::<EndpointError>() {
-            Ok(endpoint) => match *endpoint {
-                EndpointError::Rejected(response) => response,
-                EndpointError::Failed(error) => {
-                    tracing::warn!(%error, "an idempotent request failed; nothing was stored");
-                    failed()
+        match error {
+            Error::Handler { source, .. } => match source.downcast::<EndpointError>() {
+                Ok(endpoint) => match *endpoint {
+                    EndpointError::Rejected(response) => response,
+                    EndpointError::Failed(error) => {
+                        tracing::warn!(%error, "an idempotent request failed; nothing was stored");
+                        Problem::failed(NOTHING_STORED.to_owned()).response()
+                    }
+                },
+                Err(other) => {
+                    tracing::warn!(error = %other, "an idempotent request failed; nothing was stored");
+                    Problem::failed(NOTHING_STORED.to_owned()).response()
                 }
             },
-            Err(other) => {
-                tracing::warn!(error = %other, "an idempotent request failed; nothing was stored");
-                failed()
+            Error::HandlerPanicked(panic) => {
+                tracing::warn!(%panic, "an idempotent request's endpoint panicked; nothing was stored");
+                Problem::failed(NOTHING_STORED.to_owned()).response()
             }
-        },
-        Error::FingerprintMismatch { .. } => Problem::key_reused().response(),
-        Error::InProgressElsewhere { .. } | Error::Contention(_) => {
-            Problem::in_progress().response()
-        }
-        Error::InvalidKey(error) => Problem::key_malformed(error).response(),
-        Error::HandlerPanicked(panic) => {
-            tracing::warn!(%panic, "an idempotent request's endpoint panicked; nothing was stored");
-            failed()
-        }
-        Error::NeedsIntervention { attempts, .. } => Problem::failed(format!(
-            "{attempts} earlier attempts with this key did not complete; it needs an operator."
-        ))
-        .response(),
-        error if error.settle() == Settle::Requeue => {
-            tracing::warn!(%error, "an idempotent request could not be completed; nothing was stored");
-            Problem::unavailable("Nothing was stored: the same request may be retried.".to_owned())
-                .response()
-        }
-        error => {
-            tracing::warn!(%error, "an idempotent request failed");
-            failed()
+            Error::FingerprintMismatch { .. } => Problem::key_reused().response(),
+            Error::InProgressElsewhere { remaining, .. } => {
+                Problem::in_progress(remaining).response()
+            }
+            // The key's claim waited for another request's transaction, or SQLite's lock.
+            Error::Contention(_) if !self.began() => {
+                Problem::in_progress(Duration::from_secs(1)).response()
+            }
+            Error::InvalidKey(error) => Problem::key_malformed(error).response(),
+            Error::NeedsIntervention { attempts, .. } => Problem::failed(format!(
+                "{attempts} earlier attempts with this key did not complete; it needs an operator."
+            ))
+            .response(),
+            Error::StoredOutputUnreadable { .. } => {
+                Problem::failed(KEPT_WITHOUT_RESPONSE.to_owned()).response()
+            }
+            error @ (Error::StoreUnavailable(_) | Error::Contention(_)) => {
+                tracing::warn!(%error, "an idempotent request could not be completed; nothing was stored");
+                Problem::unavailable(NOTHING_STORED.to_owned()).response()
+            }
+            error => {
+                tracing::warn!(%error, "an idempotent request failed");
+                Problem::failed("The request could not be completed.".to_owned()).response()
+            }
         }
     }
 }
 
-/// A stored response, or 500 when its record no longer reads as one.
-fn stored_or_failed(stored: StoredResponse) -> Response<Bytes> {
-    stored.into_response().unwrap_or_else(|| {
-        tracing::warn!("a stored response no longer reads as a response");
-        Problem::failed("The response stored for this key cannot be read.".to_owned()).response()
-    })
-}
+const NOTHING_STORED: &str = "Nothing was stored: the same request may be retried.";
 
-fn failed() -> Response<Bytes> {
-    Problem::failed("Nothing was stored: the same request may be retried.".to_owned()).response()
+const KEPT_WITHOUT_RESPONSE: &str = "A request with this key was completed, but its response \
+    could not be kept (too large for the database): it is not run again.";
+
+/// A stored response as sent, publishing the key's retention; 500 when its record no longer
+/// reads as a response.
+fn kept(stored: StoredResponse, retention: Duration, replayed: bool) -> Response<Bytes> {
+    let Some(mut response) = stored.into_response() else {
+        tracing::warn!("a stored response no longer reads as a response");
+        return Problem::failed("The response stored for this key cannot be read.".to_owned())
+            .response();
+    };
+    let headers = response.headers_mut();
+    if replayed {
+        headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    headers.insert(RETENTION_HEADER, HeaderValue::from(retention.as_secs()));
+    response
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
-use http::header::{CONTENT_TYPE, LOCATION};
+use http::header::{CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, LOCATION};
 use http::request::Parts;
 use idem_runtime::{ConsumerName, Inbox, KeyError};
 
@@ -15,6 +15,9 @@ use crate::layer::IdempotencyLayer;
 /// Tells a request's principal (the authenticated user or client) from its parts, typically
 /// from an extension the authentication layer in front put there.
 type Principal = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+/// Names the route a request is for, keys being scoped per route.
+type Scope = dyn Fn(&Parts) -> String + Send + Sync;
 
 /// `Idempotency-Key` for a group of routes: where keys are kept, and how.
 ///
@@ -26,10 +29,12 @@ pub struct Idempotency {
     pub(crate) inbox: Inbox,
     pub(crate) consumer: ConsumerName,
     pub(crate) principal: Option<Arc<Principal>>,
+    pub(crate) route: Option<Arc<Scope>>,
     pub(crate) replayed: Vec<HeaderName>,
     pub(crate) retention: Duration,
     pub(crate) lease: Duration,
     pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
 }
 
 impl std::fmt::Debug for Idempotency {
@@ -37,10 +42,12 @@ impl std::fmt::Debug for Idempotency {
         f.debug_struct("Idempotency")
             .field("consumer", &self.consumer)
             .field("principal", &self.principal.is_some())
+            .field("scope", &self.route.is_some())
             .field("replayed", &self.replayed)
             .field("retention", &self.retention)
             .field("lease", &self.lease)
             .field("body_limit", &self.body_limit)
+            .field("response_limit", &self.response_limit)
             .finish_non_exhaustive()
     }
 }
@@ -53,6 +60,9 @@ impl Idempotency {
     /// The largest body buffered by default (1 MiB): the body is read whole, to fingerprint it.
     pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
+    /// The largest response kept by default (1 MiB), to replay.
+    pub const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
+
     /// Keys kept in `inbox` under the consumer name `consumer` (the first half of each inbox
     /// key, as a message consumer's; keep it stable: renaming it forgets every key).
     ///
@@ -64,16 +74,19 @@ impl Idempotency {
             inbox,
             consumer: ConsumerName::new(consumer)?,
             principal: None,
-            replayed: vec![CONTENT_TYPE, LOCATION],
+            route: None,
+            replayed: vec![CONTENT_TYPE, CONTENT_ENCODING, CONTENT_LANGUAGE, LOCATION],
             retention: Self::DEFAULT_RETENTION,
             lease: idem_runtime::Mode::DEFAULT_LEASE,
             body_limit: Self::DEFAULT_BODY_LIMIT,
+            response_limit: Self::DEFAULT_RESPONSE_LIMIT,
         })
     }
 
     /// Scopes keys per principal as well as per route: `principal` reads it from the request
     /// (an extension the authentication in front set, a verified header). Requests for which it
-    /// gives `None` share the anonymous scope.
+    /// gives `None` share the anonymous scope. Without it every client of a route shares its
+    /// keys: set it on any API with more than one client.
     pub fn principal(
         mut self,
         principal: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
@@ -82,8 +95,18 @@ impl Idempotency {
         self
     }
 
-    /// The headers a replay carries besides status and body (`Content-Type` and `Location` by
-    /// default): the ones named here replace them.
+    /// Names the route a request is for: keys are scoped per route, which is the request's path
+    /// by default. A layer inside `Router::nest` sees the path without the nest's prefix (with
+    /// its parameters, such as a tenant's id): scope such routes by the original URI (axum's
+    /// `OriginalUri` extension), or apply the layer outside the nest.
+    pub fn scope(mut self, route: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
+        self.route = Some(Arc::new(route));
+        self
+    }
+
+    /// The headers a replay carries besides status and body (`Content-Type`,
+    /// `Content-Encoding`, `Content-Language` and `Location` by default): the ones named here
+    /// replace them.
     pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.replayed = names.into_iter().collect();
         self
@@ -111,6 +134,14 @@ impl Idempotency {
         self
     }
 
+    /// With [`Idempotency::layer`]: the largest response kept, in bytes. A larger one (a stream
+    /// that does not end, an export) is answered with 500 and not kept, and the key is free
+    /// again: such routes are not for this layer.
+    pub fn response_limit(mut self, bytes: usize) -> Self {
+        self.response_limit = bytes;
+        self
+    }
+
     /// A tower layer guarding any service: a request is claimed (a retry meanwhile gets 409),
     /// the service runs outside any transaction, and its response is stored once it returns.
     /// A crash in between leaves the claim until its lease ends, after which a retry runs the
@@ -128,6 +159,14 @@ impl Idempotency {
     /// timeout.
     pub fn transactional<E: Endpoint>(self, endpoint: E) -> Transactional<E> {
         Transactional::new(self, endpoint)
+    }
+
+    /// The route `parts` is for.
+    pub(crate) fn route_of(&self, parts: &Parts) -> String {
+        match &self.route {
+            Some(route) => route(parts),
+            None => parts.uri.path().to_owned(),
+        }
     }
 
     /// The retention the inbox applies to this consumer's records.

@@ -27,7 +27,8 @@ impl StoredResponse {
             .iter()
             .flat_map(|name| {
                 let values = parts.headers.get_all(name).iter();
-                values.filter_map(|value| Some((name.to_string(), value.to_str().ok()?.to_owned())))
+                let text = |value: &HeaderValue| String::from_utf8(value.as_bytes().to_vec()).ok();
+                values.filter_map(move |value| Some((name.to_string(), text(value)?)))
             })
             .collect();
         Self {

@@ -38,6 +38,7 @@ on_each_backend!(
     a_failed_or_rejected_request_keeps_nothing_and_the_retry_runs,
     a_first_server_error_is_stored_and_replayed,
     clients_hanging_up_at_any_moment_leave_each_request_once,
+    a_response_too_large_to_keep_is_refused_and_keeps_nothing,
 );
 
 /// Faults of the database servers'.
@@ -57,7 +58,8 @@ struct Shop {
 
 /// `POST /payments` and `POST /refunds` behind the layer: each writes one effect row (the
 /// body) outside any transaction and answers 201. `x-script: hold` waits for the test's
-/// release; `invalid` answers 400 without storing; `500` writes and answers 500.
+/// release; `invalid` answers 400 without storing; `500` writes and answers 500; `big` writes and
+/// answers more than the layer keeps.
 async fn pay(State(shop): State<Shop>, headers: HeaderMap, body: Bytes) -> Response<Body> {
     let script = headers
         .get("x-script")
@@ -75,6 +77,13 @@ async fn pay(State(shop): State<Shop>, headers: HeaderMap, body: Bytes) -> Respo
     let written = insert_effect(&shop.db, &shop.effects, "pay", &payment, "paid").await;
     if let Err(error) = written {
         return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
+    }
+    if script == Some("big") {
+        return (
+            StatusCode::OK,
+            "x".repeat(Idempotency::DEFAULT_RESPONSE_LIMIT + 1),
+        )
+            .into_response();
     }
     if script == Some("500") {
         return (StatusCode::INTERNAL_SERVER_ERROR, "the provider failed").into_response();
@@ -390,7 +399,12 @@ async fn a_retry_while_the_first_runs_gets_409_then_the_stored_response(backend:
     started.await;
     let during = post_to(&world.payments, "/payments", &key, &payment).await;
     assert_eq!(during.status, StatusCode::CONFLICT, "{during:?}");
-    assert_eq!(during.headers["retry-after"], "1");
+    let retry_after: u64 = during.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "{during:?}");
     assert_eq!(
         during.problem()["title"],
         "A request is outstanding for this Idempotency-Key"
@@ -640,4 +654,20 @@ async fn clients_hanging_up_at_any_moment_leave_each_request_once(backend: Backe
             assert_eq!(world.staged(body).await, 1, "{body}");
         }
     }
+}
+
+/// A response past the layer's limit (a stream, an export) is not kept: 500, and the key is free.
+async fn a_response_too_large_to_keep_is_refused_and_keeps_nothing(backend: Backend) {
+    let world = world(backend).await;
+    let (key, payment) = (fresh_key(), unique("p"));
+    let big = || request("/payments", Some(&key), &payment).header("x-script", "big");
+    let answer = send(&world.payments, big(), &payment).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        answer.problem()["title"],
+        "The response is too large to keep"
+    );
+    let again = send(&world.payments, big(), &payment).await;
+    assert!(!again.replayed(), "nothing was kept: {again:?}");
+    assert_eq!(world.effects(&payment).await, 2, "the key was free again");
 }
