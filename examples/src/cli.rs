@@ -174,6 +174,21 @@ fn colour(is_terminal: bool, no_color: Option<&OsStr>) -> bool {
     is_terminal && no_color.is_none_or(OsStr::is_empty)
 }
 
+/// Connects to the database at `url`, without logging each statement; SQLite's pool is kept
+/// to four connections (one writes at a time).
+///
+/// # Errors
+///
+/// The database cannot be reached.
+pub async fn connect_database(url: &str) -> Result<sea_orm::DatabaseConnection, sea_orm::DbErr> {
+    let mut options = sea_orm::ConnectOptions::new(url);
+    options.sqlx_logging(false);
+    if url.starts_with("sqlite:") {
+        options.max_connections(4);
+    }
+    sea_orm::Database::connect(options).await
+}
+
 /// Returns on Ctrl-C or SIGTERM.
 pub async fn wait_for_signal() {
     #[cfg(unix)]

@@ -11,10 +11,10 @@ use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::lapin::options::QueueDeclareOptions;
 use idem_rabbitmq::lapin::types::FieldTable;
 use idem_rabbitmq::{AmqpUrl, Relay, RelayHandle};
-use idem_runtime::sea_orm::{ConnectOptions, Database, DatabaseConnection};
+use idem_runtime::sea_orm::DatabaseConnection;
 use idem_runtime::{Inbox, Outbox};
 
-use crate::cli::BrokerArgs;
+use crate::cli::{BrokerArgs, connect_database};
 use crate::demo::BoxError;
 use crate::http_demo::{self, Watched};
 use crate::stub::Stub;
@@ -43,7 +43,7 @@ pub struct Settings<'a> {
 ///
 /// The database, the broker or the address could not be reached, or the demo failed.
 pub async fn run(settings: Settings<'_>) -> Result<(), BoxError> {
-    let db = connect(settings.database_url).await?;
+    let db = connect_database(settings.database_url).await?;
     placing::create_table(&db).await?;
     let outbox = Outbox::builder(db.clone()).build().await?;
     let inbox = Inbox::builder(db.clone())
@@ -82,15 +82,6 @@ pub async fn run(settings: Settings<'_>) -> Result<(), BoxError> {
     result
 }
 
-async fn connect(url: &str) -> Result<DatabaseConnection, BoxError> {
-    let mut options = ConnectOptions::new(url);
-    options.sqlx_logging(false);
-    if url.starts_with("sqlite:") {
-        options.max_connections(4);
-    }
-    Ok(Database::connect(options).await?)
-}
-
 /// Declares the exchange the events go to, waiting for the broker as long as `--broker-wait-ms`.
 async fn declare_exchange(args: &BrokerArgs, broker: &AmqpUrl) -> Result<(), BoxError> {
     let publisher = crate::broker::reach(broker, Some(args.broker_wait)).await?;
@@ -116,7 +107,7 @@ async fn demo(
     count: usize,
 ) -> Result<(), BoxError> {
     let stub = Stub::start("127.0.0.1:0").await?;
-    let billing_db = connect(settings.billing_database_url).await?;
+    let billing_db = connect_database(settings.billing_database_url).await?;
     billing::create_tables(&billing_db).await?;
     let mut billing = start_billing(settings, &stub)?;
     let result = async {

@@ -31,7 +31,7 @@ use idem_rabbitmq::{AmqpUrl, Binding, Consumer, ConsumerStats, Relay, RelayHandl
 use idem_runtime::{
     BatchChecks, Inbox, Outbox, RedeliveryWindow, RetentionPolicy, transport::MAX_BATCH,
 };
-use sea_orm::{ConnectOptions, Database, DatabaseConnection};
+use sea_orm::DatabaseConnection;
 
 /// Consumes orders from RabbitMQ into the database and charges each one exactly once, whatever
 /// the broker redelivers; until Ctrl-C or SIGTERM, or with `--demo`, for one checked run.
@@ -247,7 +247,7 @@ struct Started {
 
 /// The service's parts, started one after the other.
 async fn start(args: &Args) -> Result<Started, BoxError> {
-    let db = connect_database(&args.database_url).await?;
+    let db = idem_examples::cli::connect_database(&args.database_url).await?;
     billing::create_tables(&db).await?;
     let (inbox, outbox) = open_inbox(&db).await?;
     let broker = args.broker.url()?;
@@ -278,15 +278,6 @@ fn log_settings(args: &Args) {
         keys = ?args.keys,
         "billing starting"
     );
-}
-
-async fn connect_database(url: &str) -> Result<DatabaseConnection, BoxError> {
-    let mut options = ConnectOptions::new(url);
-    options.sqlx_logging(false);
-    if url.starts_with("sqlite:") {
-        options.max_connections(4);
-    }
-    Ok(Database::connect(options).await?)
 }
 
 /// The inbox, with the outbox beside it: events are staged in the outbox with the invoices,

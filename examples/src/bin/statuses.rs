@@ -16,7 +16,6 @@ use idem_examples::statuses::{self, Statuses};
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Consumer, PublishOptions};
 use idem_runtime::Inbox;
-use sea_orm::{ConnectOptions, Database};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -103,9 +102,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: &Args) -> Result<Report, BoxError> {
-    let mut options = ConnectOptions::new(&args.database_url);
-    options.sqlx_logging(false);
-    let db = Database::connect(options).await?;
+    let db = idem_examples::cli::connect_database(&args.database_url).await?;
     let service = Arc::new(Statuses {
         table: "order_statuses".to_owned(),
     });
