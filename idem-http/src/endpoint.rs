@@ -13,50 +13,9 @@ use http_body_util::Full;
 use idem_runtime::{Context, Mode};
 use tower_service::Service;
 
-use crate::run::{BoxError, Call, detached, guarded};
+use crate::contract::{BoxError, Endpoint, EndpointError};
+use crate::run::{Call, detached, guarded};
 use crate::settings::Idempotency;
-
-/// An HTTP endpoint run at most once per `Idempotency-Key`, in the transaction of its key's
-/// claim: write through [`Context::transaction`], stage events with [`Context::stage`] (their
-/// ids derive from the key, so a replay stages nothing new and a re-run the same ids).
-///
-/// The response it returns, whatever its status, commits with its writes and is replayed to
-/// every retry. [`EndpointError::Rejected`] sends a response without keeping anything (a
-/// request that fails validation: the client may correct it and retry with the same key);
-/// [`EndpointError::Failed`] rolls back and answers 500 (503 when the database is unreachable),
-/// also keeping nothing.
-pub trait Endpoint: Send + Sync + 'static {
-    /// Handles one request, its body read whole.
-    fn handle(
-        &self,
-        cx: &Context<'_>,
-        request: Request<Bytes>,
-    ) -> impl Future<Output = Result<Response<Bytes>, EndpointError>> + Send;
-}
-
-/// Why an endpoint's request ends without a stored response.
-#[derive(Debug, thiserror::Error)]
-pub enum EndpointError {
-    /// Sent as it is, nothing kept: the writes roll back and the key stays free.
-    #[error("the request was rejected with {}", .0.status())]
-    Rejected(Response<Bytes>),
-    /// The endpoint failed: the writes roll back, the key stays free, the client gets 500, or
-    /// 503 when the error comes from a database that went away.
-    #[error("the endpoint failed: {0}")]
-    Failed(#[source] BoxError),
-}
-
-impl From<idem_runtime::sea_orm::DbErr> for EndpointError {
-    fn from(error: idem_runtime::sea_orm::DbErr) -> Self {
-        Self::Failed(Box::new(error))
-    }
-}
-
-impl From<idem_runtime::StagingError> for EndpointError {
-    fn from(error: idem_runtime::StagingError) -> Self {
-        Self::Failed(Box::new(error))
-    }
-}
 
 /// The service [`Idempotency::transactional`] makes: usable as an axum route's service
 /// (`Router::route_service`, or `post_service`).
@@ -79,6 +38,18 @@ impl<E> std::fmt::Debug for Transactional<E> {
         f.debug_struct("Transactional")
             .field("settings", &self.settings)
             .finish_non_exhaustive()
+    }
+}
+
+impl Idempotency {
+    /// A service running `endpoint` in one transaction with the claim of the request's key and
+    /// its stored response (and its outbox stagings, with an inbox that has an outbox): all or
+    /// nothing. A retry while it runs waits at most the inbox's claim wait for it (getting its
+    /// response if it completes by then), then gets 409. SQLite writes one transaction at a
+    /// time: there the retry waits for the first request's commit, up to the pool's busy
+    /// timeout.
+    pub fn transactional<E: Endpoint>(self, endpoint: E) -> Transactional<E> {
+        Transactional::new(self, endpoint)
     }
 }
 

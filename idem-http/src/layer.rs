@@ -13,9 +13,9 @@ use idem_runtime::{Context, Mode};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::endpoint::EndpointError;
+use crate::contract::{BoxError, EndpointError};
 use crate::problem::Problem;
-use crate::run::{BoxError, Call, detached, guarded};
+use crate::run::{Call, detached, guarded};
 use crate::settings::Idempotency;
 
 /// Guards the services it wraps with `Idempotency-Key` ([`Idempotency::layer`]). Safe methods
@@ -23,6 +23,17 @@ use crate::settings::Idempotency;
 #[derive(Debug, Clone)]
 pub struct IdempotencyLayer {
     settings: Arc<Idempotency>,
+}
+
+impl Idempotency {
+    /// A tower layer guarding any service: a request is claimed (a retry meanwhile gets 409),
+    /// the service runs outside any transaction, and its response is stored once it returns.
+    /// A crash in between leaves the claim until its lease ends, after which a retry runs the
+    /// service again: for effects that cannot join the database's transaction. Use
+    /// [`Idempotency::transactional`] when they can.
+    pub fn layer(self) -> IdempotencyLayer {
+        IdempotencyLayer::new(self)
+    }
 }
 
 impl IdempotencyLayer {

@@ -59,6 +59,7 @@
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
 //! ```
 
+mod contract;
 mod endpoint;
 mod key;
 mod layer;
@@ -67,7 +68,8 @@ mod run;
 mod settings;
 mod stored;
 
-pub use endpoint::{Endpoint, EndpointError, Transactional};
+pub use contract::{Endpoint, EndpointError};
+pub use endpoint::Transactional;
 pub use key::{HeaderError, IDEMPOTENCY_KEY, MAX_KEY_LEN, message_key, request_key};
 pub use layer::{Guarded, IdempotencyLayer};
 pub use settings::Idempotency;

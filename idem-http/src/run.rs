@@ -13,14 +13,12 @@ use idem_runtime::{
     Outcome,
 };
 
-use crate::endpoint::EndpointError;
+use crate::contract::{BoxError, EndpointError};
 use crate::key::{HeaderError, request_fingerprint, request_key, scoped};
 use crate::problem::Problem;
 use crate::settings::Idempotency;
 use crate::stored::StoredResponse;
 use crate::{REPLAYED_HEADER, RETENTION_HEADER};
-
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What runs a request once its key is claimed: a layered service or an endpoint.
 pub(crate) trait Call: Send + Sync {

@@ -9,9 +9,6 @@ use http::header::{CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, LOCATION};
 use http::request::Parts;
 use idem_runtime::{ConsumerName, Inbox, KeyError};
 
-use crate::endpoint::{Endpoint, Transactional};
-use crate::layer::IdempotencyLayer;
-
 /// Tells a request's principal (the authenticated user or client) from its parts, typically
 /// from an extension the authentication layer in front put there.
 type Principal = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -23,7 +20,7 @@ type Scope = dyn Fn(&Parts) -> String + Send + Sync;
 ///
 /// Build it once per route group, then take [`Idempotency::layer`] for any tower service (the
 /// response is stored after it returns), or [`Idempotency::transactional`] for an
-/// [`Endpoint`] whose database writes, stored response and outbox stagings commit together.
+/// [`Endpoint`](crate::Endpoint) whose database writes, stored response and outbox stagings commit together.
 #[derive(Clone)]
 pub struct Idempotency {
     pub(crate) inbox: Inbox,
@@ -140,25 +137,6 @@ impl Idempotency {
     pub fn response_limit(mut self, bytes: usize) -> Self {
         self.response_limit = bytes;
         self
-    }
-
-    /// A tower layer guarding any service: a request is claimed (a retry meanwhile gets 409),
-    /// the service runs outside any transaction, and its response is stored once it returns.
-    /// A crash in between leaves the claim until its lease ends, after which a retry runs the
-    /// service again: for effects that cannot join the database's transaction. Use
-    /// [`Idempotency::transactional`] when they can.
-    pub fn layer(self) -> IdempotencyLayer {
-        IdempotencyLayer::new(self)
-    }
-
-    /// A service running `endpoint` in one transaction with the claim of the request's key and
-    /// its stored response (and its outbox stagings, with an inbox that has an outbox): all or
-    /// nothing. A retry while it runs waits at most the inbox's claim wait for it (getting its
-    /// response if it completes by then), then gets 409. SQLite writes one transaction at a
-    /// time: there the retry waits for the first request's commit, up to the pool's busy
-    /// timeout.
-    pub fn transactional<E: Endpoint>(self, endpoint: E) -> Transactional<E> {
-        Transactional::new(self, endpoint)
     }
 
     /// The route `parts` is for.
