@@ -221,10 +221,27 @@ impl Publisher {
         let mut attempt = 1;
         loop {
             let channel = self.channel.lock().await.clone();
-            let declared = channel
-                .channel()
-                .exchange_declare(name.into(), kind.clone(), options, FieldTable::default())
-                .await;
+            let declaring = channel.channel().exchange_declare(
+                name.into(),
+                kind.clone(),
+                options,
+                FieldTable::default(),
+            );
+            // lapin holds a call on a connection it is recovering for as long as its recovery
+            // runs (minutes, against a node that is gone and a host that never answers): a
+            // declaration not answered within the confirm timeout is made on a new connection.
+            let Ok(declared) = tokio::time::timeout(self.confirm_timeout, declaring).await else {
+                if attempt >= self.max_attempts {
+                    return Err(Error::TimedOut {
+                        operation: format!("declaring exchange {name:?}"),
+                        after: self.confirm_timeout,
+                    });
+                }
+                tracing::warn!(exchange = name, attempt, timeout = ?self.confirm_timeout, "exchange not declared in time; retrying on a new connection");
+                self.replace_channel(&channel).await;
+                attempt += 1;
+                continue;
+            };
             match declared {
                 Ok(()) => return Ok(()),
                 // The broker's refusal of the declaration itself is a channel (soft) error;

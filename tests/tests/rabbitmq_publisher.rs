@@ -6,8 +6,11 @@
 
 use std::time::Duration;
 
-use idem_rabbitmq::{PublishOptions, QueueTopology};
-use idem_tests::rabbit::{amqp_url, connections_named, setup_channel, with_id};
+use idem_rabbitmq::{PublishOptions, Publisher, QueueTopology};
+use idem_tests::proxy::Proxy;
+use idem_tests::rabbit::{
+    amqp_addr, amqp_url, amqp_url_through, connections_named, setup_channel, with_id,
+};
 use idem_tests::{Backend, Fixture, Msg, TestBroker, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -145,4 +148,51 @@ async fn the_publisher_builder_names_its_connection_and_refuses_zero_settings() 
         })
         .await;
     publisher.close().await;
+}
+
+/// A declaration whose connection is cut under it, its recovery meeting a broker that accepts
+/// and never answers (a node gone behind a load balancer, a killed cluster node), is given up on
+/// after the publisher's timeout and made again on a new connection once the broker answers: it
+/// never waits on the dead one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_declaration_on_a_connection_gone_silent_is_made_again_on_a_new_one() {
+    let proxy = Proxy::start(&amqp_addr()).await;
+    let publisher = Publisher::builder(amqp_url_through(&proxy).as_str())
+        .confirm_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("the publisher connects");
+    let publisher = std::sync::Arc::new(publisher);
+    proxy.silence().await;
+    let exchange = unique("idem_silent_x");
+    let declaring = tokio::spawn({
+        let (publisher, exchange) = (std::sync::Arc::clone(&publisher), exchange.clone());
+        async move {
+            let kind = idem_rabbitmq::lapin::ExchangeKind::Topic;
+            publisher.declare_exchange(&exchange, kind).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.restore();
+    let declared = tokio::time::timeout(Duration::from_secs(30), declaring).await;
+    assert!(matches!(declared, Ok(Ok(Ok(())))), "declared: {declared:?}");
+    let broker = TestBroker::connect().await;
+    broker.track_exchange(&exchange);
+    let passive = idem_rabbitmq::lapin::options::ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let channel = setup_channel().await;
+    channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            idem_rabbitmq::lapin::ExchangeKind::Topic,
+            passive,
+            Default::default(),
+        )
+        .await
+        .expect("the exchange exists on the broker");
+    if let Ok(publisher) = std::sync::Arc::try_unwrap(publisher) {
+        publisher.close().await;
+    }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use sea_orm::sea_query::ArrayType;
 use sea_orm::{
     ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult,
-    TransactionTrait, Value,
+    TransactionOptions, Value,
 };
 use tokio::sync::OwnedMutexGuard;
 
@@ -18,6 +18,7 @@ use super::Outbox;
 use super::run_order::{Unsent, wait_of};
 use super::statements::{Bound, RELEASE_BATCH, rows_for};
 use crate::clock::duration_ms;
+use crate::store::dialect::begin_detached;
 
 /// A staged message waiting to be published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,9 +96,11 @@ impl Outbox {
             // Without gap locks: under REPEATABLE READ, marking rows sent would wait for the
             // gaps another relay's skip-locked scan holds.
             DbBackend::MySql => {
-                let tx = (self.inner.db)
-                    .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
-                    .await?;
+                let options = TransactionOptions {
+                    isolation_level: Some(IsolationLevel::ReadCommitted),
+                    ..TransactionOptions::default()
+                };
+                let tx = begin_detached(&self.inner.db, options).await?;
                 (Some(tx), None)
             }
             _ => (Some(self.inner.dialect.begin(&self.inner.db).await?), None),

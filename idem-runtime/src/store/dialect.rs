@@ -398,10 +398,16 @@ pub(crate) async fn begin_detached(
     db: &DatabaseConnection,
     options: TransactionOptions,
 ) -> Result<DatabaseTransaction, DbErr> {
+    use tracing::Instrument;
     let db = db.clone();
-    match tokio::spawn(async move { db.begin_with_options(options).await }).await {
+    let begin = async move { db.begin_with_options(options).await };
+    match tokio::spawn(begin.instrument(tracing::Span::current())).await {
         Ok(begun) => begun,
-        Err(join) => Err(DbErr::Custom(format!("beginning a transaction: {join}"))),
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        // The runtime is shutting down: no database to reach from here.
+        Err(join) => Err(DbErr::Conn(sea_orm::RuntimeErr::Internal(format!(
+            "beginning a transaction: {join}"
+        )))),
     }
 }
 
