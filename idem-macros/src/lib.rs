@@ -262,7 +262,8 @@ use proc_macro::TokenStream;
 ///
 /// A naturally idempotent handler (an upsert keyed on a business id, a state set with a version
 /// check that ignores older states) runs in a transaction every time a copy comes, with no
-/// bookkeeping; its errors settle as every handler's do. No `retention`.
+/// bookkeeping; its errors settle as every handler's do. No `retention`, and no `fingerprint =
+/// <expr>` (with no record, a reused key with other content cannot be caught).
 ///
 /// ```
 /// # use idem_runtime::{Handler, Mode, idempotent};

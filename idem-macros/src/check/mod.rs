@@ -55,6 +55,7 @@ pub(crate) fn check(cx: &Ctxt, handler: &Handler<'_>) {
     mode::check_two_phase_without_transaction(cx, handler);
     mode::check_lease_only_two_phase(cx, handler);
     mode::check_retention_only_with_records(cx, handler);
+    mode::check_no_fingerprint_when_natural(cx, handler);
     mode::check_entity_takes_context(cx, handler);
     slice::check_slice_context_only_in_slices(cx, handler);
     if handler.is_slice() {

@@ -1,10 +1,10 @@
 //! The mode and the durations: a lease only for two phases, a transaction never with them, a
-//! retention only with records, a context for entity handlers.
+//! retention only with records, no fingerprint without one, a context for entity handlers.
 
 use quote::ToTokens;
 
 use crate::ast::{Handler, Role};
-use crate::attr::ModeArg;
+use crate::attr::{FingerprintArg, ModeArg};
 use crate::ctxt::Ctxt;
 
 // A lease or a retention is one whole number and a unit, checked here rather than at start-up.
@@ -68,6 +68,20 @@ pub(super) fn check_retention_only_with_records(cx: &Ctxt, handler: &Handler<'_>
                 "`retention` says how long the inbox keeps a handler's records; `{}` keeps none",
                 mode.spelling()
             ),
+        );
+    }
+}
+
+// A natural handler runs without a record to compare a copy with: a fingerprint would be ignored.
+pub(super) fn check_no_fingerprint_when_natural(cx: &Ctxt, handler: &Handler<'_>) {
+    if let (Some(FingerprintArg::Expr(expr)), Some((ModeArg::Natural, _))) =
+        (&handler.args.fingerprint, handler.args.mode)
+    {
+        cx.error_spanned_by(
+            expr,
+            "`mode = natural` keeps no record to compare a copy's fingerprint with, so a reused \
+             key with other content would not be caught: remove `fingerprint`, or remove \
+             `mode = natural` to have the inbox check it",
         );
     }
 }
