@@ -45,16 +45,16 @@ async fn each_order_placed_over_http_with_retries_goes_through_once() {
         let answers = &report["answers"];
         let answered = |field: &str| answers[field].as_u64().unwrap();
         assert_eq!(answered("wrong_body"), 0, "{report}");
-        assert_eq!(
-            answered("gave_up"),
-            ORDERS,
-            "each order's first request was given up: {report}"
-        );
+        // The first request's client gives up at once, which an answer as quick as the request
+        // can beat: that request then got its 201 too.
+        let given_up = answered("gave_up");
+        assert!(given_up <= ORDERS, "{report}");
         assert!(answered("created") <= ORDERS, "{report}");
         assert_eq!(
             answered("created") + answered("replayed"),
-            ORDERS * 3,
-            "each of the three retrying copies ends with one 201: {report}"
+            ORDERS * 3 + (ORDERS - given_up),
+            "each of the three retrying copies, and each first request not given up, ends with \
+             one 201: {report}"
         );
     }
     for file in files {
