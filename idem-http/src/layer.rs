@@ -1,10 +1,12 @@
 //! The layer for any tower service: the key claimed with a lease, the service run outside any
 //! transaction, its response stored once it returns.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use http::{Method, Request, Response};
 use http_body::Body;
@@ -137,22 +139,53 @@ where
             Ok(mut slot) => slot.take(),
             Err(_) => None,
         };
-        let Some(mut service) = service else {
+        let Some(service) = service else {
             return Err(EndpointError::Failed("the service was called twice".into()));
         };
-        let response = service
-            .call(request.map(ReqB::from))
-            .await
-            .map_err(|error| EndpointError::Failed(error.into()))?;
-        let (parts, body) = response.into_parts();
-        let body = match Limited::new(body, self.response_limit).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(error) if error.is::<LengthLimitError>() => {
-                let problem = Problem::response_too_large(self.response_limit).response();
-                return Err(EndpointError::Rejected(problem));
+        Ok(self.answer(service, request).await)
+    }
+}
+
+impl<S, ReqB> Forward<S, ReqB> {
+    /// The service's answer to `request`, whatever becomes of it: once the service is called its
+    /// effects may stand, so an error, a panic or a response too large to keep is answered (and
+    /// kept) as a 500 of its own rather than freeing the key for a retry to run it again.
+    async fn answer<ResB>(&self, mut service: S, request: Request<Bytes>) -> Response<Bytes>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+        S::Error: Into<BoxError>,
+        ReqB: From<Bytes>,
+        ResB: Body,
+        ResB::Error: Into<BoxError>,
+    {
+        let run = async {
+            let response = service
+                .call(request.map(ReqB::from))
+                .await
+                .map_err(Into::<BoxError>::into)?;
+            let (parts, body) = response.into_parts();
+            match Limited::new(body, self.response_limit).collect().await {
+                Ok(collected) => Ok(Response::from_parts(parts, collected.to_bytes())),
+                Err(error) if error.is::<LengthLimitError>() => {
+                    tracing::warn!(
+                        limit = self.response_limit,
+                        "a layered service's response is too large to keep; a 500 is kept in its place"
+                    );
+                    Ok(Problem::response_too_large(self.response_limit, true).response())
+                }
+                Err(error) => Err(error),
             }
-            Err(error) => return Err(EndpointError::Failed(error)),
         };
-        Ok(Response::from_parts(parts, body))
+        match AssertUnwindSafe(run).catch_unwind().await {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "a layered service failed after it began; a 500 is kept");
+                Problem::incomplete().response()
+            }
+            Err(_) => {
+                tracing::warn!("a layered service panicked after it began; a 500 is kept");
+                Problem::incomplete().response()
+            }
+        }
     }
 }

@@ -15,7 +15,9 @@
 //! | the same key with another method, path or body | 422 |
 //! | the body larger than the limit | 413 |
 //! | a body that cannot be read | 400 |
-//! | a layered service's response larger than its limit | 500, not kept, the key free again |
+//! | a layered service's response larger than its limit | 500, kept: the service ran, and is not run again |
+//! | a layered service that fails or panics once called | 500, kept: what it did is not known, it is not run again |
+//! | a transactional endpoint's response larger than its limit | 500, rolled back, the key free again |
 //! | the database unreachable | 503, `Retry-After`; nothing stored |
 //!
 //! Keys are scoped per route (method and path, or what [`Idempotency::scope`] names) and, with
@@ -25,7 +27,8 @@
 //! it the key is free again, and the cleaner deletes the record as it deletes consumers'.
 //!
 //! As payment APIs do, the endpoint's first response is stored whatever its status, a 5xx
-//! included, and replayed; nothing is stored when the request is refused before it runs (the
+//! included, and replayed (a layered service that failed once called included: its effects may
+//! stand); nothing is stored when the request is refused before it runs (the
 //! header, the body's size), conflicts with one in flight, or the endpoint says so
 //! ([`EndpointError::Rejected`], or [`NotStored`] in a response's extensions): the key stays free
 //! for a corrected retry.

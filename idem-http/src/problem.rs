@@ -102,15 +102,33 @@ impl Problem {
         )
     }
 
-    /// 500: the response is larger than the guard keeps.
-    pub(crate) fn response_too_large(limit: usize) -> Self {
+    /// 500: the response is larger than the guard keeps. `kept`: this answer is kept in its
+    /// place (a layered service ran, and is not run again); otherwise nothing was stored.
+    pub(crate) fn response_too_large(limit: usize, kept: bool) -> Self {
+        let outcome = if kept {
+            "The request ran: this answer is kept in its place, and it is not run again with this key."
+        } else {
+            "Nothing was stored."
+        };
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "response-too-large",
             "The response is too large to keep",
-            format!(
-                "An idempotent response is kept for retries: at most {limit} bytes. Nothing was stored."
-            ),
+            format!("An idempotent response is kept for retries: at most {limit} bytes. {outcome}"),
+        )
+    }
+
+    /// 500, kept: a layered service was called but failed or panicked before it answered. What
+    /// it did is not known, so the request is not run again with this key.
+    pub(crate) fn incomplete() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "incomplete",
+            "The request began but did not complete",
+            "The service failed after it began, and what it did is not known: this answer is kept, \
+             and the request is not run again with this key. Check its effects before sending it \
+             again with a new key."
+                .to_owned(),
         )
     }
 

@@ -170,6 +170,13 @@ impl<C: Call> Handler for Run<'_, C> {
         if response.extensions().get::<crate::NotStored>().is_some() {
             return Err(EndpointError::Rejected(response));
         }
+        let limit = self.settings.response_limit;
+        if response.body().len() > limit {
+            // A transactional endpoint's: rolled back, nothing kept (a layered service's
+            // response was already cut to its limit).
+            let problem = Problem::response_too_large(limit, false).response();
+            return Err(EndpointError::Rejected(problem));
+        }
         self.note(Ran::Answered(response.clone()));
         Ok(StoredResponse::new(response, &self.settings.replayed))
     }

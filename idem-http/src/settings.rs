@@ -131,9 +131,10 @@ impl Idempotency {
         self
     }
 
-    /// With [`Idempotency::layer`]: the largest response kept, in bytes. A larger one (a stream
-    /// that does not end, an export) is answered with 500 and not kept, and the key is free
-    /// again: such routes are not for this layer.
+    /// The largest response kept, in bytes. A layered service's larger one (a stream that does
+    /// not end, an export) is answered with a 500 that is kept in its place, since the service
+    /// ran: such routes are not for the layer. A transactional endpoint's is answered with 500
+    /// and rolled back, the key free again.
     pub fn response_limit(mut self, bytes: usize) -> Self {
         self.response_limit = bytes;
         self

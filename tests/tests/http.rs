@@ -27,6 +27,8 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 on_each_backend!(
     a_request_without_a_usable_key_is_refused_and_runs_nothing,
     a_retry_gets_the_stored_response_and_runs_nothing,
@@ -38,7 +40,9 @@ on_each_backend!(
     a_failed_or_rejected_request_keeps_nothing_and_the_retry_runs,
     a_first_server_error_is_stored_and_replayed,
     clients_hanging_up_at_any_moment_leave_each_request_once,
-    a_response_too_large_to_keep_is_refused_and_keeps_nothing,
+    a_layered_response_too_large_to_keep_is_kept_as_a_500_and_not_run_again,
+    a_layered_service_that_fails_once_called_is_not_run_again,
+    a_transactional_response_too_large_to_keep_is_rolled_back,
 );
 
 /// Faults of the database servers'.
@@ -59,7 +63,7 @@ struct Shop {
 /// `POST /payments` and `POST /refunds` behind the layer: each writes one effect row (the
 /// body) outside any transaction and answers 201. `x-script: hold` waits for the test's
 /// release; `invalid` answers 400 without storing; `500` writes and answers 500; `big` writes and
-/// answers more than the layer keeps.
+/// answers more than the layer keeps; `panic` writes and panics.
 async fn pay(State(shop): State<Shop>, headers: HeaderMap, body: Bytes) -> Response<Body> {
     let script = headers
         .get("x-script")
@@ -84,6 +88,9 @@ async fn pay(State(shop): State<Shop>, headers: HeaderMap, body: Bytes) -> Respo
             "x".repeat(Idempotency::DEFAULT_RESPONSE_LIMIT + 1),
         )
             .into_response();
+    }
+    if script == Some("panic") {
+        panic!("the payment provider's client panicked after paying");
     }
     if script == Some("500") {
         return (StatusCode::INTERNAL_SERVER_ERROR, "the provider failed").into_response();
@@ -117,7 +124,8 @@ fn layered(keys: Idempotency, shop: Shop) -> Router {
 
 /// `POST /orders`, transactional: writes the order as an effect row, stages `order.placed`,
 /// answers 201. `x-script: fail` fails after both, `reject` rejects after both, `slow` takes
-/// 1.5 s after both, `cut` waits for the test's release after both.
+/// 1.5 s after both, `cut` waits for the test's release after both, `big` answers more than the
+/// guard keeps after both.
 struct PlaceOrder {
     effects: String,
     started: Arc<Notify>,
@@ -148,6 +156,10 @@ impl Endpoint for PlaceOrder {
                 ));
             }
             Some("slow") => tokio::time::sleep(Duration::from_millis(1500)).await,
+            Some("big") => {
+                let body = "x".repeat(Idempotency::DEFAULT_RESPONSE_LIMIT + 1);
+                return Ok(Response::new(Bytes::from(body)));
+            }
             Some("cut") => {
                 self.started.notify_one();
                 self.release.notified().await;
@@ -656,8 +668,9 @@ async fn clients_hanging_up_at_any_moment_leave_each_request_once(backend: Backe
     }
 }
 
-/// A response past the layer's limit (a stream, an export) is not kept: 500, and the key is free.
-async fn a_response_too_large_to_keep_is_refused_and_keeps_nothing(backend: Backend) {
+/// A response past the layer's limit (a stream, an export) cannot be kept, but the service ran:
+/// a 500 is kept in its place, and a retry gets it rather than running the service again.
+async fn a_layered_response_too_large_to_keep_is_kept_as_a_500_and_not_run_again(backend: Backend) {
     let world = world(backend).await;
     let (key, payment) = (fresh_key(), unique("p"));
     let big = || request("/payments", Some(&key), &payment).header("x-script", "big");
@@ -668,6 +681,99 @@ async fn a_response_too_large_to_keep_is_refused_and_keeps_nothing(backend: Back
         "The response is too large to keep"
     );
     let again = send(&world.payments, big(), &payment).await;
-    assert!(!again.replayed(), "nothing was kept: {again:?}");
-    assert_eq!(world.effects(&payment).await, 2, "the key was free again");
+    assert_eq!(
+        (again.status, again.replayed()),
+        (StatusCode::INTERNAL_SERVER_ERROR, true),
+        "{again:?}"
+    );
+    assert_eq!(
+        again.problem()["title"],
+        "The response is too large to keep"
+    );
+    assert_eq!(world.effects(&payment).await, 1, "the service ran once");
+}
+
+/// A layered service that errs or panics once called may have had its effect: a 500 is kept and
+/// replayed, and the retry does not run it again.
+async fn a_layered_service_that_fails_once_called_is_not_run_again(backend: Backend) {
+    let world = world(backend).await;
+    let (key, payment) = (fresh_key(), unique("p"));
+    let panicking = || request("/payments", Some(&key), &payment).header("x-script", "panic");
+    let first = send(&world.payments, panicking(), &payment).await;
+    assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        first.problem()["title"],
+        "The request began but did not complete"
+    );
+    let again = post_to(&world.payments, "/payments", &key, &payment).await;
+    assert_eq!(
+        (again.status, again.replayed()),
+        (StatusCode::INTERNAL_SERVER_ERROR, true),
+        "{again:?}"
+    );
+    assert_eq!(world.effects(&payment).await, 1, "the panicked run only");
+
+    // A tower service whose error comes after its write (a timeout around a slow provider).
+    let (db, effects) = (world.db.db.clone(), world.effects.clone());
+    let failing = tower::service_fn(move |request: Request<Body>| {
+        let (db, effects) = (db.clone(), effects.clone());
+        async move {
+            let body = axum::body::to_bytes(request.into_body(), usize::MAX).await?;
+            let transfer = String::from_utf8_lossy(&body).into_owned();
+            insert_effect(&db, &effects, "transfer", &transfer, "sent").await?;
+            Err::<Response<Body>, BoxError>("the provider timed out after sending".into())
+        }
+    });
+    let inbox = Inbox::builder(world.db.db.clone())
+        .table(world.db.table("inbox"))
+        .build()
+        .await
+        .expect("inbox builds");
+    let keys = Idempotency::new(inbox, "http.transfers").expect("a valid consumer name");
+    let guarded = tower::Layer::layer(&keys.layer(), failing);
+    let (key, transfer) = (fresh_key(), unique("t"));
+    for attempt in 0..2 {
+        let request = request("/transfers", Some(&key), &transfer)
+            .body(Body::from(transfer.clone()))
+            .unwrap();
+        let response = guarded
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("the guard answers the service's error itself");
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            response.headers().contains_key(REPLAYED_HEADER),
+            attempt == 1
+        );
+    }
+    assert_eq!(world.effects(&transfer).await, 1, "one transfer");
+}
+
+/// A transactional endpoint's response past the limit rolls back with its writes: the key is free
+/// and the retry runs.
+async fn a_transactional_response_too_large_to_keep_is_rolled_back(backend: Backend) {
+    let world = world(backend).await;
+    let (key, order) = (fresh_key(), unique("o"));
+    let big = request("/orders", Some(&key), &order).header("x-script", "big");
+    let answer = send(&world.orders, big, &order).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        answer.problem()["title"],
+        "The response is too large to keep"
+    );
+    assert_eq!(
+        (world.effects(&order).await, world.staged(&order).await),
+        (0, 0),
+        "rolled back"
+    );
+    let placed = post_to(&world.orders, "/orders", &key, &order).await;
+    assert_eq!(
+        (placed.status, placed.replayed()),
+        (StatusCode::CREATED, false)
+    );
+    assert_eq!(
+        (world.effects(&order).await, world.staged(&order).await),
+        (1, 1)
+    );
 }
