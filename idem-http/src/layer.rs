@@ -30,8 +30,10 @@ pub struct IdempotencyLayer {
 impl Idempotency {
     /// A tower layer guarding any service: a request is claimed (a retry meanwhile gets 409),
     /// the service runs outside any transaction, and its response is stored once it returns.
-    /// A crash in between leaves the claim until its lease ends, after which a retry runs the
-    /// service again: for effects that cannot join the database's transaction. Use
+    /// Once called, its error, panic or a response past the limit is kept as a 500 (its effects
+    /// may stand), unless the error is [`NotStored`](crate::NotStored). A crash in between
+    /// leaves the claim until its lease ends, after which a retry runs the service again: for
+    /// effects that cannot join the database's transaction. Use
     /// [`Idempotency::transactional`] when they can.
     pub fn layer(self) -> IdempotencyLayer {
         IdempotencyLayer::new(self)
@@ -167,17 +169,24 @@ impl<S, ReqB> Forward<S, ReqB> {
             match Limited::new(body, self.response_limit).collect().await {
                 Ok(collected) => Ok(Response::from_parts(parts, collected.to_bytes())),
                 Err(error) if error.is::<LengthLimitError>() => {
+                    let (limit, status) = (self.response_limit, parts.status);
                     tracing::warn!(
-                        limit = self.response_limit,
+                        limit,
+                        %status,
                         "a layered service's response is too large to keep; a 500 is kept in its place"
                     );
-                    Ok(Problem::response_too_large(self.response_limit, true).response())
+                    Ok(Problem::response_too_large(limit, Some(status)).response())
                 }
                 Err(error) => Err(error),
             }
         };
         match AssertUnwindSafe(run).catch_unwind().await {
             Ok(Ok(response)) => response,
+            Ok(Err(error)) if error.is::<crate::NotStored>() => {
+                let mut response = Problem::unavailable(NOT_RUN.to_owned()).response();
+                response.extensions_mut().insert(crate::NotStored);
+                response
+            }
             Ok(Err(error)) => {
                 tracing::warn!(%error, "a layered service failed after it began; a 500 is kept");
                 Problem::incomplete().response()
@@ -189,3 +198,6 @@ impl<S, ReqB> Forward<S, ReqB> {
         }
     }
 }
+
+const NOT_RUN: &str = "The service did not run the request; nothing was stored, and the same \
+    request may be retried.";

@@ -18,7 +18,7 @@
 //! | a layered service's response larger than its limit | 500, kept: the service ran, and is not run again |
 //! | a layered service that fails or panics once called | 500, kept: what it did is not known, it is not run again |
 //! | a transactional endpoint's response larger than its limit | 500, rolled back, the key free again |
-//! | the database unreachable | 503, `Retry-After`; nothing stored |
+//! | the database unreachable, or a layered service's [`NotStored`] error | 503, `Retry-After`; nothing stored |
 //!
 //! Keys are scoped per route (method and path, or what [`Idempotency::scope`] names) and, with
 //! [`Idempotency::principal`], per authenticated principal; without one, every client of a route
@@ -85,5 +85,10 @@ pub const RETENTION_HEADER: &str = "idempotency-key-retention";
 
 /// In a response's extensions: send the response but store nothing, leaving the key free (a
 /// request the service found invalid before doing anything).
-#[derive(Debug, Clone, Copy, Default)]
+///
+/// As a layered service's error (boxed, such as `.map_err(|_| NotStored)` on a load shedder's
+/// `Overloaded`): the service did not run the request, so the key is freed and the client gets
+/// 503. Any other error of a service once called is kept as a 500, since its effects may stand.
+#[derive(Debug, Clone, Copy, Default, thiserror::Error)]
+#[error("the service did not run the request")]
 pub struct NotStored;

@@ -102,13 +102,17 @@ impl Problem {
         )
     }
 
-    /// 500: the response is larger than the guard keeps. `kept`: this answer is kept in its
-    /// place (a layered service ran, and is not run again); otherwise nothing was stored.
-    pub(crate) fn response_too_large(limit: usize, kept: bool) -> Self {
-        let outcome = if kept {
-            "The request ran: this answer is kept in its place, and it is not run again with this key."
-        } else {
-            "Nothing was stored."
+    /// 500: the response is larger than the guard keeps. `ran`: the status a layered service
+    /// answered with, this answer kept in its place (the service is not run again); `None`: a
+    /// transactional endpoint's, rolled back, nothing stored.
+    pub(crate) fn response_too_large(limit: usize, ran: Option<StatusCode>) -> Self {
+        let outcome = match ran {
+            Some(status) => format!(
+                "The request ran and answered {}: this answer is kept in its place, and it is not \
+                 run again with this key.",
+                status.as_u16()
+            ),
+            None => "Nothing was stored.".to_owned(),
         };
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,

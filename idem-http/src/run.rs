@@ -171,10 +171,10 @@ impl<C: Call> Handler for Run<'_, C> {
             return Err(EndpointError::Rejected(response));
         }
         let limit = self.settings.response_limit;
-        if response.body().len() > limit {
-            // A transactional endpoint's: rolled back, nothing kept (a layered service's
-            // response was already cut to its limit).
-            let problem = Problem::response_too_large(limit, false).response();
+        if matches!(self.mode, Mode::Transactional) && response.body().len() > limit {
+            // Rolled back, nothing kept. (A layered service ran outside any transaction: the
+            // layer already put a 500 of its own in place of a response past the limit.)
+            let problem = Problem::response_too_large(limit, None).response();
             return Err(EndpointError::Rejected(problem));
         }
         self.note(Ran::Answered(response.clone()));

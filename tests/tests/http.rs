@@ -42,6 +42,7 @@ on_each_backend!(
     clients_hanging_up_at_any_moment_leave_each_request_once,
     a_layered_response_too_large_to_keep_is_kept_as_a_500_and_not_run_again,
     a_layered_service_that_fails_once_called_is_not_run_again,
+    a_layered_service_refusing_with_not_stored_leaves_the_key_free,
     a_transactional_response_too_large_to_keep_is_rolled_back,
 );
 
@@ -240,6 +241,18 @@ struct Answer {
 }
 
 impl Answer {
+    async fn read(response: Response<Body>) -> Self {
+        let (parts, body) = response.into_parts();
+        let body = axum::body::to_bytes(body, usize::MAX)
+            .await
+            .expect("the body reads");
+        Self {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
     fn replayed(&self) -> bool {
         self.headers
             .get(REPLAYED_HEADER)
@@ -272,15 +285,7 @@ async fn send(app: &Router, builder: axum::http::request::Builder, body: &str) -
         .oneshot(request)
         .await
         .expect("the router answers");
-    let (parts, body) = response.into_parts();
-    let body = axum::body::to_bytes(body, usize::MAX)
-        .await
-        .expect("the body reads");
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    Answer::read(response).await
 }
 
 async fn post_to(app: &Router, path: &str, key: &str, body: &str) -> Answer {
@@ -714,40 +719,131 @@ async fn a_layered_service_that_fails_once_called_is_not_run_again(backend: Back
     assert_eq!(world.effects(&payment).await, 1, "the panicked run only");
 
     // A tower service whose error comes after its write (a timeout around a slow provider).
-    let (db, effects) = (world.db.db.clone(), world.effects.clone());
-    let failing = tower::service_fn(move |request: Request<Body>| {
-        let (db, effects) = (db.clone(), effects.clone());
-        async move {
-            let body = axum::body::to_bytes(request.into_body(), usize::MAX).await?;
-            let transfer = String::from_utf8_lossy(&body).into_owned();
-            insert_effect(&db, &effects, "transfer", &transfer, "sent").await?;
-            Err::<Response<Body>, BoxError>("the provider timed out after sending".into())
-        }
-    });
-    let inbox = Inbox::builder(world.db.db.clone())
-        .table(world.db.table("inbox"))
-        .build()
-        .await
-        .expect("inbox builds");
-    let keys = Idempotency::new(inbox, "http.transfers").expect("a valid consumer name");
-    let guarded = tower::Layer::layer(&keys.layer(), failing);
+    let transfers = world.transfers(|keys| keys, |_| Step::Fail).await;
     let (key, transfer) = (fresh_key(), unique("t"));
     for attempt in 0..2 {
-        let request = request("/transfers", Some(&key), &transfer)
-            .body(Body::from(transfer.clone()))
+        let answer = transfers.send(&key, &transfer).await;
+        assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(answer.replayed(), attempt == 1, "{answer:?}");
+    }
+    assert_eq!(world.effects(&transfer).await, 1, "one transfer");
+
+    // A limit smaller than the guard's own 500: that 500 is kept all the same.
+    let transfers = world
+        .transfers(|keys| keys.response_limit(64), |_| Step::Big)
+        .await;
+    let (key, transfer) = (fresh_key(), unique("t"));
+    for attempt in 0..2 {
+        let answer = transfers.send(&key, &transfer).await;
+        assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(answer.replayed(), attempt == 1, "{answer:?}");
+        let detail = answer.problem()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("answered 200"), "{detail}");
+    }
+    assert_eq!(world.effects(&transfer).await, 1, "one transfer");
+}
+
+/// A layered service whose error says it did not run the request (`NotStored`, a load shedder's)
+/// leaves the key free: 503, and the retry runs.
+async fn a_layered_service_refusing_with_not_stored_leaves_the_key_free(backend: Backend) {
+    let world = world(backend).await;
+    let transfers = world
+        .transfers(
+            |keys| keys,
+            |call| match call {
+                0 => Step::Refuse,
+                _ => Step::Created,
+            },
+        )
+        .await;
+    let (key, transfer) = (fresh_key(), unique("t"));
+    let refused = transfers.send(&key, &transfer).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{refused:?}"
+    );
+    assert!(refused.headers.contains_key("retry-after"));
+    assert_eq!(world.effects(&transfer).await, 0);
+    let sent = transfers.send(&key, &transfer).await;
+    assert_eq!((sent.status, sent.replayed()), (StatusCode::CREATED, false));
+    let again = transfers.send(&key, &transfer).await;
+    assert_eq!(
+        (again.status, again.replayed()),
+        (StatusCode::CREATED, true)
+    );
+    assert_eq!(world.effects(&transfer).await, 1, "one transfer");
+}
+
+/// What the bare `/transfers` service does on a call.
+#[derive(Clone, Copy)]
+enum Step {
+    /// Errs with `NotStored` before writing anything.
+    Refuse,
+    /// Writes the transfer, then errs.
+    Fail,
+    /// Writes the transfer, then answers 200 with 100 bytes.
+    Big,
+    /// Writes the transfer, then answers 201.
+    Created,
+}
+
+/// `/transfers`: a bare tower service (its error a boxed one, not axum's `Infallible`) behind
+/// the layer, on an inbox table of its own.
+#[derive(Clone)]
+struct Transfers(tower::util::BoxCloneService<Request<Body>, Response<Body>, BoxError>);
+
+impl World {
+    /// `/transfers` with its keys tuned by `tune`, its n-th call doing `step(n)`.
+    async fn transfers(
+        &self,
+        tune: impl FnOnce(Idempotency) -> Idempotency,
+        step: impl Fn(usize) -> Step + Clone + Send + Sync + 'static,
+    ) -> Transfers {
+        let (db, effects) = (self.db.db.clone(), self.effects.clone());
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let service = tower::service_fn(move |request: Request<Body>| {
+            let (db, effects, step) = (db.clone(), effects.clone(), step.clone());
+            let call = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let step = step(call);
+                if let Step::Refuse = step {
+                    return Err(BoxError::from(NotStored));
+                }
+                let body = axum::body::to_bytes(request.into_body(), usize::MAX).await?;
+                let transfer = String::from_utf8_lossy(&body).into_owned();
+                insert_effect(&db, &effects, "transfer", &transfer, "sent").await?;
+                match step {
+                    Step::Refuse | Step::Fail => Err("the provider timed out after sending".into()),
+                    Step::Big => Ok(Response::new(Body::from("x".repeat(100)))),
+                    Step::Created => Ok((StatusCode::CREATED, "sent").into_response()),
+                }
+            }
+        });
+        let inbox = Inbox::builder(self.db.db.clone())
+            .table(self.db.table("transfer_keys"))
+            .build()
+            .await
+            .expect("inbox builds");
+        let keys = tune(Idempotency::new(inbox, "http.transfers").expect("a valid consumer name"));
+        let guarded = tower::Layer::layer(&keys.layer(), service);
+        Transfers(tower::util::BoxCloneService::new(guarded))
+    }
+}
+
+impl Transfers {
+    async fn send(&self, key: &str, transfer: &str) -> Answer {
+        let request = request("/transfers", Some(key), transfer)
+            .body(Body::from(transfer.to_owned()))
             .unwrap();
-        let response = guarded
+        let response = self
+            .0
             .clone()
             .oneshot(request)
             .await
-            .expect("the guard answers the service's error itself");
-        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(
-            response.headers().contains_key(REPLAYED_HEADER),
-            attempt == 1
-        );
+            .expect("the guard answers the service's errors itself");
+        Answer::read(response).await
     }
-    assert_eq!(world.effects(&transfer).await, 1, "one transfer");
 }
 
 /// A transactional endpoint's response past the limit rolls back with its writes: the key is free
