@@ -741,6 +741,20 @@ async fn a_layered_service_that_fails_once_called_is_not_run_again(backend: Back
         assert!(detail.contains("answered 200"), "{detail}");
     }
     assert_eq!(world.effects(&transfer).await, 1, "one transfer");
+
+    // A response whose body breaks off after its first chunk: the service ran all the same.
+    let transfers = world.transfers(|keys| keys, |_| Step::BrokenOff).await;
+    let (key, transfer) = (fresh_key(), unique("t"));
+    for attempt in 0..2 {
+        let answer = transfers.send(&key, &transfer).await;
+        assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(answer.replayed(), attempt == 1, "{answer:?}");
+        assert_eq!(
+            answer.problem()["title"],
+            "The request began but did not complete"
+        );
+    }
+    assert_eq!(world.effects(&transfer).await, 1, "one transfer");
 }
 
 /// A layered service whose error says it did not run the request (`NotStored`, a load shedder's)
@@ -784,6 +798,8 @@ enum Step {
     Fail,
     /// Writes the transfer, then answers 200 with 100 bytes.
     Big,
+    /// Writes the transfer, then answers 200 with a body that breaks off after its first chunk.
+    BrokenOff,
     /// Writes the transfer, then answers 201.
     Created,
 }
@@ -816,6 +832,14 @@ impl World {
                 match step {
                     Step::Refuse | Step::Fail => Err("the provider timed out after sending".into()),
                     Step::Big => Ok(Response::new(Body::from("x".repeat(100)))),
+                    Step::BrokenOff => Ok(Response::new(Body::from_stream(
+                        futures_util::stream::iter([
+                            Ok(Bytes::from_static(b"sent")),
+                            Err(std::io::Error::other(
+                                "the connection to the provider broke",
+                            )),
+                        ]),
+                    ))),
                     Step::Created => Ok((StatusCode::CREATED, "sent").into_response()),
                 }
             }
