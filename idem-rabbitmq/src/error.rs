@@ -180,11 +180,15 @@ impl Error {
     /// Whether an AMQP operation failed because of the broker's state at that moment, which a
     /// later try may find changed, not because the broker refused what was asked: its
     /// connection was lost (its node went away or is stopping), or the broker failed it on its
-    /// side (`INTERNAL_ERROR`, as a quorum queue's declaration while its cluster has no majority).
+    /// side (`INTERNAL_ERROR`, as a quorum queue's declaration while its cluster has no majority),
+    /// or it did not answer in time (a node killed under a session being opened leaves the
+    /// session waiting on a recovery that cannot reach it).
     pub(crate) fn is_transient(&self) -> bool {
         use lapin::protocol::{AMQPErrorKind, AMQPHardError};
-        let Error::Amqp { source, .. } = self else {
-            return false;
+        let source = match self {
+            Error::Amqp { source, .. } => source,
+            Error::TimedOut { .. } => return true,
+            _ => return false,
         };
         match source.kind() {
             lapin::ErrorKind::IOError(_)

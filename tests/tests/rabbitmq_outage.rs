@@ -267,3 +267,38 @@ async fn a_broker_that_never_answers_is_given_up_on_and_retried() {
     consumer.shutdown().await;
     proxy.cut().await;
 }
+
+/// A broker that does not answer while the consumer starts (as a node killed under the session
+/// being opened leaves it waiting on a recovery): the attempt is given up after the open timeout
+/// and made again, so `start` succeeds once the broker answers instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_silent_at_start_is_waited_for() {
+    let t = Fixture::new().await;
+    let proxy = Proxy::start(&amqp_addr()).await;
+    proxy.silence().await;
+    let answering = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            proxy.restore();
+        })
+    };
+    let url = amqp_url_through(&proxy);
+    let consumer = consumer_builder_at(&url, &t.inbox, &unique("idem-silent-start"))
+        .open_timeout(Duration::from_secs(1))
+        .reconnect_delay(Duration::from_millis(200))
+        .bind(t.topology.clone(), t.recorder("billing"))
+        .start()
+        .await
+        .expect("started once the broker answers");
+    answering.await.unwrap();
+    t.send(&Msg::new("o-1", "x"), PublishOptions::default())
+        .await;
+    t.broker
+        .eventually("the message processed", WAIT, || async {
+            t.effects("1=1").await == 1 && t.depth().await == 0
+        })
+        .await;
+    consumer.shutdown().await;
+    proxy.cut().await;
+}

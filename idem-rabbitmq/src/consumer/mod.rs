@@ -313,7 +313,11 @@ impl ConsumerBuilder {
     }
 
     /// Checks the handlers against the inbox, connects, declares each binding's topology and
-    /// starts consuming. Fails, with nothing left running, if any of it fails.
+    /// starts consuming. Fails, with nothing left running, if any of it fails. A session the
+    /// broker's state keeps from opening (a node going away under it, a silence past the
+    /// [`open_timeout`](ConsumerBuilder::open_timeout), a cluster without the majority a
+    /// quorum queue needs) is tried again, from the next node, for up to a minute; a refused
+    /// connection or topology fails at once.
     pub async fn start(self) -> Result<Consumer> {
         self.validate()?;
         for binding in &self.bindings {

@@ -122,7 +122,8 @@ impl Worker {
 
     /// Opens the first session, so that a wrong URL or topology fails `start`. A refusal that
     /// comes from the broker's state, not from the user's mistake (a node killed or stopping
-    /// under the session, a cluster that cannot form a quorum queue yet), is retried with a
+    /// under the session, a broker that does not answer within the open timeout, a cluster that
+    /// cannot form a quorum queue yet), is retried with a
     /// growing delay, from the next node, for up to a minute.
     pub(crate) async fn start(self) -> Result<JoinHandle<ShutdownReport>> {
         let begun = tokio::time::Instant::now();
