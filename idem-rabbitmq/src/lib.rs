@@ -71,6 +71,7 @@ mod error;
 mod metadata;
 pub mod metrics;
 mod nodes;
+mod opening;
 mod publisher;
 mod queue_kind;
 mod relay;

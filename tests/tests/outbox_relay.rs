@@ -62,6 +62,8 @@ mod server {
         many_messages_to_a_missing_exchange_hold_up_no_other_run,
         a_database_outage_is_ridden_out_and_listening_resumes,
         a_lifted_hold_is_published_at_once,
+        a_relay_started_while_the_broker_is_silent_starts_once_it_answers,
+        a_broker_gone_silent_under_the_relay_is_reached_again,
     );
 }
 
@@ -1110,4 +1112,61 @@ async fn a_message_committed_behind_the_relays_pass_is_published(backend: Backen
         })
         .await;
     relay.shutdown().await;
+}
+
+/// A relay of `outbox` to the broker behind `proxy`, giving up on a session that does not open
+/// within a second.
+fn relay_through(proxy: &Proxy, outbox: &Outbox) -> RelayBuilder {
+    Relay::builder(amqp_url_through(proxy), outbox.clone())
+        .connection_name(unique("idem-relay"))
+        .poll_interval(POLL)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(300))
+        .open_timeout(Duration::from_secs(1))
+}
+
+/// Lets `proxy` forward new connections again after `silence`.
+fn restore_after(proxy: &Proxy, silence: Duration) -> tokio::task::JoinHandle<()> {
+    let proxy = proxy.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(silence).await;
+        proxy.restore();
+    })
+}
+
+/// A relay started while the broker accepts connections and never answers (as a node killed
+/// under the session being opened leaves it): each attempt is given up after the open timeout,
+/// and the relay starts once the broker answers.
+async fn a_relay_started_while_the_broker_is_silent_starts_once_it_answers(backend: Backend) {
+    let f = fixture(backend).await;
+    let proxy = Proxy::start(&amqp_addr()).await;
+    proxy.silence().await;
+    let answering = restore_after(&proxy, Duration::from_secs(3));
+    let relay = tokio::time::timeout(WAIT, relay_through(&proxy, f.outbox()).start())
+        .await
+        .expect("start gives up on a session that does not open")
+        .expect("the relay starts once the broker answers");
+    answering.await.unwrap();
+    f.stage("o-1", 2).await;
+    assert_eq!(ids(&f.receive(2, WAIT).await), ids_of("o-1", 2));
+    relay.shutdown().await;
+    proxy.cut().await;
+}
+
+/// A broker that goes silent under a running relay (a host gone behind a load balancer): the
+/// sessions the relay opens into the silence are given up after the open timeout, and what was
+/// staged meanwhile is published once the broker answers.
+async fn a_broker_gone_silent_under_the_relay_is_reached_again(backend: Backend) {
+    let f = fixture(backend).await;
+    let proxy = Proxy::start(&amqp_addr()).await;
+    let relay = start(relay_through(&proxy, f.outbox())).await;
+    f.stage("o-1", 1).await;
+    assert_eq!(ids(&f.receive(1, WAIT).await), ids_of("o-1", 1));
+    proxy.silence().await;
+    f.stage("o-2", 2).await;
+    restore_after(&proxy, Duration::from_secs(3)).await.unwrap();
+    assert_eq!(ids(&f.receive(2, WAIT).await), ids_of("o-2", 2));
+    assert_eq!(f.unsent().await, 0);
+    let stats = relay.shutdown().await;
+    assert!(stats.reconnections >= 1, "{stats:?}");
+    proxy.cut().await;
 }

@@ -14,6 +14,7 @@ use super::settings::ConsumerSettings;
 use crate::confirm::{ConfirmChannel, confirm_channel};
 use crate::connect::{Link, Retirees};
 use crate::error::{Error, Result};
+use crate::opening::within;
 use crate::queue_kind::QueueKind;
 use crate::topology::QueueTopology;
 
@@ -189,18 +190,4 @@ impl SessionOpener<'_> {
             .map_err(Error::amqp(format!("basic.consume {queue}")))?;
         Ok((channel, ConfirmChannel::new(publisher), consumer, kind))
     }
-}
-
-/// `step`, given up on after `limit`.
-async fn within<T>(
-    limit: Duration,
-    operation: &str,
-    step: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
-        Err(Error::TimedOut {
-            operation: operation.to_owned(),
-            after: limit,
-        })
-    })
 }

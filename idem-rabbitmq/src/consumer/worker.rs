@@ -24,12 +24,9 @@ use super::settings::ConsumerSettings;
 use super::stats::{ConsumerCounters, gauge_connected};
 use crate::connect::Retirees;
 use crate::error::Result;
+use crate::opening::patiently;
 use crate::queue_kind::QueueKind;
 use crate::stop::StopSignal;
-
-/// How long `start` keeps opening the first session while the broker's state refuses it (a node
-/// going away, a cluster without the majority a quorum queue needs) before it gives up.
-const START_PATIENCE: Duration = Duration::from_secs(60);
 
 /// What a worker did at shutdown.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -120,27 +117,13 @@ impl Worker {
         }
     }
 
-    /// Opens the first session, so that a wrong URL or topology fails `start`. A refusal that
-    /// comes from the broker's state, not from the user's mistake (a node killed or stopping
-    /// under the session, a broker that does not answer within the open timeout, a cluster that
-    /// cannot form a quorum queue yet), is retried with a
-    /// growing delay, from the next node, for up to a minute.
+    /// Opens the first session, so that a wrong URL or topology fails `start`; what the
+    /// broker's state refuses is tried again for a while ([`patiently`]).
     pub(crate) async fn start(self) -> Result<JoinHandle<ShutdownReport>> {
-        let begun = tokio::time::Instant::now();
-        let mut delays =
-            Backoff::new(self.settings.reconnect_delay, Duration::from_secs(5)).delays();
-        let mut attempt = 1;
-        let session = loop {
-            match self.opener().open().await {
-                Ok(session) => break session,
-                Err(error) if error.is_transient() && begun.elapsed() < START_PATIENCE => {
-                    tracing::warn!(queue = self.queue(), %error, attempt, "the broker could not open the consumer's session now; trying again");
-                    tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(5))).await;
-                    attempt += 1;
-                }
-                Err(error) => return Err(error),
-            }
-        };
+        let what = format!("consumer of {}", self.queue());
+        let first_delay = self.settings.reconnect_delay;
+        let open = || async { self.opener().open().await };
+        let session = patiently(&what, first_delay, open).await?;
         gauge_connected(self.queue(), true);
         Ok(tokio::spawn(self.run(session)))
     }

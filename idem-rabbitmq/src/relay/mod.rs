@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::connect::Retirees;
 use crate::error::{Error, Result, SettingError};
+use crate::opening::patiently;
 use crate::stop::StopSignal;
 use crate::url::AmqpUrl;
 
@@ -181,6 +182,15 @@ impl RelayBuilder {
         self
     }
 
+    /// How long opening a session (its connection and channel) is waited for before the attempt
+    /// is given up and the next one made (default 30 s): a broker that accepts connections but
+    /// never answers (a host gone behind a load balancer, a node killed while the session
+    /// opened) would otherwise hold the relay for good.
+    pub fn open_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.open_timeout = timeout;
+        self
+    }
+
     /// The wait after a failure (a publish not taken, the broker or the database unreachable)
     /// before trying again: `base`, doubling with each consecutive failure, at most `max`
     /// (defaults 200 ms and 10 s).
@@ -200,7 +210,10 @@ impl RelayBuilder {
         self.validate()?;
         let settings = Arc::new(self.settings);
         let retirees = Retirees::new(RETIRE_TIMEOUT);
-        let session = RelaySession::open(&settings, &retirees).await?;
+        let what = format!("relay of {}", self.outbox.table().as_str());
+        let first_delay = settings.backoff.base();
+        let open = || RelaySession::open(&settings, &retirees);
+        let session = patiently(&what, first_delay, open).await?;
         let wake = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
         let stopped = StopSignal::new(stopped);
@@ -246,6 +259,7 @@ impl RelayBuilder {
             ("the relay batch size", settings.batch_size == 0),
             ("the relay poll interval", settings.poll_interval.is_zero()),
             ("the confirm timeout", settings.confirm_timeout.is_zero()),
+            ("the open timeout", settings.open_timeout.is_zero()),
             (
                 "the relay retry back-off",
                 settings.backoff.base().is_zero(),

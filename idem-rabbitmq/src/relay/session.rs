@@ -9,6 +9,7 @@ use super::settings::RelaySettings;
 use crate::confirm::{NotTaken, Sent, confirm_channel, send};
 use crate::connect::{Link, Retirees};
 use crate::error::Result;
+use crate::opening::within;
 use crate::publisher::{PublishOptions, properties};
 
 /// How long lapin may try to recover a lost connection. The relay does not wait for it: a
@@ -22,10 +23,18 @@ pub(super) struct RelaySession {
 }
 
 impl RelaySession {
-    /// Connects and opens a channel in confirm mode.
+    /// Connects and opens a channel in confirm mode, each given up on after the open timeout
+    /// (the connection of a channel that did not open is closed and retired).
     pub(super) async fn open(settings: &RelaySettings, retirees: &Retirees) -> Result<Self> {
-        let link = Link::open(&settings.url, &settings.connection_name, RECOVERY_BOUND).await?;
-        match confirm_channel(&link.connection).await {
+        let (url, limit) = (&settings.url, settings.open_timeout);
+        let opening = Link::open(url, &settings.connection_name, RECOVERY_BOUND);
+        let link = within(limit, &format!("connecting to {url}"), opening).await?;
+        let channel = within(
+            limit,
+            "opening the channel",
+            confirm_channel(&link.connection),
+        );
+        match channel.await {
             Ok(channel) => Ok(Self { link, channel }),
             Err(error) => {
                 link.close("start failed").await;

@@ -15,6 +15,7 @@ pub(crate) struct RelaySettings {
     pub(super) batch_size: u32,
     pub(super) poll_interval: Duration,
     pub(super) confirm_timeout: Duration,
+    pub(super) open_timeout: Duration,
     /// `retry_backoff`.
     pub(super) backoff: Backoff,
 }
@@ -34,6 +35,8 @@ impl RelaySettings {
             poll_interval: Duration::from_secs(1),
             // The publisher's: a broker that takes longer is in trouble.
             confirm_timeout: Duration::from_secs(10),
+            // The consumer's.
+            open_timeout: Duration::from_secs(30),
             // The consumer's retry back-off: quick for a passing failure, at most 10 s between
             // tries during an outage.
             backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
