@@ -13,6 +13,7 @@ use tokio::sync::Mutex;
 use crate::confirm::{ConfirmChannel, NotTaken, confirm_channel};
 use crate::connect::connect;
 use crate::error::{Error, Result, SettingError};
+use crate::opening::within;
 use crate::url::AmqpUrl;
 
 /// The waits between tries of a publish: 100 ms, doubling, at most 1.6 s.
@@ -134,6 +135,22 @@ pub struct Publisher {
     max_attempts: u32,
 }
 
+/// A connection named `name` to `url` and a confirm channel on it, each given up on after
+/// `limit` (a broker that accepts connections and never answers); the connection of a channel
+/// that did not open is closed.
+async fn open(url: &AmqpUrl, name: &str, limit: Duration) -> Result<(Connection, Channel)> {
+    let connecting = format!("connecting to {url}");
+    let connection = within(limit, &connecting, connect(url, name)).await?;
+    match within(limit, "opening the channel", confirm_channel(&connection)).await {
+        Ok(channel) => Ok((connection, channel)),
+        Err(error) => {
+            let closing = connection.close(200, "no channel".into());
+            let _ = tokio::time::timeout(limit, closing).await;
+            Err(error)
+        }
+    }
+}
+
 /// Configures a [`Publisher`]; [`PublisherBuilder::connect`] refuses settings that cannot work.
 #[derive(Debug, Clone)]
 pub struct PublisherBuilder {
@@ -162,11 +179,13 @@ impl PublisherBuilder {
         self
     }
 
-    /// Connects (with lapin's automatic recovery) and opens a channel in confirm mode.
+    /// Connects (with lapin's automatic recovery) and opens a channel in confirm mode, each
+    /// given up on after the confirm timeout.
     ///
     /// # Errors
     ///
-    /// [`Error::Settings`] naming every setting that is zero, or the broker's error.
+    /// [`Error::Settings`] naming every setting that is zero, [`Error::TimedOut`] for a broker
+    /// that did not answer in time, or the broker's error.
     pub async fn connect(self) -> Result<Publisher> {
         let zeros = [
             ("the confirm timeout", self.confirm_timeout.is_zero()),
@@ -180,8 +199,8 @@ impl PublisherBuilder {
         if !problems.is_empty() {
             return Err(Error::Settings(problems));
         }
-        let connection = connect(&self.url, &self.connection_name).await?;
-        let channel = confirm_channel(&connection).await?;
+        let (connection, channel) =
+            open(&self.url, &self.connection_name, self.confirm_timeout).await?;
         Ok(Publisher {
             connection: Mutex::new(Arc::new(connection)),
             url: self.url,
@@ -381,14 +400,8 @@ impl Publisher {
     /// Opens a new connection (from the next node) in place of the current one, which is
     /// closed, and a confirm channel on it.
     async fn reconnect(&self) -> Result<Channel> {
-        let connecting = connect(&self.url, &self.connection_name);
-        let connection = tokio::time::timeout(self.confirm_timeout, connecting)
-            .await
-            .map_err(|_| Error::TimedOut {
-                operation: "connecting the publisher again".to_owned(),
-                after: self.confirm_timeout,
-            })??;
-        let channel = confirm_channel(&connection).await?;
+        let (connection, channel) =
+            open(&self.url, &self.connection_name, self.confirm_timeout).await?;
         let old = std::mem::replace(&mut *self.connection.lock().await, Arc::new(connection));
         let closing = old.close(200, "replaced".into());
         let _ = tokio::time::timeout(self.confirm_timeout, closing).await;

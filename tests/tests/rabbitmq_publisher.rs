@@ -196,3 +196,29 @@ async fn a_declaration_on_a_connection_gone_silent_is_made_again_on_a_new_one() 
         publisher.close().await;
     }
 }
+
+/// A publisher connecting to a broker that accepts connections and never answers (a node gone
+/// behind a load balancer, a killed cluster node) is given up on after its timeout with an error
+/// that says so, instead of waiting for good; once the broker answers, the next try connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connecting_to_a_silent_broker_is_given_up_on_after_the_timeout() {
+    let proxy = Proxy::start(&amqp_addr()).await;
+    proxy.silence().await;
+    let builder = Publisher::builder(amqp_url_through(&proxy).as_str())
+        .confirm_timeout(Duration::from_secs(1));
+    let tried = tokio::time::timeout(Duration::from_secs(10), builder.clone().connect()).await;
+    let error = tried
+        .expect("connect gives up")
+        .expect_err("a silent broker");
+    assert!(
+        matches!(error, idem_rabbitmq::Error::TimedOut { .. }),
+        "{error:?}"
+    );
+    proxy.restore();
+    let publisher = builder
+        .connect()
+        .await
+        .expect("connects once the broker answers");
+    publisher.close().await;
+    proxy.cut().await;
+}
