@@ -47,32 +47,78 @@ pub async fn connect_once(url: &AmqpUrl, connection_name: &str) -> Result<Connec
 }
 
 /// Opens a connection named `name` to the first of `url`'s nodes it reaches, with `properties`;
-/// lapin's reconnections, if `properties` asks for them, go through the nodes in turn too.
+/// lapin's reconnections, if `properties` asks for them, go through the nodes in turn too. An
+/// opening given up on (its future dropped) shuts its socket down and refuses lapin any further
+/// attempt, so that no thread of lapin's waits on a silent broker for good.
 pub(crate) async fn open(
     url: &AmqpUrl,
     name: &str,
     properties: ConnectionProperties,
 ) -> Result<Connection> {
+    let nodes = Arc::new(Nodes::of(url, name)?);
+    let gate = Arc::new(Gate::default());
+    Ok(open_gated(url, name, properties, nodes, gate)
+        .await?
+        .connection)
+}
+
+/// Opens a connection as [`open`] does, every stream it gets going through `gate`.
+async fn open_gated(
+    url: &AmqpUrl,
+    name: &str,
+    properties: ConnectionProperties,
+    nodes: Arc<Nodes>,
+    gate: Arc<Gate>,
+) -> Result<Link> {
     let failed = |source: lapin::Error| Error::Connect {
         url: url.redacted(),
         source,
     };
-    let nodes = Nodes::of(url, name)?;
     let runtime = lapin::runtime::default_runtime().map_err(failed)?;
     let uri = nodes.handshake_uri();
-    let first = first_stream(&nodes, tcp_to!(&nodes, &runtime)).await;
+    let first = first_stream(&nodes, tcp_to!(&nodes, &runtime), &gate).await;
     let first = Handover::new(first.map_err(|e| failed(e.into()))?);
+    let mut guard = OpenGuard(Some(Arc::clone(&gate)));
+    let shared = Arc::clone(&gate);
     let connect = async move |_: AMQPUri, runtime| {
-        if let Some(stream) = first.take() {
-            return Ok(stream);
+        let refused = || -> lapin::Error {
+            std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "connection given up on",
+            )
+            .into()
+        };
+        shared.stream_out.store(false, Ordering::SeqCst);
+        if shared.retired.load(Ordering::SeqCst) {
+            return Err(refused());
         }
         let tcp = tcp_to!(&nodes, &runtime);
-        Ok(nodes.reach(tcp).await?)
+        let stream = match first.take() {
+            Some(stream) => stream,
+            None => nodes
+                .reach(tcp)
+                .await
+                .inspect_err(|e| shared.unreached(e))?,
+        };
+        shared.note_socket(&stream);
+        shared.reached.store(true, Ordering::SeqCst);
+        shared.stream_out.store(true, Ordering::SeqCst);
+        if shared.retired.load(Ordering::SeqCst) {
+            shared.stream_out.store(false, Ordering::SeqCst);
+            return Err(refused());
+        }
+        Ok(stream)
     };
     let properties = properties.with_connection_name(name.into());
-    Connection::connector(uri, runtime, connect, properties)
-        .await
-        .map_err(failed)
+    let connection = Connection::connector(uri, runtime, connect, properties).await;
+    let link = match connection {
+        Ok(connection) => Link { connection, gate },
+        // A connection that failed to open is recovered by nobody: the guard retires it.
+        Err(source) => return Err(failed(source)),
+    };
+    guard.0 = None;
+    link.gate.end_opening(false);
+    Ok(link)
 }
 
 /// The stream a connection opens on, reached before lapin takes the connection over: a node
@@ -82,11 +128,15 @@ pub(crate) async fn open(
 async fn first_stream<S, F: Future<Output = std::io::Result<S>>>(
     nodes: &Nodes,
     tcp: impl Fn(AMQPUri) -> F,
+    gate: &Gate,
 ) -> std::io::Result<Option<S>> {
     match nodes.reach(tcp).await {
         Ok(stream) => Ok(Some(stream)),
         Err(error) if error.kind() == std::io::ErrorKind::InvalidData => Err(error),
-        Err(_) => Ok(None),
+        Err(error) => {
+            gate.unreached(&error);
+            Ok(None)
+        }
     }
 }
 
@@ -110,6 +160,7 @@ impl<S> Handover<S> {
 /// alone it keeps reconnecting for minutes; a connection that came back would recreate its
 /// consumer and take deliveries nobody reads. Every reconnection goes through the TCP connect
 /// given to lapin here, which fails once the gate is closed.
+#[derive(Debug)]
 pub(crate) struct Link {
     pub(crate) connection: Connection,
     gate: Arc<Gate>,
@@ -127,6 +178,11 @@ struct Gate {
     /// While the connection opens, a handle on its socket (plain TCP): an opening given up on
     /// shuts it down, or lapin's thread would wait on a silent broker for good.
     opening: Mutex<Opening>,
+    /// A node accepted a stream of this connection once: an opening that does not end is a
+    /// silent broker, not an unreachable one.
+    reached: AtomicBool,
+    /// Why the last attempt reached no node.
+    unreached: Mutex<Option<std::io::Error>>,
 }
 
 /// The socket of a connection that is opening.
@@ -142,6 +198,12 @@ struct Opening {
 impl Gate {
     fn opening(&self) -> std::sync::MutexGuard<'_, Opening> {
         self.opening.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers why an attempt reached no node.
+    fn unreached(&self, error: &std::io::Error) {
+        let copy = std::io::Error::new(error.kind(), error.to_string());
+        *self.unreached.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy);
     }
 
     /// Keeps a handle on the socket of a plain TCP `stream` while the connection opens (a TLS
@@ -198,58 +260,45 @@ impl Drop for OpenGuard {
 
 impl Link {
     /// Connects like [`connect`], lapin's recovery given up after `recovery_bound` of waiting
-    /// between attempts.
-    pub(crate) async fn open(url: &AmqpUrl, name: &str, recovery_bound: Duration) -> Result<Self> {
-        let failed = |source: lapin::Error| Error::Connect {
-            url: url.redacted(),
-            source,
-        };
-        let nodes = Nodes::of(url, name)?;
-        let uri = nodes.handshake_uri();
-        let runtime = lapin::runtime::default_runtime().map_err(failed)?;
-        let first = first_stream(&nodes, tcp_to!(&nodes, &runtime)).await;
-        let first = Handover::new(first.map_err(|e| failed(e.into()))?);
+    /// between attempts, the opening given up after `limit`: [`Error::TimedOut`] when a node
+    /// accepted the connection and did not open it (a silent broker, a node killed during the
+    /// handshake), which the next connection to the URL then passes over; [`Error::Connect`]
+    /// with the last reason when no node could be reached.
+    pub(crate) async fn open(
+        url: &AmqpUrl,
+        name: &str,
+        recovery_bound: Duration,
+        limit: Duration,
+    ) -> Result<Self> {
         let properties = ConnectionProperties::default()
             .enable_auto_recover()
-            .configure_backoff(|backoff| backoff.with_total_delay(Some(recovery_bound)))
-            .with_connection_name(name.into());
+            .configure_backoff(|backoff| backoff.with_total_delay(Some(recovery_bound)));
+        let nodes = Arc::new(Nodes::of(url, name)?);
         let gate = Arc::new(Gate::default());
-        let mut guard = OpenGuard(Some(Arc::clone(&gate)));
-        let shared = Arc::clone(&gate);
-        let connect = async move |_: AMQPUri, runtime| {
-            let refused = || -> lapin::Error {
-                std::io::Error::new(
-                    std::io::ErrorKind::ConnectionRefused,
-                    "connection retired by the consumer",
-                )
-                .into()
-            };
-            shared.stream_out.store(false, Ordering::SeqCst);
-            if shared.retired.load(Ordering::SeqCst) {
-                return Err(refused());
+        let opening = open_gated(url, name, properties, Arc::clone(&nodes), Arc::clone(&gate));
+        let Ok(opened) = tokio::time::timeout(limit, opening).await else {
+            if gate.reached.load(Ordering::SeqCst) {
+                nodes.pass_over();
+                return Err(Error::TimedOut {
+                    operation: format!("connecting to {url}"),
+                    after: limit,
+                });
             }
-            let tcp = tcp_to!(&nodes, &runtime);
-            let stream = match first.take() {
-                Some(stream) => stream,
-                None => nodes.reach(tcp).await?,
-            };
-            shared.note_socket(&stream);
-            shared.stream_out.store(true, Ordering::SeqCst);
-            if shared.retired.load(Ordering::SeqCst) {
-                shared.stream_out.store(false, Ordering::SeqCst);
-                return Err(refused());
-            }
-            Ok(stream)
+            let reason = gate
+                .unreached
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let reason = reason.unwrap_or_else(|| {
+                let why = format!("no node answered within {limit:?}");
+                std::io::Error::new(std::io::ErrorKind::TimedOut, why)
+            });
+            return Err(Error::Connect {
+                url: url.redacted(),
+                source: reason.into(),
+            });
         };
-        let connection = Connection::connector(uri, runtime, connect, properties).await;
-        let link = match connection {
-            Ok(connection) => Self { connection, gate },
-            // A connection that failed to open is recovered by nobody: the guard retires it.
-            Err(source) => return Err(failed(source)),
-        };
-        guard.0 = None;
-        link.gate.end_opening(false);
-        Ok(link)
+        opened
     }
 
     /// Closes the connection, best effort and bounded, and refuses lapin any reconnection of it.

@@ -130,6 +130,17 @@ impl Nodes {
         Err(last_error.expect("a URL has at least one node"))
     }
 
+    /// Sends the next connection to this URL past the node this one reached last, which
+    /// accepted it and did not open it in time; unless another connection moved on meanwhile.
+    pub(crate) fn pass_over(&self) {
+        let count = self.nodes.len();
+        let current = self.current.load(Ordering::SeqCst);
+        let mut last = LAST_REACHED.lock().unwrap_or_else(|e| e.into_inner());
+        if count > 1 && last.get(&self.url) == Some(&current) {
+            last.insert(self.url.clone(), (current + 1) % count);
+        }
+    }
+
     /// Stays on node `index`, says so, and counts the connection.
     fn reached(&self, index: usize) {
         let node = &self.nodes[index];

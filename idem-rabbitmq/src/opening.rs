@@ -31,8 +31,9 @@ pub(crate) async fn within<T>(
 
 /// The first session of `what` (a queue's consumer, a table's relay), opened by `open`: a
 /// failure the broker's state explains ([`Error::is_transient`]) is tried again, `first_delay`
-/// after it and longer after each next one, for up to a minute; any other fails at once, so that
-/// a wrong URL or topology fails `start`.
+/// after it and longer after each next one, with no new try begun after a minute (the one under
+/// way may last its own time limits); any other fails at once, so that a wrong URL or topology
+/// fails `start`.
 pub(crate) async fn patiently<T, F>(
     what: &str,
     first_delay: Duration,

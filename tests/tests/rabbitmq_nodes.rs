@@ -71,6 +71,48 @@ async fn a_node_that_cannot_be_reached_is_passed_over() {
 
 /// A consumer whose node dies mid-run (its proxy cut for good): lapin's recovery reaches the
 /// next node, and every order is charged once, none lost, without a restart.
+/// A node that accepts connections and never answers (a host gone behind a load balancer) is
+/// given up on after the open timeout, and the next try goes to the next node, not back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_accepts_and_never_answers_is_passed_over() {
+    let t = Fixture::new().await;
+    let (silent, answering) = (
+        Proxy::start(&amqp_addr()).await,
+        Proxy::start(&amqp_addr()).await,
+    );
+    silent.silence().await;
+    let nodes = format!(
+        "{},{}",
+        amqp_url_through(&silent),
+        amqp_url_through(&answering)
+    );
+    let starting = consumer_builder_at(&nodes, &t.inbox, &unique("idem-nodes"))
+        .open_timeout(Duration::from_secs(1))
+        .reconnect_delay(Duration::from_millis(200))
+        .bind(t.topology.clone(), t.recorder("billing"))
+        .start();
+    let consumer = tokio::time::timeout(Duration::from_secs(20), starting)
+        .await
+        .expect("started on the second node without waiting out the start's patience")
+        .expect("started on the second node");
+    send_orders(&t, 0..5).await;
+    t.broker
+        .eventually("every order processed", WAIT, || async {
+            consumer.stats().acked == 5
+        })
+        .await;
+    assert_eq!(t.effects("1=1").await, 5);
+    consumer.shutdown().await;
+    // The abandoned opening's socket was shut down: nothing of it waits on the silent node.
+    t.broker
+        .eventually("no connection left on the silent node", WAIT, || async {
+            silent.silent_links() == 0
+        })
+        .await;
+    silent.cut().await;
+    answering.cut().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_whose_node_goes_away_moves_to_the_next() {
     let t = Fixture::new().await;

@@ -214,8 +214,18 @@ async fn connecting_to_a_silent_broker_is_given_up_on_after_the_timeout() {
         matches!(error, idem_rabbitmq::Error::TimedOut { .. }),
         "{error:?}"
     );
+    // The abandoned opening's socket was shut down: no thread of lapin's waits on it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while proxy.silent_links() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a connection left waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     proxy.restore();
     let publisher = builder
+        .confirm_timeout(Duration::from_secs(10))
         .connect()
         .await
         .expect("connects once the broker answers");

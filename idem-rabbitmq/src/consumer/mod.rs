@@ -316,8 +316,10 @@ impl ConsumerBuilder {
     /// starts consuming. Fails, with nothing left running, if any of it fails. A session the
     /// broker's state keeps from opening (a node going away under it, a silence past the
     /// [`open_timeout`](ConsumerBuilder::open_timeout), a cluster without the majority a
-    /// quorum queue needs) is tried again, from the next node, for up to a minute; a refused
-    /// connection or topology fails at once.
+    /// quorum queue needs) is tried again, from the next node, with no new try begun after a
+    /// minute; a refused topology fails at once, and a broker no node of which can be reached
+    /// fails with [`Error::Connect`](crate::Error::Connect) and the reason once the open
+    /// timeout has passed.
     pub async fn start(self) -> Result<Consumer> {
         self.validate()?;
         for binding in &self.bindings {

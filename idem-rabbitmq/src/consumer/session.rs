@@ -108,10 +108,9 @@ impl SessionOpener<'_> {
         let url = &self.settings.url;
         let limit = self.settings.open_timeout;
         // An abandoned connection is retired as its opening is dropped.
-        let connecting = format!("connecting to {url}");
-        let connection = within(limit, &connecting, Link::open(url, &name, bound)).await?;
+        let connection = Link::open(url, &name, bound, limit).await?;
         let copies = format!("{name} copies");
-        let publishing = match within(limit, &connecting, Link::open(url, &copies, bound)).await {
+        let publishing = match Link::open(url, &copies, bound, limit).await {
             Ok(publishing) => publishing,
             Err(error) => {
                 self.discard(connection).await;

@@ -27,8 +27,7 @@ impl RelaySession {
     /// (the connection of a channel that did not open is closed and retired).
     pub(super) async fn open(settings: &RelaySettings, retirees: &Retirees) -> Result<Self> {
         let (url, limit) = (&settings.url, settings.open_timeout);
-        let opening = Link::open(url, &settings.connection_name, RECOVERY_BOUND);
-        let link = within(limit, &format!("connecting to {url}"), opening).await?;
+        let link = Link::open(url, &settings.connection_name, RECOVERY_BOUND, limit).await?;
         let channel = within(
             limit,
             "opening the channel",
