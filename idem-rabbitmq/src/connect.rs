@@ -48,8 +48,10 @@ pub async fn connect_once(url: &AmqpUrl, connection_name: &str) -> Result<Connec
 
 /// Opens a connection named `name` to the first of `url`'s nodes it reaches, with `properties`;
 /// lapin's reconnections, if `properties` asks for them, go through the nodes in turn too. An
-/// opening given up on (its future dropped) shuts its socket down and refuses lapin any further
-/// attempt, so that no thread of lapin's waits on a silent broker for good.
+/// opening given up on (its future dropped) shuts its plain TCP socket down (a TLS one keeps
+/// its socket to itself) and refuses lapin any further attempt, so that lapin's thread does not
+/// wait on a silent broker for good; the next connection to the URL passes over the node that
+/// left it waiting.
 pub(crate) async fn open(
     url: &AmqpUrl,
     name: &str,
@@ -78,7 +80,7 @@ async fn open_gated(
     let uri = nodes.handshake_uri();
     let first = first_stream(&nodes, tcp_to!(&nodes, &runtime), &gate).await;
     let first = Handover::new(first.map_err(|e| failed(e.into()))?);
-    let mut guard = OpenGuard(Some(Arc::clone(&gate)));
+    let mut guard = OpenGuard(Some((Arc::clone(&gate), Arc::clone(&nodes))));
     let shared = Arc::clone(&gate);
     let connect = async move |_: AMQPUri, runtime| {
         let refused = || -> lapin::Error {
@@ -95,10 +97,13 @@ async fn open_gated(
         let tcp = tcp_to!(&nodes, &runtime);
         let stream = match first.take() {
             Some(stream) => stream,
-            None => nodes
-                .reach(tcp)
-                .await
-                .inspect_err(|e| shared.unreached(e))?,
+            None => {
+                shared.reaching();
+                nodes
+                    .reach(tcp)
+                    .await
+                    .inspect_err(|e| shared.unreached(e))?
+            }
         };
         shared.note_socket(&stream);
         shared.reached.store(true, Ordering::SeqCst);
@@ -111,14 +116,28 @@ async fn open_gated(
     };
     let properties = properties.with_connection_name(name.into());
     let connection = Connection::connector(uri, runtime, connect, properties).await;
-    let link = match connection {
-        Ok(connection) => Link { connection, gate },
-        // A connection that failed to open is recovered by nobody: the guard retires it.
-        Err(source) => return Err(failed(source)),
+    let Some((gate, _)) = guard.0.take() else {
+        unreachable!("the guard is disarmed only here")
     };
-    guard.0 = None;
-    link.gate.end_opening(false);
-    Ok(link)
+    match connection {
+        Ok(connection) => {
+            gate.end_opening(false);
+            Ok(Link { connection, gate })
+        }
+        // A connection that failed to open is recovered by nobody: retired.
+        Err(source) => {
+            gate.retired.store(true, Ordering::SeqCst);
+            gate.end_opening(true);
+            let broken = matches!(source.kind(), lapin::ErrorKind::IOError(_));
+            if broken && gate.reached.load(Ordering::SeqCst) {
+                // A node that took the connection and broke it (killed during the handshake,
+                // a load balancer without a live node behind it): the broker's state.
+                let operation = format!("connecting to {url}");
+                return Err(Error::Amqp { operation, source });
+            }
+            Err(failed(source))
+        }
+    }
 }
 
 /// The stream a connection opens on, reached before lapin takes the connection over: a node
@@ -153,8 +172,9 @@ impl<S> Handover<S> {
     }
 }
 
-/// A connection of the consumer's: lapin's automatic recovery on but bounded in time, and a
-/// gate that refuses it any further reconnection once the consumer has given up on it.
+/// A connection with a gate that refuses it any further reconnection once its owner has given
+/// up on it (the consumer's and the relay's connections, whose lapin recovery is bounded in time;
+/// also every connection while it opens).
 ///
 /// lapin cannot be told to stop recovering a connection (`close` needs it connected), and left
 /// alone it keeps reconnecting for minutes; a connection that came back would recreate its
@@ -198,6 +218,22 @@ struct Opening {
 impl Gate {
     fn opening(&self) -> std::sync::MutexGuard<'_, Opening> {
         self.opening.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the opening was left waiting on a node (it accepted the connection and did not
+    /// answer, or its connect hung), rather than on nodes that refused it.
+    fn left_waiting(&self) -> bool {
+        self.reached.load(Ordering::SeqCst)
+            || self
+                .unreached
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_none()
+    }
+
+    /// An attempt to reach a node begins: the reason an earlier one failed no longer holds.
+    fn reaching(&self) {
+        *self.unreached.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Remembers why an attempt reached no node.
@@ -245,25 +281,28 @@ fn socket_of(stream: &tokio::net::TcpStream) -> std::io::Result<OwnedSocket> {
     stream.as_socket().try_clone_to_owned()
 }
 
-/// Retires the gate of a connection whose opening was abandoned (its future dropped), and shuts
-/// its socket down.
-struct OpenGuard(Option<Arc<Gate>>);
+/// Retires the gate of a connection whose opening was abandoned (its future dropped), shuts its
+/// socket down, and sends the next connection to its URL past a node that left it waiting.
+struct OpenGuard(Option<(Arc<Gate>, Arc<Nodes>)>);
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        if let Some(gate) = self.0.take() {
+        if let Some((gate, nodes)) = self.0.take() {
             gate.retired.store(true, Ordering::SeqCst);
             gate.end_opening(true);
+            if gate.left_waiting() {
+                nodes.pass_over();
+            }
         }
     }
 }
 
 impl Link {
     /// Connects like [`connect`], lapin's recovery given up after `recovery_bound` of waiting
-    /// between attempts, the opening given up after `limit`: [`Error::TimedOut`] when a node
-    /// accepted the connection and did not open it (a silent broker, a node killed during the
-    /// handshake), which the next connection to the URL then passes over; [`Error::Connect`]
-    /// with the last reason when no node could be reached.
+    /// between attempts, the opening given up after `limit`: [`Error::TimedOut`] when it was
+    /// left waiting on a node (one that accepted the connection and never answered, or whose
+    /// connect hung), which the next connection to the URL then passes over;
+    /// [`Error::Connect`] with the last reason when every node refused it.
     pub(crate) async fn open(
         url: &AmqpUrl,
         name: &str,
@@ -275,10 +314,9 @@ impl Link {
             .configure_backoff(|backoff| backoff.with_total_delay(Some(recovery_bound)));
         let nodes = Arc::new(Nodes::of(url, name)?);
         let gate = Arc::new(Gate::default());
-        let opening = open_gated(url, name, properties, Arc::clone(&nodes), Arc::clone(&gate));
+        let opening = open_gated(url, name, properties, nodes, Arc::clone(&gate));
         let Ok(opened) = tokio::time::timeout(limit, opening).await else {
-            if gate.reached.load(Ordering::SeqCst) {
-                nodes.pass_over();
+            if gate.left_waiting() {
                 return Err(Error::TimedOut {
                     operation: format!("connecting to {url}"),
                     after: limit,

@@ -35,6 +35,8 @@ pub(crate) struct Nodes {
     connection: String,
     nodes: Vec<Node>,
     current: AtomicUsize,
+    /// The node the last attempt went to.
+    trying: AtomicUsize,
     /// A stream was handed out: the next call is a reconnection, its node having gone away or
     /// refused the handshake (a load balancer in front of a dead node accepts, then closes).
     handed_out: AtomicBool,
@@ -78,6 +80,7 @@ impl Nodes {
             connection: connection.to_owned(),
             nodes,
             current: AtomicUsize::new(first),
+            trying: AtomicUsize::new(first),
             handed_out: AtomicBool::new(false),
             tls: url.tls_settings().lapin_config(),
         })
@@ -108,6 +111,7 @@ impl Nodes {
         for step in 0..count {
             let index = (start + step) % count;
             let node = &self.nodes[index];
+            self.trying.store(index, Ordering::SeqCst);
             match connect(node.uri.clone()).await {
                 Ok(stream) => {
                     self.handed_out.store(true, Ordering::SeqCst);
@@ -130,14 +134,15 @@ impl Nodes {
         Err(last_error.expect("a URL has at least one node"))
     }
 
-    /// Sends the next connection to this URL past the node this one reached last, which
-    /// accepted it and did not open it in time; unless another connection moved on meanwhile.
+    /// Sends the next connection to this URL past the node this one tried last, which did not
+    /// open it in time (it accepted and never answered, or its connect hung); unless another
+    /// connection reached a node meanwhile.
     pub(crate) fn pass_over(&self) {
         let count = self.nodes.len();
-        let current = self.current.load(Ordering::SeqCst);
+        let trying = self.trying.load(Ordering::SeqCst);
         let mut last = LAST_REACHED.lock().unwrap_or_else(|e| e.into_inner());
-        if count > 1 && last.get(&self.url) == Some(&current) {
-            last.insert(self.url.clone(), (current + 1) % count);
+        if count > 1 && last.get(&self.url).is_none_or(|&at| at == trying) {
+            last.insert(self.url.clone(), (trying + 1) % count);
         }
     }
 

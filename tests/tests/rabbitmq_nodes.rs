@@ -69,8 +69,6 @@ async fn a_node_that_cannot_be_reached_is_passed_over() {
     assert_eq!(t.depth().await, 1);
 }
 
-/// A consumer whose node dies mid-run (its proxy cut for good): lapin's recovery reaches the
-/// next node, and every order is charged once, none lost, without a restart.
 /// A node that accepts connections and never answers (a host gone behind a load balancer) is
 /// given up on after the open timeout, and the next try goes to the next node, not back to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -113,6 +111,8 @@ async fn a_node_that_accepts_and_never_answers_is_passed_over() {
     answering.cut().await;
 }
 
+/// A consumer whose node dies mid-run (its proxy cut for good): lapin's recovery reaches the
+/// next node, and every order is charged once, none lost, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_whose_node_goes_away_moves_to_the_next() {
     let t = Fixture::new().await;
@@ -160,6 +160,12 @@ async fn when_no_node_can_be_reached_the_error_names_each_without_its_password()
         .start()
         .await
         .expect_err("no node to reach");
+    // Refused, not silent: the reason, at once rather than after the start's patience.
+    assert!(
+        matches!(refused, idem_rabbitmq::Error::Connect { .. }),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("refused"), "{refused}");
     let shown = format!("{refused} {refused:?}");
     assert!(!shown.contains("guest:guest"), "{shown}");
     for node in AmqpUrl::new(nodes.as_str()).node_urls() {

@@ -268,6 +268,44 @@ async fn a_broker_that_never_answers_is_given_up_on_and_retried() {
     proxy.cut().await;
 }
 
+/// A broker whose connections are accepted and closed at once while the consumer starts (a load
+/// balancer with no live node behind it, a node killed during the handshake): the broker's
+/// state, tried again, so `start` succeeds once a node takes the connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_closed_during_the_handshake_at_start_are_tried_again() {
+    let t = Fixture::new().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    // The proxy accepts each connection, fails to reach its target, and closes it.
+    let proxy = Proxy::start(&nowhere).await;
+    let answering = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            proxy.point_at(&amqp_addr());
+        })
+    };
+    let url = amqp_url_through(&proxy);
+    let consumer = consumer_builder_at(&url, &t.inbox, &unique("idem-closing-start"))
+        .open_timeout(Duration::from_secs(1))
+        .reconnect_delay(Duration::from_millis(200))
+        .bind(t.topology.clone(), t.recorder("billing"))
+        .start()
+        .await
+        .expect("started once a node takes the connections");
+    answering.await.unwrap();
+    t.send(&Msg::new("o-1", "x"), PublishOptions::default())
+        .await;
+    t.broker
+        .eventually("the message processed", WAIT, || async {
+            t.effects("1=1").await == 1 && t.depth().await == 0
+        })
+        .await;
+    consumer.shutdown().await;
+    proxy.cut().await;
+}
+
 /// A broker that does not answer while the consumer starts (as a node killed under the session
 /// being opened leaves it waiting on a recovery): the attempt is given up after the open timeout
 /// and made again, so `start` succeeds once the broker answers instead of failing.
