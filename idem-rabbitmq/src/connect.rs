@@ -64,6 +64,43 @@ pub(crate) async fn open(
         .connection)
 }
 
+/// Opens a connection as [`open`] does, given up after `limit`: [`Error::TimedOut`] when it was
+/// left waiting on a node (one that accepted the connection and never answered, or whose connect
+/// hung), which the next connection to the URL then passes over; [`Error::Connect`] with the
+/// last reason when every node refused it.
+pub(crate) async fn open_within(
+    url: &AmqpUrl,
+    name: &str,
+    properties: ConnectionProperties,
+    limit: Duration,
+) -> Result<Link> {
+    let nodes = Arc::new(Nodes::of(url, name)?);
+    let gate = Arc::new(Gate::default());
+    let opening = open_gated(url, name, properties, nodes, Arc::clone(&gate));
+    let Ok(opened) = tokio::time::timeout(limit, opening).await else {
+        if gate.left_waiting() {
+            return Err(Error::TimedOut {
+                operation: format!("connecting to {url}"),
+                after: limit,
+            });
+        }
+        let reason = gate
+            .unreached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let reason = reason.unwrap_or_else(|| {
+            let why = format!("no node answered within {limit:?}");
+            std::io::Error::new(std::io::ErrorKind::TimedOut, why)
+        });
+        return Err(Error::Connect {
+            url: url.redacted(),
+            source: reason.into(),
+        });
+    };
+    opened
+}
+
 /// Opens a connection as [`open`] does, every stream it gets going through `gate`.
 async fn open_gated(
     url: &AmqpUrl,
@@ -299,10 +336,7 @@ impl Drop for OpenGuard {
 
 impl Link {
     /// Connects like [`connect`], lapin's recovery given up after `recovery_bound` of waiting
-    /// between attempts, the opening given up after `limit`: [`Error::TimedOut`] when it was
-    /// left waiting on a node (one that accepted the connection and never answered, or whose
-    /// connect hung), which the next connection to the URL then passes over;
-    /// [`Error::Connect`] with the last reason when every node refused it.
+    /// between attempts, the opening given up after `limit` ([`open_within`]).
     pub(crate) async fn open(
         url: &AmqpUrl,
         name: &str,
@@ -312,31 +346,7 @@ impl Link {
         let properties = ConnectionProperties::default()
             .enable_auto_recover()
             .configure_backoff(|backoff| backoff.with_total_delay(Some(recovery_bound)));
-        let nodes = Arc::new(Nodes::of(url, name)?);
-        let gate = Arc::new(Gate::default());
-        let opening = open_gated(url, name, properties, nodes, Arc::clone(&gate));
-        let Ok(opened) = tokio::time::timeout(limit, opening).await else {
-            if gate.left_waiting() {
-                return Err(Error::TimedOut {
-                    operation: format!("connecting to {url}"),
-                    after: limit,
-                });
-            }
-            let reason = gate
-                .unreached
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            let reason = reason.unwrap_or_else(|| {
-                let why = format!("no node answered within {limit:?}");
-                std::io::Error::new(std::io::ErrorKind::TimedOut, why)
-            });
-            return Err(Error::Connect {
-                url: url.redacted(),
-                source: reason.into(),
-            });
-        };
-        opened
+        open_within(url, name, properties, limit).await
     }
 
     /// Closes the connection, best effort and bounded, and refuses lapin any reconnection of it.

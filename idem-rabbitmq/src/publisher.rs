@@ -6,12 +6,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idem_runtime::transport::Backoff;
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::confirm::{ConfirmChannel, NotTaken, confirm_channel};
-use crate::connect::connect;
+use crate::connect::open_within;
 use crate::error::{Error, Result, SettingError};
 use crate::opening::within;
 use crate::url::AmqpUrl;
@@ -135,12 +135,12 @@ pub struct Publisher {
     max_attempts: u32,
 }
 
-/// A connection named `name` to `url` and a confirm channel on it, each given up on after
-/// `limit` (a broker that accepts connections and never answers); the connection of a channel
-/// that did not open is closed.
+/// A connection named `name` to `url`, with lapin's automatic recovery, and a confirm channel on
+/// it, each given up on after `limit` (a broker that accepts connections and never answers); the
+/// connection of a channel that did not open is closed.
 async fn open(url: &AmqpUrl, name: &str, limit: Duration) -> Result<(Connection, Channel)> {
-    let connecting = format!("connecting to {url}");
-    let connection = within(limit, &connecting, connect(url, name)).await?;
+    let properties = ConnectionProperties::default().enable_auto_recover();
+    let connection = open_within(url, name, properties, limit).await?.connection;
     match within(limit, "opening the channel", confirm_channel(&connection)).await {
         Ok(channel) => Ok((connection, channel)),
         Err(error) => {

@@ -279,31 +279,7 @@ async fn connections_closed_during_the_handshake_at_start_are_tried_again() {
     drop(closed);
     // The proxy accepts each connection, fails to reach its target, and closes it.
     let proxy = Proxy::start(&nowhere).await;
-    let answering = {
-        let proxy = proxy.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            proxy.point_at(&amqp_addr());
-        })
-    };
-    let url = amqp_url_through(&proxy);
-    let consumer = consumer_builder_at(&url, &t.inbox, &unique("idem-closing-start"))
-        .open_timeout(Duration::from_secs(1))
-        .reconnect_delay(Duration::from_millis(200))
-        .bind(t.topology.clone(), t.recorder("billing"))
-        .start()
-        .await
-        .expect("started once a node takes the connections");
-    answering.await.unwrap();
-    t.send(&Msg::new("o-1", "x"), PublishOptions::default())
-        .await;
-    t.broker
-        .eventually("the message processed", WAIT, || async {
-            t.effects("1=1").await == 1 && t.depth().await == 0
-        })
-        .await;
-    consumer.shutdown().await;
-    proxy.cut().await;
+    starts_once_the_broker_answers(&t, &proxy, |proxy| proxy.point_at(&amqp_addr())).await;
 }
 
 /// A broker that does not answer while the consumer starts (as a node killed under the session
@@ -314,15 +290,22 @@ async fn a_broker_silent_at_start_is_waited_for() {
     let t = Fixture::new().await;
     let proxy = Proxy::start(&amqp_addr()).await;
     proxy.silence().await;
+    starts_once_the_broker_answers(&t, &proxy, Proxy::restore).await;
+}
+
+/// Starts a consumer through `proxy`, giving up on each opening after a second, while the broker
+/// behind it answers only once `answer` is done to the proxy, 3 s on; then checks that the
+/// consumer processes a message, and cuts the proxy.
+async fn starts_once_the_broker_answers(t: &Fixture, proxy: &Proxy, answer: fn(&Proxy)) {
     let answering = {
         let proxy = proxy.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(3)).await;
-            proxy.restore();
+            answer(&proxy);
         })
     };
-    let url = amqp_url_through(&proxy);
-    let consumer = consumer_builder_at(&url, &t.inbox, &unique("idem-silent-start"))
+    let url = amqp_url_through(proxy);
+    let consumer = consumer_builder_at(&url, &t.inbox, &unique("idem-start"))
         .open_timeout(Duration::from_secs(1))
         .reconnect_delay(Duration::from_millis(200))
         .bind(t.topology.clone(), t.recorder("billing"))
