@@ -355,3 +355,44 @@ async fn a_replay_killed_half_way_loses_nothing() {
     expected.sort();
     assert_eq!(got, expected, "every letter moved");
 }
+
+/// A replay whose last letter taken was moved (stopped by `--limit`, or at the end of the
+/// queue) closes cleanly, every time: giving back the letters it kept must not name one it
+/// acknowledged, or the broker closes the channel under the close and the command can hang.
+#[tokio::test(flavor = "multi_thread")]
+async fn replays_ending_on_a_moved_letter_end_every_time() {
+    const RUNS: usize = 40;
+    let broker = TestBroker::connect().await;
+    let channel = confirming_channel().await;
+    let dlq = unique("dlq_limited");
+    let target = unique("dlq_limited_target");
+    broker.declare_queue(&dlq, &[]).await;
+    broker.declare_queue(&target, &[]).await;
+    publish_letters(&channel, &dlq, "m", RUNS + 2).await;
+
+    for run in 0..RUNS {
+        let mut replay = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["dlq", "replay", &dlq, "--to", &target, "--limit", "1"])
+            .args(["--json"])
+            .env("AMQP_URL", amqp_url())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while replay.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                replay.kill().unwrap();
+                panic!("replay {run} did not end within 20 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let output = replay.wait_with_output().unwrap();
+        assert_eq!(json(&output)["moved"], 1, "replay {run}");
+        assert!(output.stderr.is_empty(), "replay {run}: {output:?}");
+    }
+    let moved: Vec<String> = (0..RUNS).map(|i| format!("m-{i}")).collect();
+    assert_eq!(ids(&broker.drain(&target).await), moved, "in their order");
+    assert_eq!(ids(&broker.drain(&dlq).await), ["m-40", "m-41"]);
+}

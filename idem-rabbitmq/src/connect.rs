@@ -46,6 +46,24 @@ pub async fn connect_once(url: &AmqpUrl, connection_name: &str) -> Result<Connec
     open(url, connection_name, ConnectionProperties::default()).await
 }
 
+/// Closes `connection`, given up after `limit` ([`Error::TimedOut`]): lapin's close can wait
+/// for good on a connection the broker is closing too (a channel the broker closed with an
+/// error while the client closed it), and a tool or a service stopping must not wait with it.
+/// A connection that is not connected is left alone; the broker gives back what it held.
+pub async fn close_within(connection: &Connection, reason: &str, limit: Duration) -> Result<()> {
+    if !connection.status().connected() {
+        return Ok(());
+    }
+    let closing = connection.close(200, reason.into());
+    match tokio::time::timeout(limit, closing).await {
+        Ok(closed) => closed.map_err(Error::amqp("connection.close")),
+        Err(_) => Err(Error::TimedOut {
+            operation: "closing the connection".into(),
+            after: limit,
+        }),
+    }
+}
+
 /// Opens a connection named `name` to the first of `url`'s nodes it reaches, with `properties`;
 /// lapin's reconnections, if `properties` asks for them, go through the nodes in turn too. An
 /// opening given up on (its future dropped) shuts its plain TCP socket down (a TLS one keeps
@@ -352,10 +370,7 @@ impl Link {
     /// Closes the connection, best effort and bounded, and refuses lapin any reconnection of it.
     pub(crate) async fn close(&self, reason: &str) {
         self.gate.retired.store(true, Ordering::SeqCst);
-        if self.connection.status().connected() {
-            let closing = self.connection.close(200, reason.into());
-            let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
-        }
+        let _ = close_within(&self.connection, reason, Duration::from_secs(5)).await;
     }
 
     /// Whether lapin may still bring the connection back: it is connected, or a stream it got

@@ -81,7 +81,7 @@ mod topology;
 mod url;
 
 pub use codec::{Codec, DecodeError, Json};
-pub use connect::{connect, connect_once};
+pub use connect::{close_within, connect, connect_once};
 pub use consumer::copy_properties;
 pub use consumer::{
     Binding, Consumer, ConsumerBuilder, ConsumerStats, DEFAULT_BATCHES_IN_FLIGHT, ShutdownHandle,

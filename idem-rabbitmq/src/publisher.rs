@@ -11,7 +11,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::confirm::{ConfirmChannel, NotTaken, confirm_channel};
-use crate::connect::open_within;
+use crate::connect::{close_within, open_within};
 use crate::error::{Error, Result, SettingError};
 use crate::opening::within;
 use crate::url::AmqpUrl;
@@ -144,8 +144,7 @@ async fn open(url: &AmqpUrl, name: &str, limit: Duration) -> Result<(Connection,
     match within(limit, "opening the channel", confirm_channel(&connection)).await {
         Ok(channel) => Ok((connection, channel)),
         Err(error) => {
-            let closing = connection.close(200, "no channel".into());
-            let _ = tokio::time::timeout(limit, closing).await;
+            let _ = close_within(&connection, "no channel", limit).await;
             Err(error)
         }
     }
@@ -403,21 +402,17 @@ impl Publisher {
         let (connection, channel) =
             open(&self.url, &self.connection_name, self.confirm_timeout).await?;
         let old = std::mem::replace(&mut *self.connection.lock().await, Arc::new(connection));
-        let closing = old.close(200, "replaced".into());
-        let _ = tokio::time::timeout(self.confirm_timeout, closing).await;
+        let _ = close_within(&old, "replaced", self.confirm_timeout).await;
         Ok(channel)
     }
 
-    /// Closes the channel and the connection.
+    /// Closes the channel and the connection, each given up after the confirm timeout (a
+    /// connection the broker is closing too is not waited for).
     pub async fn close(self) {
-        let _ = self
-            .channel
-            .into_inner()
-            .channel()
-            .close(200, "closing".into())
-            .await;
-        let connection = self.connection.into_inner();
-        let _ = connection.close(200, "closing".into()).await;
+        let limit = self.confirm_timeout;
+        let channel = self.channel.into_inner();
+        let _ = tokio::time::timeout(limit, channel.channel().close(200, "closing".into())).await;
+        let _ = close_within(&self.connection.into_inner(), "closing", limit).await;
     }
 }
 

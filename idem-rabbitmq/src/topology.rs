@@ -1,5 +1,7 @@
 //! Declaring a work queue with its dead-letter exchange and queue, idempotently.
 
+use std::time::Duration;
+
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
     QueueBindOptions, QueueDeclareOptions,
@@ -8,6 +10,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPHardError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
+use crate::connect::close_within;
 use crate::error::{Error, Result, SettingError};
 use crate::queue_kind::QueueKind;
 use crate::url::AmqpUrl;
@@ -231,9 +234,8 @@ impl QueueTopology {
             .await
             .is_ok();
         if fanout {
-            let _ = channel
-                .close(200, "dead-letter exchange checked".into())
-                .await;
+            let closing = channel.close(200, "dead-letter exchange checked".into());
+            let _ = tokio::time::timeout(CHECK_CLOSE_TIMEOUT, closing).await;
             return;
         }
         tracing::warn!(
@@ -407,6 +409,9 @@ impl QueueTopology {
 /// The operation named by an error of the queue-type check's global prefetch.
 const PROBE_QOS: &str = "basic.qos global";
 
+/// How long closing a check's channel or connection is waited for.
+const CHECK_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl QueueTopology {
     /// The queue's type: the declared one; for an existing queue, the broker's, which must be
     /// the stated one if any.
@@ -461,9 +466,7 @@ impl QueueTopology {
         let connection =
             crate::connect::open(url, &format!("{name} type check"), properties).await?;
         let kind = self.probe(&connection).await;
-        if connection.status().connected() {
-            let _ = connection.close(200, "queue type checked".into()).await;
-        }
+        let _ = close_within(&connection, "queue type checked", CHECK_CLOSE_TIMEOUT).await;
         kind
     }
 

@@ -3,13 +3,19 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_rabbitmq::lapin::options::{BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
+use idem_rabbitmq::lapin::message::Delivery;
+use idem_rabbitmq::lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions,
+};
 use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use idem_rabbitmq::lapin::{Channel, Connection};
 use idem_rabbitmq::{AmqpUrl, headers, lapin};
 use serde_json::json;
 
 use super::{QueueArgs, Result};
+
+/// How long closing the channel, then the connection, is waited for.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How many characters of a body a sample shows.
 const SAMPLE_CHARS: usize = 200;
@@ -28,7 +34,7 @@ pub(super) struct Letter {
 }
 
 impl Letter {
-    pub(super) fn of(delivery: &lapin::message::Delivery) -> Self {
+    pub(super) fn of(delivery: &Delivery) -> Self {
         let properties = &delivery.properties;
         let table = properties.headers().as_ref();
         let text = |name: &str| match table?.inner().get(name)? {
@@ -77,8 +83,12 @@ pub(super) struct Browse {
     reason: Option<String>,
     /// The messages in the queue when it was opened: those are read, not the later ones.
     pub(super) count: u32,
-    /// The last delivery taken, which a close gives back with every one before it.
-    last_tag: Option<u64>,
+    /// The highest delivery tag taken and still held (skipped, or returned and not
+    /// acknowledged): a close gives it back with every one before it that is held too. Never
+    /// an acknowledged one, which the broker would answer by closing the channel.
+    held: Option<u64>,
+    /// The delivery [`Browse::next`] returned last, until it is acknowledged or the next taken.
+    returned: Option<u64>,
 }
 
 impl Browse {
@@ -96,13 +106,14 @@ impl Browse {
             queue: args.queue.clone(),
             reason: args.reason.clone(),
             count,
-            last_tag: None,
+            held: None,
+            returned: None,
         })
     }
 
     /// The next message that was in the queue when it was opened, of the asked reason; skipped
     /// ones stay unacknowledged.
-    pub(super) async fn next(&mut self) -> Result<Option<(lapin::message::Delivery, Letter)>> {
+    pub(super) async fn next(&mut self) -> Result<Option<(Delivery, Letter)>> {
         while self.count > 0 {
             self.count -= 1;
             let Some(got) = (self.channel)
@@ -115,11 +126,14 @@ impl Browse {
                 return Ok(None);
             };
             let delivery = got.delivery;
-            self.last_tag = Some(delivery.delivery_tag);
+            // The one returned before is held unless it was acknowledged.
+            self.held = self.returned.take().or(self.held);
             let letter = Letter::of(&delivery);
             if self.reason.as_ref().is_none_or(|r| *r == letter.reason) {
+                self.returned = Some(delivery.delivery_tag);
                 return Ok(Some((delivery, letter)));
             }
+            self.held = Some(delivery.delivery_tag);
         }
         Ok(None)
     }
@@ -136,17 +150,49 @@ impl Browse {
         Ok(letters)
     }
 
-    /// Gives back every message taken and not moved, in its place, and closes.
-    pub(super) async fn close(self) {
-        if let Some(tag) = self.last_tag {
-            let options = BasicNackOptions {
-                multiple: true,
-                requeue: true,
-            };
-            let _ = self.channel.basic_nack(tag, options).await;
+    /// Acknowledges the delivery [`Browse::next`] returned last (moved): `false` when the
+    /// channel had failed first, and the broker gives it back.
+    pub(super) async fn acknowledge(&mut self, delivery: &Delivery) -> Result<bool> {
+        debug_assert_eq!(self.returned, Some(delivery.delivery_tag));
+        let acknowledged = delivery.acker.ack(BasicAckOptions::default()).await?;
+        if acknowledged {
+            self.returned = None;
         }
-        let _ = self.channel.close(200, "done".into()).await;
-        let _ = self.connection.close(200, "done".into()).await;
+        Ok(acknowledged)
+    }
+
+    /// Gives back every message taken and not moved, in its place, and closes, each step given
+    /// up after [`CLOSE_TIMEOUT`]; says on standard error what did not go cleanly (the broker
+    /// gives back what the connection held when it goes).
+    pub(super) async fn close(self) {
+        if !self.connection.status().connected() {
+            return;
+        }
+        // A channel the broker closed (after a command's error) gave back what it held.
+        if self.channel.status().connected() {
+            let held = self.returned.or(self.held);
+            let giving_back = async {
+                if let Some(tag) = held {
+                    let options = BasicNackOptions {
+                        multiple: true,
+                        requeue: true,
+                    };
+                    self.channel.basic_nack(tag, options).await?;
+                }
+                self.channel.close(200, "done".into()).await
+            };
+            match tokio::time::timeout(CLOSE_TIMEOUT, giving_back).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => eprintln!("idem: giving back the messages not moved: {error}"),
+                Err(_) => {
+                    eprintln!("idem: the broker did not close the channel within {CLOSE_TIMEOUT:?}")
+                }
+            }
+        }
+        let closing = idem_rabbitmq::close_within(&self.connection, "done", CLOSE_TIMEOUT);
+        if let Err(error) = closing.await {
+            eprintln!("idem: {error}");
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use idem_rabbitmq::lapin;
 use idem_rabbitmq::lapin::Confirmation;
-use idem_rabbitmq::lapin::options::{BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions};
+use idem_rabbitmq::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
 use idem_runtime::transport::{InboxRecord, Status};
 use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey};
@@ -121,7 +121,7 @@ pub(super) async fn replay(
             Ok(None) => break Ok(()),
             Err(error) => break Err(error),
         };
-        if let Err(error) = move_one(&browse, target, &delivery).await {
+        if let Err(error) = move_one(&mut browse, target, &delivery).await {
             let id = letter.message_id.as_deref().unwrap_or("-");
             break Err(format!("message {id} was not moved: {error}").into());
         }
@@ -141,7 +141,7 @@ pub(super) async fn replay(
 /// Publishes a copy of `delivery` to `target` and waits for the broker's confirm; then
 /// acknowledges the original.
 async fn move_one(
-    browse: &Browse,
+    browse: &mut Browse,
     target: &str,
     delivery: &lapin::message::Delivery,
 ) -> Result<()> {
@@ -177,8 +177,7 @@ async fn move_one(
         Confirmation::Nack(_) => return Err("the broker refused it".into()),
         Confirmation::NotRequested => return Err("the channel is not in confirm mode".into()),
     }
-    // `false`: the channel failed first, and the broker gives the letter back.
-    if !delivery.acker.ack(BasicAckOptions::default()).await? {
+    if !browse.acknowledge(delivery).await? {
         return Err(
             "its copy was confirmed but the letter could not be acknowledged (both \
                     queues hold it now)"
