@@ -117,7 +117,7 @@ async fn ready_messages(amqp_url: &AmqpUrl, queue: &str) -> Result<u64, idem_rab
             .map_err(amqp_error(format!("counting the messages of {queue:?}"))),
         Err(error) => Err(amqp_error("channel.open")(error)),
     };
-    let _ = connection.close(200, "counted".into()).await;
+    let _ = idem_rabbitmq::close_within(&connection, "counted", Duration::from_secs(5)).await;
     Ok(u64::from(declared?.message_count()))
 }
 

@@ -32,6 +32,8 @@
 //! `PRECONDITION_FAILED`. Delete it (`rabbitmqctl delete_queue notifications.invoices`, which
 //! drops the events it holds), and the next start declares it bounded.
 
+use std::time::Duration;
+
 use idem_rabbitmq::lapin::options::{
     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
@@ -144,7 +146,7 @@ pub async fn declare(
         Ok(channel) => declare_on(&channel, queue, events_exchange).await,
         Err(error) => Err(amqp_error("channel.open")(error)),
     };
-    let _ = connection.close(200, "declared".into()).await;
+    let _ = idem_rabbitmq::close_within(&connection, "declared", Duration::from_secs(5)).await;
     declared
 }
 

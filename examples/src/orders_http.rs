@@ -179,7 +179,7 @@ async fn consumers(broker: &AmqpUrl, queue: &str) -> Result<u32, BoxError> {
             .map(|queue| queue.consumer_count()),
         Err(error) => Err(error),
     };
-    let _ = connection.close(200, "counted".into()).await;
+    let _ = idem_rabbitmq::close_within(&connection, "counted", Duration::from_secs(5)).await;
     Ok(declared?)
 }
 

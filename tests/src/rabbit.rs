@@ -507,7 +507,7 @@ impl Drop for TestBroker {
                     .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
                     .await;
             }
-            let _ = connection.close(200, "done".into()).await;
+            let _ = idem_rabbitmq::close_within(&connection, "done", Duration::from_secs(5)).await;
         });
     }
 }

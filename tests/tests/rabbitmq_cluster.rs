@@ -251,7 +251,7 @@ async fn delete_queues(queues: &[&str]) {
                 .await;
         }
     }
-    let _ = connection.close(200, "done".into()).await;
+    let _ = idem_rabbitmq::close_within(&connection, "done", Duration::from_secs(5)).await;
 }
 
 /// Scenario 1: the node of the queue's leader is SIGKILLed while three consumers process and
@@ -418,7 +418,7 @@ async fn declare(topology: &QueueTopology) {
         .expect("the cluster is reachable");
     let channel = connection.create_channel().await.expect("a channel");
     topology.declare(&channel).await.expect("declared");
-    let _ = connection.close(200, "done".into()).await;
+    let _ = idem_rabbitmq::close_within(&connection, "done", Duration::from_secs(5)).await;
 }
 
 /// Takes messages off `queue` until `at_least` have come and a second passes without more;
@@ -456,7 +456,7 @@ async fn take_all(queue: &str, at_least: u64) -> Vec<String> {
             }
         }
     }
-    let _ = connection.close(200, "done".into()).await;
+    let _ = idem_rabbitmq::close_within(&connection, "done", Duration::from_secs(5)).await;
     bodies
 }
 
