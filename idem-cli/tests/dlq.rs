@@ -11,7 +11,8 @@ use idem_rabbitmq::PublishOptions;
 use idem_rabbitmq::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use idem_rabbitmq::lapin::{BasicProperties, Channel};
-use idem_tests::rabbit::{amqp_url, setup_channel};
+use idem_tests::proxy::Proxy;
+use idem_tests::rabbit::{amqp_addr, amqp_url, amqp_url_through, setup_channel};
 use idem_tests::{Fixture, Msg, TestBroker, unique};
 use serde_json::Value;
 
@@ -235,6 +236,70 @@ async fn publish_letters(channel: &Channel, queue: &str, prefix: &str, count: us
     }
 }
 
+/// After a replay from `dlq` to `target` was interrupted with `letters` in play: every letter
+/// is in one queue or the other, at most one in both, and not all were moved. Returns how
+/// many are left.
+async fn interrupted_between(broker: &TestBroker, dlq: &str, target: &str, letters: usize) -> u32 {
+    let (left, moved) = (broker.depth(dlq).await, broker.depth(target).await);
+    assert!(
+        (left + moved) as usize == letters || (left + moved) as usize == letters + 1,
+        "{left} left and {moved} moved of {letters}"
+    );
+    assert!(
+        (moved as usize) < letters,
+        "interrupted before the end: {moved}"
+    );
+    left
+}
+
+/// A second replay moves the `left` letters still in `dlq`; then `target` holds every one of
+/// `expected`, at most one of them twice.
+async fn finish_and_count(
+    broker: &TestBroker,
+    dlq: &str,
+    target: &str,
+    left: u32,
+    expected: &[String],
+) {
+    let finished = json(&idem(
+        None,
+        &["dlq", "replay", dlq, "--to", target, "--json"],
+    ));
+    assert_eq!(finished["moved"].as_u64().unwrap(), u64::from(left));
+    assert_eq!(broker.depth(dlq).await, 0);
+    let mut got = ids(&broker.drain(target).await);
+    let copies = got.len();
+    got.sort();
+    got.dedup();
+    assert!(
+        copies - got.len() <= 1,
+        "{} copies twice",
+        copies - got.len()
+    );
+    let mut expected = expected.to_vec();
+    expected.sort();
+    assert_eq!(got, expected, "every letter moved");
+}
+
+/// Runs `command` to its end, killed and failed if it outlives `limit`.
+async fn run_within(command: &mut Command, limit: Duration) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{command:?} did not end within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// Listing a quorum dead-letter queue, or a classic one, leaves its messages in their order,
 /// and a replay to a queue that does not exist moves nothing (exit code 3).
 #[tokio::test(flavor = "multi_thread")]
@@ -325,35 +390,13 @@ async fn a_replay_killed_half_way_loses_nothing() {
     replay.wait().unwrap();
     // The broker gives the killed command's unacknowledged message back.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let remaining = LETTERS - limited_ids.len();
-    let (left, moved) = (broker.depth(&dlq).await, broker.depth(&target).await);
-    assert!(
-        (left + moved) as usize == remaining || (left + moved) as usize == remaining + 1,
-        "{left} left and {moved} moved of {remaining}"
-    );
-    assert!(moved < remaining as u32, "killed before the end: {moved}");
-
-    let finished = json(&idem(
-        None,
-        &["dlq", "replay", &dlq, "--to", &target, "--json"],
-    ));
-    assert_eq!(finished["moved"].as_u64().unwrap(), u64::from(left));
-    assert_eq!(broker.depth(&dlq).await, 0);
-    let mut got = ids(&broker.drain(&target).await);
-    let copies = got.len();
-    got.sort();
-    got.dedup();
-    assert!(
-        copies - got.len() <= 1,
-        "{} copies twice",
-        copies - got.len()
-    );
-    let mut expected: Vec<String> = (0..LETTERS)
+    let expected: Vec<String> = (0..LETTERS)
         .map(|i| format!("k-{i}"))
         .filter(|id| !limited_ids.contains(id))
         .collect();
-    expected.sort();
-    assert_eq!(got, expected, "every letter moved");
+    let left = interrupted_between(&broker, &dlq, &target, expected.len()).await;
+
+    finish_and_count(&broker, &dlq, &target, left, &expected).await;
 }
 
 /// A replay whose last letter taken was moved (stopped by `--limit`, or at the end of the
@@ -371,28 +414,90 @@ async fn replays_ending_on_a_moved_letter_end_every_time() {
     publish_letters(&channel, &dlq, "m", RUNS + 2).await;
 
     for run in 0..RUNS {
-        let mut replay = Command::new(env!("CARGO_BIN_EXE_idem"))
+        let mut replay = Command::new(env!("CARGO_BIN_EXE_idem"));
+        replay
             .args(["dlq", "replay", &dlq, "--to", &target, "--limit", "1"])
             .args(["--json"])
-            .env("AMQP_URL", amqp_url())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while replay.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                replay.kill().unwrap();
-                panic!("replay {run} did not end within 20 s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let output = replay.wait_with_output().unwrap();
+            .env("AMQP_URL", amqp_url());
+        let output = run_within(&mut replay, Duration::from_secs(20)).await;
         assert_eq!(json(&output)["moved"], 1, "replay {run}");
         assert!(output.stderr.is_empty(), "replay {run}: {output:?}");
     }
     let moved: Vec<String> = (0..RUNS).map(|i| format!("m-{i}")).collect();
     assert_eq!(ids(&broker.drain(&target).await), moved, "in their order");
     assert_eq!(ids(&broker.drain(&dlq).await), ["m-40", "m-41"]);
+}
+
+/// A broker that accepts connections and never answers is given up on after `--timeout`, with
+/// an error that says so, by `list` and `replay` alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_that_never_answers_is_given_up_on() {
+    let proxy = Proxy::start(&amqp_addr()).await;
+    proxy.silence().await;
+    let commands: [&[&str]; 2] = [
+        &["dlq", "list", "any.dlq"],
+        &["dlq", "replay", "any.dlq", "--to", "any"],
+    ];
+    for args in commands {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+        command
+            .args(args)
+            .args(["--timeout", "1"])
+            .env("AMQP_URL", amqp_url_through(&proxy));
+        let output = run_within(&mut command, Duration::from_secs(30)).await;
+        assert_eq!(output.status.code(), Some(1), "{output:?}");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            said.contains("did not answer within 1s (connecting)"),
+            "{said}"
+        );
+    }
+}
+
+/// A replay whose connection the network cuts half-way stops with an error and loses nothing:
+/// every letter is in one queue or the other, at most one in both, and a second replay moves
+/// the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_cut_from_the_broker_loses_nothing() {
+    const LETTERS: usize = 2_000;
+    let broker = TestBroker::connect().await;
+    let channel = confirming_channel().await;
+    let dlq = unique("dlq_cut");
+    let target = unique("dlq_cut_target");
+    broker.declare_queue(&dlq, &[]).await;
+    broker.declare_queue(&target, &[]).await;
+    publish_letters(&channel, &dlq, "c", LETTERS).await;
+    let proxy = Proxy::start(&amqp_addr()).await;
+
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+    command
+        .args(["dlq", "replay", &dlq, "--to", &target, "--json"])
+        .env("AMQP_URL", amqp_url_through(&proxy));
+    let replay = run_within(&mut command, Duration::from_secs(120));
+    let cut = async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while broker.depth(&target).await < 200 {
+            assert!(Instant::now() < deadline, "the replay moved nothing");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        proxy.cut().await;
+    };
+    let (output, ()) = tokio::join!(replay, cut);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(output.stderr.starts_with(b"idem: "), "{output:?}");
+
+    // The broker gives the cut connection's unacknowledged message back.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reported =
+        serde_json::from_slice::<Value>(&output.stdout).expect("JSON on stdout")["moved"]
+            .as_u64()
+            .unwrap();
+    let moved = u64::from(broker.depth(&target).await);
+    assert!(
+        reported == moved || reported + 1 == moved,
+        "{reported} reported moved, {moved} in the target queue"
+    );
+    let expected: Vec<String> = (0..LETTERS).map(|i| format!("c-{i}")).collect();
+    let left = interrupted_between(&broker, &dlq, &target, LETTERS).await;
+    finish_and_count(&broker, &dlq, &target, left, &expected).await;
 }

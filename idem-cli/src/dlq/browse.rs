@@ -12,7 +12,7 @@ use idem_rabbitmq::lapin::{Channel, Connection};
 use idem_rabbitmq::{AmqpUrl, headers, lapin};
 use serde_json::json;
 
-use super::{QueueArgs, Result};
+use super::{QueueArgs, Result, answered, unanswered};
 
 /// How long closing the channel, then the connection, is waited for.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -83,6 +83,8 @@ pub(super) struct Browse {
     reason: Option<String>,
     /// The messages in the queue when it was opened: those are read, not the later ones.
     pub(super) count: u32,
+    /// How long one step with the broker is waited for.
+    pub(super) limit: Duration,
     /// The highest delivery tag taken and still held (skipped, or returned and not
     /// acknowledged): a close gives it back with every one before it that is held too. Never
     /// an acknowledged one, which the broker would answer by closing the channel.
@@ -94,18 +96,25 @@ pub(super) struct Browse {
 impl Browse {
     pub(super) async fn open(args: &QueueArgs) -> Result<Self> {
         let url = AmqpUrl::new(args.amqp_url.as_str());
+        let limit = args.step_limit();
         // A lost connection stops the command: what it holds goes back to the queue.
-        let connection = idem_rabbitmq::connect_once(&url, "idem dlq").await?;
-        let channel = connection.create_channel().await?;
-        let count = message_count(&channel, &args.queue)
-            .await
-            .map_err(|error| format!("no queue {} on the broker: {error}", args.queue))?;
+        let connecting = idem_rabbitmq::connect_once(&url, "idem dlq");
+        let connection = answered(limit, "connecting", connecting).await?;
+        let opening = connection.create_channel();
+        let channel = answered(limit, "opening a channel", opening).await?;
+        let counting = message_count(&channel, &args.queue);
+        let count = match tokio::time::timeout(limit, counting).await {
+            Ok(counted) => counted
+                .map_err(|error| format!("no queue {} on the broker: {error}", args.queue))?,
+            Err(_) => return Err(unanswered(limit, "reading the queue's depth")),
+        };
         Ok(Self {
             connection,
             channel,
             queue: args.queue.clone(),
             reason: args.reason.clone(),
             count,
+            limit,
             held: None,
             returned: None,
         })
@@ -116,13 +125,9 @@ impl Browse {
     pub(super) async fn next(&mut self) -> Result<Option<(Delivery, Letter)>> {
         while self.count > 0 {
             self.count -= 1;
-            let Some(got) = (self.channel)
-                .basic_get(
-                    self.queue.as_str().into(),
-                    BasicGetOptions { no_ack: false },
-                )
-                .await?
-            else {
+            let options = BasicGetOptions { no_ack: false };
+            let getting = self.channel.basic_get(self.queue.as_str().into(), options);
+            let Some(got) = answered(self.limit, "reading a message", getting).await? else {
                 return Ok(None);
             };
             let delivery = got.delivery;

@@ -12,6 +12,7 @@ mod list;
 mod replay;
 
 use std::error::Error;
+use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
 use idem_runtime::Inbox;
@@ -75,6 +76,35 @@ pub(crate) struct QueueArgs {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub(super) amqp_url: String,
+    /// Seconds one step with the broker (connecting, reading a message, moving one) is waited
+    /// for before the command gives up; what it holds goes back to the queue.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(super) timeout: u64,
+}
+
+impl QueueArgs {
+    /// How long one step with the broker is waited for.
+    pub(super) fn step_limit(&self) -> Duration {
+        Duration::from_secs(self.timeout)
+    }
+}
+
+/// Runs `step`, one exchange with the broker, given up after `limit` with an error that says
+/// what was waited for.
+pub(super) async fn answered<T, E: Into<Box<dyn Error>>>(
+    limit: Duration,
+    what: &str,
+    step: impl Future<Output = std::result::Result<T, E>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, step).await {
+        Ok(done) => done.map_err(Into::into),
+        Err(_) => Err(unanswered(limit, what)),
+    }
+}
+
+/// The error of a step with the broker given up after `limit`.
+pub(super) fn unanswered(limit: Duration, what: &str) -> Box<dyn Error> {
+    format!("the broker did not answer within {limit:?} ({what})").into()
 }
 
 /// Runs `command` against the broker, and for a dry run the inbox of `database_url`.

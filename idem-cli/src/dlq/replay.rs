@@ -13,7 +13,7 @@ use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey};
 use serde_json::json;
 
 use super::browse::{Browse, Letter, message_count};
-use super::{QueueArgs, Result};
+use super::{QueueArgs, Result, answered, unanswered};
 use crate::Done;
 use crate::output::print_table;
 
@@ -100,15 +100,27 @@ pub(super) async fn replay(
     json: bool,
 ) -> Result<Done> {
     let mut browse = Browse::open(args).await?;
-    if let Err(error) = message_count(&browse.channel, target).await {
-        browse.close().await;
-        eprintln!("idem: no queue {target} on the broker: {error}");
-        return Ok(Done::NotFound);
+    let step_limit = browse.limit;
+    let counting = message_count(&browse.channel, target);
+    match tokio::time::timeout(step_limit, counting).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => {
+            browse.close().await;
+            eprintln!("idem: no queue {target} on the broker: {error}");
+            return Ok(Done::NotFound);
+        }
+        Err(_) => {
+            browse.close().await;
+            return Err(unanswered(step_limit, "checking the target queue"));
+        }
     }
-    browse
+    let confirming = browse
         .channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
+        .confirm_select(ConfirmSelectOptions::default());
+    if let Err(error) = answered(step_limit, "turning publisher confirms on", confirming).await {
+        browse.close().await;
+        return Err(error);
+    }
     let total = browse.count;
     let progress = Progress::new("moved", total);
     let mut moved = 0u64;
@@ -121,7 +133,8 @@ pub(super) async fn replay(
             Ok(None) => break Ok(()),
             Err(error) => break Err(error),
         };
-        if let Err(error) = move_one(&mut browse, target, &delivery).await {
+        let moving = move_one(&mut browse, target, &delivery);
+        if let Err(error) = answered(step_limit, "moving a message", moving).await {
             let id = letter.message_id.as_deref().unwrap_or("-");
             break Err(format!("message {id} was not moved: {error}").into());
         }
