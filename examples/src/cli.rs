@@ -1,9 +1,11 @@
 //! What the example binaries share on their command lines: the broker options, typed value
-//! parsers, and logging that leaves colour codes out where they do not belong.
+//! parsers, logging that leaves colour codes out where they do not belong, and the runtime
+//! they run on.
 
 use std::ffi::OsStr;
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use idem_rabbitmq::{AmqpUrl, TlsError, TlsSettings};
@@ -13,6 +15,23 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::progress::LogWriter;
+
+/// How long a binary's runtime waits, once its work is done, for the threads still busy.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// Runs a binary's `main` on a multi-threaded tokio runtime, and then exits without waiting
+/// more than [`RUNTIME_SHUTDOWN`] for the runtime's threads. A worker thread blocked inside
+/// lapin (4.12 can deadlock a connection when a channel's recovery is cut short) would
+/// otherwise keep a stopped service from exiting.
+pub fn run_service(main: impl Future<Output = ExitCode>) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime starts");
+    let code = runtime.block_on(main);
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+    code
+}
 
 /// The broker both services use unless told otherwise: the local RabbitMQ.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -207,6 +226,32 @@ pub async fn wait_for_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A service whose work is done exits even though a runtime worker is blocked for good,
+    /// as one waiting on a lock lapin's deadlocked io loop holds is.
+    #[test]
+    fn a_worker_blocked_for_good_does_not_hold_the_exit() {
+        let (done, exited) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let code = run_service(async {
+                let (blocked, worker_blocked) = tokio::sync::oneshot::channel();
+                tokio::spawn(async move {
+                    let _ = blocked.send(());
+                    loop {
+                        std::thread::park();
+                    }
+                });
+                worker_blocked.await.expect("the worker runs");
+                ExitCode::SUCCESS
+            });
+            let _ = done.send(code);
+        });
+        let waited = RUNTIME_SHUTDOWN * 4;
+        assert!(
+            exited.recv_timeout(waited).is_ok(),
+            "still running {waited:?} after its work was done"
+        );
+    }
 
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {

@@ -61,7 +61,7 @@ pub mod progress;
 pub mod statuses;
 pub mod stub;
 
-pub use cli::init_logging;
+pub use cli::{init_logging, run_service};
 
 // The crates' READMEs, run as doc tests here (where every crate and feature they use is at
 // hand), so that their examples keep to the API.

@@ -167,17 +167,18 @@ enum Keys {
     Entity,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let args = Args::parse();
-    idem_examples::init_logging();
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("billing: {error}");
-            ExitCode::FAILURE
+fn main() -> ExitCode {
+    idem_examples::run_service(async {
+        let args = Args::parse();
+        idem_examples::init_logging();
+        match run(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("billing: {error}");
+                ExitCode::FAILURE
+            }
         }
-    }
+    })
 }
 
 /// The service: its parts started one after the other, then its work, then its stop.

@@ -71,31 +71,32 @@ struct Args {
     broker: BrokerArgs,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let args = Args::parse();
-    idem_examples::init_logging();
-    let result = match args.http {
-        Some(addr) => {
-            let settings = orders_http::Settings {
-                addr,
-                database_url: &args.database_url,
-                broker: &args.broker,
-                demo: args.demo,
-                json: args.json,
-                billing_database_url: &args.billing_database_url,
-            };
-            orders_http::run(settings).await
+fn main() -> ExitCode {
+    idem_examples::run_service(async {
+        let args = Args::parse();
+        idem_examples::init_logging();
+        let result = match args.http {
+            Some(addr) => {
+                let settings = orders_http::Settings {
+                    addr,
+                    database_url: &args.database_url,
+                    broker: &args.broker,
+                    demo: args.demo,
+                    json: args.json,
+                    billing_database_url: &args.billing_database_url,
+                };
+                orders_http::run(settings).await
+            }
+            None => publish(&args).await,
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("orders: {error}");
+                ExitCode::FAILURE
+            }
         }
-        None => publish(&args).await,
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("orders: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
 /// Publishes the demo's orders straight to the exchange.

@@ -62,43 +62,44 @@ struct Report {
     orders_stored: i64,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let args = Args::parse();
-    idem_examples::init_logging();
-    match run(&args).await {
-        Ok(report) => {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&report).expect("a report serializes")
-                );
-            } else {
-                println!(
-                    "statuses {}: {} orders, {} events published (five statuses each, every \
-                     one twice, in a random order), {} applied, {} duplicates; {} of {} orders \
-                     in their newest status",
-                    report.run,
-                    report.orders,
-                    report.events_published,
-                    report.events_applied,
-                    report.duplicates,
-                    report.orders_at_newest,
-                    report.orders_stored,
-                );
+fn main() -> ExitCode {
+    idem_examples::run_service(async {
+        let args = Args::parse();
+        idem_examples::init_logging();
+        match run(&args).await {
+            Ok(report) => {
+                if args.json {
+                    println!(
+                        "{}",
+                        serde_json::to_string(&report).expect("a report serializes")
+                    );
+                } else {
+                    println!(
+                        "statuses {}: {} orders, {} events published (five statuses each, every \
+                         one twice, in a random order), {} applied, {} duplicates; {} of {} orders \
+                         in their newest status",
+                        report.run,
+                        report.orders,
+                        report.events_published,
+                        report.events_applied,
+                        report.duplicates,
+                        report.orders_at_newest,
+                        report.orders_stored,
+                    );
+                }
+                if report.orders_at_newest == report.orders as i64 {
+                    ExitCode::SUCCESS
+                } else {
+                    eprintln!("statuses: not every order reached its newest status");
+                    ExitCode::FAILURE
+                }
             }
-            if report.orders_at_newest == report.orders as i64 {
-                ExitCode::SUCCESS
-            } else {
-                eprintln!("statuses: not every order reached its newest status");
+            Err(error) => {
+                eprintln!("statuses: {error}");
                 ExitCode::FAILURE
             }
         }
-        Err(error) => {
-            eprintln!("statuses: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
 async fn run(args: &Args) -> Result<Report, BoxError> {

@@ -97,6 +97,9 @@ struct Seen {
 /// How many lines of a process's output a failure message shows.
 const TAIL: usize = 20;
 
+/// How long a service stopped with SIGTERM is given to exit.
+const STOP_WAIT: Duration = Duration::from_secs(60);
+
 /// The billing binary running as a child process, its standard error read by a thread; killed
 /// if still running when dropped.
 #[derive(Debug)]
@@ -220,7 +223,22 @@ impl Billing {
             .status()
             .unwrap();
         assert!(status.success());
-        let exit = self.child.wait().unwrap();
+        let deadline = Instant::now() + STOP_WAIT;
+        let exit = loop {
+            if let Some(exit) = self.child.try_wait().unwrap() {
+                break exit;
+            }
+            if Instant::now() > deadline {
+                self.child.kill().unwrap();
+                self.child.wait().unwrap();
+                self.finish();
+                panic!(
+                    "billing did not exit within {STOP_WAIT:?} of SIGTERM:\n{}",
+                    self.tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         self.finish();
         assert!(
             exit.success(),
