@@ -20,7 +20,7 @@ use crate::progress::LogWriter;
 const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(5);
 
 /// Runs a binary's `main` on a multi-threaded tokio runtime, and then exits without waiting
-/// more than [`RUNTIME_SHUTDOWN`] for the runtime's threads. A worker thread blocked inside
+/// more than 5 s for the runtime's threads. A worker thread blocked inside
 /// lapin (4.12 can deadlock a connection when a channel's recovery is cut short) would
 /// otherwise keep a stopped service from exiting.
 pub fn run_service(main: impl Future<Output = ExitCode>) -> ExitCode {
