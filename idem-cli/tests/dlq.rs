@@ -236,6 +236,18 @@ async fn publish_letters(channel: &Channel, queue: &str, prefix: &str, count: us
     }
 }
 
+/// A dead-letter queue `dlq_<name>_...` holding `count` letters `<prefix>-<i>` and an empty
+/// queue `dlq_<name>_target_...` to replay them to.
+async fn letters_to_replay(name: &str, prefix: &str, count: usize) -> (TestBroker, String, String) {
+    let broker = TestBroker::connect().await;
+    let dlq = unique(&format!("dlq_{name}"));
+    let target = unique(&format!("dlq_{name}_target"));
+    broker.declare_queue(&dlq, &[]).await;
+    broker.declare_queue(&target, &[]).await;
+    publish_letters(&confirming_channel().await, &dlq, prefix, count).await;
+    (broker, dlq, target)
+}
+
 /// After a replay from `dlq` to `target` was interrupted with `letters` in play: every letter
 /// is in one queue or the other, at most one in both, and not all were moved. Returns how
 /// many are left.
@@ -336,13 +348,7 @@ async fn listing_leaves_every_message_in_its_place() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replay_killed_half_way_loses_nothing() {
     const LETTERS: usize = 3_000;
-    let broker = TestBroker::connect().await;
-    let channel = confirming_channel().await;
-    let dlq = unique("dlq_killed");
-    let target = unique("dlq_target");
-    broker.declare_queue(&dlq, &[]).await;
-    broker.declare_queue(&target, &[]).await;
-    publish_letters(&channel, &dlq, "k", LETTERS).await;
+    let (broker, dlq, target) = letters_to_replay("killed", "k", LETTERS).await;
 
     let limited = json(&idem(
         None,
@@ -405,13 +411,7 @@ async fn a_replay_killed_half_way_loses_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn replays_ending_on_a_moved_letter_end_every_time() {
     const RUNS: usize = 40;
-    let broker = TestBroker::connect().await;
-    let channel = confirming_channel().await;
-    let dlq = unique("dlq_limited");
-    let target = unique("dlq_limited_target");
-    broker.declare_queue(&dlq, &[]).await;
-    broker.declare_queue(&target, &[]).await;
-    publish_letters(&channel, &dlq, "m", RUNS + 2).await;
+    let (broker, dlq, target) = letters_to_replay("limited", "m", RUNS + 2).await;
 
     for run in 0..RUNS {
         let mut replay = Command::new(env!("CARGO_BIN_EXE_idem"));
@@ -460,13 +460,7 @@ async fn a_broker_that_never_answers_is_given_up_on() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replay_cut_from_the_broker_loses_nothing() {
     const LETTERS: usize = 2_000;
-    let broker = TestBroker::connect().await;
-    let channel = confirming_channel().await;
-    let dlq = unique("dlq_cut");
-    let target = unique("dlq_cut_target");
-    broker.declare_queue(&dlq, &[]).await;
-    broker.declare_queue(&target, &[]).await;
-    publish_letters(&channel, &dlq, "c", LETTERS).await;
+    let (broker, dlq, target) = letters_to_replay("cut", "c", LETTERS).await;
     let proxy = Proxy::start(&amqp_addr()).await;
 
     let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));

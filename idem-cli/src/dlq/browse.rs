@@ -12,7 +12,7 @@ use idem_rabbitmq::lapin::{Channel, Connection};
 use idem_rabbitmq::{AmqpUrl, headers, lapin};
 use serde_json::json;
 
-use super::{QueueArgs, Result, answered, unanswered};
+use super::{QueueArgs, Result, answered};
 
 /// How long closing the channel, then the connection, is waited for.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -102,12 +102,11 @@ impl Browse {
         let connection = answered(limit, "connecting", connecting).await?;
         let opening = connection.create_channel();
         let channel = answered(limit, "opening a channel", opening).await?;
-        let counting = message_count(&channel, &args.queue);
-        let count = match tokio::time::timeout(limit, counting).await {
-            Ok(counted) => counted
-                .map_err(|error| format!("no queue {} on the broker: {error}", args.queue))?,
-            Err(_) => return Err(unanswered(limit, "reading the queue's depth")),
+        let counting = async {
+            let counted = message_count(&channel, &args.queue).await;
+            counted.map_err(|error| format!("no queue {} on the broker: {error}", args.queue))
         };
+        let count = answered(limit, "reading the queue's depth", counting).await?;
         Ok(Self {
             connection,
             channel,
