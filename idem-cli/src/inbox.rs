@@ -2,14 +2,18 @@
 
 use std::error::Error;
 use std::io::{BufRead, IsTerminal, Write};
+use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
 use idem_runtime::transport::InboxRecord;
-use idem_runtime::{ConsumerName, Inbox, InboxKey, KeyError, MessageKey, Released};
+use idem_runtime::{
+    ConsumerName, Forgotten, Inbox, InboxKey, KeyError, LiveClaim, MessageKey, Released,
+};
 use serde_json::json;
 
 use crate::Done;
 use crate::output::{age, print_table, time, time_ms};
+use crate::output::{note, out};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -28,16 +32,45 @@ pub(crate) enum InboxCommand {
     /// One record: its status, attempts, times, fingerprint and stored output.
     Show(KeyArgs),
     /// Ends a stuck claim now (a two-phase handler whose worker died or hangs): the next
-    /// delivery takes the key over, and the old worker can no longer complete it.
-    Release(KeyArgs),
-    /// Deletes a record, so that the next delivery of its message is processed again.
+    /// delivery takes the key over, and the old worker can no longer complete it. A claim whose
+    /// lease still runs is refused (exit 4) unless --force.
+    Release {
+        #[command(flatten)]
+        key: KeyArgs,
+        #[command(flatten)]
+        force: Force,
+    },
+    /// Deletes a record, so that the next delivery of its message is processed again. A claim
+    /// whose lease still runs is refused (exit 4) unless --force.
     Forget {
         #[command(flatten)]
         key: KeyArgs,
         /// Does not ask for confirmation.
         #[arg(long)]
         yes: bool,
+        #[command(flatten)]
+        force: Force,
     },
+}
+
+/// Whether a claim whose lease still runs is acted on.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct Force {
+    /// Acts on a claim whose lease still runs, for a worker known dead: a worker still running
+    /// the handler may then repeat its external effect (a charge, an e-mail) beside the one
+    /// that takes the key next.
+    #[arg(long)]
+    force: bool,
+}
+
+impl Force {
+    fn live(&self) -> LiveClaim {
+        if self.force {
+            LiveClaim::Override
+        } else {
+            LiveClaim::Refuse
+        }
+    }
 }
 
 /// The inbox table.
@@ -74,33 +107,47 @@ impl KeyArgs {
 pub(crate) async fn run(url: &str, command: InboxCommand, json: bool) -> Result<Done> {
     let (table, key) = match &command {
         InboxCommand::Stats { table, .. } => (table, None),
-        InboxCommand::Show(key) | InboxCommand::Release(key) => (&key.table, Some(key)),
-        InboxCommand::Forget { key, .. } => (&key.table, Some(key)),
+        InboxCommand::Show(key)
+        | InboxCommand::Release { key, .. }
+        | InboxCommand::Forget { key, .. } => (&key.table, Some(key)),
     };
     let key = match key.map(KeyArgs::inbox_key).transpose() {
         Ok(key) => key,
         Err(invalid) => {
-            eprintln!("idem: {invalid}");
+            note!("idem: {invalid}");
             return Ok(Done::Usage);
         }
     };
-    let inbox = open(url, table).await?;
+    let writes = matches!(
+        command,
+        InboxCommand::Release { .. } | InboxCommand::Forget { .. }
+    );
+    let inbox = open(url, table, writes).await?;
     let key = || key.as_ref().expect("the command names a key");
     match command {
         InboxCommand::Stats { consumer, .. } => stats(&inbox, consumer.as_deref(), json).await,
         InboxCommand::Show(_) => show(&inbox, key(), json).await,
-        InboxCommand::Release(_) => release(&inbox, key(), json).await,
-        InboxCommand::Forget { yes, .. } => forget(&inbox, key(), yes, json).await,
+        InboxCommand::Release { force, .. } => release(&inbox, key(), force.live(), json).await,
+        InboxCommand::Forget { yes, force, .. } => {
+            forget(&inbox, key(), yes, force.live(), json).await
+        }
     }
 }
 
 /// The inbox in `table`, which must exist with this version's columns: the command creates
-/// nothing.
-pub(crate) async fn open(url: &str, table: &Table) -> Result<Inbox> {
+/// nothing, and a command that only reads (`writes` false) writes nothing, so that it works
+/// with read-only credentials and on a standby.
+pub(crate) async fn open(url: &str, table: &Table, writes: bool) -> Result<Inbox> {
+    open_table(url, &table.table, writes).await
+}
+
+/// [`open`] for the inbox table named `table`.
+pub(crate) async fn open_table(url: &str, table: &str, writes: bool) -> Result<Inbox> {
     let db = crate::connect(url).await?;
     let inbox = Inbox::builder(db)
-        .table(table.table.as_str())
+        .table(table)
         .create_table(false)
+        .read_only(!writes)
         .build()
         .await?;
     Ok(inbox)
@@ -125,7 +172,7 @@ async fn stats(inbox: &Inbox, consumer: Option<&str>, json: bool) -> Result<Done
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(rows));
+        out!("{}", serde_json::Value::Array(rows));
         return Ok(Done::Ok);
     }
     let header = [
@@ -154,7 +201,7 @@ async fn stats(inbox: &Inbox, consumer: Option<&str>, json: bool) -> Result<Done
         })
         .collect();
     if rows.is_empty() {
-        println!("no records");
+        out!("no records");
     } else {
         print_table(&header, &rows);
     }
@@ -166,13 +213,13 @@ async fn show(inbox: &Inbox, key: &InboxKey, json: bool) -> Result<Done> {
         return not_found(key, json);
     };
     if json {
-        println!("{}", record_json(key, &record));
+        out!("{}", record_json(key, &record));
         return Ok(Done::Ok);
     }
     let fields = [
         ("consumer", key.consumer.to_string()),
         ("key", key.message_key.to_string()),
-        ("status", format!("{:?}", record.status)),
+        ("status", record.status.as_str().to_owned()),
         ("attempts", record.attempts.to_string()),
         ("created", time(record.created_at)),
         ("claimed", time(record.claimed_at)),
@@ -188,7 +235,7 @@ async fn show(inbox: &Inbox, key: &InboxKey, json: bool) -> Result<Done> {
         ("output", record.output.unwrap_or_else(|| "-".into())),
     ];
     for (name, value) in fields {
-        println!("{name:<12} {value}");
+        out!("{name:<12} {value}");
     }
     Ok(Done::Ok)
 }
@@ -197,7 +244,7 @@ fn record_json(key: &InboxKey, record: &InboxRecord) -> serde_json::Value {
     json!({
         "consumer": key.consumer.as_str(),
         "key": key.message_key.as_str(),
-        "status": format!("{:?}", record.status),
+        "status": record.status.as_str(),
         "attempts": record.attempts,
         "created_ms": time_ms(record.created_at),
         "claimed_ms": time_ms(record.claimed_at),
@@ -209,8 +256,8 @@ fn record_json(key: &InboxKey, record: &InboxRecord) -> serde_json::Value {
     })
 }
 
-async fn release(inbox: &Inbox, key: &InboxKey, json: bool) -> Result<Done> {
-    let (result, said) = match inbox.release(key).await? {
+async fn release(inbox: &Inbox, key: &InboxKey, live: LiveClaim, json: bool) -> Result<Done> {
+    let (result, said) = match inbox.release(key, live).await? {
         Released::Released { attempts } => (
             "released",
             format!(
@@ -228,18 +275,34 @@ async fn release(inbox: &Inbox, key: &InboxKey, json: bool) -> Result<Done> {
             "the claim changed meanwhile (completed or taken over): nothing done, look again"
                 .into(),
         ),
+        Released::Live { lease_left } => ("live", live_claim(lease_left)),
         Released::Absent => return not_found(key, json),
         _ => return Err("an outcome this version of idem does not know".into()),
     };
     say(json, key, result, &said);
-    Ok(if result == "changed" {
-        Done::Changed
-    } else {
-        Done::Ok
+    Ok(match result {
+        "changed" | "live" => Done::Refused,
+        _ => Done::Ok,
     })
 }
 
-async fn forget(inbox: &Inbox, key: &InboxKey, yes: bool, json: bool) -> Result<Done> {
+/// What refusing a live claim says: how long its lease runs, and what acting on it risks.
+fn live_claim(lease_left: Duration) -> String {
+    format!(
+        "its claim's lease runs for another {}: its worker may still be running the handler, \
+         and acting now would let another worker run the same external effect again. Nothing \
+         done: wait for the lease to run out, or --force for a worker known dead",
+        age(lease_left)
+    )
+}
+
+async fn forget(
+    inbox: &Inbox,
+    key: &InboxKey,
+    yes: bool,
+    live: LiveClaim,
+    json: bool,
+) -> Result<Done> {
     if !yes && !confirmed(key)? {
         say(
             json,
@@ -249,16 +312,23 @@ async fn forget(inbox: &Inbox, key: &InboxKey, yes: bool, json: bool) -> Result<
         );
         return Ok(Done::Declined);
     }
-    if inbox.forget(key).await? {
-        say(
-            json,
-            key,
-            "forgotten",
-            "forgotten: its next delivery is processed again",
-        );
-        Ok(Done::Ok)
-    } else {
-        not_found(key, json)
+    match inbox.forget(key, live).await? {
+        Forgotten::Deleted => {
+            let said = "forgotten: its next delivery is processed again";
+            say(json, key, "forgotten", said);
+            Ok(Done::Ok)
+        }
+        Forgotten::Absent => not_found(key, json),
+        Forgotten::Live { lease_left } => {
+            say(json, key, "live", &live_claim(lease_left));
+            Ok(Done::Refused)
+        }
+        Forgotten::Changed => {
+            let said = "the claim's lease ran out meanwhile: nothing done, look again";
+            say(json, key, "changed", said);
+            Ok(Done::Refused)
+        }
+        _ => Err("an outcome this version of idem does not know".into()),
     }
 }
 
@@ -267,7 +337,8 @@ fn confirmed(key: &InboxKey) -> Result<bool> {
     if !std::io::stdin().is_terminal() {
         return Ok(false);
     }
-    eprint!("forget {key}? its next delivery will be processed again [y/N] ");
+    let question = format!("forget {key}? its next delivery will be processed again [y/N] ");
+    std::io::stderr().write_all(question.as_bytes())?;
     std::io::stderr().flush()?;
     let mut answer = String::new();
     std::io::stdin().lock().read_line(&mut answer)?;
@@ -289,10 +360,10 @@ fn say(json: bool, key: &InboxKey, result: &str, said: &str) {
             "result": result,
             "said": said,
         });
-        println!("{about}");
+        out!("{about}");
     } else if matches!(result, "released" | "forgotten" | "completed") {
-        println!("{key}: {said}");
+        out!("{key}: {said}");
     } else {
-        eprintln!("{key}: {said}");
+        note!("{key}: {said}");
     }
 }

@@ -1,6 +1,62 @@
-//! How the command prints times, ages and tables for people.
+//! How the command prints: lines that stop quietly when their reader goes away, times, ages
+//! and tables for people.
 
+use std::fmt;
+use std::io::{ErrorKind, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Prints a line on standard output (see [`write_out`]).
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::output::write_out(format_args!($($arg)*), true) };
+}
+
+/// Prints a line on standard error (see [`write_err`]).
+macro_rules! note {
+    ($($arg:tt)*) => { $crate::output::write_err(format_args!($($arg)*), true) };
+}
+
+pub(crate) use {note, out};
+
+/// Whether standard output's reader went away: nothing more is written to it.
+static OUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Whether standard error's reader went away.
+static ERR_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Writes `text` (and a newline when `line`) on standard output. A reader that went away
+/// (`idem dlq list | head`) ends the output quietly: the command finishes what it does, and
+/// exits as it would have.
+pub(crate) fn write_out(text: fmt::Arguments<'_>, line: bool) {
+    write_to(&mut std::io::stdout().lock(), &OUT_CLOSED, text, line);
+}
+
+/// Writes `text` (and a newline when `line`) on standard error, as [`write_out`] does.
+pub(crate) fn write_err(text: fmt::Arguments<'_>, line: bool) {
+    write_to(&mut std::io::stderr().lock(), &ERR_CLOSED, text, line);
+}
+
+fn write_to(stream: &mut impl Write, closed: &AtomicBool, text: fmt::Arguments<'_>, line: bool) {
+    if closed.load(Ordering::Relaxed) {
+        return;
+    }
+    let written = stream
+        .write_fmt(text)
+        .and_then(|()| {
+            if line {
+                stream.write_all(b"\n")
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| stream.flush());
+    if let Err(error) = written {
+        // Nothing else can be said where nothing can be written.
+        if error.kind() == ErrorKind::BrokenPipe || error.kind() == ErrorKind::WriteZero {
+            closed.store(true, Ordering::Relaxed);
+        }
+    }
+}
 
 /// Milliseconds since the Unix epoch, for JSON.
 pub(crate) fn time_ms(at: SystemTime) -> u64 {
@@ -66,7 +122,7 @@ pub(crate) fn print_table(header: &[&str], rows: &[Vec<String>]) {
             .zip(&widths)
             .map(|(cell, width)| format!("{cell:<width$}"))
             .collect();
-        println!("{}", padded.join("  ").trim_end());
+        out!("{}", padded.join("  ").trim_end());
     };
     line(header.to_vec());
     for row in rows {

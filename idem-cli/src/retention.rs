@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::Done;
 use crate::inbox::Table;
+use crate::output::out;
 use crate::output::{age, print_table};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -113,7 +114,7 @@ fn rounded_up(duration: Duration) -> Duration {
 /// Runs `command` on the inbox of the database at `url`.
 pub(crate) async fn run(url: &str, command: RetentionCommand, json: bool) -> Result<Done> {
     let RetentionCommand::Advise { table, consumer } = command;
-    let inbox = crate::inbox::open(url, &table).await?;
+    let inbox = crate::inbox::open(url, &table, false).await?;
     let stats = inbox.stats(consumer.as_deref()).await?;
     let summaries = inbox.duplicate_summaries().await?;
     let advice = advice_of(&stats, summaries, consumer.as_deref());
@@ -174,7 +175,7 @@ fn print(advice: &[Advice], json: bool) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(all));
+        out!("{}", serde_json::Value::Array(all));
         return;
     }
     let shown = |duration: Option<Duration>| duration.map_or_else(|| "-".into(), age);

@@ -20,13 +20,21 @@ on_each_backend!(
     outbox_show_lists_held_runs_and_retry_lifts_them,
     runs_differing_in_case_are_told_apart,
     retention_advise_weighs_duplicates_and_late_ones,
+    reading_commands_work_with_read_only_credentials,
+    forget_spares_a_live_claim_unless_forced,
+    a_database_that_refuses_is_said_at_once,
 );
 
 /// Runs `idem args...` on `db`'s database with the inbox table `table`.
 fn idem(db: &TestDb, table: &str, args: &[&str]) -> Output {
+    idem_at(db.url(), table, args)
+}
+
+/// Runs `idem args...` on the database at `url` with the inbox table `table`.
+fn idem_at(url: &str, table: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
-        .env("DATABASE_URL", db.url())
+        .env("DATABASE_URL", url)
         .env("IDEM_INBOX_TABLE", table)
         .stdin(Stdio::null())
         .output()
@@ -135,10 +143,22 @@ async fn release_lets_the_next_delivery_take_a_stuck_claim_over(backend: Backend
         .await;
     assert_eq!(held.unwrap_err().code(), "in-progress-elsewhere");
 
-    let released = json(&idem(
+    // Its lease runs for another hour: its worker may still be at work. Refused, untouched.
+    let refused = idem(
         &db,
         &table,
         &["inbox", "release", &consumer, "o-1", "--json"],
+    );
+    assert_eq!(refused.status.code(), Some(4), "{refused:?}");
+    let said: serde_json::Value = serde_json::from_slice(&refused.stdout).unwrap();
+    assert_eq!(said["result"], "live", "{said}");
+    assert!(said["said"].as_str().unwrap().contains("--force"), "{said}");
+    assert_eq!(db.count(&table, "claim_token = 42").await, 1);
+
+    let released = json(&idem(
+        &db,
+        &table,
+        &["inbox", "release", &consumer, "o-1", "--force", "--json"],
     ));
     assert_eq!(released["result"], "released", "{released}");
     // The dead worker's token is gone: it could neither renew nor complete its claim now.
@@ -164,7 +184,7 @@ async fn release_lets_the_next_delivery_take_a_stuck_claim_over(backend: Backend
         &table,
         &["inbox", "show", &consumer, "o-1", "--json"],
     ));
-    assert_eq!(shown["status"], "Completed");
+    assert_eq!(shown["status"], "completed");
     assert_eq!(shown["attempts"], 2);
 }
 
@@ -206,6 +226,25 @@ async fn forget_asks_then_deletes_the_record(backend: Backend) {
         .unwrap();
     assert!(!again.is_duplicate(), "processed again once forgotten");
     assert_eq!(db.count(&effects, "message_key = 'o-1'").await, 2);
+}
+
+/// A key claimed by a worker whose lease still runs is not forgotten without `--force`: the
+/// worker may still be running its handler, and the next delivery would run it again beside it.
+async fn forget_spares_a_live_claim_unless_forced(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (_inbox, table) = inbox(&db).await;
+    let consumer = unique("mailer");
+    stuck_claim(&db, &table, &consumer, "m-1", Duration::from_secs(5)).await;
+    let args = ["inbox", "forget", &consumer, "m-1", "--yes", "--json"];
+    let refused = idem(&db, &table, &args);
+    assert_eq!(refused.status.code(), Some(4), "{refused:?}");
+    let said: serde_json::Value = serde_json::from_slice(&refused.stdout).unwrap();
+    assert_eq!(said["result"], "live", "{said}");
+    assert_eq!(db.count(&table, "1 = 1").await, 1, "the claim is kept");
+    let mut forced = args.to_vec();
+    forced.push("--force");
+    assert_eq!(json(&idem(&db, &table, &forced))["result"], "forgotten");
+    assert_eq!(db.count(&table, "1 = 1").await, 0);
 }
 
 async fn a_missing_record_or_table_has_its_own_exit_code(backend: Backend) {
@@ -492,4 +531,84 @@ async fn runs_differing_in_case_are_told_apart(backend: Backend) {
     assert_eq!(runs, ["run:Case", "run:case"], "{held}");
     assert_eq!(run(&["retry", "run:case"])["lifted"], 1);
     assert_eq!(run(&["show"])[0]["run"], "run:Case");
+}
+
+/// Every command that only reads works for a user that may only read (a `SELECT`-only role, a
+/// file opened read-only): nothing it runs writes, not even a probe rolled back.
+async fn reading_commands_work_with_read_only_credentials(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("billing");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    inbox
+        .process(&handler, Msg::new("o-1", "1"), &Metadata::default())
+        .await
+        .unwrap();
+    inbox.cleaner().run_once().await.unwrap();
+    let outbox_table = db.table("outbox");
+    let outbox = Outbox::builder(db.db.clone())
+        .table(outbox_table.as_str())
+        .build()
+        .await
+        .expect("outbox builds");
+    stage(&db, &outbox, &[("ex-a", Some("r-1"))]).await;
+    let reader = db.reader_url(&[&table, &outbox_table]).await;
+
+    let stats = json(&idem_at(&reader, &table, &["inbox", "stats", "--json"]));
+    assert_eq!(stats[0]["completed"], 1, "{stats}");
+    let shown = json(&idem_at(
+        &reader,
+        &table,
+        &["inbox", "show", &consumer, "o-1", "--json"],
+    ));
+    assert_eq!(shown["status"], "completed", "{shown}");
+    let advice = json(&idem_at(
+        &reader,
+        &table,
+        &["retention", "advise", "--json"],
+    ));
+    assert_eq!(advice[0]["consumer"], consumer.as_str(), "{advice}");
+    let outbox_args = ["outbox", "stats", "--table", &outbox_table, "--json"];
+    let pending = json(&idem_at(&reader, &table, &outbox_args));
+    assert_eq!(pending["pending"], 1, "{pending}");
+    let show_args = [
+        "outbox",
+        "show",
+        "run:r-1",
+        "--table",
+        &outbox_table,
+        "--json",
+    ];
+    let run = json(&idem_at(&reader, &table, &show_args));
+    assert_eq!(run.as_array().map(Vec::len), Some(1), "{run}");
+
+    // A command that writes is refused by the server, said, and changes nothing.
+    let refused = idem_at(
+        &reader,
+        &table,
+        &["inbox", "forget", &consumer, "o-1", "--yes"],
+    );
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert_eq!(db.count(&table, "1 = 1").await, 1);
+}
+
+/// A database whose port refuses connections is said at once, with the reason, not after the
+/// pool's wait as "pool timed out"; with `--json`, as a JSON object.
+async fn a_database_that_refuses_is_said_at_once(backend: Backend) {
+    let url = match backend {
+        Backend::Postgres => "postgres://postgres@127.0.0.1:1/test",
+        Backend::MySql => "mysql://root@127.0.0.1:1/test",
+        Backend::Sqlite => "sqlite:///nonexistent-dir/idem.db?mode=ro",
+    };
+    let started = std::time::Instant::now();
+    let failed = idem_at(url, "idem_inbox", &["inbox", "stats", "--json"]);
+    assert_eq!(failed.status.code(), Some(1), "{failed:?}");
+    let said: serde_json::Value = serde_json::from_slice(&failed.stdout).expect("JSON");
+    let error = said["error"].as_str().unwrap();
+    if backend != Backend::Sqlite {
+        assert!(error.contains("refused"), "{error}");
+        // A bound on the wait, not a measure of speed: the pool's own wait is 30 s.
+        assert!(started.elapsed() < Duration::from_secs(20), "{error}");
+    }
 }

@@ -12,7 +12,9 @@ use idem_rabbitmq::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use idem_rabbitmq::lapin::{BasicProperties, Channel};
 use idem_tests::proxy::Proxy;
-use idem_tests::rabbit::{amqp_addr, amqp_url, amqp_url_through, setup_channel};
+use idem_tests::rabbit::{
+    amqp_addr, amqp_url, amqp_url_through, ensure_management, setup_channel, with_id,
+};
 use idem_tests::{Fixture, Msg, TestBroker, unique};
 use serde_json::Value;
 
@@ -203,18 +205,33 @@ async fn confirming_channel() -> Channel {
     channel
 }
 
-/// Publishes `count` letters named `<prefix>-<i>` to `queue`, confirmed.
+/// Publishes `count` letters named `<prefix>-<i>` to `queue`, confirmed: every third one
+/// `undecodable`, the others `handler-error`.
 async fn publish_letters(channel: &Channel, queue: &str, prefix: &str, count: usize) {
-    for i in 0..count {
-        let mut headers = FieldTable::default();
-        let reason = if i % 3 == 0 {
+    let reason = |i: usize| {
+        if i.is_multiple_of(3) {
             "undecodable"
         } else {
             "handler-error"
-        };
+        }
+    };
+    publish_letters_of(channel, queue, prefix, count, reason).await;
+}
+
+/// Publishes `count` letters named `<prefix>-<i>` to `queue`, confirmed, the `i`th one
+/// dead-lettered for `reason(i)`.
+async fn publish_letters_of(
+    channel: &Channel,
+    queue: &str,
+    prefix: &str,
+    count: usize,
+    reason: impl Fn(usize) -> &'static str,
+) {
+    for i in 0..count {
+        let mut headers = FieldTable::default();
         headers.insert(
             idem_rabbitmq::headers::REASON.into(),
-            AMQPValue::LongString(reason.into()),
+            AMQPValue::LongString(reason(i).into()),
         );
         let properties = BasicProperties::default()
             .with_message_id(format!("{prefix}-{i}").into())
@@ -316,6 +333,7 @@ async fn run_within(command: &mut Command, limit: Duration) -> Output {
 /// and a replay to a queue that does not exist moves nothing (exit code 3).
 #[tokio::test(flavor = "multi_thread")]
 async fn listing_leaves_every_message_in_its_place() {
+    ensure_management().await;
     let broker = TestBroker::connect().await;
     let channel = confirming_channel().await;
     let quorum = unique("dlq_quorum");
@@ -339,7 +357,7 @@ async fn listing_leaves_every_message_in_its_place() {
         assert_eq!(ids(&broker.drain(queue).await), expected, "{queue}");
     }
     let missing = idem(None, &["dlq", "list", "no-such-queue-here"]);
-    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    assert_eq!(missing.status.code(), Some(3), "{missing:?}");
 }
 
 /// `replay --limit` moves that many of the asked reason, in order; a replay killed (SIGKILL)
@@ -435,7 +453,7 @@ async fn a_broker_that_never_answers_is_given_up_on() {
     let proxy = Proxy::start(&amqp_addr()).await;
     proxy.silence().await;
     let commands: [&[&str]; 2] = [
-        &["dlq", "list", "any.dlq"],
+        &["dlq", "list", "any.dlq", "--no-delivery-limit"],
         &["dlq", "replay", "any.dlq", "--to", "any"],
     ];
     for args in commands {
@@ -494,4 +512,173 @@ async fn a_replay_cut_from_the_broker_loses_nothing() {
     let expected: Vec<String> = (0..LETTERS).map(|i| format!("c-{i}")).collect();
     let left = interrupted_between(&broker, &dlq, &target, LETTERS).await;
     finish_and_count(&broker, &dlq, &target, left, &expected).await;
+}
+
+/// A quorum dead-letter queue with a delivery limit: a look would return every letter it read,
+/// which the broker counts toward the limit, and drops a letter past it. `list`, `--dry-run` and
+/// a replay that skips letters refuse, naming the limit (exit 4); after ten lists every letter
+/// is there, never delivered. The quorum dead-letter queues idem declares have no limit: they
+/// are listed as often as asked.
+#[tokio::test(flavor = "multi_thread")]
+async fn looking_never_brings_a_letter_closer_to_being_dropped() {
+    ensure_management().await;
+    let broker = TestBroker::connect().await;
+    let limited = unique("dlq_limited");
+    broker.declare_quorum_queue(&limited, &[], 3).await;
+    let channel = confirming_channel().await;
+    publish_letters(&channel, &limited, "d", 5).await;
+    let target = unique("dlq_limited_target");
+    broker.declare_queue(&target, &[]).await;
+
+    let looks: [&[&str]; 3] = [
+        &["dlq", "list", &limited],
+        &["dlq", "replay", &limited, "--to", &target, "--dry-run"],
+        &[
+            "dlq",
+            "replay",
+            &limited,
+            "--to",
+            &target,
+            "--reason",
+            "undecodable",
+        ],
+    ];
+    for _ in 0..10 {
+        for look in looks {
+            let refused = idem(None, look);
+            assert_eq!(refused.status.code(), Some(4), "{look:?}: {refused:?}");
+            let said = String::from_utf8_lossy(&refused.stderr);
+            assert!(said.contains("delivery limit of 3"), "{said}");
+        }
+    }
+    let letters = broker.drain(&limited).await;
+    assert_eq!(ids(&letters), ["d-0", "d-1", "d-2", "d-3", "d-4"]);
+    for letter in &letters {
+        let count = letter.headers.get("x-delivery-count").map(String::as_str);
+        assert!(matches!(count, None | Some("0")), "looked at: {count:?}");
+    }
+    assert_eq!(broker.depth(&target).await, 0);
+
+    // idem's own quorum dead-letter queue.
+    let ours = broker.quorum_queue();
+    broker.declare(&ours).await;
+    let dlq = ours.dead_letter_queue();
+    publish_letters(&channel, dlq, "o", 5).await;
+    for _ in 0..10 {
+        let listed = json(&idem(None, &["dlq", "list", dlq, "--json"]));
+        assert_eq!(listed["messages"], 5, "{listed}");
+    }
+    assert_eq!(broker.depth(dlq).await, 5);
+}
+
+/// Two replays of one dead-letter queue at once, each of its own reason: neither ends saying
+/// it did everything when it did not. One that could not move every letter asked for says so
+/// and exits non-zero; run again, it moves the rest, and every letter ends moved once.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_replays_never_end_in_part_saying_done() {
+    const LETTERS: usize = 1_500;
+    ensure_management().await;
+    let broker = TestBroker::connect().await;
+    let dlq = unique("dlq_two");
+    let target = unique("dlq_two_target");
+    broker.declare_queue(&dlq, &[]).await;
+    broker.declare_queue(&target, &[]).await;
+    let reason = |i: usize| if i.is_multiple_of(2) { "a" } else { "b" };
+    publish_letters_of(&confirming_channel().await, &dlq, "t", 2 * LETTERS, reason).await;
+
+    let replay = |reason: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+        command
+            .args([
+                "dlq", "replay", &dlq, "--to", &target, "--reason", reason, "--json",
+            ])
+            .env("AMQP_URL", amqp_url());
+        command
+    };
+    let (mut a, mut b) = (replay("a"), replay("b"));
+    let (first, second) = tokio::join!(
+        run_within(&mut a, Duration::from_secs(120)),
+        run_within(&mut b, Duration::from_secs(120)),
+    );
+    let mut unfinished = Vec::new();
+    for (reason, output) in [("a", &first), ("b", &second)] {
+        if output.status.success() {
+            let done = json(output);
+            assert_eq!(
+                done["moved"], LETTERS,
+                "exit 0 means all of {reason}: {done}"
+            );
+        } else {
+            let code = output.status.code();
+            assert!(matches!(code, Some(4 | 5)), "{reason}: {output:?}");
+            let said =
+                String::from_utf8_lossy(&output.stdout) + String::from_utf8_lossy(&output.stderr);
+            assert!(
+                said.contains("another replay") || said.contains("could not be read"),
+                "{reason} says why: {output:?}"
+            );
+            unfinished.push(reason);
+        }
+    }
+    for reason in unfinished {
+        let again = run_within(&mut replay(reason), Duration::from_secs(120)).await;
+        assert!(again.status.success(), "{reason} again: {again:?}");
+    }
+    assert_eq!(broker.depth(&dlq).await, 0);
+    let mut moved = ids(&broker.drain(&target).await);
+    moved.sort();
+    moved.dedup();
+    assert_eq!(moved.len(), 2 * LETTERS, "every letter moved");
+}
+
+/// A letter whose `x-idem-queue` names another queue than the replay's target is moved as asked,
+/// and said: its consumer reads another queue.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_to_another_queue_than_the_letters_says_so() {
+    ensure_management().await;
+    let broker = TestBroker::connect().await;
+    let dlq = unique("dlq_elsewhere");
+    let target = unique("dlq_elsewhere_target");
+    broker.declare_queue(&dlq, &[]).await;
+    broker.declare_queue(&target, &[]).await;
+    let options = with_id("e-1").header(idem_rabbitmq::headers::QUEUE, "billing.orders");
+    broker.send_bytes(&dlq, b"{}", options).await;
+    let moved = idem(None, &["dlq", "replay", &dlq, "--to", &target, "--json"]);
+    assert_eq!(json(&moved)["moved"], 1, "{moved:?}");
+    let said = String::from_utf8_lossy(&moved.stderr);
+    assert!(said.contains("billing.orders"), "{said}");
+    assert_eq!(json(&moved)["other_queue"], 1, "{moved:?}");
+}
+
+/// `idem dlq list | ...` whose reader goes away ends quietly: no panic, its usual exit code;
+/// a failure with `--json` is one JSON object on standard output.
+#[tokio::test(flavor = "multi_thread")]
+async fn output_to_a_closed_pipe_and_failures_in_json() {
+    ensure_management().await;
+    let broker = TestBroker::connect().await;
+    let dlq = unique("dlq_pipe");
+    broker.declare_queue(&dlq, &[]).await;
+    publish_letters(&confirming_channel().await, &dlq, "p", 30).await;
+    let script = r#""$IDEM" dlq list "$QUEUE" --samples 30 | true; exit "${PIPESTATUS[0]}""#;
+    let piped = Command::new("bash")
+        .args(["-c", script])
+        .env("IDEM", env!("CARGO_BIN_EXE_idem"))
+        .env("QUEUE", &dlq)
+        .env("AMQP_URL", amqp_url())
+        .output()
+        .unwrap();
+    assert_eq!(piped.status.code(), Some(0), "{piped:?}");
+    assert!(piped.stderr.is_empty(), "{piped:?}");
+    assert_eq!(broker.depth(&dlq).await, 30);
+
+    let failed = idem(None, &["dlq", "list", "no-such-queue-here", "--json"]);
+    assert_eq!(failed.status.code(), Some(3), "{failed:?}");
+    let said: Value = serde_json::from_slice(&failed.stdout).expect("JSON on stdout");
+    assert!(
+        said["error"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-queue-here"),
+        "{said}"
+    );
 }

@@ -93,7 +93,7 @@ pub use publisher::{PublishOptions, Publisher, PublisherBuilder};
 pub use queue_kind::QueueKind;
 pub use relay::{MAX_RELAY_BATCH, Relay, RelayBuilder, RelayHandle, RelayStats};
 pub use tls::{TlsError, TlsSettings};
-pub use topology::{ExchangeBinding, QueueTopology};
+pub use topology::{ExchangeBinding, QueueTopology, queue_kind};
 pub use url::{AmqpUrl, redact_url};
 
 /// lapin, re-exported so applications name the same types.

@@ -508,6 +508,20 @@ impl QueueTopology {
     }
 }
 
+/// The type of the existing queue `queue` on the broker at `url`, told over AMQP alone (see
+/// [`QueueTopology::existing`]): on a connection of its own named `connection_name`, a
+/// consumer on a channel with a global prefetch, which only a quorum queue refuses. On a
+/// classic queue that consumer exists for an instant, at the lowest priority; a message it may
+/// receive goes back to its place when the connection closes.
+///
+/// # Errors
+///
+/// The broker cannot be reached, has no such queue, or refuses the global prefetch itself.
+pub async fn queue_kind(url: &AmqpUrl, queue: &str, connection_name: &str) -> Result<QueueKind> {
+    let topology = QueueTopology::existing(queue, "");
+    topology.broker_kind(url, connection_name).await
+}
+
 /// Whether the broker refused a consumer because its queue does not support a global prefetch,
 /// as quorum (and stream) queues do.
 fn refuses_global_prefetch(error: &lapin::Error) -> bool {

@@ -232,13 +232,14 @@ pub use context::Context;
 pub use error::{ConfigError, Error, Result};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use handler::{Handler, Mode, Outcome};
-pub use inbox::{BatchChecks, ConsumerStats, Inbox, InboxBuilder, Released};
+pub use inbox::{BatchChecks, ConsumerStats, Forgotten, Inbox, InboxBuilder, Released};
 pub use key::{ConsumerName, InboxKey, KeyError, MessageKey};
 pub use metadata::Metadata;
 pub use outbox::{Outbound, Outbox, OutboxBuilder, OutboxMessage, StagingError, derived_id};
 pub use report::Report;
 pub use retention::{RedeliveryWindow, RetentionPolicy};
 pub use slice::{SliceContext, SliceHandler};
+pub use store::LiveClaim;
 pub use telemetry::DuplicateSummary;
 
 #[cfg(feature = "macros")]

@@ -234,6 +234,46 @@ impl TestDb {
         }
     }
 
+    /// A URL on the same database for a user that may only read `tables` (and their companion
+    /// tables, where they exist), as an operator's read-only credentials give: a role granted
+    /// `SELECT` on PostgreSQL and MariaDB, the file opened read-only on SQLite.
+    pub async fn reader_url(&self, tables: &[&str]) -> String {
+        const READER: &str = "idem_reader";
+        let grants = tables.iter().flat_map(|table| {
+            ["", "_duplicates", "_digest"].map(|suffix| format!("{table}{suffix}"))
+        });
+        match self.backend {
+            Backend::Sqlite => self.url.replace("mode=rwc", "mode=ro"),
+            Backend::Postgres => {
+                // Tests run side by side: a concurrent creation of the role is as good.
+                let create = format!("CREATE ROLE {READER} LOGIN");
+                let _ = self.db.execute_unprepared(&create).await;
+                for table in grants {
+                    let grant = format!("GRANT SELECT ON {table} TO {READER}");
+                    // A companion table that was never made has nothing to grant.
+                    let _ = self.db.execute_unprepared(&grant).await;
+                }
+                let url = url::Url::parse(&self.url).expect("a URL");
+                let mut reader = url.clone();
+                reader.set_username(READER).expect("a user");
+                reader.set_password(None).expect("no password");
+                reader.to_string()
+            }
+            Backend::MySql => {
+                let create = format!("CREATE USER IF NOT EXISTS '{READER}'@'%'");
+                self.exec(&create).await;
+                for table in grants {
+                    let grant = format!("GRANT SELECT ON {table} TO '{READER}'@'%'");
+                    let _ = self.db.execute_unprepared(&grant).await;
+                }
+                let mut reader = url::Url::parse(&self.url).expect("a URL");
+                reader.set_username(READER).expect("a user");
+                reader.set_password(None).expect("no password");
+                reader.to_string()
+            }
+        }
+    }
+
     /// Counts the rows of `table` matching `filter` (a SQL condition, `1=1` for all).
     pub async fn count(&self, table: &str, filter: &str) -> i64 {
         count_on(&self.db, table, filter).await

@@ -36,6 +36,43 @@ pub fn amqp_url_through(proxy: &Proxy) -> String {
     format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port())
 }
 
+/// The broker's management API for tests: `IDEM_TEST_MANAGEMENT_URL`, default
+/// `http://127.0.0.1:15672`.
+pub fn management_url() -> String {
+    std::env::var("IDEM_TEST_MANAGEMENT_URL")
+        .unwrap_or_else(|_| "http://127.0.0.1:15672".to_owned())
+}
+
+/// Makes sure the broker's management API answers: on the local broker, its plugin is enabled
+/// when it is not (a fresh machine has it off), and waited for. Fails the test when it cannot be.
+pub async fn ensure_management() {
+    let address = management_url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let answers = || tokio::net::TcpStream::connect(address.clone());
+    if answers().await.is_ok() {
+        return;
+    }
+    let enabled = tokio::process::Command::new("rabbitmq-plugins")
+        .args(["enable", "--quiet", "rabbitmq_management"])
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("rabbitmq-plugins cannot run: {e}"));
+    assert!(
+        enabled.status.success(),
+        "enabling the management plugin failed: {enabled:?}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while answers().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the management API at {address} did not come up"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Publish options with the message id `id`.
 pub fn with_id(id: &str) -> PublishOptions {
     PublishOptions::default().message_id(id)

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::{
-    ConfigError, Error, Inbox, Metadata, Outcome, RedeliveryWindow, RetentionPolicy,
+    ConfigError, Error, Forgotten, Inbox, LiveClaim, Metadata, Outcome, RedeliveryWindow,
+    RetentionPolicy,
     transport::{Settle, Status},
 };
 use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
@@ -501,7 +502,9 @@ async fn two_phase_max_takeovers_needs_intervention(backend: Backend) {
     assert_eq!(hanging.attempts(), vec![1, 2]);
 
     // An operator reconciles and forgets the key: the next delivery is processed.
-    assert!(inbox.forget(&inbox_key("mailer", "mail-9")).await.unwrap());
+    let key = inbox_key("mailer", "mail-9");
+    let forgotten = inbox.forget(&key, LiveClaim::Refuse).await.unwrap();
+    assert_eq!(forgotten, Forgotten::Deleted);
     let quick = Recorder::new(&db, &effects, "mailer").two_phase(lease);
     assert!(
         !inbox

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::{
-    BatchChecks, ConfigError, Context, Error, Fingerprint, FingerprintError, Handler, Inbox,
-    KeyError, MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, StagingError,
-    derived_id, idempotent, transport::BatchItem,
+    BatchChecks, ConfigError, Context, Error, Fingerprint, FingerprintError, Forgotten, Handler,
+    Inbox, KeyError, LiveClaim, MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage,
+    Outcome, StagingError, derived_id, idempotent, transport::BatchItem,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
 
@@ -229,7 +229,13 @@ async fn a_replay_after_the_record_is_gone_stages_the_same_ids_once(backend: Bac
     let msg = Msg::new("o-1", "a");
     let first = inbox.process(&handler, msg.clone(), &meta()).await.unwrap();
     // The record expired, or an operator resubmitted the message from the dead-letter queue.
-    assert!(inbox.forget(&inbox_key(CONSUMER, "o-1")).await.unwrap());
+    assert_eq!(
+        inbox
+            .forget(&inbox_key(CONSUMER, "o-1"), LiveClaim::Override)
+            .await
+            .unwrap(),
+        Forgotten::Deleted
+    );
     let replay = inbox.process(&handler, msg, &meta()).await.unwrap();
     assert_eq!(replay, Outcome::Processed(first.into_inner()));
     assert_eq!(db.count(outbox.table().as_str(), "1=1").await, 2);

@@ -15,8 +15,8 @@ use idem_runtime::sea_orm::{
     Statement, TransactionTrait,
 };
 use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
-    OutboxMessage, StagingError, derived_id,
+    Context, Fingerprint, FingerprintError, Forgotten, Handler, Inbox, KeyError, LiveClaim,
+    MessageKey, Metadata, Outbox, OutboxMessage, StagingError, derived_id,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend};
 
@@ -218,7 +218,8 @@ async fn a_staging_that_failed_uses_up_no_position(backend: Backend) {
         .unwrap()
         .into_inner();
     assert_eq!(first, derived_id(&key, 0));
-    assert!(inbox.forget(&key).await.unwrap());
+    let forgotten = inbox.forget(&key, LiveClaim::Refuse).await.unwrap();
+    assert_eq!(forgotten, Forgotten::Deleted);
     let replayed = inbox
         .process(&Restager, Msg::new("o-1", "clean"), &Metadata::default())
         .await

@@ -7,12 +7,14 @@ use idem_rabbitmq::lapin::message::Delivery;
 use idem_rabbitmq::lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions,
 };
+use idem_rabbitmq::lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use idem_rabbitmq::lapin::{Channel, Connection};
 use idem_rabbitmq::{AmqpUrl, headers, lapin};
 use serde_json::json;
 
 use super::{QueueArgs, Result, answered};
+use crate::output::note;
 
 /// How long closing the channel, then the connection, is waited for.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -28,6 +30,8 @@ pub(super) struct Letter {
     pub(super) detail: Option<String>,
     pub(super) consumer: Option<String>,
     pub(super) key: Option<String>,
+    /// The queue its consumer reads (`x-idem-queue`).
+    pub(super) queue: Option<String>,
     pub(super) dead_lettered_at: Option<SystemTime>,
     /// The start of its body.
     pub(super) sample: String,
@@ -56,6 +60,7 @@ impl Letter {
             detail: text(headers::DETAIL),
             consumer: text(headers::CONSUMER),
             key: text(headers::KEY),
+            queue: text(headers::QUEUE),
             dead_lettered_at: at,
             sample: String::from_utf8_lossy(&delivery.data)
                 .chars()
@@ -77,7 +82,7 @@ impl Letter {
 /// A dead-letter queue read with `basic.get`, nothing acknowledged unless moved: what is left
 /// unacknowledged goes back in its place when the browse is closed (or its connection dies).
 pub(super) struct Browse {
-    connection: Connection,
+    pub(super) connection: Connection,
     pub(super) channel: Channel,
     pub(super) queue: String,
     reason: Option<String>,
@@ -91,6 +96,9 @@ pub(super) struct Browse {
     held: Option<u64>,
     /// The delivery [`Browse::next`] returned last, until it is acknowledged or the next taken.
     returned: Option<u64>,
+    /// Letters that were in the queue at its opening and could not be read: another client
+    /// held them (a concurrent look or replay), or they went meanwhile.
+    pub(super) unread: u32,
 }
 
 impl Browse {
@@ -104,7 +112,7 @@ impl Browse {
         let channel = answered(limit, "opening a channel", opening).await?;
         let counting = async {
             let counted = message_count(&channel, &args.queue).await;
-            counted.map_err(|error| format!("no queue {} on the broker: {error}", args.queue))
+            counted.map_err(|error| no_queue(&args.queue, &error))
         };
         let count = answered(limit, "reading the queue's depth", counting).await?;
         Ok(Self {
@@ -116,6 +124,7 @@ impl Browse {
             limit,
             held: None,
             returned: None,
+            unread: 0,
         })
     }
 
@@ -127,6 +136,9 @@ impl Browse {
             let options = BasicGetOptions { no_ack: false };
             let getting = self.channel.basic_get(self.queue.as_str().into(), options);
             let Some(got) = answered(self.limit, "reading a message", getting).await? else {
+                // The queue ran dry before every letter it held at the opening was read.
+                self.unread = self.count + 1;
+                self.count = 0;
                 return Ok(None);
             };
             let delivery = got.delivery;
@@ -187,16 +199,31 @@ impl Browse {
             };
             match tokio::time::timeout(CLOSE_TIMEOUT, giving_back).await {
                 Ok(Ok(())) => {}
-                Ok(Err(error)) => eprintln!("idem: giving back the messages not moved: {error}"),
+                Ok(Err(error)) => note!("idem: giving back the messages not moved: {error}"),
                 Err(_) => {
-                    eprintln!("idem: the broker did not close the channel within {CLOSE_TIMEOUT:?}")
+                    note!("idem: the broker did not close the channel within {CLOSE_TIMEOUT:?}")
                 }
             }
         }
         let closing = idem_rabbitmq::close_within(&self.connection, "done", CLOSE_TIMEOUT);
         if let Err(error) = closing.await {
-            eprintln!("idem: {error}");
+            note!("idem: {error}");
         }
+    }
+}
+
+/// The failure of a look at `queue` the broker answered with `error`: that it has no such
+/// queue (exit 3), or the broker's error.
+pub(super) fn no_queue(queue: &str, error: &lapin::Error) -> Box<dyn std::error::Error> {
+    let missing = matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    );
+    if missing {
+        Box::new(crate::NotFound(format!("no queue {queue} on the broker")))
+    } else {
+        format!("reading the queue {queue}: {error}").into()
     }
 }
 

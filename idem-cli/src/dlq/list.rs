@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::browse::Letter;
+use crate::output::out;
 use crate::output::{print_table, time};
 
 /// Letters counted by reason as they are read, with the first and last of each and the first
@@ -59,7 +60,8 @@ impl Reasons {
         }
     }
 
-    pub(super) fn print(&self, queue: &str, json: bool) {
+    /// Prints the counts of `queue`; `unread` letters it held could not be read.
+    pub(super) fn print(&self, queue: &str, unread: u32, json: bool) {
         if json {
             let reasons: Vec<_> = self
                 .groups
@@ -78,11 +80,16 @@ impl Reasons {
                     })
                 })
                 .collect();
-            let all = json!({"queue": queue, "messages": self.total, "reasons": reasons});
-            println!("{all}");
+            let all = json!({
+                "queue": queue,
+                "messages": self.total,
+                "unread": unread,
+                "reasons": reasons,
+            });
+            out!("{all}");
             return;
         }
-        println!("{queue}: {} messages", self.total);
+        out!("{queue}: {} messages", self.total);
         if self.groups.is_empty() {
             return;
         }
@@ -101,12 +108,12 @@ impl Reasons {
             .collect();
         print_table(&["reason", "messages", "first", "last"], &rows);
         for (reason, group) in &self.groups {
-            println!("\n{reason}:");
+            out!("\n{reason}:");
             for letter in &group.samples {
                 let id = letter.message_id.as_deref().unwrap_or("-");
-                println!("  {id}: {}", letter.sample);
+                out!("  {id}: {}", letter.sample);
                 if let Some(detail) = &letter.detail {
-                    println!("    {detail}");
+                    out!("    {detail}");
                 }
             }
         }

@@ -6,18 +6,24 @@
 //! when the command ends (or dies). A moved message is acknowledged only once the broker
 //! confirmed its copy: a command killed in between leaves it in both queues (at least once;
 //! the inbox takes the second copy as a duplicate), never in neither.
+//!
+//! A quorum queue counts each letter given back toward its delivery limit, and drops a letter
+//! past it: a look that gives letters back first reads the queue's limit from the management API
+//! (`guard.rs`) and refuses a queue that has one. Replays of one queue take turns.
 
 mod browse;
+mod guard;
 mod list;
+mod management;
 mod replay;
 
 use std::error::Error;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
-use idem_runtime::Inbox;
 
 use crate::Done;
+use crate::output::note;
 use browse::Browse;
 use list::Reasons;
 use replay::{Progress, dry_run, replay};
@@ -28,8 +34,8 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 #[derive(Debug, Subcommand)]
 pub(crate) enum DlqCommand {
     /// Counts a dead-letter queue's messages by reason (`x-idem-reason`), with the first and
-    /// last of each and sample bodies. Every message stays in its place. (On a quorum queue,
-    /// RabbitMQ before 4.3 counts each listing as a delivery, against its delivery limit.)
+    /// last of each and sample bodies. Every message stays in its place. A quorum queue with a
+    /// delivery limit is refused (exit 4): each look would bring its letters closer to it.
     List {
         #[command(flatten)]
         queue: QueueArgs,
@@ -38,7 +44,9 @@ pub(crate) enum DlqCommand {
         samples: usize,
     },
     /// Moves messages to the queue TARGET (through the default exchange), one at a time: each
-    /// is acknowledged once the broker confirmed its copy. The others stay in their places.
+    /// is acknowledged once the broker confirmed its copy. The others stay in their places. One
+    /// replay of a queue runs at a time (another is refused, exit 4); one that could not read
+    /// every message the queue held at its start says so (exit 5).
     Replay {
         #[command(flatten)]
         queue: QueueArgs,
@@ -80,6 +88,16 @@ pub(crate) struct QueueArgs {
     /// for before the command gives up; what it holds goes back to the queue.
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub(super) timeout: u64,
+    /// The broker's management API, which tells a queue's type and delivery limit (default:
+    /// http://<the first node's host>:15672, asked with the AMQP URL's user, which needs the
+    /// monitoring or management tag).
+    #[arg(long, env = "RABBITMQ_MANAGEMENT_URL", value_name = "URL")]
+    pub(super) management_url: Option<String>,
+    /// Takes the queue to have no delivery limit without asking the management API: for a
+    /// broker whose API cannot be read, by an operator who checked the queue's arguments and
+    /// policies.
+    #[arg(long)]
+    pub(super) no_delivery_limit: bool,
 }
 
 impl QueueArgs {
@@ -115,6 +133,7 @@ pub(crate) async fn run(
 ) -> Result<Done> {
     match command {
         DlqCommand::List { queue, samples } => {
+            guard::returns_are_free(&queue).await?;
             let mut browse = Browse::open(&queue).await?;
             let mut reasons = Reasons::new(samples);
             let progress = Progress::new("read", browse.count);
@@ -127,10 +146,11 @@ pub(crate) async fn run(
             }
             .await;
             progress.finish();
+            let unread = browse.unread;
             browse.close().await;
             read?;
-            reasons.print(&queue.queue, json);
-            Ok(Done::Ok)
+            reasons.print(&queue.queue, unread, json);
+            Ok(said_unread(unread))
         }
         DlqCommand::Replay {
             queue,
@@ -139,26 +159,39 @@ pub(crate) async fn run(
             dry_run: true,
             table,
         } => {
+            guard::returns_are_free(&queue).await?;
             let inbox = match database_url {
-                Some(url) => Some(open_inbox(url, &table).await?),
+                Some(url) => Some(crate::inbox::open_table(url, &table, false).await?),
                 None => None,
             };
             let mut browse = Browse::open(&queue).await?;
             let letters = browse.read(limit).await;
+            let unread = browse.unread;
             browse.close().await;
-            dry_run(&to, &letters?, inbox.as_ref(), json).await
+            dry_run(&to, &letters?, inbox.as_ref(), json).await?;
+            Ok(said_unread(unread))
         }
         DlqCommand::Replay {
             queue, to, limit, ..
-        } => replay(&queue, &to, limit, json).await,
+        } => {
+            if queue.reason.is_some() {
+                // The letters of other reasons are given back.
+                guard::returns_are_free(&queue).await?;
+            }
+            replay(&queue, &to, limit, json).await
+        }
     }
 }
 
-async fn open_inbox(url: &str, table: &str) -> Result<Inbox> {
-    let db = crate::connect(url).await?;
-    Ok(Inbox::builder(db)
-        .table(table)
-        .create_table(false)
-        .build()
-        .await?)
+/// Says, when letters the queue held at the start could not be read (another client held
+/// them), that the command did what it was asked in part only.
+fn said_unread(unread: u32) -> Done {
+    if unread == 0 {
+        return Done::Ok;
+    }
+    note!(
+        "idem: {unread} messages the queue held at the start could not be read: another \
+         client (a replay, a listing, a consumer) held them. Run the command again once it is done"
+    );
+    Done::Partly
 }

@@ -1,7 +1,8 @@
 //! `idem dlq replay`: letters moved to a queue one at a time with publisher confirms, or for a
 //! dry run, checked against the inbox.
 
-use std::io::{IsTerminal, Write};
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::time::SystemTime;
 
 use idem_rabbitmq::lapin;
@@ -12,10 +13,11 @@ use idem_runtime::transport::{InboxRecord, Status};
 use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey};
 use serde_json::json;
 
-use super::browse::{Browse, Letter, message_count};
-use super::{QueueArgs, Result, answered, unanswered};
+use super::browse::{Browse, Letter, message_count, no_queue};
+use super::{QueueArgs, Result, answered, guard};
 use crate::Done;
 use crate::output::print_table;
+use crate::output::{note, out};
 
 /// The header a replayed copy carries: the dead-letter queue it came from.
 const REPLAYED_FROM: &str = "x-idem-replayed-from";
@@ -37,7 +39,7 @@ pub(super) async fn dry_run(
     letters: &[Letter],
     inbox: Option<&Inbox>,
     json: bool,
-) -> Result<Done> {
+) -> Result<()> {
     let mut rows = Vec::with_capacity(letters.len());
     for letter in letters {
         let verdict = match inbox {
@@ -61,14 +63,15 @@ pub(super) async fn dry_run(
                     "reason": letter.reason,
                     "consumer": letter.consumer,
                     "key": letter.key,
+                    "queue": letter.queue,
                     "inbox": verdict,
                 })
             })
             .collect();
-        println!("{}", json!({"to": target, "messages": all}));
-        return Ok(Done::Ok);
+        out!("{}", json!({"to": target, "messages": all}));
+        return Ok(());
     }
-    println!("would move {} messages to {target}:", rows.len());
+    out!("would move {} messages to {target}:", rows.len());
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|(letter, verdict)| {
@@ -81,7 +84,17 @@ pub(super) async fn dry_run(
         })
         .collect();
     print_table(&["message id", "reason", "key", "inbox"], &table);
-    Ok(Done::Ok)
+    let others = letters
+        .iter()
+        .filter(|letter| letter.queue.as_deref().is_some_and(|queue| queue != target))
+        .count();
+    if others > 0 {
+        note!(
+            "idem: {others} of these messages were dead-lettered by a consumer of another queue \
+             than {target} (x-idem-queue)"
+        );
+    }
+    Ok(())
 }
 
 fn inbox_key(letter: &Letter) -> Option<InboxKey> {
@@ -92,7 +105,9 @@ fn inbox_key(letter: &Letter) -> Option<InboxKey> {
 }
 
 /// Moves the letters of the asked reason to `target`, one at a time: each copy published with
-/// its properties and confirmed, then the original acknowledged.
+/// its properties and confirmed, then the original acknowledged. Prints what it moved, and
+/// anything that stopped it; a replay that could not read every letter the queue held at its
+/// start ends in part.
 pub(super) async fn replay(
     args: &QueueArgs,
     target: &str,
@@ -100,32 +115,16 @@ pub(super) async fn replay(
     json: bool,
 ) -> Result<Done> {
     let mut browse = Browse::open(args).await?;
-    let step_limit = browse.limit;
-    let counting = message_count(&browse.channel, target);
-    match tokio::time::timeout(step_limit, counting).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(error)) => {
-            browse.close().await;
-            eprintln!("idem: no queue {target} on the broker: {error}");
-            return Ok(Done::NotFound);
-        }
-        Err(_) => {
-            browse.close().await;
-            return Err(unanswered(step_limit, "checking the target queue"));
-        }
-    }
-    let confirming = browse
-        .channel
-        .confirm_select(ConfirmSelectOptions::default());
-    if let Err(error) = answered(step_limit, "turning publisher confirms on", confirming).await {
+    let prepared = prepare(&browse, target).await;
+    if let Err(error) = prepared {
         browse.close().await;
         return Err(error);
     }
-    let total = browse.count;
-    let progress = Progress::new("moved", total);
-    let mut moved = 0u64;
+    let step_limit = browse.limit;
+    let progress = Progress::new("moved", browse.count);
+    let mut moved = Moved::default();
     let outcome = loop {
-        if limit.is_some_and(|limit| moved >= limit) {
+        if limit.is_some_and(|limit| moved.count >= limit) {
             break Ok(());
         }
         let (delivery, letter) = match browse.next().await {
@@ -138,17 +137,81 @@ pub(super) async fn replay(
             let id = letter.message_id.as_deref().unwrap_or("-");
             break Err(format!("message {id} was not moved: {error}").into());
         }
-        moved += 1;
-        progress.show(moved);
+        moved.add(&letter, target);
+        progress.show(moved.count);
     };
     progress.finish();
+    let unread = browse.unread;
     browse.close().await;
+    moved.warn_of_other_queues(target);
     if json {
-        println!("{}", json!({"moved": moved, "to": target}));
+        let mut report = json!({
+            "moved": moved.count,
+            "to": target,
+            "other_queue": moved.other_queue,
+            "unread": unread,
+        });
+        if let Err(error) = &outcome {
+            report["error"] = json!(error.to_string());
+        }
+        out!("{report}");
     } else {
-        println!("moved {moved} messages from {} to {target}", args.queue);
+        out!(
+            "moved {} messages from {} to {target}",
+            moved.count,
+            args.queue
+        );
     }
-    outcome.map(|()| Done::Ok)
+    match outcome {
+        Ok(()) => Ok(super::said_unread(unread)),
+        // Said on standard output with what was moved.
+        Err(error) => Err(Box::new(crate::Reported(error.to_string()))),
+    }
+}
+
+/// Before a replay moves anything: the replay lock taken, the target queue there, publisher
+/// confirms on.
+async fn prepare(browse: &Browse, target: &str) -> Result<()> {
+    let step_limit = browse.limit;
+    guard::take_replay_lock(&browse.connection, &browse.queue, step_limit).await?;
+    let counting = async {
+        let counted = message_count(&browse.channel, target).await;
+        counted.map_err(|error| no_queue(target, &error))
+    };
+    answered(step_limit, "checking the target queue", counting).await?;
+    let confirming = browse
+        .channel
+        .confirm_select(ConfirmSelectOptions::default());
+    answered(step_limit, "turning publisher confirms on", confirming).await
+}
+
+/// What a replay moved: how many, and the queues other than the target that their consumers
+/// read (`x-idem-queue`), with how many of each.
+#[derive(Default)]
+struct Moved {
+    count: u64,
+    other_queue: u64,
+    others: BTreeMap<String, u64>,
+}
+
+impl Moved {
+    fn add(&mut self, letter: &Letter, target: &str) {
+        self.count += 1;
+        if let Some(queue) = letter.queue.as_deref().filter(|queue| *queue != target) {
+            self.other_queue += 1;
+            *self.others.entry(queue.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// Says, on standard error, which moved letters came from a consumer of another queue.
+    fn warn_of_other_queues(&self, target: &str) {
+        for (queue, count) in &self.others {
+            note!(
+                "idem: {count} of the messages moved to {target} were dead-lettered by a \
+                 consumer of {queue} (x-idem-queue): the consumers of {target} may not read them"
+            );
+        }
+    }
 }
 
 /// Publishes a copy of `delivery` to `target` and waits for the broker's confirm; then
@@ -218,14 +281,16 @@ impl Progress {
 
     pub(super) fn show(&self, done: u64) {
         if self.shown && (done.is_multiple_of(50) || done == u64::from(self.total)) {
-            eprint!("\r{} {done} of at most {}", self.verb, self.total);
-            let _ = std::io::stderr().flush();
+            crate::output::write_err(
+                format_args!("\r{} {done} of at most {}", self.verb, self.total),
+                false,
+            );
         }
     }
 
     pub(super) fn finish(&self) {
         if self.shown {
-            eprintln!();
+            note!("");
         }
     }
 }

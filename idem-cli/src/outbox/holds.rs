@@ -9,6 +9,7 @@ use serde_json::json;
 use super::Result;
 use crate::Done;
 use crate::output::{age, print_table};
+use crate::output::{note, out};
 
 /// A run, or a message of no run.
 #[derive(Debug, ClapArgs)]
@@ -46,7 +47,10 @@ pub(super) async fn show(
     };
     let rows = outbox.pending_of(&subject, limit).await?;
     if rows.is_empty() {
-        eprintln!("idem: nothing of {} is pending", shown(&subject));
+        if json {
+            out!("[]");
+        }
+        note!("idem: nothing of {} is pending", shown(&subject));
         return Ok(Done::NotFound);
     }
     if json {
@@ -63,7 +67,7 @@ pub(super) async fn show(
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(all));
+        out!("{}", serde_json::Value::Array(all));
         return Ok(Done::Ok);
     }
     let table: Vec<Vec<String>> = rows
@@ -109,11 +113,11 @@ fn print_held(held: &[HeldRun], json: bool) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(all));
+        out!("{}", serde_json::Value::Array(all));
         return;
     }
     if held.is_empty() {
-        println!("no run is held back");
+        out!("no run is held back");
         return;
     }
     let rows: Vec<Vec<String>> = held
@@ -138,12 +142,12 @@ fn print_held(held: &[HeldRun], json: bool) {
 pub(super) async fn retry(outbox: &Outbox, subject: &HeldSubject, json: bool) -> Result<Done> {
     let lifted = outbox.lift_holds(subject).await?;
     if json {
-        println!("{}", json!({ "lifted": lifted }));
+        out!("{}", json!({ "lifted": lifted }));
     } else if lifted > 0 {
-        println!("lifted the hold of {lifted} messages of {}", shown(subject));
+        out!("lifted the hold of {lifted} messages of {}", shown(subject));
     }
     if lifted == 0 {
-        eprintln!("idem: nothing of {} is held", shown(subject));
+        note!("idem: nothing of {} is held", shown(subject));
         return Ok(Done::NotFound);
     }
     Ok(Done::Ok)

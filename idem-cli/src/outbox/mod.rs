@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::Done;
 use crate::output::{age, print_table};
+use crate::output::{note, out};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -71,7 +72,7 @@ pub(crate) async fn run(url: &str, command: OutboxCommand, json: bool) -> Result
         } => holds::show(&open(url, &table, None).await?, &subject, limit, json).await,
         OutboxCommand::Retry { table, subject } => {
             let Some(subject) = subject.subject() else {
-                eprintln!("idem: name the run to retry, or --message ID");
+                note!("idem: name the run to retry, or --message ID");
                 return Ok(Done::Usage);
             };
             holds::retry(&open(url, &table, None).await?, &subject, json).await
@@ -113,20 +114,21 @@ async fn stats(outbox: &Outbox, json: bool) -> Result<Done> {
             "sent": stats.sent,
             "sent_expired": stats.sent_expired,
         });
-        println!("{all}");
+        out!("{all}");
         return Ok(Done::Ok);
     }
     let oldest = stats.oldest_pending_age.map_or_else(|| "-".into(), age);
-    println!("pending       {} (oldest {oldest})", stats.pending);
-    println!(
+    out!("pending       {} (oldest {oldest})", stats.pending);
+    out!(
         "sent          {} ({} past the retention, awaiting the cleaner)",
-        stats.sent, stats.sent_expired
+        stats.sent,
+        stats.sent_expired
     );
     if stats.held.is_empty() {
-        println!("held          none");
+        out!("held          none");
         return Ok(Done::Ok);
     }
-    println!("held back, by exchange:");
+    out!("held back, by exchange:");
     let rows: Vec<Vec<String>> = stats
         .held
         .iter()

@@ -39,6 +39,7 @@ pub struct InboxBuilder {
     window: Option<RedeliveryWindow>,
     max_attempts: u32,
     create_table: bool,
+    read_only: bool,
     claim_wait: Duration,
     leases: HashMap<String, Duration>,
     outbox: Option<Outbox>,
@@ -53,6 +54,7 @@ impl InboxBuilder {
             window: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             create_table: true,
+            read_only: false,
             // Long enough to ride out a short transaction holding the key, short enough that a
             // copy of a message whose handler runs long gives its connection back soon.
             claim_wait: Duration::from_secs(5),
@@ -124,6 +126,17 @@ impl InboxBuilder {
         self
     }
 
+    /// Whether the inbox is only read through (default `false`): [`InboxBuilder::build`] then
+    /// creates nothing and checks the table's columns with a query that writes nothing, so that
+    /// a user that may only read, or a hot standby, can open it. For operators' tools that
+    /// count and look records up ([`Inbox::stats`], [`Inbox::lookup`],
+    /// [`Inbox::duplicate_summaries`]); its cleaner must not be run, and processing through it
+    /// fails where the database refuses the writes.
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
+
     /// Validates the configuration, creates the table if asked, checks that the table has the
     /// schema this version uses, and returns the inbox.
     pub async fn build(self) -> Result<Inbox> {
@@ -143,22 +156,25 @@ impl InboxBuilder {
         }
         let dialect = dialect_of(&self.db).await?;
         let mut store = Store::new(dialect, table, self.claim_wait);
-        if dialect.backend() == DbBackend::Sqlite {
+        if dialect.backend() == DbBackend::Sqlite && !self.read_only {
             enable_wal(&self.db).await;
         }
-        if self.create_table {
+        if self.create_table && !self.read_only {
             starting(|| store.create_table(&self.db)).await?;
         }
-        starting(|| store.check_schema(&self.db))
-            .await
-            .map_err(|error| match error {
-                Error::Database(error) => ConfigError::SchemaMismatch {
-                    table: store.table().to_string(),
-                    detail: error.to_string(),
-                }
-                .into(),
-                error => error,
-            })?;
+        let checked = if self.read_only {
+            starting(|| store.check_columns(&self.db)).await
+        } else {
+            starting(|| store.check_schema(&self.db)).await
+        };
+        checked.map_err(|error| match error {
+            Error::Database(error) => ConfigError::SchemaMismatch {
+                table: store.table().to_string(),
+                detail: error.to_string(),
+            }
+            .into(),
+            error => error,
+        })?;
         store.read_lock_timeout(&self.db).await?;
         store.read_key_index(&self.db).await?;
         store.read_packet_limit(&self.db).await?;

@@ -39,7 +39,7 @@ use crate::telemetry::Telemetry;
 
 pub use batch::{BatchChecks, BatchItem, MAX_BATCH};
 pub use builder::InboxBuilder;
-pub use operate::{ConsumerStats, Released};
+pub use operate::{ConsumerStats, Forgotten, Released};
 pub use record::InboxRecord;
 
 use claim::{ClaimRequest, Claimed, Deadlocks};
@@ -346,9 +346,10 @@ impl Inbox {
         Ok((capped(retention), lease))
     }
 
-    /// Reads the record of `key`, if any (for operators and tests).
+    /// Reads the record of `key` as committed, if any, without waiting for a claim still in
+    /// its transaction (for operators and tests).
     pub async fn lookup(&self, key: &InboxKey) -> Result<Option<InboxRecord>> {
-        let Some(row) = self.inner.store.find(&self.inner.db, key).await? else {
+        let Some(row) = self.inner.store.peek(&self.inner.db, key).await? else {
             return Ok(None);
         };
         let status = row.status.clone();
@@ -358,13 +359,6 @@ impl Inbox {
                 key: key.clone(),
                 detail: format!("unknown status {status:?}"),
             })
-    }
-
-    /// Deletes the record of `key` whatever its state, so the next delivery of the message is
-    /// processed again: an operator's tool after reconciling a message that needed intervention.
-    /// Returns whether a record was deleted.
-    pub async fn forget(&self, key: &InboxKey) -> Result<bool> {
-        Ok(self.inner.store.delete(&self.inner.db, key).await?)
     }
 
     /// The database connection the inbox uses.

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::inbox::Inbox;
 use crate::inbox::claim::new_token;
 use crate::key::InboxKey;
-use crate::store::Status;
+use crate::store::{LiveClaim, Row, Status};
 use crate::telemetry::DuplicateSummary;
 
 /// One consumer's records in the inbox table.
@@ -59,6 +59,30 @@ pub enum Released {
     Changed,
     /// The inbox holds no record of the key.
     Absent,
+    /// The claim's lease still runs (its worker may still be running the handler): nothing was
+    /// done, as asked.
+    Live {
+        /// How long the lease still runs, by the database's clock.
+        lease_left: Duration,
+    },
+}
+
+/// What [`Inbox::forget`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forgotten {
+    /// The record was deleted: the next delivery of its message is processed again.
+    Deleted,
+    /// The inbox holds no record of the key.
+    Absent,
+    /// The key is claimed and its lease still runs (its worker may still be running the
+    /// handler): nothing was done, as asked.
+    Live {
+        /// How long the lease still runs, by the database's clock.
+        lease_left: Duration,
+    },
+    /// The claim's lease ran out while this ran: nothing was done, look again.
+    Changed,
 }
 
 impl Inbox {
@@ -115,9 +139,10 @@ impl Inbox {
     /// Ends the claim held on `key` now, as a lease running out would, and takes its token away:
     /// the record and its attempts stay, the next delivery takes the key over under a new
     /// claim token, and the worker that held it can neither renew nor complete it. For a worker
-    /// known dead, or stuck past any use. A claim that changes while this runs is left alone
-    /// ([`Released::Changed`]): it is not the one the caller meant to end.
-    pub async fn release(&self, key: &InboxKey) -> Result<Released> {
+    /// known dead, or stuck past any use. A claim whose lease still runs is left alone unless
+    /// `live` overrides it ([`Released::Live`]); one that changes while this runs is left alone
+    /// too ([`Released::Changed`]): it is not the one the caller meant to end.
+    pub async fn release(&self, key: &InboxKey, live: LiveClaim) -> Result<Released> {
         let store = &self.inner.store;
         let Some(row) = store.find(&self.inner.db, key).await? else {
             return Ok(Released::Absent);
@@ -132,8 +157,11 @@ impl Inbox {
                 });
             }
         }
+        if let (LiveClaim::Refuse, Some(lease_left)) = (live, lease_left(&row)) {
+            return Ok(Released::Live { lease_left });
+        }
         let revoked = store
-            .revoke(&self.inner.db, key, row.claim_token, new_token())
+            .revoke(&self.inner.db, key, row.claim_token, new_token(), live)
             .await?;
         Ok(if revoked {
             Released::Released {
@@ -143,4 +171,33 @@ impl Inbox {
             Released::Changed
         })
     }
+
+    /// Deletes the record of `key`, so the next delivery of the message is processed again: an
+    /// operator's tool after reconciling a message that needed intervention. A claim whose lease
+    /// still runs is left alone unless `live` overrides it ([`Forgotten::Live`]).
+    pub async fn forget(&self, key: &InboxKey, live: LiveClaim) -> Result<Forgotten> {
+        let store = &self.inner.store;
+        if store.delete(&self.inner.db, key, live).await? {
+            return Ok(Forgotten::Deleted);
+        }
+        Ok(match store.peek(&self.inner.db, key).await? {
+            None => Forgotten::Absent,
+            Some(row) => match lease_left(&row) {
+                Some(lease_left) => Forgotten::Live { lease_left },
+                // Its lease ran out between the two statements.
+                None => Forgotten::Changed,
+            },
+        })
+    }
+}
+
+/// How long the lease of the claim `row` holds still runs, by the database's clock; `None` when
+/// it is not a claim in progress or its lease has run out.
+fn lease_left(row: &Row) -> Option<Duration> {
+    let lease_until = row.lease_until?;
+    let claimed = Status::parse(&row.status) == Some(Status::InProgress);
+    let left = u64::try_from(lease_until - row.now)
+        .ok()
+        .filter(|ms| *ms > 0)?;
+    claimed.then(|| Duration::from_millis(left))
 }

@@ -38,7 +38,8 @@ pub enum Status {
 }
 
 impl Status {
-    pub(crate) fn as_str(self) -> &'static str {
+    /// The status as the table stores it: `in_progress` or `completed`.
+    pub fn as_str(self) -> &'static str {
         match self {
             Status::InProgress => "in_progress",
             Status::Completed => "completed",
@@ -53,6 +54,17 @@ impl Status {
             _ => None,
         }
     }
+}
+
+/// What an operator's release or forget does with a claim whose lease still runs by the
+/// database's clock: its worker may still be running the handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveClaim {
+    /// Leaves it alone and says how long its lease still runs.
+    Refuse,
+    /// Acts on it anyway, for a worker known dead: a worker still running may then repeat its
+    /// external effect beside the one that takes the key next.
+    Override,
 }
 
 /// An inbox row as read back, with the database's clock at the time of reading.
@@ -347,6 +359,20 @@ impl Store {
         row.map(|row| Row::read(&row, 0)).transpose()
     }
 
+    /// The record of `key` as committed, read without taking a lock or waiting for one (a claim
+    /// in a transaction still running is not seen): what an operator looks at.
+    pub(crate) async fn peek(
+        &self,
+        conn: &impl ConnectionTrait,
+        key: &InboxKey,
+    ) -> Result<Option<Row>, DbErr> {
+        let values = Self::key_values(key).into();
+        let row = conn
+            .query_one_raw(self.statement(&self.sql.peek, values))
+            .await?;
+        row.map(|row| Row::read(&row, 0)).transpose()
+    }
+
     /// Replaces a record with a new claim, only if it still carries `previous_token` and may
     /// still be taken over (expired, or in progress with its lease run out, by the database's
     /// clock when the statement runs): of two workers taking over the same record, one wins,
@@ -443,13 +469,16 @@ impl Store {
         key: &InboxKey,
         token: i64,
         new_token: i64,
+        live: LiveClaim,
     ) -> Result<bool, DbErr> {
         let mut values = vec![Value::from(new_token)];
         values.extend(Self::key_values(key));
         values.push(Value::from(token));
-        let result = conn
-            .execute_raw(self.statement(&self.sql.revoke, values))
-            .await?;
+        let sql = match live {
+            LiveClaim::Refuse => &self.sql.revoke_expired,
+            LiveClaim::Override => &self.sql.revoke,
+        };
+        let result = conn.execute_raw(self.statement(sql, values)).await?;
         Ok(result.rows_affected() == 1)
     }
 
@@ -468,14 +497,20 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
-    /// Deletes a record whatever its state (an operator's reset).
+    /// Deletes a record (an operator's reset), a live claim only when `live` overrides it;
+    /// returns whether it was deleted.
     pub(crate) async fn delete(
         &self,
         conn: &impl ConnectionTrait,
         key: &InboxKey,
+        live: LiveClaim,
     ) -> Result<bool, DbErr> {
+        let sql = match live {
+            LiveClaim::Refuse => &self.sql.delete_unless_live,
+            LiveClaim::Override => &self.sql.delete,
+        };
         let result = conn
-            .execute_raw(self.statement(&self.sql.delete, Self::key_values(key).into()))
+            .execute_raw(self.statement(sql, Self::key_values(key).into()))
             .await?;
         Ok(result.rows_affected() == 1)
     }

@@ -143,6 +143,14 @@ impl Store {
         }
     }
 
+    /// Checks that the table has every column this version reads, with a query that reads no
+    /// row and writes nothing: what a read-only user or a standby can check.
+    pub(crate) async fn check_columns(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
+        db.query_all_raw(self.statement(&self.sql.check_columns, Vec::new()))
+            .await?;
+        Ok(())
+    }
+
     /// Claims keys that a table made by someone else could take for one another, beside the
     /// probe record `probe`: the probe's key again (no unique key), then pairs that differ only
     /// in case, a trailing space, an accent, a 4-byte character, or past a prefix. Returns how

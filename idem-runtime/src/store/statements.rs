@@ -28,6 +28,10 @@ pub(super) struct Statements {
     pub(super) insert_probe: String,
     /// Binds the key; reads [`READ_COLUMNS`] and the database's clock.
     pub(super) select: String,
+    /// Reads every column and no row: the schema check of a read-only inbox.
+    pub(super) check_columns: String,
+    /// As `select`, taking no lock and waiting for none: an operator's look at a record.
+    pub(super) peek: String,
     /// Binds status, fingerprint, attempts, claim token, created at (or NULL for now), lease (ms
     /// or NULL), expiry (ms from now), the key and the previous claim token.
     pub(super) take_over: String,
@@ -42,8 +46,12 @@ pub(super) struct Statements {
     /// Binds a new claim token, the key and the claim token; ends the claim's lease at once and
     /// takes its token away, so that its worker can neither renew nor complete it.
     pub(super) revoke: String,
+    /// As `revoke`, only once the claim's lease has run out by the database's clock.
+    pub(super) revoke_expired: String,
     /// Binds the key.
     pub(super) delete: String,
+    /// As `delete`, sparing a claim whose lease still runs by the database's clock.
+    pub(super) delete_unless_live: String,
     /// Binds the time before which records expired and the batch size. On MySQL/MariaDB it
     /// selects their keys, skipping records other transactions hold, for a delete by key.
     pub(super) delete_expired: String,
@@ -99,6 +107,9 @@ impl Statements {
         let select = bounded(format!(
             "SELECT {READ_COLUMNS}, {now} FROM {t} WHERE {KEY}{lock}"
         ));
+        let check_columns =
+            format!("SELECT consumer, message_key, {READ_COLUMNS} FROM {t} WHERE 1 = 0");
+        let peek = format!("SELECT {READ_COLUMNS}, {now} FROM {t} WHERE {KEY}");
         let take_over = bounded(format!(
             "UPDATE {t} SET status = ?, fingerprint = ?, attempts = ?, claim_token = ?, \
              created_at = COALESCE(?, {now}), claimed_at = {now}, lease_until = {now} + ?, \
@@ -127,7 +138,11 @@ impl Statements {
             "UPDATE {t} SET lease_until = {now}, claim_token = ? \
              WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
         );
+        let expired_lease = format!("COALESCE(lease_until, 0) <= {now}");
+        let revoke_expired = format!("{revoke} AND {expired_lease}");
         let delete = format!("DELETE FROM {t} WHERE {KEY}");
+        let delete_unless_live =
+            format!("{delete} AND (status <> 'in_progress' OR {expired_lease})");
         let delete_expired = match dialect.backend() {
             // A delete waits for every record it meets that another transaction holds.
             DbBackend::MySql => format!(
@@ -152,13 +167,17 @@ impl Statements {
             insert_claim: sql(insert_claim),
             insert_probe: sql(insert_probe),
             select: sql(select),
+            check_columns,
+            peek: sql(peek),
             take_over: sql(take_over),
             complete: sql(complete),
             renew: sql(renew),
             release: sql(release),
             hand_on: sql(hand_on),
             revoke: sql(revoke),
+            revoke_expired: sql(revoke_expired),
             delete: sql(delete),
+            delete_unless_live: sql(delete_unless_live),
             delete_expired: sql(delete_expired),
             now: format!("SELECT {now}"),
             restore_lock_timeout: restore_lock_timeout.map(sql),
