@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::transport::Status;
 use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey, Metadata, Outbox, OutboxMessage};
+use idem_tests::cluster::run_script;
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
 use serde_json::Value;
 
@@ -610,5 +611,70 @@ async fn a_database_that_refuses_is_said_at_once(backend: Backend) {
         assert!(error.contains("refused"), "{error}");
         // A bound on the wait, not a measure of speed: the pool's own wait is 30 s.
         assert!(started.elapsed() < Duration::from_secs(20), "{error}");
+    }
+}
+
+/// The reading commands on a hot standby (a PostgreSQL standby, a MariaDB replica with
+/// `read_only`), as an operator at 3 a.m. points them away from the primary: each reads what
+/// the primary committed, and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reading_commands_work_on_a_standby() {
+    let pairs = [
+        (
+            "postgres-pair",
+            Backend::Postgres,
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            5441,
+            5442,
+        ),
+        (
+            "mariadb-pair",
+            Backend::MySql,
+            "mysql://idem@127.0.0.1:{}/test",
+            3341,
+            3342,
+        ),
+    ];
+    for (script, backend, url, primary, standby) in pairs {
+        run_script(script, "start").await;
+        let on = |port: u16| url.replace("{}", &port.to_string());
+        let db = TestDb::connect_url(backend, on(primary), 4).await;
+        let (inbox, table) = inbox(&db).await;
+        let effects = db.effects_table().await;
+        let consumer = unique("billing");
+        let handler = Recorder::new(&db, &effects, &consumer);
+        inbox
+            .process(&handler, Msg::new("o-1", "1"), &Metadata::default())
+            .await
+            .unwrap();
+        inbox.cleaner().run_once().await.unwrap();
+        let replica = on(standby);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let stats = loop {
+            let stats = idem_at(&replica, &table, &["inbox", "stats", "--json"]);
+            if stats.status.success() || std::time::Instant::now() > deadline {
+                break stats;
+            }
+            // The replica applies the primary's table a moment later.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_eq!(json(&stats)[0]["completed"], 1, "{script}: {stats:?}");
+        let show = ["inbox", "show", &consumer, "o-1", "--json"];
+        assert_eq!(
+            json(&idem_at(&replica, &table, &show))["status"],
+            "completed"
+        );
+        let advice = json(&idem_at(
+            &replica,
+            &table,
+            &["retention", "advise", "--json"],
+        ));
+        assert_eq!(
+            advice[0]["consumer"],
+            consumer.as_str(),
+            "{script}: {advice}"
+        );
+        drop((inbox, db));
+        run_script(script, "stop").await;
     }
 }
