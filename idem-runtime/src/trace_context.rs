@@ -45,13 +45,20 @@ pub fn remote_parent(header: impl Fn(&str) -> Option<String>) -> Option<Context>
     Some(Context::new().with_remote_span_context(parent))
 }
 
-/// A `traceparent` of version 00 (or a later one, read as 00), with its `tracestate`.
+/// A `traceparent` of version 00 (or a later one, read as 00), with its `tracestate`. Every
+/// field is lowercase hexadecimal of its exact width, as W3C Trace Context requires: anything
+/// else (uppercase, a sign, version `ff`) is not a parent.
 fn parse(traceparent: &str, tracestate: Option<&str>) -> Option<SpanContext> {
     let mut parts = traceparent.trim().split('-');
     let (version, trace, span, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     let sizes = [(version, 2), (trace, 32), (span, 16), (flags, 2)];
-    if sizes.iter().any(|(part, size)| part.len() != *size) || version == "ff" {
+    let lower_hex = |part: &str| part.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if sizes
+        .iter()
+        .any(|(part, size)| part.len() != *size || !lower_hex(part))
+        || version == "ff"
+    {
         return None;
     }
     if version == "00" && parts.next().is_some() {
@@ -114,6 +121,11 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
             "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
             "00-xyz92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-+bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-+0f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-+1",
             "",
         ] {
             assert!(parse(invalid, None).is_none(), "{invalid:?} accepted");
