@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// One scrape: each sample's value by its name and labels as the text format writes them
 /// (`idem_messages_total{consumer="billing.charge",outcome="processed"}`).
 #[derive(Debug)]
-struct Scrape(BTreeMap<String, f64>);
+struct Scrape(BTreeMap<String, f64>, BTreeSet<String>);
 
 impl Scrape {
     /// Scrapes `addr` over plain HTTP/1.1.
@@ -38,7 +38,33 @@ impl Scrape {
                 Some((series.to_owned(), value.parse().ok()?))
             })
             .collect();
-        Ok(Self(samples))
+        let described = body
+            .lines()
+            .filter_map(|line| line.strip_prefix("# HELP "))
+            .filter_map(|help| help.split_whitespace().next())
+            .map(str::to_owned)
+            .collect();
+        Ok(Self(samples, described))
+    }
+
+    /// The metric families of idem's samples that the scrape does not describe (no `# HELP`).
+    fn undescribed(&self) -> Vec<String> {
+        let family = |series: &str| {
+            let name = series.split('{').next().unwrap_or(series);
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .filter(|base| self.1.contains(*base))
+                .unwrap_or(name)
+                .to_owned()
+        };
+        let mut missing: Vec<String> = (self.0.keys())
+            .filter(|series| series.starts_with("idem_"))
+            .map(|series| family(series))
+            .filter(|name| !self.1.contains(name))
+            .collect();
+        missing.dedup();
+        missing
     }
 
     /// The sample of `name` whose labels include every one of `labels`, if there is one.
@@ -150,6 +176,11 @@ async fn billing_serves_its_metrics_to_prometheus() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
+    assert_eq!(
+        scrape.undescribed(),
+        Vec::<String>::new(),
+        "every metric has its # HELP"
+    );
     let charge = [("consumer", billing::CONSUMER)];
     let processed = [("consumer", billing::CONSUMER), ("outcome", "processed")];
     assert_eq!(scrape.count("idem_messages_total", &processed), 5.0);

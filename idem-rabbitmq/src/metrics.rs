@@ -12,7 +12,7 @@
 //! | `idem_rabbitmq_connections_total` ([`CONNECTIONS_TOTAL`]) | counter | `connection` (its name), `node` (`host:port`) | connections opened to a broker node, reconnections included: which node each connection is on |
 //! | `idem_outbox_published_total` ([`OUTBOX_PUBLISHED_TOTAL`]) | counter | `table` | outbox messages a relay published, confirmed by the broker |
 //! | `idem_outbox_publish_failures_total` ([`OUTBOX_PUBLISH_FAILURES_TOTAL`]) | counter | `table`, `reason` (`unroutable`, `refused`, `no-confirm`, `channel`) | publishes the broker did not take |
-//! | `idem_outbox_pending_age_seconds` ([`OUTBOX_PENDING_AGE_SECONDS`]) | gauge | `table` | the age of the oldest message in a relay's last batch (0 when none) |
+//! | `idem_outbox_pending_age_seconds` ([`OUTBOX_PENDING_AGE_SECONDS`]) | gauge | `table` | the age of the oldest message not published yet (0 when none): from each batch a relay takes, and from the table every [`OUTBOX_PENDING_EVERY`] at most, also while the broker cannot be reached |
 //! | `idem_outbox_pending` ([`OUTBOX_PENDING`]) | gauge | `table` | messages not published yet, held ones included, counted by a relay every [`OUTBOX_PENDING_EVERY`] at most |
 //! | `idem_outbox_relay_connected` ([`OUTBOX_RELAY_CONNECTED`]) | gauge | `table` | 1 while a relay has a usable broker connection, 0 while it has none |
 //!
@@ -34,8 +34,9 @@ pub const OUTBOX_PUBLISHED_TOTAL: &str = "idem_outbox_published_total";
 /// (`unroutable`, `refused`, `no-confirm`, `channel`).
 pub const OUTBOX_PUBLISH_FAILURES_TOTAL: &str = "idem_outbox_publish_failures_total";
 
-/// The gauge of the age, in seconds, of the oldest message in the last batch a
-/// [`Relay`](crate::Relay) took (0 when it found none), by table.
+/// The gauge of the age, in seconds, of the oldest message not published yet (0 when none), by
+/// table: set from each batch a [`Relay`](crate::Relay) takes, and from the table every
+/// [`OUTBOX_PENDING_EVERY`] at most, also while the broker cannot be reached.
 pub const OUTBOX_PENDING_AGE_SECONDS: &str = "idem_outbox_pending_age_seconds";
 
 /// The counter of dead-letter copies a consumer published, by queue and reason (the
@@ -57,3 +58,52 @@ pub const OUTBOX_PENDING_EVERY: std::time::Duration = std::time::Duration::from_
 
 /// The gauge of a relay's broker connection, by table: 1 usable, 0 none.
 pub const OUTBOX_RELAY_CONNECTED: &str = "idem_outbox_relay_connected";
+
+/// Describes each metric above, and idem-runtime's, to the recorder installed now, so that an
+/// exporter prints what it counts (Prometheus' `# HELP`). Starting a consumer or a relay calls
+/// it; an application that installs its recorder later calls it again.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge};
+    idem_runtime::metrics::describe();
+    describe_counter!(
+        CONNECTIONS_TOTAL,
+        "Connections opened to a broker node, reconnections included, by connection and node."
+    );
+    describe_counter!(
+        DELIVERIES_TOTAL,
+        "Deliveries a consumer settled, by queue and settlement."
+    );
+    describe_counter!(
+        OUTBOX_PUBLISHED_TOTAL,
+        "Outbox messages a relay published and the broker confirmed, by table."
+    );
+    describe_counter!(
+        OUTBOX_PUBLISH_FAILURES_TOTAL,
+        "Outbox publishes the broker did not take, by table and reason."
+    );
+    describe_gauge!(
+        OUTBOX_PENDING_AGE_SECONDS,
+        metrics::Unit::Seconds,
+        "The age of the oldest outbox message not published yet (0 when none), by table."
+    );
+    describe_counter!(
+        DEAD_LETTERS_TOTAL,
+        "Dead-letter copies a consumer published, by queue and reason."
+    );
+    describe_gauge!(
+        IN_FLIGHT,
+        "Deliveries a consumer is processing or settling, by queue."
+    );
+    describe_gauge!(
+        CONNECTED,
+        "1 while a consumer's session of the queue is connected, 0 while it is lost."
+    );
+    describe_gauge!(
+        OUTBOX_PENDING,
+        "Outbox messages not published yet, held ones included, by table."
+    );
+    describe_gauge!(
+        OUTBOX_RELAY_CONNECTED,
+        "1 while a relay has a usable broker connection, 0 while it has none, by table."
+    );
+}

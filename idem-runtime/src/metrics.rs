@@ -47,3 +47,42 @@ pub const BATCH_DURATION_SECONDS: &str = "idem_batch_duration_seconds";
 /// The counter of late duplicates (copies processed again because their key's record had
 /// expired or been deleted), by consumer.
 pub const LATE_DUPLICATES_TOTAL: &str = "idem_late_duplicates_total";
+
+/// Describes each metric above to the recorder installed now, so that an exporter prints what
+/// it counts (Prometheus' `# HELP`). Building an inbox or an outbox calls it; an application
+/// that installs its recorder later calls it again.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_histogram};
+    describe_counter!(
+        MESSAGES_TOTAL,
+        "Messages processed, by consumer and outcome (processed, duplicate, or the error's code)."
+    );
+    describe_counter!(
+        CLEANUP_DELETED_TOTAL,
+        "Inbox records and sent outbox rows the cleaner deleted, by table."
+    );
+    describe_counter!(
+        OUTBOX_STAGED_TOTAL,
+        "Outbox messages staged by handlers in committed transactions, by table."
+    );
+    describe_histogram!(
+        DUPLICATE_AGE_SECONDS,
+        Unit::Seconds,
+        "For each duplicate answered from its record, how long before it the record was completed."
+    );
+    describe_histogram!(
+        PROCESSING_DURATION_SECONDS,
+        Unit::Seconds,
+        "A message processed on its own, from its claim to its commit, handler included."
+    );
+    describe_histogram!(BATCH_SIZE, "Messages per batch transaction.");
+    describe_histogram!(
+        BATCH_DURATION_SECONDS,
+        Unit::Seconds,
+        "A batch transaction, from its claims to its commit, handlers included."
+    );
+    describe_counter!(
+        LATE_DUPLICATES_TOTAL,
+        "Copies processed again because their key's record had expired or been deleted."
+    );
+}

@@ -52,6 +52,7 @@ mod servers {
 mod server {
     use super::*;
     on_each_backend!([postgres]:
+        the_pending_age_grows_while_the_broker_is_down,
         a_relay_in_another_process_is_woken_by_notify,
         an_unroutable_message_holds_back_the_ones_after_it,
         handlers_announce_nothing_while_a_relay_runs_in_their_process,
@@ -1169,4 +1170,31 @@ async fn a_broker_gone_silent_under_the_relay_is_reached_again(backend: Backend)
     let stats = relay.shutdown().await;
     assert!(stats.reconnections >= 1, "{stats:?}");
     proxy.cut().await;
+}
+
+/// While the broker cannot be reached, the relay takes no batch, yet what waits grows older:
+/// the pending-age gauge follows the table's oldest pending message, so that an alert on it
+/// fires during the outage, not after.
+async fn the_pending_age_grows_while_the_broker_is_down(backend: Backend) {
+    let f = fixture(backend).await;
+    let proxy = Proxy::start(&amqp_addr()).await;
+    let relay = start(relay_through(&proxy, f.outbox())).await;
+    f.stage("o-1", 1).await;
+    assert_eq!(ids(&f.receive(1, WAIT).await), ids_of("o-1", 1));
+    proxy.cut().await;
+    f.stage("o-2", 2).await;
+    let table = f.outbox().table().as_str().to_owned();
+    // The gauge is read from the table every ten seconds at most.
+    let waited = WAIT.max(Duration::from_secs(30));
+    f.broker
+        .eventually(
+            "the pending age gauged during the outage",
+            waited,
+            || async { gauge("idem_outbox_pending_age_seconds", &table).0 >= 2.0 },
+        )
+        .await;
+    assert_eq!(gauge("idem_outbox_pending", &table).0, 2.0);
+    proxy.restore();
+    assert_eq!(ids(&f.receive(2, WAIT).await), ids_of("o-2", 2));
+    relay.shutdown().await;
 }

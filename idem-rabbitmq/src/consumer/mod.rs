@@ -322,6 +322,7 @@ impl ConsumerBuilder {
     /// timeout has passed.
     pub async fn start(self) -> Result<Consumer> {
         self.validate()?;
+        crate::metrics::describe();
         for binding in &self.bindings {
             binding.check(&self.inbox)?;
         }

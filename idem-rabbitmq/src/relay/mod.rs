@@ -208,6 +208,7 @@ impl RelayBuilder {
     /// cannot be opened. Nothing is left running then.
     pub async fn start(self) -> Result<RelayHandle> {
         self.validate()?;
+        crate::metrics::describe();
         let settings = Arc::new(self.settings);
         let retirees = Retirees::new(RETIRE_TIMEOUT);
         let what = format!("relay of {}", self.outbox.table().as_str());

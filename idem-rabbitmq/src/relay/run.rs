@@ -290,9 +290,11 @@ impl Runner {
         true
     }
 
-    /// Sets the gauge of the pending messages, counted when the last count is older than
-    /// [`OUTBOX_PENDING_EVERY`]. A failed count leaves it as it was: the round's own statements
-    /// report the database.
+    /// Sets the gauges of the pending messages (how many, and the oldest one's age) from the
+    /// table, read when the last read is older than [`OUTBOX_PENDING_EVERY`]: every round, a
+    /// round that cannot reach the broker included, so that a growing backlog shows during an
+    /// outage. A failed read leaves them as they were: the round's own statements report the
+    /// database.
     async fn gauge_pending(&mut self) {
         if self
             .pending_counted
@@ -303,10 +305,14 @@ impl Runner {
         self.pending_counted = Some(tokio::time::Instant::now());
         // A count of a large backlog (or a database that hangs) holds neither the round up
         // for long nor a stop.
-        let count = tokio::time::timeout(PENDING_COUNT_LIMIT, self.outbox.pending_count());
+        let count = tokio::time::timeout(PENDING_COUNT_LIMIT, self.outbox.pending());
         match self.stop.clone().unless_stopped(count).await {
             Some(Ok(Ok(pending))) => {
-                metrics::gauge!(OUTBOX_PENDING, "table" => self.table.clone()).set(pending as f64)
+                let table = self.table.clone();
+                metrics::gauge!(OUTBOX_PENDING, "table" => table.clone()).set(pending.count as f64);
+                let oldest = pending.oldest_age.unwrap_or_default();
+                metrics::gauge!(OUTBOX_PENDING_AGE_SECONDS, "table" => table)
+                    .set(oldest.as_secs_f64());
             }
             Some(Ok(Err(error))) => {
                 tracing::debug!(table = self.table, %error, "cannot count the pending messages")

@@ -140,6 +140,7 @@ impl InboxBuilder {
     /// Validates the configuration, creates the table if asked, checks that the table has the
     /// schema this version uses, and returns the inbox.
     pub async fn build(self) -> Result<Inbox> {
+        crate::metrics::describe();
         let table = TableName::new(self.table)?;
         match &self.window {
             Some(window) => self.retention.validate(window)?,

@@ -43,7 +43,7 @@ pub use outbound::Outbound;
 pub(crate) use outbound::RunClaim;
 pub use pending::{PendingBatch, PendingMessage};
 pub(crate) use statements::RunStatements;
-pub use stats::{HeldExchange, OutboxStats};
+pub use stats::{HeldExchange, OutboxStats, Pending};
 #[cfg(feature = "migration")]
 pub(crate) use table::drop_outbox_statement;
 pub use table::{create_outbox_statements, upgrade_outbox_statements};

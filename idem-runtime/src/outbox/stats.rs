@@ -39,6 +39,16 @@ pub struct HeldExchange {
     pub longest_hold: Duration,
 }
 
+/// The messages of an outbox not published yet ([`Outbox::pending`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pending {
+    /// How many, held ones included.
+    pub count: u64,
+    /// How long the oldest has waited since it was staged; none when none waits.
+    pub oldest_age: Option<Duration>,
+}
+
 impl Outbox {
     /// Counts the table's messages by the database's clock: two scans of the table, for an
     /// operator (the `idem` command), not for a service's hot path.
@@ -81,20 +91,29 @@ impl Outbox {
         })
     }
 
-    /// Counts the messages not published yet, held ones included: one range of the table's
-    /// pending index, cheap enough for a relay to gauge now and then.
+    /// The messages not published yet, held ones included: how many, and how long the oldest
+    /// has waited, by the database's clock. One range of the table's pending index, cheap enough
+    /// for a relay to gauge now and then, whether or not it reaches the broker.
     ///
     /// # Errors
     ///
     /// The database failed.
-    pub async fn pending_count(&self) -> Result<u64, DbErr> {
-        let t = self.inner.table.quoted(self.backend());
-        let sql = format!("SELECT COUNT(*) FROM {t} WHERE sent_at IS NULL");
+    pub async fn pending(&self) -> Result<Pending, DbErr> {
+        let (now, t) = (
+            self.inner.dialect.now_ms(),
+            self.inner.table.quoted(self.backend()),
+        );
+        let sql = format!("SELECT COUNT(*), MIN(staged_at), {now} FROM {t} WHERE sent_at IS NULL");
         let row = (self.inner.db)
             .query_one_raw(self.statement(&sql, Vec::new()))
             .await?
             .ok_or_else(|| DbErr::Custom("no row from a count".into()))?;
-        count(&row, 0)
+        let oldest: Option<i64> = row.try_get_by_index(1)?;
+        let now: i64 = row.try_get_by_index(2)?;
+        Ok(Pending {
+            count: count(&row, 0)?,
+            oldest_age: oldest.map(|staged| since(staged, now)),
+        })
     }
 
     fn read_held(&self, row: &QueryResult) -> Result<HeldExchange, DbErr> {
