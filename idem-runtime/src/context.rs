@@ -89,6 +89,13 @@ impl<'a> Context<'a> {
         self
     }
 
+    /// The same context staging in its message's own trace rather than the current span's: a
+    /// slice handler's, which runs once for many messages in the batch's span.
+    pub(crate) fn staging_in_message_trace(mut self) -> Self {
+        self.outbound = self.outbound.in_trace_of(self.metadata);
+        self
+    }
+
     /// Where the run stages outgoing messages and gets keys for downstream calls.
     pub fn outbound(&self) -> &Outbound<'a> {
         &self.outbound

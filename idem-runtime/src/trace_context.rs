@@ -34,6 +34,21 @@ pub fn link_trace(span: &tracing::Span, header: impl Fn(&str) -> Option<String>)
     }
 }
 
+/// Makes `span`, one message's inside a batch's span (the current one), continue the trace the
+/// message's `metadata` names, linked to the batch's span: what the message's handler publishes
+/// or stages goes on in the message's own trace, not in the batch's.
+pub(crate) fn continue_message_trace(span: &tracing::Span, metadata: &crate::Metadata) {
+    let batch = tracing::Span::current()
+        .context()
+        .span()
+        .span_context()
+        .clone();
+    continue_trace(span, |name| metadata.headers.get(name).cloned());
+    if batch.is_valid() {
+        span.add_link(batch);
+    }
+}
+
 /// The context of the span a message's headers name, if they name a valid one.
 pub fn remote_parent(header: impl Fn(&str) -> Option<String>) -> Option<Context> {
     let named = |name: &str| {

@@ -58,7 +58,14 @@ pub fn assert_retried_message_is_one_trace(
     next_queue: &str,
 ) {
     let root = (spans.iter().find(|s| s.name == root)).unwrap_or_else(|| panic!("no {root}"));
-    let deliveries: Vec<&SpanData> = spans.iter().filter(|s| s.name == "idem.delivery").collect();
+    let of_journey = |s: &&SpanData| {
+        let queue = attribute(s, "queue");
+        queue.as_deref() == Some(first_queue) || queue.as_deref() == Some(next_queue)
+    };
+    let deliveries: Vec<&SpanData> = (spans.iter())
+        .filter(|s| s.name == "idem.delivery")
+        .filter(of_journey)
+        .collect();
     assert_eq!(deliveries.len(), 3, "{deliveries:#?}");
     for delivery in &deliveries {
         let trace = root.span_context.trace_id();

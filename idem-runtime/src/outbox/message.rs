@@ -93,6 +93,23 @@ impl OutboxMessage {
         self
     }
 
+    /// With feature `otel`, the message carrying the trace of the message whose `metadata` is
+    /// given, through a span `idem.stage` that continues it (linked to the current span, a
+    /// batch's), unless it carries a trace context of its own; as it is without.
+    pub(crate) fn with_trace_of(self, metadata: &crate::metadata::Metadata) -> Self {
+        #[cfg(feature = "otel")]
+        {
+            let span = tracing::info_span!("idem.stage");
+            crate::trace_context::continue_message_trace(&span, metadata);
+            span.in_scope(|| self.with_current_trace())
+        }
+        #[cfg(not(feature = "otel"))]
+        {
+            let _ = metadata;
+            self
+        }
+    }
+
     /// A header (a string value).
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());

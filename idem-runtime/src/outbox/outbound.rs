@@ -7,6 +7,7 @@ use sea_orm::DatabaseTransaction;
 
 use super::{Outbox, OutboxMessage, RunStatements, StagingError, derived_id};
 use crate::key::{ConsumerName, InboxKey, MessageKey};
+use crate::metadata::Metadata;
 
 /// A handler run's way out: [`Outbound::stage`] stages a message in the handler's transaction,
 /// [`Outbound::downstream_key`] gives a key for a call to another service. Both number what they
@@ -24,6 +25,9 @@ pub struct Outbound<'a> {
     origin: Origin<'a>,
     /// The run's inbox claim, which each staging checks is still its transaction's.
     claim: Option<RunClaim<'a>>,
+    /// The message whose trace what it stages continues, where the current span is not that
+    /// message's (a slice's handler runs in its batch's span); the current span's otherwise.
+    trace_of: Option<&'a Metadata>,
     next: AtomicU32,
     staged: AtomicU32,
 }
@@ -66,6 +70,7 @@ impl<'a> Outbound<'a> {
             outbox: None,
             origin: Origin::Key(message_key),
             claim: None,
+            trace_of: None,
             next: AtomicU32::new(0),
             staged: AtomicU32::new(0),
         }
@@ -79,6 +84,12 @@ impl<'a> Outbound<'a> {
 
     pub(crate) fn with_run_claim(mut self, claim: RunClaim<'a>) -> Self {
         self.claim = Some(claim);
+        self
+    }
+
+    /// Stages in the trace the message of `metadata` carries rather than the current span's.
+    pub(crate) fn in_trace_of(mut self, metadata: &'a Metadata) -> Self {
+        self.trace_of = Some(metadata);
         self
     }
 
@@ -105,7 +116,10 @@ impl<'a> Outbound<'a> {
         };
         // Relays in other processes are told once per run (one announcement wakes them for
         // all), and only when none runs here: the inbox wakes that one after the commit.
-        let message = message.with_current_trace();
+        let message = match self.trace_of {
+            Some(metadata) => message.with_trace_of(metadata),
+            None => message.with_current_trace(),
+        };
         let announce = self.staged() == 0 && !outbox.has_local_relay();
         let position = self.next.fetch_add(1, Ordering::Relaxed);
         let id = self.id_at(position);

@@ -5,6 +5,7 @@
 use std::future::Future;
 
 use sea_orm::DatabaseTransaction;
+use tracing::Instrument;
 
 use super::fates::{Handled, Lead};
 use super::lost::{self, Lost};
@@ -80,7 +81,14 @@ pub(super) async fn handle<H: Handler>(
     let cx = Context::new(&key.message_key, &run.metadata[index], Some(run.tx))
         .with_origin(key, run.staging.outbox)
         .with_run_claim(run.staging.claim);
-    let failure = match run_handler(run.handler, &cx, message).await {
+    // In the message's own trace: what the handler publishes or stages goes on in it.
+    let span = tracing::info_span!("idem.batch_message", key = key.message_key.as_str());
+    #[cfg(feature = "otel")]
+    crate::trace_context::continue_message_trace(&span, &run.metadata[index]);
+    let ran = run_handler(run.handler, &cx, message)
+        .instrument(span)
+        .await;
+    let failure = match ran {
         Ok(output) => {
             let stored = match serde_json::to_string(&output) {
                 Ok(json) if json == "null" => None,

@@ -285,6 +285,7 @@ async fn call<S: SliceHandler>(
             Context::new(&key.message_key, &run.metadata[*index], Some(run.tx))
                 .with_origin(key, run.staging.outbox)
                 .with_run_claim(run.staging.claim)
+                .staging_in_message_trace()
         })
         .collect();
     let cx = SliceContext::new(run.tx, &contexts);
