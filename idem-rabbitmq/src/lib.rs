@@ -63,6 +63,7 @@
 //! settlement means the dead-letter exchange routes copies to no queue: messages stay on their
 //! queue until it is fixed.
 
+mod broker;
 mod codec;
 mod confirm;
 mod connect;
@@ -80,6 +81,7 @@ mod tls;
 mod topology;
 mod url;
 
+pub use broker::server_version;
 pub use codec::{Codec, DecodeError, Json};
 pub use connect::{close_within, connect, connect_once};
 pub use consumer::copy_properties;

@@ -6,7 +6,7 @@ use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
     QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::protocol::{AMQPErrorKind, AMQPHardError};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
@@ -253,6 +253,67 @@ impl QueueTopology {
     /// [`existing`](QueueTopology::existing) topology, only checks that the dead-letter exchange
     /// exists.
     pub async fn declare(&self, channel: &Channel) -> Result<()> {
+        self.declare_with(channel, false).await
+    }
+
+    /// Declares as [`QueueTopology::declare`] does, for a broker of major version
+    /// `broker_major` on `connection`: from RabbitMQ 4, which gives every quorum queue a
+    /// delivery limit of 20, a quorum dead-letter queue is declared without one
+    /// (`x-delivery-limit: -1`), so that an operator's looks at its letters (each given back
+    /// counts) never bring one closer to being dropped; RabbitMQ 3 gives none (and would take -1
+    /// as a limit of 0). One that exists with a limit is kept as it is, with a warning.
+    pub(crate) async fn declare_for(
+        &self,
+        connection: &Connection,
+        channel: &Channel,
+        broker_major: Option<u32>,
+    ) -> Result<()> {
+        let unlimited = self.declare
+            && self.dead_letter_kind == QueueKind::Quorum
+            && broker_major.is_some_and(|major| major >= 4);
+        if !unlimited {
+            return self.declare_with(channel, false).await;
+        }
+        // A try on a channel of its own: the broker closes the channel that redeclares a queue
+        // with other arguments.
+        let trial = connection
+            .create_channel()
+            .await
+            .map_err(Error::amqp("channel.open"))?;
+        let tried = trial
+            .queue_declare(
+                self.dead_letter_queue.as_str().into(),
+                durable(),
+                self.dead_letter_arguments(true),
+            )
+            .await;
+        match tried {
+            Ok(_) => {
+                let _ =
+                    tokio::time::timeout(CHECK_CLOSE_TIMEOUT, trial.close(200, "ok".into())).await;
+                self.declare_with(channel, true).await
+            }
+            Err(error) if is_precondition_failed(&error) => {
+                tracing::warn!(
+                    queue = %self.dead_letter_queue,
+                    %error,
+                    "the dead-letter queue exists with a delivery limit (RabbitMQ 4 gives each \
+                     quorum queue 20 unless it says -1): each look of `idem dlq` at its letters \
+                     would count toward it, so idem dlq refuses it; lift it with a policy \
+                     {{\"delivery-limit\": -1}}"
+                );
+                self.declare_with(channel, false).await
+            }
+            Err(source) => Err(Error::Amqp {
+                operation: format!("queue.declare {}", self.dead_letter_queue),
+                source,
+            }),
+        }
+    }
+
+    /// Declares the topology, the quorum dead-letter queue without a delivery limit when
+    /// `unlimited_dead_letters`.
+    async fn declare_with(&self, channel: &Channel, unlimited_dead_letters: bool) -> Result<()> {
         if self.dead_letter_exchange.is_empty() {
             // The default exchange would route a dead-letter copy by its routing key, back to
             // the work queue.
@@ -264,7 +325,8 @@ impl QueueTopology {
         if !self.declare {
             return self.check_dead_letter_exchange(channel).await;
         }
-        self.declare_dead_letter(channel).await?;
+        self.declare_dead_letter(channel, unlimited_dead_letters)
+            .await?;
         channel
             .queue_declare(self.queue.as_str().into(), durable(), self.arguments())
             .await
@@ -295,7 +357,7 @@ impl QueueTopology {
     }
 
     /// Declares the dead-letter exchange (a durable fanout) and queue, and binds them.
-    async fn declare_dead_letter(&self, channel: &Channel) -> Result<()> {
+    async fn declare_dead_letter(&self, channel: &Channel, unlimited: bool) -> Result<()> {
         channel
             .exchange_declare(
                 self.dead_letter_exchange.as_str().into(),
@@ -309,7 +371,7 @@ impl QueueTopology {
             .queue_declare(
                 self.dead_letter_queue.as_str().into(),
                 durable(),
-                self.dead_letter_arguments(),
+                self.dead_letter_arguments(unlimited),
             )
             .await
             .map_err(declare_error("queue", &self.dead_letter_queue))?;
@@ -352,8 +414,9 @@ impl QueueTopology {
     }
 
     /// The dead-letter queue's arguments: its type (see
-    /// [`dead_letter_queue_kind`](QueueTopology::dead_letter_queue_kind)).
-    fn dead_letter_arguments(&self) -> FieldTable {
+    /// [`dead_letter_queue_kind`](QueueTopology::dead_letter_queue_kind)), and for a quorum
+    /// one on RabbitMQ 4 (`unlimited`), no delivery limit.
+    fn dead_letter_arguments(&self, unlimited: bool) -> FieldTable {
         let mut arguments = FieldTable::default();
         // A classic one is declared without `x-queue-type`, as earlier versions declared it.
         if self.dead_letter_kind == QueueKind::Quorum {
@@ -361,6 +424,12 @@ impl QueueTopology {
                 ShortString::from("x-queue-type"),
                 AMQPValue::LongString("quorum".into()),
             );
+            if unlimited {
+                arguments.insert(
+                    ShortString::from("x-delivery-limit"),
+                    AMQPValue::LongLongInt(-1),
+                );
+            }
         }
         arguments
     }
@@ -522,6 +591,16 @@ pub async fn queue_kind(url: &AmqpUrl, queue: &str, connection_name: &str) -> Re
     topology.broker_kind(url, connection_name).await
 }
 
+/// Whether the broker refused an operation because it differs from what exists
+/// (`PRECONDITION_FAILED`: a queue redeclared with other arguments).
+fn is_precondition_failed(error: &lapin::Error) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED))
+    )
+}
+
 /// Whether the broker refused a consumer because its queue does not support a global prefetch,
 /// as quorum (and stream) queues do.
 fn refuses_global_prefetch(error: &lapin::Error) -> bool {
@@ -592,7 +671,7 @@ mod tests {
     fn a_quorum_queue_dead_letters_into_a_quorum_queue_unless_told_otherwise() {
         let kind = |topology: QueueTopology| {
             topology
-                .dead_letter_arguments()
+                .dead_letter_arguments(false)
                 .inner()
                 .get("x-queue-type")
                 .cloned()
@@ -602,6 +681,19 @@ mod tests {
         assert_eq!(kind(QueueTopology::classic("q")), None);
         let kept = QueueTopology::quorum("q").dead_letter_queue_kind(QueueKind::Classic);
         assert_eq!(kind(kept), None);
+    }
+
+    #[test]
+    fn a_quorum_dead_letter_queue_has_no_delivery_limit_on_rabbitmq_4() {
+        let limit = |topology: &QueueTopology, unlimited: bool| {
+            (topology.dead_letter_arguments(unlimited).inner())
+                .get("x-delivery-limit")
+                .cloned()
+        };
+        let quorum = QueueTopology::quorum("q");
+        assert_eq!(limit(&quorum, true), Some(AMQPValue::LongLongInt(-1)));
+        assert_eq!(limit(&quorum, false), None, "RabbitMQ 3 takes -1 as 0");
+        assert_eq!(limit(&QueueTopology::classic("q"), true), None);
     }
 
     #[test]

@@ -73,6 +73,22 @@ pub async fn ensure_management() {
     }
 }
 
+/// The arguments the local broker holds for `queue` (`x-queue-type`, `x-delivery-limit`...),
+/// as `rabbitmqctl` lists them.
+pub async fn queue_arguments(queue: &str) -> BTreeMap<String, serde_json::Value> {
+    let listed = rabbitmqctl(&["list_queues", "name", "arguments", "--formatter", "json"]).await;
+    let queues: Vec<serde_json::Value> = serde_json::from_str(&listed).expect("JSON queues");
+    let found = (queues.iter())
+        .find(|q| q["name"] == queue)
+        .unwrap_or_else(|| panic!("no queue {queue}"));
+    (found["arguments"].as_array().into_iter().flatten())
+        .filter_map(|argument| {
+            let name = argument[0].as_str()?.to_owned();
+            Some((name, argument[2].clone()))
+        })
+        .collect()
+}
+
 /// Publish options with the message id `id`.
 pub fn with_id(id: &str) -> PublishOptions {
     PublishOptions::default().message_id(id)

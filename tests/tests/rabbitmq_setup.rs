@@ -411,3 +411,27 @@ async fn every_invalid_setting_is_reported_at_once() {
         );
     }
 }
+
+/// The consumer reads the broker's version (3.10 here) and declares a quorum dead-letter queue
+/// that a look at never brings a letter closer to being dropped: without a delivery limit on
+/// RabbitMQ 3 (where -1 would mean 0), with -1 on RabbitMQ 4 (whose default is 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quorum_dead_letter_queue_is_declared_without_a_delivery_limit() {
+    let url = idem_rabbitmq::AmqpUrl::new(amqp_url());
+    let version = idem_rabbitmq::server_version(&url, Duration::from_secs(5))
+        .await
+        .expect("the broker tells its version");
+    let major: u32 = version.split('.').next().unwrap().parse().unwrap();
+    let t = Fixture::builder().quorum().build().await;
+    let running = t.start(t.recorder(&unique("dlq-limit"))).await;
+    let arguments = idem_tests::rabbit::queue_arguments(t.topology.dead_letter_queue()).await;
+    let limit = arguments
+        .get("x-delivery-limit")
+        .and_then(serde_json::Value::as_i64);
+    if major >= 4 {
+        assert_eq!(limit, Some(-1), "{version}: {arguments:?}");
+    } else {
+        assert_eq!(limit, None, "{version}: {arguments:?}");
+    }
+    running.shutdown().await;
+}

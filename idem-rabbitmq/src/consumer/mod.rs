@@ -352,6 +352,7 @@ impl ConsumerBuilder {
                 retirees: Arc::clone(&retirees),
                 stop: StopSignal::new(stop.clone()),
                 queue_kind: OnceLock::new(),
+                broker_major: OnceLock::new(),
             };
             match worker.start().await {
                 Ok(handle) => consumer.workers.push(handle),

@@ -90,6 +90,8 @@ pub(super) struct SessionOpener<'a> {
     /// The queue's type, learnt by the first session and kept for every later one: an existing
     /// queue's is asked of the broker at start only.
     pub(super) queue_kind: &'a OnceLock<QueueKind>,
+    /// The broker's major version, learnt by the first session that declares a topology.
+    pub(super) broker_major: &'a OnceLock<Option<u32>>,
     /// Where the connections of a session that failed to open are retired.
     pub(super) retirees: &'a Retirees,
 }
@@ -159,7 +161,17 @@ impl SessionOpener<'_> {
             .await
             .map_err(Error::amqp("channel.open"))?;
         let topology = self.topology;
-        topology.declare(&channel).await?;
+        let broker_major = match self.broker_major.get() {
+            Some(major) => *major,
+            None => {
+                let limit = self.settings.open_timeout;
+                let major = crate::broker::major_version(&self.settings.url, limit).await;
+                *self.broker_major.get_or_init(|| major)
+            }
+        };
+        topology
+            .declare_for(connection, &channel, broker_major)
+            .await?;
         let kind = match self.queue_kind.get() {
             Some(kind) => *kind,
             None => {

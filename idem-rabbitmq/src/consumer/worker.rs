@@ -99,6 +99,8 @@ pub(crate) struct Worker {
     pub(crate) stop: StopSignal,
     /// The queue's type, learnt by the first session and kept for every later one.
     pub(crate) queue_kind: OnceLock<QueueKind>,
+    /// The broker's major version, learnt by the first session that declares the topology.
+    pub(crate) broker_major: OnceLock<Option<u32>>,
 }
 
 impl Worker {
@@ -113,6 +115,7 @@ impl Worker {
             settings: &self.settings,
             topology: self.binding.topology(),
             queue_kind: &self.queue_kind,
+            broker_major: &self.broker_major,
             retirees: &self.retirees,
         }
     }
