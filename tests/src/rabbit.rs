@@ -46,6 +46,9 @@ pub fn management_url() -> String {
 /// Makes sure the broker's management API answers: on the local broker, its plugin is enabled
 /// when it is not (a fresh machine has it off), and waited for. Fails the test when it cannot be.
 pub async fn ensure_management() {
+    // One enabling at a time, for the tests of a binary that run side by side.
+    static ENABLING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ENABLING.lock().await;
     let address = management_url()
         .trim_start_matches("http://")
         .trim_end_matches('/')
