@@ -1,6 +1,5 @@
 //! `idem inbox`: records per consumer, one record, a stuck claim ended, a record forgotten.
 
-use std::error::Error;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
@@ -11,11 +10,11 @@ use idem_runtime::{
 };
 use serde_json::json;
 
-use crate::Done;
+use crate::outcome::Done;
 use crate::output::{age, print_table, time, time_ms};
 use crate::output::{note, out};
 
-type Result<T> = std::result::Result<T, Box<dyn Error>>;
+use crate::outcome::Result;
 
 /// The inbox's subcommands.
 #[derive(Debug, Subcommand)]
@@ -143,7 +142,7 @@ pub(crate) async fn open(url: &str, table: &Table, writes: bool) -> Result<Inbox
 
 /// [`open`] for the inbox table named `table`.
 pub(crate) async fn open_table(url: &str, table: &str, writes: bool) -> Result<Inbox> {
-    let db = crate::connect(url).await?;
+    let db = crate::database::connect(url).await?;
     let inbox = Inbox::builder(db)
         .table(table)
         .create_table(false)

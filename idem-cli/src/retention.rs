@@ -3,19 +3,18 @@
 //! recommended.
 
 use std::collections::BTreeMap;
-use std::error::Error;
 use std::time::Duration;
 
 use clap::Subcommand;
 use idem_runtime::{ConsumerStats, DuplicateSummary};
 use serde_json::json;
 
-use crate::Done;
 use crate::inbox::Table;
+use crate::outcome::Done;
 use crate::output::out;
 use crate::output::{age, print_table};
 
-type Result<T> = std::result::Result<T, Box<dyn Error>>;
+use crate::outcome::Result;
 
 /// The retention's subcommands.
 #[derive(Debug, Subcommand)]

@@ -164,7 +164,6 @@ mod tests {
         "longer than 80 lines: store/statements.rs: new (121)",
         "longer than 80 lines: lib.rs: idempotent (424)",
         "circle: lib.rs -> endpoint.rs -> layer.rs -> run.rs",
-        "circle: main.rs -> dlq/mod.rs -> dlq/browse.rs -> dlq/guard.rs -> dlq/list.rs -> dlq/management.rs -> dlq/replay.rs -> inbox.rs -> outbox/mod.rs -> outbox/holds.rs -> retention.rs",
     ];
 
     #[test]

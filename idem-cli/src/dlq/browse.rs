@@ -13,7 +13,8 @@ use idem_rabbitmq::lapin::{Channel, Connection};
 use idem_rabbitmq::{AmqpUrl, headers, lapin};
 use serde_json::json;
 
-use super::{QueueArgs, Result, answered};
+use super::queue::{QueueArgs, answered};
+use crate::outcome::Result;
 use crate::output::note;
 
 /// How long closing the channel, then the connection, is waited for.
@@ -221,7 +222,9 @@ pub(super) fn no_queue(queue: &str, error: &lapin::Error) -> Box<dyn std::error:
             if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
     );
     if missing {
-        Box::new(crate::NotFound(format!("no queue {queue} on the broker")))
+        Box::new(crate::outcome::NotFound(format!(
+            "no queue {queue} on the broker"
+        )))
     } else {
         format!("reading the queue {queue}: {error}").into()
     }

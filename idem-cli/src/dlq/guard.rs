@@ -9,9 +9,10 @@ use idem_rabbitmq::lapin::{self, Connection};
 use idem_rabbitmq::{AmqpUrl, QueueKind};
 
 use super::management::Management;
-use super::{QueueArgs, Result, answered};
+use super::queue::{QueueArgs, answered};
+use crate::outcome::Result;
+use crate::outcome::{NotFound, Refused};
 use crate::output::note;
-use crate::{NotFound, Refused};
 
 /// Checks that giving letters back to the queue brings none closer to being dropped: refused
 /// (exit 4) when the queue counts them toward a delivery limit, or when the queue is a quorum
@@ -93,7 +94,7 @@ pub(super) async fn take_replay_lock(
             Ok(())
         }
         Ok(Err(error)) => Err(format!("taking the replay lock {lock}: {error}").into()),
-        Err(_) => Err(super::unanswered(limit, "taking the replay lock")),
+        Err(_) => Err(super::queue::unanswered(limit, "taking the replay lock")),
     }
 }
 

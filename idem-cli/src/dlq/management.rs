@@ -9,7 +9,7 @@ use idem_rabbitmq::lapin::uri::AMQPUri;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::Result;
+use crate::outcome::Result;
 
 /// The port of the management API, where no URL names it.
 const DEFAULT_PORT: u16 = 15672;
@@ -129,7 +129,7 @@ impl Management {
             200 => Ok(serde_json::from_slice(body)?),
             404 => {
                 let missing = format!("no queue {} on the broker", segments.last().unwrap_or(&""));
-                Err(Box::new(crate::NotFound(missing)))
+                Err(Box::new(crate::outcome::NotFound(missing)))
             }
             401 | 403 => Err(format!(
                 "the management API at {} refused user {:?} ({status}): it needs a user with \

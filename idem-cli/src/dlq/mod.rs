@@ -15,20 +15,19 @@ mod browse;
 mod guard;
 mod list;
 mod management;
+mod queue;
 mod replay;
 
 use std::error::Error;
-use std::time::Duration;
 
-use clap::{Args as ClapArgs, Subcommand};
+use clap::Subcommand;
 
-use crate::Done;
-use crate::output::note;
+use crate::outcome::{Done, Result};
 use browse::Browse;
 use list::Reasons;
+pub(crate) use queue::QueueArgs;
+use queue::said_unread;
 use replay::{Progress, dry_run, replay};
-
-type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 /// The dead-letter queues' subcommands.
 #[derive(Debug, Subcommand)]
@@ -65,64 +64,6 @@ pub(crate) enum DlqCommand {
         #[arg(long, env = "IDEM_INBOX_TABLE", default_value = "idem_inbox")]
         table: String,
     },
-}
-
-/// The dead-letter queue, the broker, and which reason.
-#[derive(Debug, ClapArgs)]
-pub(crate) struct QueueArgs {
-    /// The dead-letter queue (`<queue>.dlq` for idem's topologies).
-    pub(super) queue: String,
-    /// Only messages dead-lettered for this reason (`x-idem-reason`: `undecodable`,
-    /// `fingerprint-mismatch`, `delivery-limit`, ...).
-    #[arg(long, value_name = "CODE")]
-    pub(super) reason: Option<String>,
-    /// The broker.
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        hide_env_values = true,
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    pub(super) amqp_url: String,
-    /// Seconds one step with the broker (connecting, reading a message, moving one) is waited
-    /// for before the command gives up; what it holds goes back to the queue.
-    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
-    pub(super) timeout: u64,
-    /// The broker's management API, which tells a queue's type and delivery limit (default:
-    /// http://<the first node's host>:15672, asked with the AMQP URL's user, which needs the
-    /// monitoring or management tag).
-    #[arg(long, env = "RABBITMQ_MANAGEMENT_URL", value_name = "URL")]
-    pub(super) management_url: Option<String>,
-    /// Takes the queue to have no delivery limit without asking the management API: for a
-    /// broker whose API cannot be read, by an operator who checked the queue's arguments and
-    /// policies.
-    #[arg(long)]
-    pub(super) no_delivery_limit: bool,
-}
-
-impl QueueArgs {
-    /// How long one step with the broker is waited for.
-    pub(super) fn step_limit(&self) -> Duration {
-        Duration::from_secs(self.timeout)
-    }
-}
-
-/// Runs `step`, one exchange with the broker, given up after `limit` with an error that says
-/// what was waited for.
-pub(super) async fn answered<T, E: Into<Box<dyn Error>>>(
-    limit: Duration,
-    what: &str,
-    step: impl Future<Output = std::result::Result<T, E>>,
-) -> Result<T> {
-    match tokio::time::timeout(limit, step).await {
-        Ok(done) => done.map_err(Into::into),
-        Err(_) => Err(unanswered(limit, what)),
-    }
-}
-
-/// The error of a step with the broker given up after `limit`.
-pub(super) fn unanswered(limit: Duration, what: &str) -> Box<dyn Error> {
-    format!("the broker did not answer within {limit:?} ({what})").into()
 }
 
 /// Runs `command` against the broker, and for a dry run the inbox of `database_url`.
@@ -181,17 +122,4 @@ pub(crate) async fn run(
             replay(&queue, &to, limit, json).await
         }
     }
-}
-
-/// Says, when letters the queue held at the start could not be read (another client held
-/// them), that the command did what it was asked in part only.
-fn said_unread(unread: u32) -> Done {
-    if unread == 0 {
-        return Done::Ok;
-    }
-    note!(
-        "idem: {unread} messages the queue held at the start could not be read: another \
-         client (a replay, a listing, a consumer) held them. Run the command again once it is done"
-    );
-    Done::Partly
 }

@@ -14,8 +14,10 @@ use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey};
 use serde_json::json;
 
 use super::browse::{Browse, Letter, message_count, no_queue};
-use super::{QueueArgs, Result, answered, guard};
-use crate::Done;
+use super::guard;
+use super::queue::{QueueArgs, answered, said_unread};
+use crate::outcome::Done;
+use crate::outcome::Result;
 use crate::output::print_table;
 use crate::output::{note, out};
 
@@ -163,9 +165,9 @@ pub(super) async fn replay(
         );
     }
     match outcome {
-        Ok(()) => Ok(super::said_unread(unread)),
+        Ok(()) => Ok(said_unread(unread)),
         // Said on standard output with what was moved.
-        Err(error) => Err(Box::new(crate::Reported(error.to_string()))),
+        Err(error) => Err(Box::new(crate::outcome::Reported(error.to_string()))),
     }
 }
 

@@ -7,7 +7,7 @@ use idem_runtime::outbox::{HeldRun, HeldSubject};
 use serde_json::json;
 
 use super::Result;
-use crate::Done;
+use crate::outcome::Done;
 use crate::output::{age, print_table};
 use crate::output::{note, out};
 

@@ -3,18 +3,17 @@
 
 mod holds;
 
-use std::error::Error;
 use std::time::Duration;
 
 use clap::Subcommand;
 use idem_runtime::Outbox;
 use serde_json::json;
 
-use crate::Done;
+use crate::outcome::Done;
 use crate::output::{age, print_table};
 use crate::output::{note, out};
 
-type Result<T> = std::result::Result<T, Box<dyn Error>>;
+use crate::outcome::Result;
 
 /// The outbox's subcommands.
 #[derive(Debug, Subcommand)]
@@ -82,7 +81,7 @@ pub(crate) async fn run(url: &str, command: OutboxCommand, json: bool) -> Result
 
 /// The outbox in `table`, which must exist: the command creates nothing.
 async fn open(url: &str, table: &Table, retention: Option<Duration>) -> Result<Outbox> {
-    let db = crate::connect(url).await?;
+    let db = crate::database::connect(url).await?;
     let mut outbox = Outbox::builder(db)
         .table(table.table.as_str())
         .create_table(false);
