@@ -147,14 +147,14 @@ impl Reader<'_> {
                         self.define(module, &name);
                     }
                     if let syn::Item::Fn(function) = other {
-                        let lines = span_lines(function);
+                        let lines = body_lines(&function.sig, &function.block);
                         let file = &mut self.krate.files[self.file];
                         file.functions.push((function.sig.ident.to_string(), lines));
                     }
                     if let syn::Item::Impl(block) = other {
                         for inner in &block.items {
                             if let syn::ImplItem::Fn(method) = inner {
-                                let lines = span_lines(method);
+                                let lines = body_lines(&method.sig, &method.block);
                                 let file = &mut self.krate.files[self.file];
                                 file.functions.push((method.sig.ident.to_string(), lines));
                             }
@@ -316,8 +316,10 @@ impl<'ast> Visit<'ast> for Paths {
     }
 }
 
-/// How many lines an item spans.
-fn span_lines(item: &impl syn::spanned::Spanned) -> usize {
-    let span = item.span();
-    span.end().line.saturating_sub(span.start().line) + 1
+/// How many lines a function spans, from `fn` to its closing brace (its docs and attributes
+/// left out).
+fn body_lines(signature: &syn::Signature, block: &syn::Block) -> usize {
+    let start = signature.fn_token.span.start().line;
+    let end = block.brace_token.span.close().end().line;
+    end.saturating_sub(start) + 1
 }
