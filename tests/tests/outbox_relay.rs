@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Relay, RelayBuilder, RelayHandle};
 use idem_runtime::outbox::HeldSubject;
 use idem_runtime::sea_orm::{DbErr, TransactionTrait};
@@ -53,6 +54,7 @@ mod server {
     use super::*;
     on_each_backend!([postgres]:
         the_pending_age_grows_while_the_broker_is_down,
+        a_run_behind_a_held_exchange_keeps_its_order,
         a_relay_in_another_process_is_woken_by_notify,
         an_unroutable_message_holds_back_the_ones_after_it,
         handlers_announce_nothing_while_a_relay_runs_in_their_process,
@@ -1196,5 +1198,58 @@ async fn the_pending_age_grows_while_the_broker_is_down(backend: Backend) {
     assert_eq!(gauge("idem_outbox_pending", &table).0, 2.0);
     proxy.restore();
     assert_eq!(ids(&f.receive(2, WAIT).await), ids_of("o-2", 2));
+    relay.shutdown().await;
+}
+
+/// A relay that the broker refused an exchange (it holds messages to it on sight for a while)
+/// takes a run staged after the refusal: its first message, to that exchange, is held on sight,
+/// and the run's later message, to another exchange, waits behind it instead of going out first.
+/// (Found by the protocol's model: `idem-model`, the relay's holds.)
+async fn a_run_behind_a_held_exchange_keeps_its_order(backend: Backend) {
+    let f = fixture(backend).await;
+    let missing = unique("idem_late_exchange");
+    let stage_run = |run: &'static str, to: Vec<String>| {
+        let f = &f;
+        async move {
+            let tx = f.db.db.begin().await.unwrap();
+            for (i, exchange) in to.into_iter().enumerate() {
+                let message = OutboxMessage::new(exchange, ROUTED, b"{}".to_vec())
+                    .in_run(run)
+                    .message_id(format!("{run}-{i}"));
+                f.outbox().stage(&tx, message).await.unwrap();
+            }
+            tx.commit().await.unwrap();
+        }
+    };
+    stage_run("a", vec![missing.clone()]).await;
+    let relay = start(relay_of(f.outbox(), &unique("idem-relay"))).await;
+    // The broker refuses the missing exchange: the relay holds it, and its run.
+    f.broker
+        .eventually("run a held back", WAIT, || async {
+            let held = "sent_at IS NULL AND held_until IS NOT NULL";
+            f.db.count(f.outbox().table().as_str(), held).await == 1
+        })
+        .await;
+    stage_run("b", vec![missing.clone(), f.exchange().to_owned()]).await;
+    f.outbox().notify_staged();
+    // b-0 is held on sight; b-1 must wait behind it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let early = ids(&f.broker.drain(&f.queue).await);
+    assert!(early.is_empty(), "published before the run's first: {early:?}");
+    relay.shutdown().await;
+
+    // The exchange made, and a relay that remembers no hold: the runs go out in their order.
+    f.broker.declare_exchange(&missing, ExchangeKind::Direct).await;
+    f.broker.bind(&f.queue, &missing, ROUTED).await;
+    for run in ["run:a", "run:b"] {
+        f.outbox()
+            .lift_holds(&HeldSubject::Run(run.to_owned()))
+            .await
+            .unwrap();
+    }
+    let relay = start(relay_of(f.outbox(), &unique("idem-relay"))).await;
+    let got = ids(&f.receive(3, WAIT).await);
+    let at = |id: &str| got.iter().position(|g| g == id).expect(id);
+    assert!(at("b-0") < at("b-1"), "run b out of order: {got:?}");
     relay.shutdown().await;
 }
