@@ -7,7 +7,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::transport::Status;
-use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey, Metadata, Outbox, OutboxMessage};
+use idem_runtime::{
+    ConsumerName, Inbox, InboxKey, MessageKey, Metadata, Outbox, OutboxMessage, RetentionPolicy,
+};
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
 use serde_json::Value;
 
@@ -20,6 +22,9 @@ on_each_backend!(
     outbox_show_lists_held_runs_and_retry_lifts_them,
     runs_differing_in_case_are_told_apart,
     retention_advise_weighs_duplicates_and_late_ones,
+    retention_advise_covers_the_oldest_late_copy_and_settles_once_applied,
+    retention_advise_since_reads_only_the_window,
+    retention_advise_reports_late_copies_a_nearly_empty_digest_caught,
 );
 
 /// Runs `idem args...` on `db`'s database with the inbox table `table`.
@@ -492,4 +497,155 @@ async fn runs_differing_in_case_are_told_apart(backend: Backend) {
     assert_eq!(runs, ["run:Case", "run:case"], "{held}");
     assert_eq!(run(&["retry", "run:case"])["lifted"], 1);
     assert_eq!(run(&["show"])[0]["run"], "run:Case");
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+/// Writes completed records of `consumer` for `keys`, processed `days_ago` days ago and kept
+/// `kept_days` days (expired since).
+async fn expired_records(
+    db: &TestDb,
+    table: &str,
+    consumer: &str,
+    keys: &[&str],
+    days_ago: i64,
+    kept_days: i64,
+) {
+    let completed = now_ms() - days_ago * DAY_MS;
+    let expires = completed + kept_days * DAY_MS;
+    for key in keys {
+        db.exec(&format!(
+            "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, \
+             created_at, claimed_at, completed_at, expires_at) VALUES ('{consumer}', '{key}', \
+             'completed', 1, 0, {completed}, {completed}, {completed}, {expires})"
+        ))
+        .await;
+    }
+}
+
+/// The advice for `consumer` in `idem retention advise --json [extra...]`.
+fn advice_for(db: &TestDb, table: &str, consumer: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["retention", "advise", "--json"];
+    args.extend_from_slice(extra);
+    let advice = json(&idem(db, table, &args));
+    (advice.as_array().unwrap().iter())
+        .find(|a| a["consumer"] == consumer)
+        .unwrap_or_else(|| panic!("no {consumer} in {advice}"))
+        .clone()
+}
+
+/// A copy that came 30 days after its message was processed, under a retention of 7 days: the
+/// retention recommended covers those 30 days, and once the consumer runs with it, the advice
+/// is no longer that it is too short.
+async fn retention_advise_covers_the_oldest_late_copy_and_settles_once_applied(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("monthly");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    expired_records(&db, &table, &consumer, &["k"], 30, 7).await;
+    let meta = Metadata::default();
+    inbox
+        .process(&handler, Msg::new("k", "1"), &meta)
+        .await
+        .unwrap();
+    inbox.cleaner().run_once().await.unwrap();
+
+    let before = advice_for(&db, &table, &consumer, &[]);
+    assert_eq!(before["verdict"], "too-short", "{before}");
+    let thirty_days = 30.0 * 86_400.0;
+    let late_age = before["late_max_age_s"].as_f64().unwrap_or(0.0);
+    assert!(
+        (thirty_days - 60.0..thirty_days + 60.0).contains(&late_age),
+        "{before}"
+    );
+    let recommended = before["recommended_s"].as_f64().unwrap();
+    assert!(recommended >= thirty_days, "{before}");
+
+    // The operator applies it: the consumer's processes run with it from now on.
+    let applied = Inbox::builder(db.db.clone())
+        .table(table.as_str())
+        .retention(
+            RetentionPolicy::default()
+                .with_consumer(&consumer, Duration::from_secs(recommended as u64)),
+        )
+        .build()
+        .await
+        .unwrap();
+    applied
+        .process(&handler, Msg::new("next", "1"), &meta)
+        .await
+        .unwrap();
+    applied.cleaner().run_once().await.unwrap();
+    let after = advice_for(&db, &table, &consumer, &[]);
+    assert_eq!(after["retention_s"], recommended, "{after}");
+    assert_ne!(after["verdict"], "too-short", "{after}");
+    assert_eq!(after["late"], 1, "{after}");
+}
+
+/// `--since 7d` leaves out what the processes saw before those seven days.
+async fn retention_advise_since_reads_only_the_window(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("windowed");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    expired_records(&db, &table, &consumer, &["k"], 8, 7).await;
+    let meta = Metadata::default();
+    inbox
+        .process(&handler, Msg::new("k", "1"), &meta)
+        .await
+        .unwrap();
+    inbox.cleaner().run_once().await.unwrap();
+    // What was seen goes ten days back.
+    db.exec(&format!(
+        "UPDATE {table}_dup_daily SET day_ms = day_ms - {}, since_ms = since_ms - {}, \
+         updated_ms = updated_ms - {} WHERE consumer = '{consumer}'",
+        10 * DAY_MS,
+        10 * DAY_MS,
+        10 * DAY_MS
+    ))
+    .await;
+
+    let all = advice_for(&db, &table, &consumer, &[]);
+    assert_eq!(
+        (all["late"].clone(), all["verdict"].clone()),
+        (1.into(), "too-short".into())
+    );
+    let recent = advice_for(&db, &table, &consumer, &["--since", "7d"]);
+    assert_eq!(recent["late"], 0, "{recent}");
+    assert_ne!(recent["verdict"], "too-short", "{recent}");
+}
+
+/// Three orders charged twice, their records deleted by the cleaner, caught by a digest of
+/// three keys: reported as late copies, the retention too short.
+async fn retention_advise_reports_late_copies_a_nearly_empty_digest_caught(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("charged");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    let orders = ["o-1", "o-2", "o-3"];
+    expired_records(&db, &table, &consumer, &orders, 8, 7).await;
+    assert_eq!(inbox.cleaner().run_once().await.unwrap().deleted, 3);
+    let meta = Metadata::default();
+    for order in orders {
+        let outcome = inbox.process(&handler, Msg::new(order, "1"), &meta).await;
+        assert!(!outcome.unwrap().is_duplicate(), "charged again");
+    }
+    inbox.cleaner().run_once().await.unwrap();
+
+    let advice = advice_for(&db, &table, &consumer, &[]);
+    assert_eq!(advice["late"], 3, "{advice}");
+    assert_eq!(advice["late_from_digest"], 3, "{advice}");
+    assert!(
+        advice["expected_false_alarms"].as_f64().unwrap() < 1e-3,
+        "{advice}"
+    );
+    assert_eq!(advice["verdict"], "too-short", "{advice}");
+    // At least eight days old, as the digest tells: the recommendation covers them.
+    assert!(
+        advice["recommended_s"].as_f64().unwrap() >= 8.0 * 86_400.0,
+        "{advice}"
+    );
 }

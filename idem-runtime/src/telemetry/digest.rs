@@ -300,3 +300,43 @@ async fn write(
 fn window_ms(window: Duration) -> i64 {
     i64::try_from(window.as_millis()).unwrap_or(i64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{ConsumerName, MessageKey};
+
+    fn key(consumer: &str, key: &str) -> InboxKey {
+        InboxKey {
+            consumer: ConsumerName::new(consumer).unwrap(),
+            message_key: MessageKey::new(key).unwrap(),
+        }
+    }
+
+    /// A digest at its full size (every filter kept full) takes at most one fresh key in
+    /// 100 000 for a deleted one: over a million fresh keys, at most ten (about two expected).
+    #[test]
+    fn a_full_digest_takes_at_most_one_fresh_key_in_100_000_for_a_deleted_one() {
+        let digests = Digests::new(Duration::from_secs(86_400));
+        let now = now_ms();
+        let generations = (0..MAX_FILTERS)
+            .map(|g| {
+                let mut generation = Generation::new("c", now + g as i64);
+                for i in 0..CAPACITY {
+                    generation.bloom.insert("c", &format!("deleted-{g}-{i}"));
+                }
+                generation.key_count = CAPACITY;
+                generation
+            })
+            .collect();
+        digests.keep(generations);
+        let fresh = 1_000_000;
+        let hits = (0..fresh)
+            .filter(|i| digests.check(&key("c", &format!("fresh-{i}"))).hit)
+            .count();
+        assert!(
+            hits <= fresh / 100_000,
+            "{hits} of {fresh} fresh keys taken for deleted ones"
+        );
+    }
+}
