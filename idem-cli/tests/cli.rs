@@ -407,9 +407,9 @@ async fn outbox_show_lists_held_runs_and_retry_lifts_them(backend: Backend) {
     );
 }
 
-/// `retention advise`: a consumer whose copy came after its record expired is told its
-/// retention is too short, with twice it recommended; one whose duplicates came at once has
-/// enough; the figures are those its processes wrote.
+/// `retention advise`: a consumer whose copy came eight days after its message, its record
+/// kept seven, is told its retention is too short, with twice those eight days recommended; one
+/// whose duplicates came at once has enough; the figures are those its processes wrote.
 async fn retention_advise_weighs_duplicates_and_late_ones(backend: Backend) {
     let db = TestDb::connect(backend).await;
     let (inbox, table) = inbox(&db).await;
@@ -419,15 +419,7 @@ async fn retention_advise_weighs_duplicates_and_late_ones(backend: Backend) {
         Recorder::new(&db, &effects, &late),
         Recorder::new(&db, &effects, &calm),
     );
-    // A record of `late` processed ten minutes ago, expired a second ago.
-    let completed = now_ms() - 600_000;
-    db.exec(&format!(
-        "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, created_at, \
-         claimed_at, completed_at, expires_at) VALUES ('{late}', 'k', 'completed', 1, 0, \
-         {completed}, {completed}, {completed}, {})",
-        now_ms() - 1_000
-    ))
-    .await;
+    expired_records(&db, &table, &late, &["k"], 8, 7).await;
     let meta = Metadata::default();
     for (handler, key) in [
         (&late_handler, "k"),
@@ -451,17 +443,18 @@ async fn retention_advise_weighs_duplicates_and_late_ones(backend: Backend) {
             .unwrap_or_else(|| panic!("no {consumer} in {advice}"))
             .clone()
     };
-    let week = 7.0 * 86_400.0;
+    let day = 86_400.0;
     let (late, calm) = (of(&late), of(&calm));
     assert_eq!(late["late"], 1, "{late}");
     assert_eq!(late["verdict"], "too-short", "{late}");
-    assert_eq!(late["retention_s"], week, "{late}");
-    assert_eq!(late["recommended_s"], 2.0 * week, "{late}");
+    assert_eq!(late["retention_s"], 7.0 * day, "{late}");
+    assert_eq!(late["retention_source"], "processes", "{late}");
+    assert_eq!(late["recommended_s"], 16.0 * day, "{late}");
     assert_eq!(calm["duplicates"], 1, "{calm}");
     assert_eq!(calm["verdict"], "enough", "{calm}");
     assert_eq!(calm["recommended_s"], Value::Null);
     let text = String::from_utf8(idem(&db, &table, &["retention", "advise"]).stdout).unwrap();
-    assert!(text.contains("too-short") && text.contains("14d"), "{text}");
+    assert!(text.contains("too-short") && text.contains("16d"), "{text}");
 }
 
 /// Runs whose names differ in case only are two runs (MySQL's collation would merge them):

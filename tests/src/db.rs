@@ -286,7 +286,7 @@ impl Drop for TestDb {
             if let Ok(db) = connect(&url, 1).await {
                 // An inbox table's companions (its duplicates' summaries and digests) too.
                 for table in tables {
-                    for suffix in ["", "_duplicates", "_digest"] {
+                    for suffix in ["", "_dup_daily", "_key_digest", "_duplicates", "_digest"] {
                         let drop = format!("DROP TABLE IF EXISTS {table}{suffix}");
                         let _ = db.execute_unprepared(&drop).await;
                     }
