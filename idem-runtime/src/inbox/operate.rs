@@ -69,7 +69,7 @@ impl Inbox {
     /// # Errors
     ///
     /// The database failed, or the table of summaries is missing (an inbox table created
-    /// before it came: see [`UpgradeInboxCompanions`](crate::migration)).
+    /// before it came: see the migration `UpgradeInboxCompanions`, feature `migration`).
     pub async fn duplicate_summaries(&self) -> Result<Vec<DuplicateSummary>> {
         let (store, db) = (&self.inner.store, &self.inner.db);
         Ok(crate::telemetry::read_summaries(store, db, None).await?)
