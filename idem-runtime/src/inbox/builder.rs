@@ -39,6 +39,7 @@ pub struct InboxBuilder {
     window: Option<RedeliveryWindow>,
     max_attempts: u32,
     create_table: bool,
+    check_schema: bool,
     claim_wait: Duration,
     leases: HashMap<String, Duration>,
     outbox: Option<Outbox>,
@@ -53,6 +54,7 @@ impl InboxBuilder {
             window: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             create_table: true,
+            check_schema: true,
             // Long enough to ride out a short transaction holding the key, short enough that a
             // copy of a message whose handler runs long gives its connection back soon.
             claim_wait: Duration::from_secs(5),
@@ -124,8 +126,18 @@ impl InboxBuilder {
         self
     }
 
+    /// Whether [`InboxBuilder::build`] checks that the table has the schema this version uses,
+    /// by claiming and completing a probe record in a transaction it rolls back (default
+    /// `true`). Turn it off, with [`create_table`](InboxBuilder::create_table), for an inbox
+    /// that only reads (an operator's tool on credentials that cannot write): `build` then
+    /// writes nothing, and a table of another schema fails at the first statement instead.
+    pub fn check_schema(mut self, check: bool) -> Self {
+        self.check_schema = check;
+        self
+    }
+
     /// Validates the configuration, creates the table if asked, checks that the table has the
-    /// schema this version uses, and returns the inbox.
+    /// schema this version uses (unless told not to), and returns the inbox.
     pub async fn build(self) -> Result<Inbox> {
         let table = TableName::new(self.table)?;
         match &self.window {
@@ -149,16 +161,18 @@ impl InboxBuilder {
         if self.create_table {
             starting(|| store.create_table(&self.db)).await?;
         }
-        starting(|| store.check_schema(&self.db))
-            .await
-            .map_err(|error| match error {
-                Error::Database(error) => ConfigError::SchemaMismatch {
-                    table: store.table().to_string(),
-                    detail: error.to_string(),
-                }
-                .into(),
-                error => error,
-            })?;
+        if self.check_schema {
+            starting(|| store.check_schema(&self.db))
+                .await
+                .map_err(|error| match error {
+                    Error::Database(error) => ConfigError::SchemaMismatch {
+                        table: store.table().to_string(),
+                        detail: error.to_string(),
+                    }
+                    .into(),
+                    error => error,
+                })?;
+        }
         store.read_lock_timeout(&self.db).await?;
         store.read_key_index(&self.db).await?;
         store.read_packet_limit(&self.db).await?;
