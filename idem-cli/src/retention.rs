@@ -6,15 +6,22 @@ use std::collections::BTreeMap;
 use std::error::Error;
 use std::time::Duration;
 
-use clap::Subcommand;
-use idem_runtime::{ConsumerStats, DuplicateSummary};
+use clap::{Args, Subcommand};
+use idem_runtime::{ConsumerStats, DuplicateSummary, Inbox};
 use serde_json::json;
 
 use crate::Done;
-use crate::inbox::Table;
 use crate::output::{age, print_table};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// The inbox table read.
+#[derive(Debug, Args)]
+pub(crate) struct Table {
+    /// The inbox table, when it is not the default.
+    #[arg(long, env = "IDEM_INBOX_TABLE", default_value = "idem_inbox")]
+    table: String,
+}
 
 /// The retention's subcommands.
 #[derive(Debug, Subcommand)]
@@ -205,7 +212,7 @@ pub(crate) async fn run(url: &str, command: RetentionCommand, json: bool) -> Res
         consumer,
         since,
     } = command;
-    let inbox = crate::inbox::open(url, &table).await?;
+    let inbox = open_to_read(url, &table).await?;
     let stats = inbox.stats(consumer.as_deref()).await?;
     let summaries = match since {
         Some(since) => inbox.duplicate_summaries_since(since).await?,
@@ -214,6 +221,19 @@ pub(crate) async fn run(url: &str, command: RetentionCommand, json: bool) -> Res
     let advice = advice_of(&stats, summaries, consumer.as_deref());
     print(&advice, json);
     Ok(Done::Ok)
+}
+
+/// The inbox of the database at `url`, opened to read only: nothing created, no probe
+/// record written, so that credentials that cannot write do.
+async fn open_to_read(url: &str, table: &Table) -> Result<Inbox> {
+    let db = crate::connect(url).await?;
+    let inbox = Inbox::builder(db)
+        .table(table.table.as_str())
+        .create_table(false)
+        .check_schema(false)
+        .build()
+        .await?;
+    Ok(inbox)
 }
 
 fn advice_of(

@@ -25,6 +25,7 @@ on_each_backend!(
     retention_advise_covers_the_oldest_late_copy_and_settles_once_applied,
     retention_advise_since_reads_only_the_window,
     retention_advise_reports_late_copies_a_nearly_empty_digest_caught,
+    retention_advise_reads_with_credentials_that_cannot_write,
 );
 
 /// Runs `idem args...` on `db`'s database with the inbox table `table`.
@@ -641,4 +642,88 @@ async fn retention_advise_reports_late_copies_a_nearly_empty_digest_caught(backe
         advice["recommended_s"].as_f64().unwrap() >= 8.0 * 86_400.0,
         "{advice}"
     );
+}
+
+/// `retention advise` with credentials that can only read the inbox and its companions (a
+/// read-only SQLite file): it writes nothing, not even a probe, and tells what it read.
+async fn retention_advise_reads_with_credentials_that_cannot_write(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("readonly");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    expired_records(&db, &table, &consumer, &["k"], 8, 7).await;
+    let meta = Metadata::default();
+    inbox
+        .process(&handler, Msg::new("k", "1"), &meta)
+        .await
+        .unwrap();
+    inbox.cleaner().run_once().await.unwrap();
+
+    let reader = Reader::grant(&db, &table).await;
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["retention", "advise", "--json"])
+        .env("DATABASE_URL", &reader.url)
+        .env("IDEM_INBOX_TABLE", &table)
+        .stdin(Stdio::null())
+        .output()
+        .expect("idem runs");
+    reader.revoke(&db).await;
+    let advice = json(&output);
+    let advice = (advice.as_array().unwrap().iter())
+        .find(|a| a["consumer"] == consumer.as_str())
+        .unwrap_or_else(|| panic!("no {consumer} in {advice}"))
+        .clone();
+    assert_eq!(
+        (advice["late"].clone(), advice["verdict"].clone()),
+        (1.into(), "too-short".into())
+    );
+}
+
+/// Credentials that can only read an inbox table and its companions: a user granted `SELECT`
+/// (PostgreSQL, MariaDB), or the file opened read-only (SQLite).
+struct Reader {
+    name: String,
+    url: String,
+}
+
+impl Reader {
+    async fn grant(db: &TestDb, table: &str) -> Self {
+        let name = unique("reader");
+        let url = db.url();
+        if db.backend == Backend::Sqlite {
+            let url = url.replace("mode=rwc", "mode=ro");
+            return Self { name, url };
+        }
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+        let user = match db.backend {
+            Backend::MySql => format!("'{name}'@'%'"),
+            _ => name.clone(),
+        };
+        match db.backend {
+            Backend::MySql => db.exec(&format!("CREATE USER {user}")).await,
+            _ => db.exec(&format!("CREATE ROLE {user} LOGIN")).await,
+        }
+        for table in [
+            table.to_owned(),
+            format!("{table}_dup_daily"),
+            format!("{table}_key_digest"),
+        ] {
+            db.exec(&format!("GRANT SELECT ON {table} TO {user}")).await;
+        }
+        let url = format!("{scheme}://{name}@{host}");
+        Self { name, url }
+    }
+
+    async fn revoke(self, db: &TestDb) {
+        match db.backend {
+            Backend::Sqlite => {}
+            Backend::MySql => db.exec(&format!("DROP USER '{}'@'%'", self.name)).await,
+            Backend::Postgres => {
+                db.exec(&format!("DROP OWNED BY {}", self.name)).await;
+                db.exec(&format!("DROP ROLE {}", self.name)).await;
+            }
+        }
+    }
 }
