@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use idem_runtime::transport::BatchItem;
-use idem_runtime::{BatchChecks, Inbox, Metadata, MessageKey, RetentionPolicy};
+use idem_runtime::{BatchChecks, Inbox, MessageKey, Metadata, RetentionPolicy};
 use idem_tests::bench::seed::insert_expired_of;
 use idem_tests::bench::{Charge, Order, Rates, Tables, orders};
 use idem_tests::{Backend, TestDb};
@@ -135,7 +135,10 @@ async fn bench(backend: Backend, args: &Args) -> Figures {
     // Every fresh order the digest took for a late one is a false positive.
     with.cleaner().run_once().await.unwrap();
     let all = with.duplicate_summaries().await.unwrap();
-    let summary = all.iter().find(|s| s.consumer == "bench").expect("a summary");
+    let summary = all
+        .iter()
+        .find(|s| s.consumer == "bench")
+        .expect("a summary");
     let fresh = (args.rounds + 1) * args.messages * 9 / 10 + args.fresh;
     let (with, without, ratio) = rates.summary();
     Figures {

@@ -26,7 +26,7 @@ const CLOCK_SLACK_MS: i64 = 300_000;
 
 /// The most filters kept per consumer: 8 × 512 KiB = 4 MiB, a million deleted keys. Past them
 /// the oldest go, and the digest covers less than its window rather than err more: each filter
-/// adds its rate to every check, at most 8 × 1.8 × 10⁻⁷ when all are full.
+/// adds its rate to every check, about 8 × 2 × 10⁻⁷ when all are full.
 pub(crate) const MAX_FILTERS: usize = 8;
 
 /// One piece of a filter, as this process holds it.
