@@ -18,6 +18,7 @@ on_each_backend!(
     a_nearly_empty_digest_expects_next_to_no_false_alarms,
     summaries_stay_a_row_per_consumer_and_day_across_process_starts,
     a_cleaner_run_writes_the_digest_in_proportion_to_its_deletions,
+    filters_unwritten_for_three_retentions_are_dropped,
 );
 
 fn now_ms() -> i64 {
@@ -250,6 +251,40 @@ async fn a_cleaner_run_writes_the_digest_in_proportion_to_its_deletions(backend:
         written <= 20 * 4_096,
         "{written} bytes of digest for 20 keys"
     );
+}
+
+/// A consumer's filter none of whose pieces was written for three retentions is dropped by the
+/// next cleaner run that deletes, and its keys no longer recognised; others stay.
+async fn filters_unwritten_for_three_retentions_are_dropped(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let table = db.table("inbox");
+    let cleaning = inbox(&db, &table).await;
+    let effects = db.effects_table().await;
+    let (old, recent) = (unique("old"), unique("recent"));
+    let hour = Duration::from_secs(3_600);
+    let keys: Vec<String> = (0..300).map(|i| format!("gone-{i}")).collect();
+    seed_expired(&db, &table, &old, &keys, hour).await;
+    seed_expired(&db, &table, &recent, &keys, hour).await;
+    assert_eq!(cleaning.cleaner().run_once().await.unwrap().deleted, 600);
+    let digest = format!("{table}_key_digest");
+    let three_weeks_ago = now_ms() - 22 * 86_400_000;
+    db.exec(&format!(
+        "UPDATE {digest} SET updated_ms = {three_weeks_ago} WHERE consumer = '{old}'"
+    ))
+    .await;
+    seed_expired(&db, &table, &recent, &["later".to_owned()], hour).await;
+    assert_eq!(cleaning.cleaner().run_once().await.unwrap().deleted, 1);
+    assert_eq!(db.count(&digest, &format!("consumer = '{old}'")).await, 0);
+    assert!(db.count(&digest, &format!("consumer = '{recent}'")).await > 0);
+    // A process that starts now knows only the recent consumer's deletions.
+    let started = inbox(&db, &table).await;
+    started.cleaner().run_once().await.unwrap();
+    assert!(process(&started, &Recorder::new(&db, &effects, &old), "gone-1").await);
+    assert!(process(&started, &Recorder::new(&db, &effects, &recent), "gone-1").await);
+    started.cleaner().run_once().await.unwrap();
+    let all = started.duplicate_summaries().await.unwrap();
+    assert_eq!(summary_of(&all, &old).late, 0);
+    assert_eq!(summary_of(&all, &recent).late_deleted, 1);
 }
 
 /// The counter of late duplicates is scraped at zero for a consumer as soon as its handler is

@@ -164,7 +164,8 @@ pub(super) async fn drop_beyond(
     Ok(())
 }
 
-/// Deletes the filters none of whose pieces was written since `oldest_ms`.
+/// Deletes the filters none of whose pieces was written since `oldest_ms`: those with a piece
+/// that old are found through the index on `updated_ms`, then each is read whole.
 pub(super) async fn drop_unwritten_since(
     store: &Store,
     db: &DatabaseConnection,
@@ -172,19 +173,31 @@ pub(super) async fn drop_unwritten_since(
 ) -> Result<(), DbErr> {
     let t = table(store);
     let dialect = store.dialect();
-    let stale = dialect.placeholders(&format!(
-        "SELECT consumer, period_ms FROM {t} GROUP BY consumer, period_ms \
-         HAVING MAX(updated_ms) < ?"
+    let aged = dialect.placeholders(&format!(
+        "SELECT DISTINCT consumer, period_ms FROM {t} WHERE updated_ms < ?"
     ));
-    let rows = (db.query_all_raw(store.statement(&stale, vec![Value::from(oldest_ms)]))).await?;
+    let rows = (db.query_all_raw(store.statement(&aged, vec![Value::from(oldest_ms)]))).await?;
+    let latest = dialect.placeholders(&format!(
+        "SELECT MAX(updated_ms) FROM {t} WHERE consumer = ? AND period_ms = ?"
+    ));
     let delete = dialect.placeholders(&format!(
         "DELETE FROM {t} WHERE consumer = ? AND period_ms = ?"
     ));
     for row in &rows {
-        let consumer = Value::from(store.read_key(row, 0)?);
-        let period_ms = Value::from(row.try_get_by_index::<i64>(1)?);
-        let values = vec![consumer, period_ms];
-        db.execute_raw(store.statement(&delete, values)).await?;
+        let values = vec![
+            Value::from(store.read_key(row, 0)?),
+            Value::from(row.try_get_by_index::<i64>(1)?),
+        ];
+        let written = db
+            .query_one_raw(store.statement(&latest, values.clone()))
+            .await?;
+        let written_ms = match written {
+            Some(row) => row.try_get_by_index::<Option<i64>>(0)?,
+            None => None,
+        };
+        if written_ms.is_some_and(|written_ms| written_ms < oldest_ms) {
+            db.execute_raw(store.statement(&delete, values)).await?;
+        }
     }
     Ok(())
 }
