@@ -87,7 +87,7 @@ impl Daily {
 
     fn update(&self, consumer: &str, change: impl FnOnce(&mut Seen)) {
         let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = consumers.entry(consumer.to_owned()).or_default();
+        let seen = seen_mut(&mut consumers, consumer);
         change(seen);
         seen.dirty = true;
     }
@@ -113,7 +113,7 @@ impl Daily {
     pub(super) fn claimed(&self, consumer: &str, retention: Duration, false_alarm: f64) {
         let retention_ms = Some(ms(retention));
         let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = consumers.entry(consumer.to_owned()).or_default();
+        let seen = seen_mut(&mut consumers, consumer);
         // Written when it changes, or with the next counts.
         seen.dirty |= seen.retention_ms != retention_ms || false_alarm > 0.0;
         seen.retention_ms = retention_ms;
@@ -170,9 +170,9 @@ impl Daily {
                 window_ms: self.redelivery_ms,
             };
             if let Err(error) = row.add_to(store, db).await {
-                for (consumer, counts, _) in
-                    std::iter::once((consumer.clone(), counts, None)).chain(changed)
-                {
+                // Kept for the next time, with the counts not tried yet.
+                self.update(&consumer, |seen| seen.unwritten.add(&counts));
+                for (consumer, counts, _) in changed {
                     self.update(&consumer, |seen| seen.unwritten.add(&counts));
                 }
                 return Err(error);
@@ -194,6 +194,14 @@ impl Daily {
         *self.pruned_day.lock().unwrap_or_else(|e| e.into_inner()) = today;
         Ok(())
     }
+}
+
+/// What is known of `consumer`, without a new key for each message.
+fn seen_mut<'a>(consumers: &'a mut HashMap<String, Seen>, consumer: &str) -> &'a mut Seen {
+    if !consumers.contains_key(consumer) {
+        consumers.insert(consumer.to_owned(), Seen::default());
+    }
+    consumers.get_mut(consumer).expect("inserted above")
 }
 
 /// One process's counts of a consumer, for its row of the day.
