@@ -9,6 +9,7 @@
 
 mod database;
 mod dlq;
+mod duration;
 mod inbox;
 mod outbox;
 mod outcome;

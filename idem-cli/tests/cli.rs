@@ -7,8 +7,11 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::transport::Status;
-use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey, Metadata, Outbox, OutboxMessage};
+use idem_runtime::{
+    ConsumerName, Inbox, InboxKey, MessageKey, Metadata, Outbox, OutboxMessage, RetentionPolicy,
+};
 use idem_tests::cluster::run_script;
+use idem_tests::db::Reader;
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
 use serde_json::Value;
 
@@ -24,6 +27,10 @@ on_each_backend!(
     reading_commands_work_with_read_only_credentials,
     forget_spares_a_live_claim_unless_forced,
     a_database_that_refuses_is_said_at_once,
+    retention_advise_covers_the_oldest_late_copy_and_settles_once_applied,
+    retention_advise_since_reads_only_the_window,
+    retention_advise_reports_late_copies_a_nearly_empty_digest_caught,
+    retention_advise_reads_with_credentials_that_cannot_write,
 );
 
 /// Runs `idem args...` on `db`'s database with the inbox table `table`.
@@ -442,9 +449,9 @@ async fn outbox_show_lists_held_runs_and_retry_lifts_them(backend: Backend) {
     );
 }
 
-/// `retention advise`: a consumer whose copy came after its record expired is told its
-/// retention is too short, with twice it recommended; one whose duplicates came at once has
-/// enough; the figures are those its processes wrote.
+/// `retention advise`: a consumer whose copy came eight days after its message, its record
+/// kept seven, is told its retention is too short, with twice those eight days recommended; one
+/// whose duplicates came at once has enough; the figures are those its processes wrote.
 async fn retention_advise_weighs_duplicates_and_late_ones(backend: Backend) {
     let db = TestDb::connect(backend).await;
     let (inbox, table) = inbox(&db).await;
@@ -454,15 +461,7 @@ async fn retention_advise_weighs_duplicates_and_late_ones(backend: Backend) {
         Recorder::new(&db, &effects, &late),
         Recorder::new(&db, &effects, &calm),
     );
-    // A record of `late` processed ten minutes ago, expired a second ago.
-    let completed = now_ms() - 600_000;
-    db.exec(&format!(
-        "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, created_at, \
-         claimed_at, completed_at, expires_at) VALUES ('{late}', 'k', 'completed', 1, 0, \
-         {completed}, {completed}, {completed}, {})",
-        now_ms() - 1_000
-    ))
-    .await;
+    expired_records(&db, &table, &late, &["k"], 8, 7).await;
     let meta = Metadata::default();
     for (handler, key) in [
         (&late_handler, "k"),
@@ -486,17 +485,18 @@ async fn retention_advise_weighs_duplicates_and_late_ones(backend: Backend) {
             .unwrap_or_else(|| panic!("no {consumer} in {advice}"))
             .clone()
     };
-    let week = 7.0 * 86_400.0;
+    let day = 86_400.0;
     let (late, calm) = (of(&late), of(&calm));
     assert_eq!(late["late"], 1, "{late}");
     assert_eq!(late["verdict"], "too-short", "{late}");
-    assert_eq!(late["retention_s"], week, "{late}");
-    assert_eq!(late["recommended_s"], 2.0 * week, "{late}");
+    assert_eq!(late["retention_s"], 7.0 * day, "{late}");
+    assert_eq!(late["retention_source"], "processes", "{late}");
+    assert_eq!(late["recommended_s"], 16.0 * day, "{late}");
     assert_eq!(calm["duplicates"], 1, "{calm}");
     assert_eq!(calm["verdict"], "enough", "{calm}");
     assert_eq!(calm["recommended_s"], Value::Null);
     let text = String::from_utf8(idem(&db, &table, &["retention", "advise"]).stdout).unwrap();
-    assert!(text.contains("too-short") && text.contains("14d"), "{text}");
+    assert!(text.contains("too-short") && text.contains("16d"), "{text}");
 }
 
 /// Runs whose names differ in case only are two runs (MySQL's collation would merge them):
@@ -554,24 +554,21 @@ async fn reading_commands_work_with_read_only_credentials(backend: Backend) {
         .await
         .expect("outbox builds");
     stage(&db, &outbox, &[("ex-a", Some("r-1"))]).await;
-    let reader = db.reader_url(&[&table, &outbox_table]).await;
+    let reader = Reader::grant(&db, &[&table, &outbox_table]).await;
+    let url = reader.url.clone();
 
-    let stats = json(&idem_at(&reader, &table, &["inbox", "stats", "--json"]));
+    let stats = json(&idem_at(&url, &table, &["inbox", "stats", "--json"]));
     assert_eq!(stats[0]["completed"], 1, "{stats}");
     let shown = json(&idem_at(
-        &reader,
+        &url,
         &table,
         &["inbox", "show", &consumer, "o-1", "--json"],
     ));
     assert_eq!(shown["status"], "completed", "{shown}");
-    let advice = json(&idem_at(
-        &reader,
-        &table,
-        &["retention", "advise", "--json"],
-    ));
+    let advice = json(&idem_at(&url, &table, &["retention", "advise", "--json"]));
     assert_eq!(advice[0]["consumer"], consumer.as_str(), "{advice}");
     let outbox_args = ["outbox", "stats", "--table", &outbox_table, "--json"];
-    let pending = json(&idem_at(&reader, &table, &outbox_args));
+    let pending = json(&idem_at(&url, &table, &outbox_args));
     assert_eq!(pending["pending"], 1, "{pending}");
     let show_args = [
         "outbox",
@@ -581,17 +578,18 @@ async fn reading_commands_work_with_read_only_credentials(backend: Backend) {
         &outbox_table,
         "--json",
     ];
-    let run = json(&idem_at(&reader, &table, &show_args));
+    let run = json(&idem_at(&url, &table, &show_args));
     assert_eq!(run.as_array().map(Vec::len), Some(1), "{run}");
 
     // A command that writes is refused by the server, said, and changes nothing.
     let refused = idem_at(
-        &reader,
+        &url,
         &table,
         &["inbox", "forget", &consumer, "o-1", "--yes"],
     );
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");
     assert_eq!(db.count(&table, "1 = 1").await, 1);
+    reader.revoke(&db).await;
 }
 
 /// A database whose port refuses connections is said at once, with the reason, not after the
@@ -677,4 +675,191 @@ async fn reading_commands_work_on_a_standby() {
         drop((inbox, db));
         run_script(script, "stop").await;
     }
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+/// Writes completed records of `consumer` for `keys`, processed `days_ago` days ago and kept
+/// `kept_days` days (expired since).
+async fn expired_records(
+    db: &TestDb,
+    table: &str,
+    consumer: &str,
+    keys: &[&str],
+    days_ago: i64,
+    kept_days: i64,
+) {
+    let completed = now_ms() - days_ago * DAY_MS;
+    let expires = completed + kept_days * DAY_MS;
+    for key in keys {
+        db.exec(&format!(
+            "INSERT INTO {table} (consumer, message_key, status, attempts, claim_token, \
+             created_at, claimed_at, completed_at, expires_at) VALUES ('{consumer}', '{key}', \
+             'completed', 1, 0, {completed}, {completed}, {completed}, {expires})"
+        ))
+        .await;
+    }
+}
+
+/// The advice for `consumer` in `idem retention advise --json [extra...]`.
+fn advice_for(db: &TestDb, table: &str, consumer: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["retention", "advise", "--json"];
+    args.extend_from_slice(extra);
+    let advice = json(&idem(db, table, &args));
+    (advice.as_array().unwrap().iter())
+        .find(|a| a["consumer"] == consumer)
+        .unwrap_or_else(|| panic!("no {consumer} in {advice}"))
+        .clone()
+}
+
+/// A copy that came 30 days after its message was processed, under a retention of 7 days: the
+/// retention recommended covers those 30 days, and once the consumer runs with it, the advice
+/// is no longer that it is too short.
+async fn retention_advise_covers_the_oldest_late_copy_and_settles_once_applied(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("monthly");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    expired_records(&db, &table, &consumer, &["k"], 30, 7).await;
+    let meta = Metadata::default();
+    inbox
+        .process(&handler, Msg::new("k", "1"), &meta)
+        .await
+        .unwrap();
+    inbox.cleaner().run_once().await.unwrap();
+
+    let before = advice_for(&db, &table, &consumer, &[]);
+    assert_eq!(before["verdict"], "too-short", "{before}");
+    let thirty_days = 30.0 * 86_400.0;
+    let late_age = before["late_max_age_s"].as_f64().unwrap_or(0.0);
+    assert!(
+        (thirty_days - 60.0..thirty_days + 60.0).contains(&late_age),
+        "{before}"
+    );
+    let recommended = before["recommended_s"].as_f64().unwrap();
+    assert!(recommended >= thirty_days, "{before}");
+
+    // The operator applies it: the consumer's processes run with it from now on.
+    let applied = Inbox::builder(db.db.clone())
+        .table(table.as_str())
+        .retention(
+            RetentionPolicy::default()
+                .with_consumer(&consumer, Duration::from_secs(recommended as u64)),
+        )
+        .build()
+        .await
+        .unwrap();
+    applied
+        .process(&handler, Msg::new("next", "1"), &meta)
+        .await
+        .unwrap();
+    applied.cleaner().run_once().await.unwrap();
+    let after = advice_for(&db, &table, &consumer, &[]);
+    assert_eq!(after["retention_s"], recommended, "{after}");
+    assert_ne!(after["verdict"], "too-short", "{after}");
+    assert_eq!(after["late"], 1, "{after}");
+}
+
+/// `--since 7d` leaves out what the processes saw before those seven days.
+async fn retention_advise_since_reads_only_the_window(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("windowed");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    expired_records(&db, &table, &consumer, &["k"], 8, 7).await;
+    let meta = Metadata::default();
+    inbox
+        .process(&handler, Msg::new("k", "1"), &meta)
+        .await
+        .unwrap();
+    inbox.cleaner().run_once().await.unwrap();
+    // What was seen goes ten days back.
+    db.exec(&format!(
+        "UPDATE {table}_dup_daily SET day_ms = day_ms - {}, since_ms = since_ms - {}, \
+         updated_ms = updated_ms - {} WHERE consumer = '{consumer}'",
+        10 * DAY_MS,
+        10 * DAY_MS,
+        10 * DAY_MS
+    ))
+    .await;
+
+    let all = advice_for(&db, &table, &consumer, &[]);
+    assert_eq!(
+        (all["late"].clone(), all["verdict"].clone()),
+        (1.into(), "too-short".into())
+    );
+    let recent = advice_for(&db, &table, &consumer, &["--since", "7d"]);
+    assert_eq!(recent["late"], 0, "{recent}");
+    assert_ne!(recent["verdict"], "too-short", "{recent}");
+}
+
+/// Three orders charged twice, their records deleted by the cleaner, caught by a digest of
+/// three keys: reported as late copies, the retention too short.
+async fn retention_advise_reports_late_copies_a_nearly_empty_digest_caught(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("charged");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    let orders = ["o-1", "o-2", "o-3"];
+    expired_records(&db, &table, &consumer, &orders, 8, 7).await;
+    assert_eq!(inbox.cleaner().run_once().await.unwrap().deleted, 3);
+    let meta = Metadata::default();
+    for order in orders {
+        let outcome = inbox.process(&handler, Msg::new(order, "1"), &meta).await;
+        assert!(!outcome.unwrap().is_duplicate(), "charged again");
+    }
+    inbox.cleaner().run_once().await.unwrap();
+
+    let advice = advice_for(&db, &table, &consumer, &[]);
+    assert_eq!(advice["late"], 3, "{advice}");
+    assert_eq!(advice["late_from_digest"], 3, "{advice}");
+    assert!(
+        advice["expected_false_alarms"].as_f64().unwrap() < 1e-3,
+        "{advice}"
+    );
+    assert_eq!(advice["verdict"], "too-short", "{advice}");
+    // At least eight days old, as the digest tells: the recommendation covers them.
+    assert!(
+        advice["recommended_s"].as_f64().unwrap() >= 8.0 * 86_400.0,
+        "{advice}"
+    );
+}
+
+/// `retention advise` with credentials that can only read the inbox and its companions (a
+/// read-only SQLite file): it writes nothing, not even a probe, and tells what it read.
+async fn retention_advise_reads_with_credentials_that_cannot_write(backend: Backend) {
+    let db = TestDb::connect(backend).await;
+    let (inbox, table) = inbox(&db).await;
+    let effects = db.effects_table().await;
+    let consumer = unique("readonly");
+    let handler = Recorder::new(&db, &effects, &consumer);
+    expired_records(&db, &table, &consumer, &["k"], 8, 7).await;
+    let meta = Metadata::default();
+    inbox
+        .process(&handler, Msg::new("k", "1"), &meta)
+        .await
+        .unwrap();
+    inbox.cleaner().run_once().await.unwrap();
+
+    let reader = Reader::grant(&db, &[&table]).await;
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["retention", "advise", "--json"])
+        .env("DATABASE_URL", &reader.url)
+        .env("IDEM_INBOX_TABLE", &table)
+        .stdin(Stdio::null())
+        .output()
+        .expect("idem runs");
+    reader.revoke(&db).await;
+    let advice = json(&output);
+    let advice = (advice.as_array().unwrap().iter())
+        .find(|a| a["consumer"] == consumer.as_str())
+        .unwrap_or_else(|| panic!("no {consumer} in {advice}"))
+        .clone();
+    assert_eq!(
+        (advice["late"].clone(), advice["verdict"].clone()),
+        (1.into(), "too-short".into())
+    );
 }

@@ -626,7 +626,7 @@ async fn concurrent_replays_never_end_in_part_saying_done() {
         let again = run_within(&mut replay(reason), Duration::from_secs(120)).await;
         assert!(again.status.success(), "{reason} again: {again:?}");
     }
-    assert_eq!(broker.depth(&dlq).await, 0);
+    wait_for_depth(&broker, &dlq, 0).await;
     let mut moved = ids(&broker.drain(&target).await);
     moved.sort();
     moved.dedup();

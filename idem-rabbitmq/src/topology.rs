@@ -268,9 +268,8 @@ impl QueueTopology {
         channel: &Channel,
         broker_major: Option<u32>,
     ) -> Result<()> {
-        let unlimited = self.declare
-            && self.dead_letter_kind == QueueKind::Quorum
-            && broker_major.is_some_and(|major| major >= 4);
+        let unlimited =
+            self.declares_quorum_dead_letters() && broker_major.is_some_and(|major| major >= 4);
         if !unlimited {
             return self.declare_with(channel, false).await;
         }
@@ -309,6 +308,12 @@ impl QueueTopology {
                 source,
             }),
         }
+    }
+
+    /// Whether it declares a quorum dead-letter queue, whose arguments differ between RabbitMQ 3
+    /// and 4.
+    pub(crate) fn declares_quorum_dead_letters(&self) -> bool {
+        self.declare && self.dead_letter_kind == QueueKind::Quorum
     }
 
     /// Declares the topology, the quorum dead-letter queue without a delivery limit when

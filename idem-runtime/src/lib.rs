@@ -179,7 +179,7 @@
 //! | `postgres` | no | PostgreSQL |
 //! | `mysql` | no | MySQL and MariaDB |
 //! | `tls-rustls` | no | TLS to the database |
-//! | `migration` | no | `migration::CreateInbox` and `CreateInboxCompanions` for `sea-orm-migration` |
+//! | `migration` | no | `migration::CreateInbox`, `CreateInboxCompanions` and `UpgradeInboxCompanions` for `sea-orm-migration` |
 //! | `otel` | no | staged outbox messages carry the handler's trace context (`traceparent`), through `tracing-opentelemetry` (the module `trace_context`) |
 //!
 //! # Backends

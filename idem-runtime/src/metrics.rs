@@ -9,7 +9,7 @@
 //! | `idem_cleanup_deleted_total` ([`CLEANUP_DELETED_TOTAL`]) | counter | `table` | inbox records and sent outbox rows the cleaner deleted |
 //! | `idem_outbox_staged_total` ([`OUTBOX_STAGED_TOTAL`]) | counter | `table` | outbox messages staged by handlers in committed transactions |
 //! | `idem_duplicate_age_seconds` ([`DUPLICATE_AGE_SECONDS`]) | histogram | `consumer` | for each duplicate answered from its stored record, how long before its key's record was completed |
-//! | `idem_late_duplicates_total` ([`LATE_DUPLICATES_TOTAL`]) | counter | `consumer` | copies processed again because their key's record had expired or been deleted (a deleted one recognised by the cleaner's digest, which rarely gives a false alarm) |
+//! | `idem_late_duplicates_total` ([`LATE_DUPLICATES_TOTAL`]) | counter | `consumer` | copies processed again because their key's record had expired or been deleted (a deleted one recognised by the cleaner's digest, which errs on about 1.6 in a million fresh keys when full); registered at 0 when the consumer is first checked or seen |
 //! | `idem_processing_duration_seconds` ([`PROCESSING_DURATION_SECONDS`]) | histogram | `consumer`, `outcome` | a message processed on its own, from its claim to its commit (the handler included) |
 //! | `idem_batch_size` ([`BATCH_SIZE`]) | histogram | `consumer` | messages per batch transaction |
 //! | `idem_batch_duration_seconds` ([`BATCH_DURATION_SECONDS`]) | histogram | `consumer` | a batch transaction, from its claims to its commit (the handlers included) |
@@ -45,7 +45,9 @@ pub const BATCH_SIZE: &str = "idem_batch_size";
 pub const BATCH_DURATION_SECONDS: &str = "idem_batch_duration_seconds";
 
 /// The counter of late duplicates (copies processed again because their key's record had
-/// expired or been deleted), by consumer.
+/// expired or been deleted), by consumer; registered at 0 as soon as the consumer is known
+/// ([`Inbox::check_handler`](crate::Inbox::check_handler), or its first message), so that a
+/// rate or `increase()` sees the first one.
 pub const LATE_DUPLICATES_TOTAL: &str = "idem_late_duplicates_total";
 
 /// Describes each metric above to the recorder installed now, so that an exporter prints what

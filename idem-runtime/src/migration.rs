@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use idem_runtime::schema::TableName;
-//! use idem_runtime::migration::{CreateInbox, CreateInboxCompanions};
+//! use idem_runtime::migration::{CreateInbox, CreateInboxCompanions, UpgradeInboxCompanions};
 //! use sea_orm_migration::{MigrationTrait, MigratorTrait};
 //!
 //! struct Migrator;
@@ -15,6 +15,8 @@
 //!             Box::new(CreateInbox::new(TableName::new("billing_inbox").unwrap())),
 //!             // For tables created before the duplicates' summaries and digests came:
 //!             Box::new(CreateInboxCompanions::default()),
+//!             // For tables whose companions came before they went by day and by piece:
+//!             Box::new(UpgradeInboxCompanions::default()),
 //!         ]
 //!     }
 //! }
@@ -131,6 +133,57 @@ impl MigrationTrait for CreateInboxCompanions {
             db.execute_unprepared(sql).await?;
         }
         Ok(())
+    }
+}
+
+/// Creates the tables beside an inbox table that this version reads and writes, for a table
+/// whose companions an earlier version made: the duplicates' summaries by consumer and day
+/// (`<table>_dup_daily`) and the digests of deleted keys in pieces (`<table>_key_digest`).
+/// Idempotent. The earlier companions (`<table>_duplicates`, `<table>_digest`) are left in
+/// place for processes of the earlier version still running: drop them once none is (`down`
+/// drops every companion).
+///
+/// Its name is `m20261210_000001_upgrade_<table>_companions`.
+#[derive(Debug, Clone)]
+pub struct UpgradeInboxCompanions {
+    table: TableName,
+    name: String,
+}
+
+impl UpgradeInboxCompanions {
+    /// The migration for a table with a custom name.
+    pub fn new(table: TableName) -> Self {
+        let name = format!("m20261210_000001_upgrade_{table}_companions");
+        Self { table, name }
+    }
+}
+
+impl Default for UpgradeInboxCompanions {
+    /// The migration for the default table, `idem_inbox`.
+    fn default() -> Self {
+        Self::new(TableName::default())
+    }
+}
+
+impl MigrationName for UpgradeInboxCompanions {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[allow(elided_lifetimes_in_paths)]
+#[async_trait::async_trait]
+impl MigrationTrait for UpgradeInboxCompanions {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        CreateInboxCompanions::new(self.table.clone())
+            .up(manager)
+            .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        CreateInboxCompanions::new(self.table.clone())
+            .down(manager)
+            .await
     }
 }
 

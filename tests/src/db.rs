@@ -234,49 +234,64 @@ impl TestDb {
         }
     }
 
-    /// A URL on the same database for a user that may only read `tables` (and their companion
-    /// tables, where they exist), as an operator's read-only credentials give: a role granted
-    /// `SELECT` on PostgreSQL and MariaDB, the file opened read-only on SQLite.
-    pub async fn reader_url(&self, tables: &[&str]) -> String {
-        const READER: &str = "idem_reader";
-        let grants = tables.iter().flat_map(|table| {
-            ["", "_duplicates", "_digest"].map(|suffix| format!("{table}{suffix}"))
-        });
-        match self.backend {
-            Backend::Sqlite => self.url.replace("mode=rwc", "mode=ro"),
-            Backend::Postgres => {
-                // Tests run side by side: a concurrent creation of the role is as good.
-                let create = format!("CREATE ROLE {READER} LOGIN");
-                let _ = self.db.execute_unprepared(&create).await;
-                for table in grants {
-                    let grant = format!("GRANT SELECT ON {table} TO {READER}");
-                    // A companion table that was never made has nothing to grant.
-                    let _ = self.db.execute_unprepared(&grant).await;
-                }
-                let url = url::Url::parse(&self.url).expect("a URL");
-                let mut reader = url.clone();
-                reader.set_username(READER).expect("a user");
-                reader.set_password(None).expect("no password");
-                reader.to_string()
-            }
-            Backend::MySql => {
-                let create = format!("CREATE USER IF NOT EXISTS '{READER}'@'%'");
-                self.exec(&create).await;
-                for table in grants {
-                    let grant = format!("GRANT SELECT ON {table} TO '{READER}'@'%'");
-                    let _ = self.db.execute_unprepared(&grant).await;
-                }
-                let mut reader = url::Url::parse(&self.url).expect("a URL");
-                reader.set_username(READER).expect("a user");
-                reader.set_password(None).expect("no password");
-                reader.to_string()
-            }
-        }
-    }
-
     /// Counts the rows of `table` matching `filter` (a SQL condition, `1=1` for all).
     pub async fn count(&self, table: &str, filter: &str) -> i64 {
         count_on(&self.db, table, filter).await
+    }
+}
+
+/// Credentials that can only read some tables and their companions (an operator's read-only
+/// user): a user of its own granted `SELECT` (PostgreSQL, MariaDB), or the file opened
+/// read-only (SQLite). [`Reader::revoke`] drops the user.
+#[derive(Debug)]
+pub struct Reader {
+    name: String,
+    /// The URL that connects as the reader.
+    pub url: String,
+}
+
+impl Reader {
+    /// A reader of `tables` (inbox tables: their companion tables too, where they exist) on
+    /// `db`'s database.
+    pub async fn grant(db: &TestDb, tables: &[&str]) -> Self {
+        let name = unique("reader");
+        let url = db.url();
+        if db.backend == Backend::Sqlite {
+            let url = url.replace("mode=rwc", "mode=ro");
+            return Self { name, url };
+        }
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+        let user = match db.backend {
+            Backend::MySql => format!("'{name}'@'%'"),
+            _ => name.clone(),
+        };
+        match db.backend {
+            Backend::MySql => db.exec(&format!("CREATE USER {user}")).await,
+            _ => db.exec(&format!("CREATE ROLE {user} LOGIN")).await,
+        }
+        for table in tables {
+            db.exec(&format!("GRANT SELECT ON {table} TO {user}")).await;
+            for companion in ["_dup_daily", "_key_digest"] {
+                let grant = format!("GRANT SELECT ON {table}{companion} TO {user}");
+                // A table that is not an inbox has no companions.
+                let _ = db.db.execute_unprepared(&grant).await;
+            }
+        }
+        let url = format!("{scheme}://{name}@{host}");
+        Self { name, url }
+    }
+
+    /// Drops the reader's user.
+    pub async fn revoke(self, db: &TestDb) {
+        match db.backend {
+            Backend::Sqlite => {}
+            Backend::MySql => db.exec(&format!("DROP USER '{}'@'%'", self.name)).await,
+            Backend::Postgres => {
+                db.exec(&format!("DROP OWNED BY {}", self.name)).await;
+                db.exec(&format!("DROP ROLE {}", self.name)).await;
+            }
+        }
     }
 }
 
@@ -326,7 +341,7 @@ impl Drop for TestDb {
             if let Ok(db) = connect(&url, 1).await {
                 // An inbox table's companions (its duplicates' summaries and digests) too.
                 for table in tables {
-                    for suffix in ["", "_duplicates", "_digest"] {
+                    for suffix in ["", "_dup_daily", "_key_digest", "_duplicates", "_digest"] {
                         let drop = format!("DROP TABLE IF EXISTS {table}{suffix}");
                         let _ = db.execute_unprepared(&drop).await;
                     }

@@ -702,6 +702,24 @@ async fn table_creation_is_idempotent_and_migration_creates_the_same_table(backe
     assert!(inbox.duplicate_summaries().await.is_err());
     companions.up(&manager).await.unwrap();
     assert!(inbox.duplicate_summaries().await.unwrap().is_empty());
+    // Companions of an earlier version (summaries by process) are left alone; the upgrade
+    // adds this version's beside them.
+    companions.down(&manager).await.unwrap();
+    db.exec(&format!(
+        "CREATE TABLE {migrated}_duplicates (consumer VARCHAR(128) NOT NULL, \
+         instance VARCHAR(36) NOT NULL, PRIMARY KEY (consumer, instance))"
+    ))
+    .await;
+    db.exec(&format!(
+        "INSERT INTO {migrated}_duplicates VALUES ('c', 'i')"
+    ))
+    .await;
+    let upgrade = idem_runtime::migration::UpgradeInboxCompanions::new(
+        idem_runtime::schema::TableName::new(migrated.clone()).unwrap(),
+    );
+    upgrade.up(&manager).await.unwrap();
+    assert!(inbox.duplicate_summaries().await.unwrap().is_empty());
+    assert_eq!(db.count(&format!("{migrated}_duplicates"), "1=1").await, 1);
     migration.down(&manager).await.unwrap();
     let gone = inbox.process(&handler, Msg::new("c", "1"), &meta()).await;
     assert!(matches!(gone, Err(Error::Database(_))), "{gone:?}");

@@ -26,7 +26,7 @@ pub(crate) enum OutboxCommand {
         table: Table,
         /// The outbox's retention in the services (`90s`, `30m`, `24h`, `7d`): sent messages
         /// older than that await the cleaner.
-        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        #[arg(long, default_value = "24h", value_parser = crate::duration::parse_duration)]
         retention: Duration,
     },
     /// The runs the relays hold back (and messages of no run), the oldest first; with RUN (or
@@ -142,41 +142,4 @@ async fn stats(outbox: &Outbox, json: bool) -> Result<Done> {
         .collect();
     print_table(&["exchange", "messages", "runs", "held for up to"], &rows);
     Ok(Done::Ok)
-}
-
-/// `90s`, `30m`, `24h`, `7d`.
-fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
-    let refused = || format!("{text:?}: a number and s, m, h or d (`24h`, `7d`)");
-    let unit = text.chars().last().ok_or_else(refused)?;
-    let unit_secs = match unit {
-        's' => 1,
-        'm' => 60,
-        'h' => 3600,
-        'd' => 86_400,
-        _ => return Err(refused()),
-    };
-    let number: u64 = text[..text.len() - unit.len_utf8()]
-        .parse()
-        .map_err(|_| refused())?;
-    if number == 0 {
-        return Err("a retention of zero".into());
-    }
-    let secs = number.checked_mul(unit_secs).ok_or_else(refused)?;
-    Ok(Duration::from_secs(secs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_take_a_unit() {
-        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
-        assert!(parse_duration("7").is_err());
-        assert!(parse_duration("0h").is_err());
-        assert!(parse_duration("h").is_err());
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("7é").is_err());
-    }
 }

@@ -119,7 +119,13 @@ impl SessionOpener<'_> {
                 return Err(error);
             }
         };
-        let channels = self.open_channels(&connection.connection, &publishing.connection, &name);
+        let broker_major = self.broker_major().await;
+        let channels = self.open_channels(
+            &connection.connection,
+            &publishing.connection,
+            &name,
+            broker_major,
+        );
         let opened = within(limit, "opening the channels", channels).await;
         let (channel, publisher, consumer, kind) = match opened {
             Ok(opened) => opened,
@@ -142,6 +148,22 @@ impl SessionOpener<'_> {
         })
     }
 
+    /// The broker's major version, asked once (by the first session that opens), and only of a
+    /// broker where the topology declares a quorum dead-letter queue, whose arguments differ
+    /// between RabbitMQ 3 and 4: `None` when no node told it within the open timeout.
+    async fn broker_major(&self) -> Option<u32> {
+        if let Some(major) = self.broker_major.get() {
+            return *major;
+        }
+        let major = if self.topology.declares_quorum_dead_letters() {
+            let limit = self.settings.open_timeout;
+            crate::broker::major_version(&self.settings.url, limit).await
+        } else {
+            None
+        };
+        *self.broker_major.get_or_init(|| major)
+    }
+
     /// Closes a connection of a session that failed to open, for good.
     async fn discard(&self, link: Link) {
         link.close("start failed").await;
@@ -155,20 +177,13 @@ impl SessionOpener<'_> {
         connection: &Connection,
         publishing: &Connection,
         name: &str,
+        broker_major: Option<u32>,
     ) -> Result<(Channel, ConfirmChannel, lapin::Consumer, QueueKind)> {
         let channel = connection
             .create_channel()
             .await
             .map_err(Error::amqp("channel.open"))?;
         let topology = self.topology;
-        let broker_major = match self.broker_major.get() {
-            Some(major) => *major,
-            None => {
-                let limit = self.settings.open_timeout;
-                let major = crate::broker::major_version(&self.settings.url, limit).await;
-                *self.broker_major.get_or_init(|| major)
-            }
-        };
         topology
             .declare_for(connection, &channel, broker_major)
             .await?;

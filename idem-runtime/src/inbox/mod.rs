@@ -225,7 +225,7 @@ impl Inbox {
                     previous_claim_at,
                     before,
                 }) => {
-                    self.inner.telemetry.claimed(request.key, before);
+                    (self.inner.telemetry).claimed(request.key, before, request.retention);
                     break (tx, token, attempt, previous_claim_at);
                 }
                 Err(Error::Contention(error)) if deadlocks.try_again(&error) => drop(tx),
@@ -298,13 +298,16 @@ impl Inbox {
     }
 
     /// Checks a handler against this inbox's configuration before it processes anything: its
-    /// consumer name, and its retention against the redelivery window if one was given.
+    /// consumer name, and its retention against the redelivery window if one was given. Its
+    /// consumer's `idem_late_duplicates_total` is registered at zero then.
     pub fn check_handler<H: Handler>(&self, handler: &H) -> Result<(), Error> {
         let consumer = ConsumerName::new(handler.consumer()).map_err(Error::InvalidConsumer)?;
         if matches!(handler.mode(), Mode::Entity | Mode::Natural) {
             // No record to keep, no retention to cover the window.
             return Ok(());
         }
+        // Its counter of late duplicates is scraped at zero from its start.
+        self.inner.telemetry.known(consumer.as_str());
         let (retention, _) = self.settings_for(&consumer, handler)?;
         if let Some(window) = &self.inner.window {
             check_covers(consumer.as_str(), retention, window.duration())?;

@@ -86,15 +86,32 @@ pub enum Forgotten {
 }
 
 impl Inbox {
-    /// Each consumer's duplicates as every process that ran it wrote them (each writes its own
-    /// when its cleaner task looks at the table), summed: their ages and the late duplicates.
+    /// Each consumer's duplicates as every process that ran it wrote them (each adds its counts
+    /// to the consumer's row of the day when its cleaner task looks at the table), summed over
+    /// every day kept (90): their ages and the late duplicates. Reads only.
     ///
     /// # Errors
     ///
     /// The database failed, or the table of summaries is missing (an inbox table created
-    /// before it came: see [`CreateInboxCompanions`](crate::migration)).
+    /// before it came: see the migration `UpgradeInboxCompanions`, feature `migration`).
     pub async fn duplicate_summaries(&self) -> Result<Vec<DuplicateSummary>> {
-        Ok(crate::telemetry::read_summaries(&self.inner.store, &self.inner.db).await?)
+        let (store, db) = (&self.inner.store, &self.inner.db);
+        Ok(crate::telemetry::read_summaries(store, db, None).await?)
+    }
+
+    /// Like [`duplicate_summaries`](Inbox::duplicate_summaries), over the days that end within
+    /// `window` of now (`7d`: the last seven days and today); the retention in force is read
+    /// whatever the window.
+    ///
+    /// # Errors
+    ///
+    /// As [`duplicate_summaries`](Inbox::duplicate_summaries).
+    pub async fn duplicate_summaries_since(
+        &self,
+        window: Duration,
+    ) -> Result<Vec<DuplicateSummary>> {
+        let (store, db) = (&self.inner.store, &self.inner.db);
+        Ok(crate::telemetry::read_summaries(store, db, Some(window)).await?)
     }
 
     /// Counts the records of each consumer, or of `consumer` only, by the database's clock.

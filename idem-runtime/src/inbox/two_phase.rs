@@ -41,7 +41,7 @@ impl Inbox {
                 previous_claim_at,
                 before,
             } => {
-                self.inner.telemetry.claimed(request.key, before);
+                (self.inner.telemetry).claimed(request.key, before, request.retention);
                 (token, attempt, previous_claim_at)
             }
         };

@@ -13,6 +13,8 @@ pub(crate) struct Deleted {
     pub(crate) key: String,
     /// Whether its message had been processed (not an abandoned claim).
     pub(crate) completed: bool,
+    /// When its message was processed (epoch ms, the database's clock).
+    pub(crate) completed_at: Option<i64>,
 }
 
 impl Store {
@@ -42,13 +44,14 @@ impl Store {
         rows.iter().map(|row| self.read_deleted(row)).collect()
     }
 
-    /// A deleted record, from its `consumer, message_key, status` columns.
+    /// A deleted record, from its `consumer, message_key, status, completed_at` columns.
     pub(crate) fn read_deleted(&self, row: &QueryResult) -> Result<Deleted, DbErr> {
         let status: String = row.try_get_by_index(2)?;
         Ok(Deleted {
             consumer: self.read_key(row, 0)?,
             key: self.read_key(row, 1)?,
             completed: Status::parse(&status) == Some(Status::Completed),
+            completed_at: row.try_get_by_index(3)?,
         })
     }
 

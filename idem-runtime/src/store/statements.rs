@@ -146,18 +146,18 @@ impl Statements {
         let delete_expired = match dialect.backend() {
             // A delete waits for every record it meets that another transaction holds.
             DbBackend::MySql => format!(
-                "SELECT consumer, message_key, status FROM {t} WHERE expires_at < ? \
+                "SELECT consumer, message_key, status, completed_at FROM {t} WHERE expires_at < ? \
                  ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED"
             ),
             // Rows a claim is taking over right now are skipped, not waited for.
             DbBackend::Postgres => format!(
                 "DELETE FROM {t} WHERE (consumer, message_key) IN (SELECT consumer, message_key \
                  FROM {t} WHERE expires_at < ? LIMIT ? FOR UPDATE SKIP LOCKED) \
-                 RETURNING consumer, message_key, status"
+                 RETURNING consumer, message_key, status, completed_at"
             ),
             _ => format!(
                 "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE expires_at < ? LIMIT ?) \
-                 RETURNING consumer, message_key, status"
+                 RETURNING consumer, message_key, status, completed_at"
             ),
         };
         let restore_lock_timeout = (dialect.backend() == DbBackend::Postgres)

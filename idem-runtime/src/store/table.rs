@@ -115,43 +115,64 @@ pub fn create_table_statements(backend: DbBackend, table: &TableName) -> Vec<Str
     statements
 }
 
-/// The tables beside the inbox: what each process learnt of each consumer's duplicates
-/// (`<table>_duplicates`, a row per consumer and process), and the digests of the keys the
-/// cleaner deleted (`<table>_digest`, Bloom filters by consumer and period).
+/// The tables beside the inbox: what the processes learnt of each consumer's duplicates
+/// (`<table>_dup_daily`, a row per consumer and day), and the digests of the keys the cleaner
+/// deleted (`<table>_key_digest`, Bloom filters by consumer, period and piece of 4 KiB).
 fn companion_statements(backend: DbBackend, table: &TableName, consumer: &str) -> Vec<String> {
-    let blob = match backend {
-        DbBackend::MySql => "MEDIUMBLOB",
-        DbBackend::Postgres => "BYTEA",
-        _ => "BLOB",
+    let (blob, double) = match backend {
+        DbBackend::MySql => ("BLOB", "DOUBLE"),
+        DbBackend::Postgres => ("BYTEA", "DOUBLE PRECISION"),
+        _ => ("BLOB", "REAL"),
     };
     let engine = match backend {
         DbBackend::MySql => " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
         _ => "",
     };
-    let duplicates = companion(backend, table, DUPLICATES);
-    let digest = companion(backend, table, DIGEST);
-    vec![
-        format!(
-            "CREATE TABLE IF NOT EXISTS {duplicates} (consumer {consumer} NOT NULL, \
-             instance VARCHAR(36) NOT NULL, since_ms BIGINT NOT NULL, \
-             updated_ms BIGINT NOT NULL, duplicates BIGINT NOT NULL, ages VARCHAR(255) NOT NULL, \
-             max_age_ms BIGINT NOT NULL, late BIGINT NOT NULL, late_deleted BIGINT NOT NULL, \
-             false_alarms_micros BIGINT NOT NULL, window_ms BIGINT NULL, \
-             PRIMARY KEY (consumer, instance)){engine}"
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {digest} (consumer {consumer} NOT NULL, \
-             period_ms BIGINT NOT NULL, key_count BIGINT NOT NULL, bits {blob} NOT NULL, \
-             updated_ms BIGINT NOT NULL, PRIMARY KEY (consumer, period_ms)){engine}"
-        ),
-    ]
+    let daily = companion(backend, table, DUP_DAILY);
+    let digest = companion(backend, table, KEY_DIGEST);
+    let ages: String = (0..10)
+        .map(|i| format!("age_{i} BIGINT NOT NULL, "))
+        .collect();
+    let digest_columns = format!(
+        "consumer {consumer} NOT NULL, period_ms BIGINT NOT NULL, piece BIGINT NOT NULL, \
+         key_count BIGINT NOT NULL, newest_completed_ms BIGINT NOT NULL, \
+         updated_ms BIGINT NOT NULL, bits {blob} NOT NULL, \
+         PRIMARY KEY (consumer, period_ms, piece)"
+    );
+    // Every process reads the pieces written since its last look.
+    let (index, index_name) = ("(updated_ms)", format!("{}_kd_updated", table.as_str()));
+    let mut statements = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {daily} (consumer {consumer} NOT NULL, \
+         day_ms BIGINT NOT NULL, since_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL, \
+         duplicates BIGINT NOT NULL, {ages}max_age_ms BIGINT NOT NULL, \
+         late_expired BIGINT NOT NULL, late_expired_max_age_ms BIGINT NOT NULL, \
+         late_deleted BIGINT NOT NULL, late_deleted_max_age_ms BIGINT NOT NULL, \
+         expected_false_alarms {double} NOT NULL, retention_ms BIGINT NULL, \
+         window_ms BIGINT NULL, PRIMARY KEY (consumer, day_ms)){engine}"
+    )];
+    match backend {
+        DbBackend::MySql => statements.push(format!(
+            "CREATE TABLE IF NOT EXISTS {digest} ({digest_columns}, \
+             INDEX `{index_name}` {index}){engine}"
+        )),
+        _ => statements.extend([
+            format!("CREATE TABLE IF NOT EXISTS {digest} ({digest_columns})"),
+            format!("CREATE INDEX IF NOT EXISTS \"{index_name}\" ON {digest} {index}"),
+        ]),
+    }
+    statements
 }
 
-/// The suffix of the table of duplicates' summaries.
-pub(crate) const DUPLICATES: &str = "duplicates";
+/// The suffix of the table of duplicates' summaries, by consumer and day.
+pub(crate) const DUP_DAILY: &str = "dup_daily";
 
-/// The suffix of the table of deleted keys' digests.
-pub(crate) const DIGEST: &str = "digest";
+/// The suffix of the table of deleted keys' digests, by consumer, period and piece.
+pub(crate) const KEY_DIGEST: &str = "key_digest";
+
+/// The suffixes of the tables earlier versions kept beside the inbox (summaries by process,
+/// digests in one blob a filter), which this version neither reads nor writes.
+#[cfg(feature = "migration")]
+pub(crate) const FORMER_COMPANIONS: [&str; 2] = ["duplicates", "digest"];
 
 /// The table `<table>_<suffix>`, quoted for `backend`.
 pub(crate) fn companion(backend: DbBackend, table: &TableName, suffix: &str) -> String {
@@ -161,17 +182,15 @@ pub(crate) fn companion(backend: DbBackend, table: &TableName, suffix: &str) -> 
     }
 }
 
-/// The statements that drop the inbox table and those beside it (the migration's `down`).
+/// The statements that drop the inbox table and those beside it, those of earlier versions
+/// included (the migration's `down`).
 #[cfg(feature = "migration")]
 pub(crate) fn drop_table_statements(backend: DbBackend, table: &TableName) -> Vec<String> {
-    [
-        table.quoted(backend),
-        companion(backend, table, DUPLICATES),
-        companion(backend, table, DIGEST),
-    ]
-    .iter()
-    .map(|name| format!("DROP TABLE IF EXISTS {name}"))
-    .collect()
+    let companions = [DUP_DAILY, KEY_DIGEST].into_iter().chain(FORMER_COMPANIONS);
+    std::iter::once(table.quoted(backend))
+        .chain(companions.map(|suffix| companion(backend, table, suffix)))
+        .map(|name| format!("DROP TABLE IF EXISTS {name}"))
+        .collect()
 }
 
 #[cfg(test)]

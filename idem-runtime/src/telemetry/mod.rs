@@ -4,22 +4,24 @@
 //!
 //! A late duplicate is caught two ways. A copy that finds its key's completed record expired but
 //! not yet deleted is one for certain, its age known. A copy whose key has no record is checked
-//! against digests (Bloom filters, [`bloom`]) of the keys the cleaner deleted: a hit is one,
-//! or, about once in a hundred and fifty over a full digest, a false alarm. Either is counted
-//! (`idem_late_duplicates_total`) and logged with its key, once per key in a while.
+//! against digests (Bloom filters, [`bloom`]) of the keys the cleaner deleted: a hit is one, its
+//! age at least what the digest tells, or, at most once in 100 000 fresh keys over a full
+//! digest, a false alarm. Either is counted (`idem_late_duplicates_total`, registered at zero as
+//! soon as a consumer is known) and logged with its key, once per key in a while.
 //!
-//! Nothing is written per message: each process keeps its counts in memory and writes them, a
-//! row per consumer (`<inbox>_duplicates`), when its cleaner task looks at the table; the
-//! cleaner that deletes writes the digests (`<inbox>_digest`), which every cleaner task reads
-//! back.
+//! Nothing is written per message: each process counts in memory and adds its counts to a row
+//! per consumer and day (`<inbox>_dup_daily`) when its cleaner task looks at the table; the
+//! cleaner that deletes writes the digests' changed pieces (`<inbox>_key_digest`), which every
+//! cleaner task reads back.
 
 mod bloom;
+mod daily;
 mod digest;
 mod summary;
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use sea_orm::DbErr;
@@ -30,9 +32,9 @@ pub(crate) use summary::read_all as read_summaries;
 
 use crate::key::InboxKey;
 use crate::metrics::LATE_DUPLICATES_TOTAL;
-use bloom::FALSE_POSITIVE_RATE;
+use daily::Daily;
 use digest::Digests;
-use summary::Summaries;
+use summary::now_ms;
 
 /// How many late duplicates' keys are remembered, so that the retries of one are not counted
 /// again.
@@ -53,8 +55,10 @@ pub(crate) enum Before {
 /// An inbox's duplicates' summaries and its digests of deleted keys.
 #[derive(Debug)]
 pub(crate) struct Telemetry {
-    summaries: Summaries,
+    daily: Daily,
     digests: Digests,
+    /// Consumers whose counter of late duplicates is registered.
+    counted: RwLock<HashSet<String>>,
     /// Keys of late duplicates counted lately.
     reported: Mutex<Reported>,
     /// How many syncs failed (said now and then).
@@ -83,68 +87,104 @@ impl Reported {
     }
 }
 
+/// What a late duplicate's age is known to be.
+#[derive(Debug, Clone, Copy)]
+enum LateAge {
+    /// Its record had expired: processed exactly this long before.
+    Expired(Duration),
+    /// The digest recognised it: processed at least this long before.
+    Deleted(Duration),
+}
+
 impl Telemetry {
     /// The telemetry of an inbox whose digests cover `window` of deletions, and whose
     /// consumers' messages may be redelivered for `redelivery` (its configured window).
     pub(crate) fn new(window: Duration, redelivery: Option<Duration>) -> Self {
         Self {
-            summaries: Summaries::new(redelivery),
+            daily: Daily::new(redelivery),
             digests: Digests::new(window),
+            counted: RwLock::default(),
             reported: Mutex::default(),
             failures: AtomicU64::new(0),
         }
     }
 
-    /// Records a duplicate answered from its record, `age` after the record was completed.
-    pub(crate) fn duplicate(&self, consumer: &str, age: Option<Duration>) {
-        crate::observe::duplicate_age(consumer, age);
-        self.summaries.duplicate(consumer, age);
-    }
-
-    /// Looks at what a claim of `key` found: a late duplicate is counted and logged.
-    pub(crate) fn claimed(&self, key: &InboxKey, before: Before) {
-        match before {
-            Before::Expired {
-                completed_age: Some(age),
-            } => self.late(key, Some(age)),
-            Before::Nothing => {
-                let check = self.digests.check(key);
-                if check.filters > 0 {
-                    let consumer = key.consumer.as_str();
-                    self.summaries
-                        .checked(consumer, check.filters as f64 * FALSE_POSITIVE_RATE);
-                }
-                if check.hit {
-                    self.late(key, None);
-                }
-            }
-            _ => {}
+    /// Registers `consumer`'s counter of late duplicates at zero, the first time it is named,
+    /// so that a scrape shows it before its first late duplicate.
+    pub(crate) fn known(&self, consumer: &str) {
+        let counted = self.counted.read().unwrap_or_else(|e| e.into_inner());
+        if counted.contains(consumer) {
+            return;
+        }
+        drop(counted);
+        let mut counted = self.counted.write().unwrap_or_else(|e| e.into_inner());
+        if counted.insert(consumer.to_owned()) {
+            metrics::counter!(LATE_DUPLICATES_TOTAL, "consumer" => consumer.to_owned())
+                .increment(0);
         }
     }
 
-    fn late(&self, key: &InboxKey, age: Option<Duration>) {
+    /// Records a duplicate answered from its record, `age` after the record was completed.
+    pub(crate) fn duplicate(&self, consumer: &str, age: Option<Duration>) {
+        self.known(consumer);
+        crate::observe::duplicate_age(consumer, age);
+        self.daily.duplicate(consumer, age);
+    }
+
+    /// Looks at what a claim of `key`, made with `retention`, found: a late duplicate is
+    /// counted and logged.
+    pub(crate) fn claimed(&self, key: &InboxKey, before: Before, retention: Duration) {
+        let consumer = key.consumer.as_str();
+        self.known(consumer);
+        match before {
+            Before::Expired {
+                completed_age: Some(age),
+            } => {
+                self.daily.claimed(consumer, retention, 0.0);
+                self.late(key, LateAge::Expired(age));
+            }
+            Before::Nothing => {
+                let check = self.digests.check(key);
+                self.daily.claimed(consumer, retention, check.false_alarm);
+                if let Some(completed_by_ms) = check.completed_by_ms {
+                    let age_ms = u64::try_from(now_ms().saturating_sub(completed_by_ms));
+                    let age = Duration::from_millis(age_ms.unwrap_or(0));
+                    self.late(key, LateAge::Deleted(age));
+                }
+            }
+            _ => self.daily.claimed(consumer, retention, 0.0),
+        }
+    }
+
+    fn late(&self, key: &InboxKey, age: LateAge) {
         let first = (self.reported.lock().unwrap_or_else(|e| e.into_inner())).first_time(key);
         if !first {
             return;
         }
         let consumer = key.consumer.as_str();
         metrics::counter!(LATE_DUPLICATES_TOTAL, "consumer" => consumer.to_owned()).increment(1);
-        self.summaries.late(consumer, age.is_none());
         match age {
-            Some(age) => tracing::warn!(
-                consumer,
-                key = key.message_key.as_str(),
-                age_s = age.as_secs(),
-                "late duplicate: its record had expired, so it is processed again; the \
-                 consumer's retention is shorter than its redeliveries"
-            ),
-            None => tracing::warn!(
-                consumer,
-                key = key.message_key.as_str(),
-                "late duplicate (or, rarely, a false alarm of the digest): the cleaner had \
-                 deleted its record, so it is processed again; the consumer's retention is \
-                 shorter than its redeliveries"
-            ),
+            LateAge::Expired(age) => {
+                self.daily.late_expired(consumer, age);
+                tracing::warn!(
+                    consumer,
+                    key = key.message_key.as_str(),
+                    age_s = age.as_secs(),
+                    "late duplicate: its record had expired, so it is processed again; the \
+                     consumer's retention is shorter than its redeliveries"
+                );
+            }
+            LateAge::Deleted(at_least) => {
+                self.daily.late_deleted(consumer, at_least);
+                tracing::warn!(
+                    consumer,
+                    key = key.message_key.as_str(),
+                    age_at_least_s = at_least.as_secs(),
+                    "late duplicate (or, at most once in 100 000 new keys, a false alarm of \
+                     the digest): the cleaner had deleted its record, so it is processed \
+                     again; the consumer's retention is shorter than its redeliveries"
+                );
+            }
         }
     }
 
@@ -152,7 +192,7 @@ impl Telemetry {
     /// since the last look. Called by the cleaner task after each of its runs.
     pub(crate) async fn sync(&self, store: &crate::store::Store, db: &sea_orm::DatabaseConnection) {
         let synced = async {
-            self.summaries.flush(store, db).await?;
+            self.daily.flush(store, db).await?;
             self.digests.refresh(store, db).await
         }
         .await;
@@ -182,7 +222,7 @@ impl Telemetry {
                 %error,
                 failures = failures + 1,
                 "cannot write or read the inbox's duplicates' summaries and digests (their \
-                 tables are created with the inbox's, or by the CreateInboxCompanions \
+                 tables are created with the inbox's, or by the UpgradeInboxCompanions \
                  migration); late duplicates are not detected meanwhile"
             );
         }

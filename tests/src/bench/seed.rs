@@ -13,6 +13,11 @@ const CHUNK: u64 = 250_000;
 /// `generate_series` on PostgreSQL, the sequence engine (`seq_1_to_N`) on MariaDB, a
 /// recursive CTE on SQLite. Their `expires_at` lies a day or more in the past.
 pub async fn insert_expired(db: &TestDb, table: &str, from: u64, count: u64) {
+    insert_expired_of(db, table, "bench", from, count).await;
+}
+
+/// [`insert_expired`] for `consumer`.
+pub async fn insert_expired_of(db: &TestDb, table: &str, consumer: &str, from: u64, count: u64) {
     let day_ago = now_ms() - 86_400_000;
     let created = day_ago - 8 * 86_400_000;
     let mut done = 0;
@@ -24,7 +29,7 @@ pub async fn insert_expired(db: &TestDb, table: &str, from: u64, count: u64) {
                        claim_token, created_at, claimed_at, lease_until, completed_at, expires_at";
         let row = |n: &str, key: &str| {
             format!(
-                "'bench', {key}, 'completed', NULL, 'null', 1, 1, {created}, {created}, NULL, \
+                "'{consumer}', {key}, 'completed', NULL, 'null', 1, 1, {created}, {created}, NULL, \
                  {created}, {day_ago} - {last} + {n}"
             )
         };

@@ -73,7 +73,7 @@ impl Inbox {
         for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
             lead.claimed = taken.fresh.contains(lead.key.message_key.as_str());
             lead.fate = if lead.claimed {
-                self.inner.telemetry.claimed(&lead.key, Before::Nothing);
+                (self.inner.telemetry).claimed(&lead.key, Before::Nothing, batch.retention);
                 Fate::Fresh
             } else {
                 Fate::Deferred
