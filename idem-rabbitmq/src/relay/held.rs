@@ -5,7 +5,7 @@
 //! to them that turn up later are held on sight), when the next hold runs out, and how the relay
 //! finds the message whose publish closed the channel.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use idem_runtime::outbox::PendingMessage;
@@ -97,14 +97,25 @@ impl HoldMemory {
         self.holds.retain(|_, holds| holds.until + REMEMBER > now);
         let mut publishable = Vec::with_capacity(messages.len());
         let mut holds = Vec::new();
+        // Runs one of whose messages is held on sight: their later ones wait behind it (the
+        // hold written for it holds them in the table too).
+        let mut held_runs: HashSet<&str> = HashSet::new();
         for message in messages {
+            if message.run.as_deref().is_some_and(|run| held_runs.contains(run)) {
+                continue;
+            }
             let exchange = Subject::Exchange(message.exchange.clone());
             match self.holds.get(&exchange) {
-                Some(held) if held.until > now => holds.push(Hold {
-                    message,
-                    pause: held.until - now,
-                    exchange: false,
-                }),
+                Some(held) if held.until > now => {
+                    if let Some(run) = message.run.as_deref() {
+                        held_runs.insert(run);
+                    }
+                    holds.push(Hold {
+                        message,
+                        pause: held.until - now,
+                        exchange: false,
+                    });
+                }
                 _ => publishable.push(message),
             }
         }
