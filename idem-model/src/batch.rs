@@ -177,8 +177,7 @@ impl State {
     /// acknowledged, failures settled as they stand, repeats answered from their lead, and the
     /// deferred ones processed one by one on the per-message path.
     fn conclude_batch(&mut self, worker: usize) {
-        let Job::Batch(batch) = std::mem::replace(&mut self.workers[worker].job, Job::Idle)
-        else {
+        let Job::Batch(batch) = std::mem::replace(&mut self.workers[worker].job, Job::Idle) else {
             unreachable!("a batch")
         };
         let held = &mut self.workers[worker];

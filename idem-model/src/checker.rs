@@ -425,7 +425,11 @@ mod tests {
             }
         }
 
-        fn next_state(&self, state: &Counter, &(process, write): &(usize, bool)) -> Option<Counter> {
+        fn next_state(
+            &self,
+            state: &Counter,
+            &(process, write): &(usize, bool),
+        ) -> Option<Counter> {
             let mut next = state.clone();
             if write {
                 next.value = next.read[process].take()? + 1;
@@ -452,7 +456,9 @@ mod tests {
         assert!(report.holds("at most two"));
         assert!(report.holds("one process finishes"));
         assert!(!report.holds("both increments count"));
-        let path = report.discovery("both increments count").expect("a counterexample");
+        let path = report
+            .discovery("both increments count")
+            .expect("a counterexample");
         assert_eq!(path.steps.len(), 4);
         assert_eq!(path.last_state().value, 1);
     }

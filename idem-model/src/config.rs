@@ -134,7 +134,10 @@ impl Config {
 
     /// The same with these workers.
     pub fn workers(mut self, workers: &[Intake]) -> Self {
-        assert!((1..=MAX_WORKERS).contains(&workers.len()), "1 to {MAX_WORKERS} workers");
+        assert!(
+            (1..=MAX_WORKERS).contains(&workers.len()),
+            "1 to {MAX_WORKERS} workers"
+        );
         self.workers = [None; MAX_WORKERS];
         for (slot, intake) in self.workers.iter_mut().zip(workers) {
             *slot = Some(*intake);

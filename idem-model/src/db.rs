@@ -83,8 +83,8 @@ pub struct Row {
     pub exchange: Exchange,
     /// Marked sent (`sent_at`).
     pub sent: bool,
-    /// Held back (`held_until` set).
-    pub held: bool,
+    /// Held back (`held_until` set), by the relay that wrote the hold last.
+    pub held: Option<u8>,
     /// The relay whose batch locks it (`FOR UPDATE SKIP LOCKED`).
     pub locked_by: Option<u8>,
 }
@@ -109,8 +109,7 @@ impl Tx {
     /// Whether it holds `key`'s lock (its record or its marker).
     pub fn locks(&self, key: usize) -> bool {
         !self.aborted
-            && (self.claims.iter().any(|(k, _)| *k as usize == key)
-                || self.markers & bit(key) != 0)
+            && (self.claims.iter().any(|(k, _)| *k as usize == key) || self.markers & bit(key) != 0)
     }
 
     /// Rolls back what the handler of `key` wrote (a savepoint), keeping the key's claim.

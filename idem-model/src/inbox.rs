@@ -119,10 +119,13 @@ impl State {
             claims: vec![(key, Record::claim(token, attempt, false))],
             ..Tx::default()
         });
-        self.set_step(worker, Step::InTransaction {
-            handled: false,
-            acked: false,
-        });
+        self.set_step(
+            worker,
+            Step::InTransaction {
+                handled: false,
+                acked: false,
+            },
+        );
     }
 
     /// Transactional mode: the handler runs in the claim's transaction
@@ -142,10 +145,13 @@ impl State {
         let tx = self.db.tx(worker);
         tx.effects.push(key);
         outbox::stage(config, tx, key, token);
-        self.set_step(worker, Step::InTransaction {
-            handled: true,
-            acked: false,
-        });
+        self.set_step(
+            worker,
+            Step::InTransaction {
+                handled: true,
+                acked: false,
+            },
+        );
     }
 
     /// Transactional and entity modes: the run's last statement (`Store::complete` on the
@@ -176,10 +182,13 @@ impl State {
     /// The planted bug: the delivery acknowledged once the handler returned, before the commit.
     pub fn ack_early(&mut self, worker: usize, key: u8) {
         self.acknowledged(key, false);
-        self.set_step(worker, Step::InTransaction {
-            handled: true,
-            acked: true,
-        });
+        self.set_step(
+            worker,
+            Step::InTransaction {
+                handled: true,
+                acked: true,
+            },
+        );
     }
 
     /// Entity mode: `Inbox::entity` begins the transaction and the handler runs, creating its
@@ -202,10 +211,13 @@ impl State {
         };
         outbox::stage(config, &mut tx, key, 0);
         self.db.txs[worker] = Some(tx);
-        self.set_step(worker, Step::InTransaction {
-            handled: true,
-            acked: false,
-        });
+        self.set_step(
+            worker,
+            Step::InTransaction {
+                handled: true,
+                acked: false,
+            },
+        );
     }
 
     /// A claim (or marker) that waited for another transaction's lock past the claim wait:

@@ -12,6 +12,7 @@ pub mod model;
 pub mod outbox;
 pub mod properties;
 pub mod retention;
+pub mod scenarios;
 pub mod state;
 pub mod two_phase;
 

@@ -82,8 +82,8 @@ pub enum Action {
     ReadsDigest(u8),
     /// A relay takes a batch (`Outbox::take_pending_after`, `HoldMemory::sort`).
     RelayTakes(u8),
-    /// A relay publishes its next message (`relay::pipeline::publish`).
-    RelayPublishes(u8),
+    /// A relay publishes its next message, of this seq (`relay::pipeline::publish`).
+    RelayPublishes(u8, u8),
     /// A relay writes its holds and marks what was confirmed sent (`Runner::publish_batch`).
     RelayMarksSent(u8),
     /// The holds in the outbox table run out (`Outbox::release_holds`).
@@ -117,7 +117,11 @@ impl fmt::Debug for Action {
             Action::BatchHandle(w, ok) => write!(f, "batch worker {w} runs a handler (ok: {ok})"),
             Action::BatchFinish(w) => write!(f, "batch worker {w} completes and commits"),
             Action::Settle(w, lost) => {
-                write!(f, "worker {w} settles a delivery{}", if *lost { " (ack lost)" } else { "" })
+                write!(
+                    f,
+                    "worker {w} settles a delivery{}",
+                    if *lost { " (ack lost)" } else { "" }
+                )
             }
             Action::Crash(Process::Worker(w)) => write!(f, "worker {w}'s process crashes"),
             Action::Crash(Process::Relay(r)) => write!(f, "relay {r} crashes"),
@@ -128,7 +132,7 @@ impl fmt::Debug for Action {
             Action::CleanerWritesDigest => write!(f, "the cleaner writes its digest"),
             Action::ReadsDigest(w) => write!(f, "worker {w}'s process reads the digests"),
             Action::RelayTakes(r) => write!(f, "relay {r} takes a batch"),
-            Action::RelayPublishes(r) => write!(f, "relay {r} publishes"),
+            Action::RelayPublishes(r, seq) => write!(f, "relay {r} publishes #{seq}"),
             Action::RelayMarksSent(r) => write!(f, "relay {r} marks sent"),
             Action::HoldsRunOut => write!(f, "the outbox holds run out"),
             Action::RelayForgetsHold(r) => write!(f, "relay {r}'s hold of the exchange runs out"),
@@ -218,9 +222,12 @@ impl IdemModel {
                         actions.push(Action::Commit(w));
                     }
                 }
-                (_, Step::Holding {
-                    token, returned, ..
-                }) => {
+                (
+                    _,
+                    Step::Holding {
+                        token, returned, ..
+                    },
+                ) => {
                     if *returned {
                         actions.push(Action::Complete(w));
                     } else {
@@ -288,7 +295,7 @@ impl IdemModel {
                 actions.push(Action::RelayTakes(r));
             }
         } else if !round.closed && !round.publishable.is_empty() {
-            actions.push(Action::RelayPublishes(r));
+            actions.push(Action::RelayPublishes(r, round.publishable[0]));
         } else {
             actions.push(Action::RelayMarksSent(r));
         }
@@ -323,7 +330,7 @@ impl IdemModel {
         if state.retention.deleting != 0 {
             actions.push(Action::CleanerWritesDigest);
         }
-        if state.db.outbox.iter().any(|row| row.held && !row.sent) {
+        if state.db.outbox.iter().any(|row| row.held.is_some()) {
             actions.push(Action::HoldsRunOut);
         }
         if state.exchange_missing {
@@ -415,7 +422,7 @@ impl Model for IdemModel {
             Action::CleanerWritesDigest => next.cleaner_writes_digest(),
             Action::ReadsDigest(worker) => next.reads_digest(*worker as usize),
             Action::RelayTakes(relay) => next.relay_takes(config, *relay as usize),
-            Action::RelayPublishes(relay) => next.relay_publishes(*relay as usize),
+            Action::RelayPublishes(relay, _) => next.relay_publishes(*relay as usize),
             Action::RelayMarksSent(relay) => next.relay_marks_sent(*relay as usize),
             Action::HoldsRunOut => next.holds_run_out(),
             Action::RelayForgetsHold(relay) => next.relays[*relay as usize].holds_exchange = false,

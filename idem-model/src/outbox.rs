@@ -14,7 +14,11 @@ pub const RELAY_BATCH: usize = 2;
 /// missing.
 pub fn stage(config: &Config, tx: &mut Tx, key: u8, token: u8) {
     for position in 0..config.staged {
-        let run = if config.bugs.fresh_staged_ids { token } else { 0 };
+        let run = if config.bugs.fresh_staged_ids {
+            token
+        } else {
+            0
+        };
         let exchange = if config.missing_exchange && position == 0 {
             Exchange::Missing
         } else {
@@ -24,7 +28,7 @@ pub fn stage(config: &Config, tx: &mut Tx, key: u8, token: u8) {
             id: MessageId { key, position, run },
             exchange,
             sent: false,
-            held: false,
+            held: None,
             locked_by: None,
         });
     }
@@ -34,7 +38,7 @@ pub fn stage(config: &Config, tx: &mut Tx, key: u8, token: u8) {
 /// oldest first (`Outbox::take_pending`: `… ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED`).
 pub fn takeable(state: &State) -> Vec<u8> {
     (state.db.outbox.iter().enumerate())
-        .filter(|(_, row)| !row.sent && !row.held && row.locked_by.is_none())
+        .filter(|(_, row)| !row.sent && row.held.is_none() && row.locked_by.is_none())
         .map(|(seq, _)| seq as u8)
         .take(RELAY_BATCH)
         .collect()
@@ -77,7 +81,7 @@ impl State {
                     .find(|s| **s > gap && rows[**s as usize].id.key == run)
                     .copied()
                     .expect("a taken message after the gap");
-                if rows[gap as usize].held {
+                if rows[gap as usize].held.is_some() {
                     round.holds.push((from, false));
                 }
                 waiting.push((run, from));
@@ -144,7 +148,7 @@ impl State {
             let run = rows[seq as usize].id.key;
             for (at, row) in rows.iter_mut().enumerate() {
                 if !row.sent && row.id.key == run && at >= seq as usize {
-                    row.held = true;
+                    row.held = Some(relay as u8);
                 }
             }
             if exchange {
@@ -155,7 +159,7 @@ impl State {
                 for row in rows.iter_mut() {
                     let to_it = row.exchange == Exchange::Missing || runs.contains(&row.id.key);
                     if !row.sent && to_it {
-                        row.held = true;
+                        row.held = Some(relay as u8);
                     }
                 }
             }
@@ -172,10 +176,14 @@ impl State {
         self.relays[relay].holds_exchange = round.holds_exchange;
     }
 
-    /// The holds in the table run out and are released (`Outbox::release_holds`).
+    /// The holds in the table run out and are released (`Outbox::release_holds`). A relay's
+    /// memory of the exchange runs out no later than the holds it wrote with it: it noted its
+    /// `until` before writing them with the same pause.
     pub fn holds_run_out(&mut self) {
         for row in &mut self.db.outbox {
-            row.held = false;
+            if let Some(writer) = row.held.take() {
+                self.relays[writer as usize].holds_exchange = false;
+            }
         }
     }
 

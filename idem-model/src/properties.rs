@@ -67,7 +67,9 @@ pub fn of(model: &IdemModel) -> Vec<Property<IdemModel>> {
     let config = &model.config;
     let faults = &config.faults;
     let mut properties = vec![
-        Property::always(EFFECT_ONCE, |_, s: &State| s.ghost.live_effects.iter().all(|n| *n <= 1)),
+        Property::always(EFFECT_ONCE, |_, s: &State| {
+            s.ghost.live_effects.iter().all(|n| *n <= 1)
+        }),
         Property::always(NO_EARLY_ACK, |_, s: &State| !s.ghost.acked_too_early),
         Property::eventually(SETTLED, settled),
         Property::sometimes(PROCESSED, |_, s: &State| s.ghost.committed != 0),
@@ -80,13 +82,21 @@ pub fn of(model: &IdemModel) -> Vec<Property<IdemModel>> {
     if config.staged > 0 && config.relays > 0 {
         properties.extend([
             Property::always(IN_ORDER, |_, s: &State| !s.ghost.out_of_order),
-            Property::eventually(ALL_PUBLISHED, |_, s: &State| s.db.outbox.iter().all(|row| row.sent)),
-            Property::sometimes(DOWNSTREAM, |_, s: &State| !s.ghost.downstream_ids.is_empty()),
+            Property::eventually(ALL_PUBLISHED, |_, s: &State| {
+                s.db.outbox.iter().all(|row| row.sent)
+            }),
+            Property::sometimes(DOWNSTREAM, |_, s: &State| {
+                !s.ghost.downstream_ids.is_empty()
+            }),
         ]);
     }
     if config.mode != Mode::Entity && faults.expiries > 0 {
-        properties.push(Property::always(LATE_COUNTED, |_, s: &State| !s.ghost.late_missed));
-        properties.push(Property::sometimes(LATE_SEEN, |_, s: &State| s.ghost.seen.late_counted));
+        properties.push(Property::always(LATE_COUNTED, |_, s: &State| {
+            !s.ghost.late_missed
+        }));
+        properties.push(Property::sometimes(LATE_SEEN, |_, s: &State| {
+            s.ghost.seen.late_counted
+        }));
         if model.strict {
             properties.push(Property::always(LATE_ALWAYS_COUNTED, |_, s: &State| {
                 !s.ghost.late_uncounted
@@ -99,14 +109,20 @@ pub fn of(model: &IdemModel) -> Vec<Property<IdemModel>> {
         }));
     }
     if config.mode == Mode::TwoPhase && faults.crashes + faults.paused_holders > 0 {
-        properties.push(Property::sometimes(TAKEOVER, |_, s: &State| s.ghost.seen.takeover));
+        properties.push(Property::sometimes(TAKEOVER, |_, s: &State| {
+            s.ghost.seen.takeover
+        }));
     }
     if config.mode == Mode::TwoPhase && faults.paused_holders > 0 {
-        properties.push(Property::sometimes(FENCED, |_, s: &State| s.ghost.seen.fenced));
+        properties.push(Property::sometimes(FENCED, |_, s: &State| {
+            s.ghost.seen.fenced
+        }));
     }
     let batches = config.workers.contains(&Some(Intake::Batch));
     if batches && faults.handler_failures > 0 {
-        properties.push(Property::sometimes(RERUN, |_, s: &State| s.ghost.seen.rerun));
+        properties.push(Property::sometimes(RERUN, |_, s: &State| {
+            s.ghost.seen.rerun
+        }));
     }
     if config.missing_exchange {
         properties.push(Property::sometimes(HELD, |_, s: &State| s.ghost.seen.held));
@@ -118,7 +134,8 @@ pub fn of(model: &IdemModel) -> Vec<Property<IdemModel>> {
 fn settled(model: &IdemModel, state: &State) -> bool {
     state.broker.ready.is_empty()
         && state.workers.iter().all(|worker| worker.is_free())
-        && model.config.keys().all(|key| {
-            (state.ghost.committed | state.broker.dead_lettered) & bit(key) != 0
-        })
+        && model
+            .config
+            .keys()
+            .all(|key| (state.ghost.committed | state.broker.dead_lettered) & bit(key) != 0)
 }

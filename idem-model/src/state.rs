@@ -2,9 +2,11 @@
 //! faults the environment has left, and the ghost variables the properties read (what happened,
 //! which no part of the system keeps).
 
+use std::fmt;
+
 use crate::broker::{Broker, Verdict};
 use crate::config::{Config, MAX_KEYS, MAX_RELAYS, MAX_STAGED, MAX_WORKERS};
-use crate::db::{Db, MessageId, bit};
+use crate::db::{Db, Exchange, MessageId, Status, bit};
 
 /// A worker's current piece of work.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -222,7 +224,7 @@ impl Worker {
 }
 
 /// The state of the whole system.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct State {
     /// The database.
     pub db: Db,
@@ -292,5 +294,102 @@ impl State {
             self.broker.enqueue(key);
         }
         self.workers[worker] = Worker::idle();
+    }
+}
+
+/// A key's name in printouts: `a`, `b`.
+pub fn name(key: u8) -> char {
+    (b'a' + key) as char
+}
+
+/// One line per part, for counterexamples.
+impl fmt::Debug for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let keys =
+            |set: u8| -> String { (0..8).filter(|k| set & (1 << k) != 0).map(name).collect() };
+        write!(f, "\n       inbox:")?;
+        for (key, record) in self.db.records.iter().enumerate() {
+            let Some(record) = record else { continue };
+            let status = match record.status {
+                Status::Completed => "completed",
+                Status::InProgress { lease_live: true } => "in progress, lease live",
+                Status::InProgress { lease_live: false } => "in progress, lease lapsed",
+            };
+            let expired = if record.expired { ", expired" } else { "" };
+            write!(
+                f,
+                " {}: {status}{expired} (token {}, attempt {});",
+                name(key as u8),
+                record.token,
+                record.attempts
+            )?;
+        }
+        write!(
+            f,
+            " markers [{}]; effects {:?}",
+            keys(self.db.markers),
+            self.db.effects
+        )?;
+        if !self.db.outbox.is_empty() {
+            write!(f, "\n       outbox:")?;
+            for (seq, row) in self.db.outbox.iter().enumerate() {
+                let to = if row.exchange == Exchange::Missing {
+                    " to the missing exchange"
+                } else {
+                    ""
+                };
+                let sent = if row.sent { ", sent" } else { "" };
+                let held = if row.held.is_some() { ", held" } else { "" };
+                let locked = row
+                    .locked_by
+                    .map(|r| format!(", locked by relay {r}"))
+                    .unwrap_or_default();
+                write!(
+                    f,
+                    " #{seq} {}{}{to}{sent}{held}{locked};",
+                    name(row.id.key),
+                    row.id.position
+                )?;
+            }
+        }
+        let ready: String = self.broker.ready.iter().map(|k| name(*k)).collect();
+        write!(
+            f,
+            "\n       queue [{ready}], dead letters [{}]",
+            keys(self.broker.dead_lettered)
+        )?;
+        for (number, worker) in self.workers.iter().enumerate() {
+            if worker.is_free() && self.db.txs[number].is_none() {
+                continue;
+            }
+            write!(f, "\n       worker {number}: {:?}", worker.job)?;
+            if let Some(tx) = &self.db.txs[number] {
+                write!(f, ", transaction {tx:?}")?;
+            }
+            if !worker.later.is_empty() || !worker.settle.is_empty() {
+                write!(
+                    f,
+                    ", later {:?}, to settle {:?}",
+                    worker.later, worker.settle
+                )?;
+            }
+        }
+        for (number, relay) in self.relays.iter().enumerate() {
+            if *relay != Relay::default() {
+                write!(f, "\n       relay {number}: {relay:?}")?;
+            }
+        }
+        let retention = &self.retention;
+        if *retention != Retention::default() {
+            write!(
+                f,
+                "\n       digests: deleting [{}], table [{}], copies [{}] [{}]",
+                keys(retention.deleting),
+                keys(retention.digest),
+                keys(retention.copies[0]),
+                keys(retention.copies[1])
+            )?;
+        }
+        write!(f, "\n       ghost: {:?}", self.ghost)
     }
 }

@@ -33,11 +33,14 @@ impl State {
         self.ghost.seen.takeover |= before == Before::Attempt;
         let token = self.db.new_token(key as usize);
         self.db.records[key as usize] = Some(Record::claim(token, attempt, true));
-        self.set_step(worker, Step::Holding {
-            token,
-            attempt,
-            returned: false,
-        });
+        self.set_step(
+            worker,
+            Step::Holding {
+                token,
+                attempt,
+                returned: false,
+            },
+        );
     }
 
     /// The handler runs (`inbox::run`, beside `renewal::renew_until_lost`): its side effect is
@@ -53,7 +56,11 @@ impl State {
             unreachable!("a held claim")
         };
         if run != HandlerRun::Fails {
-            let nonce = if config.bugs.fresh_staged_ids { token } else { 0 };
+            let nonce = if config.bugs.fresh_staged_ids {
+                token
+            } else {
+                0
+            };
             self.downstream(MessageId {
                 key,
                 position: 0,
@@ -61,11 +68,14 @@ impl State {
             });
         }
         if run == HandlerRun::Returns {
-            self.set_step(worker, Step::Holding {
-                token,
-                attempt,
-                returned: true,
-            });
+            self.set_step(
+                worker,
+                Step::Holding {
+                    token,
+                    attempt,
+                    returned: true,
+                },
+            );
             return;
         }
         self.budget.handler_failures -= 1;

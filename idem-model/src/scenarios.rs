@@ -1,0 +1,102 @@
+//! The configurations the tests check, each with its bounds.
+
+use crate::config::{Config, Faults, Intake, Mode, OnSight};
+
+/// Transactional mode: two messages, two workers, one staged message per run and a relay; one
+/// duplicate publish, one crash, one lost ack, one handler failure, one rollback by the
+/// database.
+pub fn transactional() -> Config {
+    Config::new(Mode::Transactional, 2)
+        .workers(&[Intake::PerMessage, Intake::PerMessage])
+        .outbox(1, 1)
+        .faults(Faults {
+            crashes: 1,
+            duplicates: 1,
+            lost_acks: 1,
+            handler_failures: 1,
+            rollbacks: 1,
+            ..Faults::default()
+        })
+}
+
+/// Retention and late duplicates: one message, two workers, the cleaner; its record expires
+/// once, one duplicate publish and one lost ack bring copies after it, one crash.
+pub fn retention() -> Config {
+    Config::new(Mode::Transactional, 1)
+        .workers(&[Intake::PerMessage, Intake::PerMessage])
+        .cleaner()
+        .faults(Faults {
+            crashes: 1,
+            duplicates: 1,
+            lost_acks: 1,
+            expiries: 1,
+            ..Faults::default()
+        })
+}
+
+/// Two-phase mode: one message, two workers, at most two claims per key; one duplicate
+/// publish, one crash, one paused holder, one handler failure, one expiry and the cleaner.
+pub fn two_phase() -> Config {
+    Config::new(Mode::TwoPhase, 1)
+        .workers(&[Intake::PerMessage, Intake::PerMessage])
+        .cleaner()
+        .faults(Faults {
+            crashes: 1,
+            duplicates: 1,
+            paused_holders: 1,
+            handler_failures: 1,
+            expiries: 1,
+            ..Faults::default()
+        })
+}
+
+/// Batches: two messages, a batch worker beside a per-message worker, one staged message per
+/// run and a relay; one duplicate publish, one handler failure, one rollback, one crash.
+pub fn batch() -> Config {
+    Config::new(Mode::Transactional, 2)
+        .workers(&[Intake::Batch, Intake::PerMessage])
+        .outbox(1, 1)
+        .faults(Faults {
+            crashes: 1,
+            duplicates: 1,
+            handler_failures: 1,
+            rollbacks: 1,
+            ..Faults::default()
+        })
+}
+
+/// Entity mode: two messages, two workers, one staged message per run and a relay; one
+/// duplicate publish, one crash, one lost ack, one handler failure, one rollback.
+pub fn entity() -> Config {
+    Config::new(Mode::Entity, 2)
+        .workers(&[Intake::PerMessage, Intake::PerMessage])
+        .outbox(1, 1)
+        .faults(Faults {
+            crashes: 1,
+            duplicates: 1,
+            lost_acks: 1,
+            handler_failures: 1,
+            rollbacks: 1,
+            ..Faults::default()
+        })
+}
+
+/// The outbox and its relays: two messages whose runs stage two messages each, the first to
+/// an exchange missing at first; two relays sharing the table; one crash.
+pub fn relays() -> Config {
+    let mut config = Config::new(Mode::Transactional, 2)
+        .outbox(2, 2)
+        .faults(Faults {
+            crashes: 1,
+            ..Faults::default()
+        });
+    config.missing_exchange = true;
+    config
+}
+
+/// [`relays`], its relays holding back the rest of a run with a message they hold on sight.
+pub fn relays_holding_runs() -> Config {
+    let mut config = relays();
+    config.on_sight = OnSight::HoldsRestOfRun;
+    config
+}
