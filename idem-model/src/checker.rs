@@ -188,6 +188,11 @@ impl<M: Model> Report<M> {
         self.discoveries.get(name)
     }
 
+    /// The names of the properties checked.
+    pub fn property_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.properties.iter().map(|(name, _)| *name)
+    }
+
     /// Panics, printing every failing property's counterexample, unless the check was complete
     /// and every property holds.
     pub fn assert_properties(&self) {
