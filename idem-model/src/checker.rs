@@ -157,6 +157,8 @@ pub struct Report<M: Model> {
     pub transitions: usize,
     /// The length of the longest shortest path to a state.
     pub depth: usize,
+    /// States where no action is enabled (where `Eventually` properties are checked).
+    pub terminal: usize,
     /// How long the check took.
     pub elapsed: Duration,
     /// Whether every reachable state was explored.
@@ -200,6 +202,10 @@ impl<M: Model> Report<M> {
         if !self.complete {
             failures.push_str("the check stopped before exploring every state\n");
         }
+        let eventually = (self.properties.iter()).any(|(_, e)| *e == Expectation::Eventually);
+        if eventually && self.terminal == 0 {
+            failures.push_str("no run ends: every `Eventually` property holds vacuously\n");
+        }
         for (name, expectation) in &self.properties {
             if self.holds(name) {
                 continue;
@@ -229,8 +235,9 @@ impl<M: Model> fmt::Display for Report<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} states, {} transitions, depth {}, {:.2?}{}",
+            "{} states ({} terminal), {} transitions, depth {}, {:.2?}{}",
             self.states,
+            self.terminal,
             self.transitions,
             self.depth,
             self.elapsed,
@@ -265,6 +272,7 @@ pub fn check<M: Model>(model: &M, limits: Limits) -> Report<M> {
         }
     }
     let mut transitions = 0;
+    let mut terminal_states = 0;
     let mut depth = 0;
     let mut complete = true;
     let mut actions = Vec::new();
@@ -304,6 +312,7 @@ pub fn check<M: Model>(model: &M, limits: Limits) -> Report<M> {
             frontier.push_back((next, next_print, at + 1));
         }
         if terminal {
+            terminal_states += 1;
             for property in &properties {
                 let violated = property.expectation == Expectation::Eventually
                     && !found.contains_key(property.name)
@@ -326,6 +335,7 @@ pub fn check<M: Model>(model: &M, limits: Limits) -> Report<M> {
         states: parents.len(),
         transitions,
         depth,
+        terminal: terminal_states,
         elapsed: started.elapsed(),
         complete,
         properties: properties.iter().map(|p| (p.name, p.expectation)).collect(),

@@ -61,6 +61,8 @@ pub const RERUN: &str = "sometimes: a batch runs again under savepoints";
 pub const DOWNSTREAM: &str = "sometimes: a staged message is processed downstream";
 /// A run is held back.
 pub const HELD: &str = "sometimes: a run is held back";
+/// A message is dead-lettered.
+pub const DEAD_LETTERED: &str = "sometimes: a message is dead-lettered";
 
 /// The properties that apply to `model`'s configuration.
 pub fn of(model: &IdemModel) -> Vec<Property<IdemModel>> {

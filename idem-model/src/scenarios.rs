@@ -19,12 +19,14 @@ pub fn transactional() -> Config {
         })
 }
 
-/// Retention and late duplicates: one message, two workers, the cleaner; its record expires
-/// once, one duplicate publish and one lost ack bring copies after it, one crash.
+/// Retention and late duplicates: two messages, two workers, the cleaner, one staged message
+/// per run and a relay; one record expires, one duplicate publish and one lost ack bring
+/// copies after it, one crash.
 pub fn retention() -> Config {
-    Config::new(Mode::Transactional, 1)
+    Config::new(Mode::Transactional, 2)
         .workers(&[Intake::PerMessage, Intake::PerMessage])
         .cleaner()
+        .outbox(1, 1)
         .faults(Faults {
             crashes: 1,
             duplicates: 1,
@@ -34,16 +36,18 @@ pub fn retention() -> Config {
         })
 }
 
-/// Two-phase mode: one message, two workers, at most two claims per key; one duplicate
-/// publish, one crash, one paused holder, one handler failure, one expiry and the cleaner.
+/// Two-phase mode: one message, two workers, at most two claims per key before it needs
+/// intervention, the cleaner; two duplicate publishes, two crashes, two paused holders, one
+/// handler failure, one lost ack, one expiry.
 pub fn two_phase() -> Config {
     Config::new(Mode::TwoPhase, 1)
         .workers(&[Intake::PerMessage, Intake::PerMessage])
         .cleaner()
         .faults(Faults {
-            crashes: 1,
-            duplicates: 1,
-            paused_holders: 1,
+            crashes: 2,
+            duplicates: 2,
+            lost_acks: 1,
+            paused_holders: 2,
             handler_failures: 1,
             expiries: 1,
             ..Faults::default()
@@ -82,12 +86,12 @@ pub fn entity() -> Config {
 }
 
 /// The outbox and its relays: two messages whose runs stage two messages each, the first to
-/// an exchange missing at first; two relays sharing the table; one crash.
+/// an exchange missing at first; two relays sharing the table; two crashes.
 pub fn relays() -> Config {
     let mut config = Config::new(Mode::Transactional, 2)
         .outbox(2, 2)
         .faults(Faults {
-            crashes: 1,
+            crashes: 2,
             ..Faults::default()
         });
     config.missing_exchange = true;

@@ -31,7 +31,9 @@ fn a_late_duplicate_goes_uncounted_before_the_digest_reaches_its_process() {
     let model = IdemModel::strict(scenarios::retention());
     let report = check(&model, Limits::default());
     println!("retention, strictly: {report}");
-    let path = report.discovery(LATE_ALWAYS_COUNTED).expect("an uncounted late copy");
+    let path = report
+        .discovery(LATE_ALWAYS_COUNTED)
+        .expect("an uncounted late copy");
     assert!(!report.holds(LATE_ALWAYS_COUNTED));
     println!("{LATE_ALWAYS_COUNTED} fails:\n{path}\n");
     let others = report_without(&report, LATE_ALWAYS_COUNTED);

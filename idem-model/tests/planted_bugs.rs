@@ -16,7 +16,10 @@ fn caught(bug: &str, config: Config, property: &'static str) {
         .discovery(property)
         .unwrap_or_else(|| panic!("{bug}: {property} holds: the checker missed the bug"));
     assert!(!report.holds(property));
-    println!("{bug}: {property} fails after {} states:\n{path}\n", report.states);
+    println!(
+        "{bug}: {property} fails after {} states:\n{path}\n",
+        report.states
+    );
 }
 
 #[test]
