@@ -457,9 +457,9 @@ mod tests {
 
         fn properties(&self) -> Vec<Property<Self>> {
             vec![
-                Property::eventually("both increments count", |_, s| s.value == 2),
-                Property::sometimes("one process finishes", |_, s| s.done[0]),
-                Property::always("at most two", |_, s| s.value <= 2),
+                Property::eventually("both increments count", |_, s: &Counter| s.value == 2),
+                Property::sometimes("one process finishes", |_, s: &Counter| s.done[0]),
+                Property::always("at most two", |_, s: &Counter| s.value <= 2),
             ]
         }
     }

@@ -261,13 +261,14 @@ impl IdemModel {
                 }
             }
         }
-        if held.job == Job::Idle && held.later.is_empty() {
-            if let Some((_, verdict)) = held.settle.first() {
-                actions.push(Action::Settle(w, false));
-                let acks = !matches!(verdict, Verdict::Requeue { .. });
-                if acks && state.budget.lost_acks > 0 {
-                    actions.push(Action::Settle(w, true));
-                }
+        if held.job == Job::Idle
+            && held.later.is_empty()
+            && let Some((_, verdict)) = held.settle.first()
+        {
+            actions.push(Action::Settle(w, false));
+            let acks = !matches!(verdict, Verdict::Requeue { .. });
+            if acks && state.budget.lost_acks > 0 {
+                actions.push(Action::Settle(w, true));
             }
         }
         let open = state.db.txs[worker].as_ref();

@@ -6,39 +6,39 @@ use crate::db::bit;
 use crate::model::IdemModel;
 use crate::state::State;
 
-/// 1. While a key's record lives (from its first claim until it passes its retention), at most
-/// one effect of its message is committed: one transaction's writes (transactional, batch,
+/// Property 1: While a key's record lives (from its first claim until it passes its retention), at
+/// most one effect of its message is committed: one transaction's writes (transactional, batch,
 /// entity) or one completion (two-phase).
 pub const EFFECT_ONCE: &str = "1. at most one committed effect per key while its record lives";
 
-/// 2. A delivery is acknowledged only once its message's effect is committed, or after a copy
-/// went to the dead-letter queue with its reason.
+/// Property 2: A delivery is acknowledged only once its message's effect is committed, or after a
+/// copy went to the dead-letter queue with its reason.
 pub const NO_EARLY_ACK: &str =
     "2. no delivery acknowledged before its effect committed, unless dead-lettered";
 
-/// 3. Within a run (a handler run's stagings), no message is published before every earlier
-/// one was.
+/// Property 3: Within a run (a handler run's stagings), no message is published before every
+/// earlier one was.
 pub const IN_ORDER: &str = "3. staged messages published in order within their run";
 
-/// 3. Each staged message (and each two-phase call, by its downstream key) is processed once
-/// downstream, whose inbox keys on the message id, however often it was published or staged
+/// Property 3: Each staged message (and each two-phase call, by its downstream key) is processed
+/// once downstream, whose inbox keys on the message id, however often it was published or staged
 /// again.
 pub const ONCE_DOWNSTREAM: &str = "3. each staged message processed once downstream";
 
-/// 3. Every run of the model that ends, ends with every committed staged message published and
-/// marked sent.
+/// Property 3: Every run of the model that ends, ends with every committed staged message published
+/// and marked sent.
 pub const ALL_PUBLISHED: &str = "3. every staged message published (every run that ends)";
 
-/// 4. A copy of a message processed before, taken as new because its record passed its
+/// Property 4: A copy of a message processed before, taken as new because its record passed its
 /// retention, is counted as a late duplicate: by the expired record it finds, or by the
 /// digest of deleted keys once the deletion has reached the claiming process.
 pub const LATE_COUNTED: &str =
     "4. a late duplicate is counted (expired record, or its deletion in the process's digest)";
 
-/// 4, strictly: every copy processed again is counted as late, whenever it comes. idem does not
-/// meet it: a copy claimed after the cleaner deleted its record and before the deletion reached
-/// the claiming process's digest (during the cleaner's run, before the process's next read of
-/// the digests, or after the cleaner's process crashed before writing it) is not counted.
+/// Property 4, strictly: every copy processed again is counted as late, whenever it comes. idem
+/// does not meet it: a copy claimed after the cleaner deleted its record and before the deletion
+/// reached the claiming process's digest (during the cleaner's run, before the process's next read
+/// of the digests, or after the cleaner's process crashed before writing it) is not counted.
 pub const LATE_ALWAYS_COUNTED: &str = "4'. every late duplicate is counted";
 
 /// Every run of the model that ends, ends with every delivery settled: each message

@@ -35,9 +35,9 @@ impl State {
             && !self.db.locked(key as usize)
     }
 
-    /// The cleaner deletes `key`'s expired record in a batch of its run (`Cleaner::delete_batches`);
-    /// a completed one is added to the run's digest (`DigestRun::add`), written when the run
-    /// ends.
+    /// The cleaner deletes `key`'s expired record in a batch of its run
+    /// (`Cleaner::delete_batches`); a completed one is added to the run's digest
+    /// (`DigestRun::add`), written when the run ends.
     pub fn cleaner_deletes(&mut self, key: u8) {
         let record = self.db.records[key as usize].take().expect("a record");
         if record.status == Status::Completed {
