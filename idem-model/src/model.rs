@@ -27,68 +27,93 @@ pub enum Process {
 /// stands for.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// The producer publishes another copy of a message (a retry): at-least-once delivery.
+    /// The producer publishes another copy of a message (its retry): at-least-once delivery.
     Duplicate(u8),
-    /// The broker delivers a copy of `key` to a per-message worker
-    /// (`idem-rabbitmq/src/consumer/worker.rs`).
+    /// The broker delivers a copy of `key` to a per-message worker:
+    /// `idem_rabbitmq::consumer::worker` hands it to `idem_rabbitmq::consumer::job`.
     Deliver(u8, u8),
-    /// The broker delivers copies to a batch worker, gathered into one batch
-    /// (`consumer/gather.rs`, `State::take_batch`).
+    /// The broker delivers copies to a batch worker, gathered into one batch:
+    /// `idem_rabbitmq::consumer::gather`, then `idem_runtime::inbox::batch::fates::sort_out`.
     DeliverBatch(u8, Vec<u8>),
-    /// The worker claims its key: in the transaction it begins (`Inbox::transactional`,
-    /// `inbox::claim::claim`), or with a lease on its own (`Inbox::two_phase`).
+    /// The worker claims its key: in the transaction it begins
+    /// (`idem_runtime::inbox::Inbox::transactional`, `idem_runtime::inbox::claim::claim`), or
+    /// with a lease, committed at once (`idem_runtime::inbox::two_phase::Inbox::two_phase`).
     Claim(u8),
-    /// The worker's claim waited for another transaction's lock past the claim wait
-    /// (`claim::lock_wait_ran_out`; a batch's: `Inbox::claim_batch`).
+    /// The worker's claim waited for another transaction's lock past the claim wait:
+    /// `idem_runtime::inbox::claim::lock_wait_ran_out` (a batch's:
+    /// `idem_runtime::inbox::batch::claims::Inbox::claim_batch`; an entity's marker:
+    /// `idem_runtime::entity::Context::create`).
     ClaimWaitRunsOut(u8),
-    /// Entity mode: the handler runs and creates its marker entity (`Inbox::entity`,
-    /// `Context::create`); `false`: it fails.
+    /// Entity mode: the handler runs and creates its marker entity
+    /// (`idem_runtime::inbox::unrecorded::Inbox::entity`, `idem_runtime::entity::Context::create`);
+    /// `false`: it fails.
     Create(u8, bool),
-    /// The handler runs in the transaction (`inbox::run`); `false`: it fails.
+    /// The handler runs in the transaction (`idem_runtime::inbox::run`), staging through
+    /// `idem_runtime::outbox::Outbound::stage`; `false`: it fails.
     Handle(u8, bool),
-    /// A two-phase handler runs (`Inbox::two_phase`, `inbox::run`, `Inbox::give_up`).
+    /// A two-phase handler runs (`idem_runtime::inbox::run`), calling downstream with
+    /// `idem_runtime::outbox::Outbound::downstream_key`; a failure gives the claim up
+    /// (`idem_runtime::inbox::two_phase::Inbox::give_up`).
     HandleWithLease(u8, HandlerRun),
-    /// The run's last statement and commit (`Store::complete`, `Inbox::commit`).
+    /// The run's last statement and its commit: `idem_runtime::store::Store::complete` and
+    /// `idem_runtime::inbox::Inbox::commit` (entity mode: the marker read back in
+    /// `idem_runtime::inbox::unrecorded::Inbox::entity`).
     Commit(u8),
     /// The planted bug: acknowledge before the commit.
     AckEarly(u8),
-    /// The two-phase claim's lease is renewed (`renewal::renew_until_lost`, `Store::renew`).
+    /// The two-phase claim's lease is renewed: `idem_runtime::inbox::renewal::renew_until_lost`,
+    /// `idem_runtime::store::Store::renew`.
     Renew(u8),
-    /// The two-phase completion (`completion::complete_while_held`, `Store::complete`).
+    /// The two-phase completion: `idem_runtime::inbox::completion::complete_while_held`,
+    /// `idem_runtime::store::Store::complete`.
     Complete(u8),
-    /// A batch's try claims its keys (`Inbox::claim_batch`).
+    /// A batch's try claims its keys: `idem_runtime::inbox::batch::claims::Inbox::claim_batch`.
     BatchClaim(u8),
-    /// A batch's next fresh handler runs (`guard::Unguarded::run`, `guard::Savepoints::run`);
-    /// `false`: it fails.
+    /// A batch's next fresh handler runs: `idem_runtime::inbox::batch::guard::Unguarded::run`
+    /// (then `idem_runtime::inbox::batch::attempt::Inbox::transact` runs again under
+    /// `idem_runtime::inbox::batch::guard::Savepoints::run`); `false`: it fails.
     BatchHandle(u8, bool),
-    /// A batch's try ends: releases, completions, commit (`Inbox::finish`).
+    /// A batch's try ends, releases, completions and commit
+    /// (`idem_runtime::inbox::batch::finish::Inbox::finish`), and each message gets its result
+    /// (`idem_runtime::inbox::batch::Inbox::conclude`).
     BatchFinish(u8),
-    /// The worker settles its first decided delivery (`Settler::settle`); `true`: the ack is
-    /// lost with its channel.
+    /// The worker settles its first decided delivery
+    /// (`idem_rabbitmq::consumer::settle::Settler::settle`, the verdict from
+    /// `idem_runtime::Error::settle` and `idem_runtime::transport::DeliveryPolicy::decide`);
+    /// `true`: the ack is lost with its channel.
     Settle(u8, bool),
     /// A process crashes (and starts again, empty-handed).
     Crash(Process),
     /// The database rolls the worker's transaction back (a deadlock's victim, an abort).
     RollBack(u8),
-    /// A two-phase lease runs out by the database's clock.
+    /// A two-phase lease runs out by the database's clock (`lease_until <= now` in
+    /// `idem_runtime::store::Store::take_over`).
     LeaseRunsOut(u8),
-    /// A record reaches the end of its retention.
+    /// A record reaches the end of its retention (`expires_at <= now`).
     RecordExpires(u8),
-    /// The cleaner deletes an expired record (`Cleaner::delete_batches`).
+    /// The cleaner deletes an expired record:
+    /// `idem_runtime::retention::cleaner::Cleaner::delete_batches`,
+    /// `idem_runtime::store::Store::delete_expired`.
     CleanerDeletes(u8),
-    /// The cleaner's run writes its digest of deleted keys (`DigestRun::write`).
+    /// The cleaner's run writes its digest of deleted keys:
+    /// `idem_runtime::telemetry::Telemetry::record_deleted`.
     CleanerWritesDigest,
-    /// A worker's process reads the digests back (`Telemetry::sync`).
+    /// A worker's process reads the digests back: `idem_runtime::telemetry::Telemetry::sync`.
     ReadsDigest(u8),
-    /// A relay takes a batch (`Outbox::take_pending_after`, `HoldMemory::sort`).
+    /// A relay takes a batch: `idem_runtime::outbox::Outbox::take_pending_after` (with
+    /// `PendingBatch::keep_runs_in_order`), then `idem_rabbitmq::relay::held::HoldMemory::sort`.
     RelayTakes(u8),
-    /// A relay publishes its next message, of this seq (`relay::pipeline::publish`).
+    /// A relay publishes its next message, of this seq: `idem_rabbitmq::relay::pipeline::publish`
+    /// (a refused exchange: `idem_rabbitmq::relay::held::HoldMemory::channel_closed`).
     RelayPublishes(u8, u8),
-    /// A relay writes its holds and marks what was confirmed sent (`Runner::publish_batch`).
+    /// A relay writes its holds and marks what was confirmed sent:
+    /// `idem_rabbitmq::relay::run::Runner::publish_batch`,
+    /// `idem_runtime::outbox::PendingBatch::mark_sent`.
     RelayMarksSent(u8),
-    /// The holds in the outbox table run out (`Outbox::release_holds`).
+    /// The holds in the outbox table run out: `idem_runtime::outbox::Outbox::release_holds`.
     HoldsRunOut,
-    /// A relay's memory of the held exchange runs out (`HoldMemory::sort`'s `until`).
+    /// A relay's memory of the held exchange runs out (its `until` in
+    /// `idem_rabbitmq::relay::held::HoldMemory`).
     RelayForgetsHold(u8),
     /// The missing exchange is declared.
     ExchangeDeclared,
