@@ -181,3 +181,31 @@ impl Config {
         0..self.keys as usize
     }
 }
+
+/// idem's protocol under one [`Config`].
+#[derive(Debug, Clone)]
+pub struct IdemModel {
+    /// What the model covers.
+    pub config: Config,
+    /// Also check the strict form of the late-duplicates property, which idem does not meet
+    /// (see [`crate::properties::LATE_ALWAYS_COUNTED`]).
+    pub strict: bool,
+}
+
+impl IdemModel {
+    /// The model of `config`, checked for idem's properties.
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            strict: false,
+        }
+    }
+
+    /// The same, also checked for the strict form of the late-duplicates property.
+    pub fn strict(config: Config) -> Self {
+        Self {
+            config,
+            strict: true,
+        }
+    }
+}

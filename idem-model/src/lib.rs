@@ -91,5 +91,5 @@ pub mod state;
 pub mod two_phase;
 
 pub use checker::{Expectation, Limits, Model, Path, Property, Report, check};
-pub use config::{Bugs, Config, Faults, Intake, Mode, OnSight};
-pub use model::{Action, IdemModel};
+pub use config::{Bugs, Config, Faults, IdemModel, Intake, Mode, OnSight};
+pub use model::Action;

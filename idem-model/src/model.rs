@@ -6,7 +6,7 @@ use std::fmt;
 use crate::batch::batch_blocked;
 use crate::broker::Verdict;
 use crate::checker::{Model, Property};
-use crate::config::{Config, Intake, Mode};
+use crate::config::{IdemModel, Intake, Mode};
 use crate::db::Status;
 use crate::inbox::blocked;
 use crate::outbox::takeable;
@@ -166,61 +166,24 @@ impl fmt::Debug for Action {
     }
 }
 
-/// idem's protocol under one [`Config`].
-#[derive(Debug, Clone)]
-pub struct IdemModel {
-    /// What the model covers.
-    pub config: Config,
-    /// Also check the strict form of the late-duplicates property, which idem does not meet
-    /// (see [`properties::LATE_ALWAYS_COUNTED`]).
-    pub strict: bool,
-}
-
 impl IdemModel {
-    /// The model of `config`, checked for idem's properties.
-    pub fn new(config: Config) -> Self {
-        Self {
-            config,
-            strict: false,
-        }
-    }
-
-    /// The same, also checked for the strict form of the late-duplicates property.
-    pub fn strict(config: Config) -> Self {
-        Self {
-            config,
-            strict: true,
-        }
-    }
-
     fn worker_actions(&self, state: &State, worker: usize, actions: &mut Vec<Action>) {
-        let config = &self.config;
-        let Some(intake) = config.workers[worker] else {
+        let Some(intake) = self.config.workers[worker] else {
             return;
         };
+        if state.workers[worker].is_free() {
+            deliveries(state, worker as u8, intake, actions);
+        }
+        self.job_actions(state, worker, actions);
+        fault_actions(state, worker, actions);
+    }
+
+    /// The next step of `worker`'s job, and the settling of what it decided.
+    fn job_actions(&self, state: &State, worker: usize, actions: &mut Vec<Action>) {
+        let config = &self.config;
         let w = worker as u8;
         let held = &state.workers[worker];
         let failures = state.budget.handler_failures > 0;
-        if held.is_free() {
-            let keys: Vec<u8> = state.broker.ready_keys().collect();
-            match intake {
-                Intake::PerMessage => {
-                    actions.extend(keys.iter().map(|key| Action::Deliver(w, *key)));
-                }
-                Intake::Batch => {
-                    for (at, first) in keys.iter().enumerate() {
-                        actions.push(Action::DeliverBatch(w, vec![*first]));
-                        let copies = state.broker.ready.iter().filter(|k| *k == first).count();
-                        if copies > 1 {
-                            actions.push(Action::DeliverBatch(w, vec![*first, *first]));
-                        }
-                        for second in &keys[at + 1..] {
-                            actions.push(Action::DeliverBatch(w, vec![*first, *second]));
-                        }
-                    }
-                }
-            }
-        }
         match &held.job {
             Job::Idle => {}
             Job::Message { key, step } => match (config.mode, step) {
@@ -253,22 +216,7 @@ impl IdemModel {
                         token, returned, ..
                     },
                 ) => {
-                    if *returned {
-                        actions.push(Action::Complete(w));
-                    } else {
-                        actions.push(Action::HandleWithLease(w, HandlerRun::Returns));
-                        if failures {
-                            actions.push(Action::HandleWithLease(w, HandlerRun::Fails));
-                            actions.push(Action::HandleWithLease(w, HandlerRun::CallsThenFails));
-                        }
-                    }
-                    let lapsed = state.db.records[*key as usize].is_some_and(|record| {
-                        record.token == *token
-                            && record.status == (Status::InProgress { lease_live: false })
-                    });
-                    if lapsed {
-                        actions.push(Action::Renew(w));
-                    }
+                    holding_actions(state, w, *key, *token, *returned, actions);
                 }
             },
             Job::Batch(batch) => {
@@ -295,21 +243,6 @@ impl IdemModel {
             if acks && state.budget.lost_acks > 0 {
                 actions.push(Action::Settle(w, true));
             }
-        }
-        let open = state.db.txs[worker].as_ref();
-        if state.budget.rollbacks > 0 && open.is_some_and(|tx| !tx.aborted) {
-            actions.push(Action::RollBack(w));
-        }
-        let loses = !held.is_free()
-            || open.is_some()
-            || state.retention.copies[worker] != 0
-            || (worker == 0 && state.retention.deleting != 0);
-        if state.budget.crashes > 0 && loses {
-            actions.push(Action::Crash(Process::Worker(w)));
-        }
-        if state.retention.copies[worker] | state.retention.digest != state.retention.copies[worker]
-        {
-            actions.push(Action::ReadsDigest(w));
         }
     }
 
@@ -362,6 +295,72 @@ impl IdemModel {
         if state.exchange_missing {
             actions.push(Action::ExchangeDeclared);
         }
+    }
+}
+
+/// The deliveries the broker can make to a free `worker`.
+fn deliveries(state: &State, w: u8, intake: Intake, actions: &mut Vec<Action>) {
+    let keys: Vec<u8> = state.broker.ready_keys().collect();
+    match intake {
+        Intake::PerMessage => actions.extend(keys.iter().map(|key| Action::Deliver(w, *key))),
+        Intake::Batch => {
+            for (at, first) in keys.iter().enumerate() {
+                actions.push(Action::DeliverBatch(w, vec![*first]));
+                let copies = state.broker.ready.iter().filter(|k| *k == first).count();
+                if copies > 1 {
+                    actions.push(Action::DeliverBatch(w, vec![*first, *first]));
+                }
+                for second in &keys[at + 1..] {
+                    actions.push(Action::DeliverBatch(w, vec![*first, *second]));
+                }
+            }
+        }
+    }
+}
+
+/// What a two-phase worker holding the claim `token` on `key` can do.
+fn holding_actions(
+    state: &State,
+    w: u8,
+    key: u8,
+    token: u8,
+    returned: bool,
+    actions: &mut Vec<Action>,
+) {
+    if returned {
+        actions.push(Action::Complete(w));
+    } else {
+        actions.push(Action::HandleWithLease(w, HandlerRun::Returns));
+        if state.budget.handler_failures > 0 {
+            actions.push(Action::HandleWithLease(w, HandlerRun::Fails));
+            actions.push(Action::HandleWithLease(w, HandlerRun::CallsThenFails));
+        }
+    }
+    let lapsed = state.db.records[key as usize].is_some_and(|record| {
+        record.token == token && record.status == (Status::InProgress { lease_live: false })
+    });
+    if lapsed {
+        actions.push(Action::Renew(w));
+    }
+}
+
+/// The faults that can strike `worker`, and its process's reading of the digests.
+fn fault_actions(state: &State, worker: usize, actions: &mut Vec<Action>) {
+    let w = worker as u8;
+    let open = state.db.txs[worker].as_ref();
+    if state.budget.rollbacks > 0 && open.is_some_and(|tx| !tx.aborted) {
+        actions.push(Action::RollBack(w));
+    }
+    let retention = &state.retention;
+    let loses = !state.workers[worker].is_free()
+        || open.is_some()
+        || retention.copies[worker] != 0
+        || (worker == 0 && retention.deleting != 0);
+    if state.budget.crashes > 0 && loses {
+        actions.push(Action::Crash(Process::Worker(w)));
+    }
+    if retention.copies[worker] | retention.digest != retention.copies[worker] {
+        actions.push(Action::ReadsDigest(w));
     }
 }
 

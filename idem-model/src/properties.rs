@@ -1,9 +1,8 @@
 //! The properties checked, by name, and which apply to a configuration.
 
 use crate::checker::Property;
-use crate::config::{Intake, Mode};
+use crate::config::{IdemModel, Intake, Mode};
 use crate::db::bit;
-use crate::model::IdemModel;
 use crate::state::State;
 
 /// Property 1: While a key's record lives (from its first claim until it passes its retention), at

@@ -302,11 +302,41 @@ pub fn name(key: u8) -> char {
     (b'a' + key) as char
 }
 
+/// The keys of a set, by name.
+fn keys(set: u8) -> String {
+    (0..8).filter(|k| set & (1 << k) != 0).map(name).collect()
+}
+
 /// One line per part, for counterexamples.
 impl fmt::Debug for State {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let keys =
-            |set: u8| -> String { (0..8).filter(|k| set & (1 << k) != 0).map(name).collect() };
+        self.fmt_inbox(f)?;
+        self.fmt_outbox(f)?;
+        let ready: String = self.broker.ready.iter().map(|k| name(*k)).collect();
+        let dead = keys(self.broker.dead_lettered);
+        write!(f, "\n       queue [{ready}], dead letters [{dead}]")?;
+        self.fmt_workers(f)?;
+        for (number, relay) in self.relays.iter().enumerate() {
+            if *relay != Relay::default() {
+                write!(f, "\n       relay {number}: {relay:?}")?;
+            }
+        }
+        let retention = &self.retention;
+        if *retention != Retention::default() {
+            let [first, second] = retention.copies.map(keys);
+            let (deleting, digest) = (keys(retention.deleting), keys(retention.digest));
+            write!(
+                f,
+                "\n       digests: deleting [{deleting}], table [{digest}], "
+            )?;
+            write!(f, "copies [{first}] [{second}]")?;
+        }
+        write!(f, "\n       ghost: {:?}", self.ghost)
+    }
+}
+
+impl State {
+    fn fmt_inbox(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "\n       inbox:")?;
         for (key, record) in self.db.records.iter().enumerate() {
             let Some(record) = record else { continue };
@@ -316,48 +346,38 @@ impl fmt::Debug for State {
                 Status::InProgress { lease_live: false } => "in progress, lease lapsed",
             };
             let expired = if record.expired { ", expired" } else { "" };
+            let (token, attempt) = (record.token, record.attempts);
+            let key = name(key as u8);
             write!(
                 f,
-                " {}: {status}{expired} (token {}, attempt {});",
-                name(key as u8),
-                record.token,
-                record.attempts
+                " {key}: {status}{expired} (token {token}, attempt {attempt});"
             )?;
         }
-        write!(
-            f,
-            " markers [{}]; effects {:?}",
-            keys(self.db.markers),
-            self.db.effects
-        )?;
-        if !self.db.outbox.is_empty() {
-            write!(f, "\n       outbox:")?;
-            for (seq, row) in self.db.outbox.iter().enumerate() {
-                let to = if row.exchange == Exchange::Missing {
-                    " to the missing exchange"
-                } else {
-                    ""
-                };
-                let sent = if row.sent { ", sent" } else { "" };
-                let held = if row.held.is_some() { ", held" } else { "" };
-                let locked = row
-                    .locked_by
-                    .map(|r| format!(", locked by relay {r}"))
-                    .unwrap_or_default();
-                write!(
-                    f,
-                    " #{seq} {}{}{to}{sent}{held}{locked};",
-                    name(row.id.key),
-                    row.id.position
-                )?;
-            }
+        let markers = keys(self.db.markers);
+        write!(f, " markers [{markers}]; effects {:?}", self.db.effects)
+    }
+
+    fn fmt_outbox(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.db.outbox.is_empty() {
+            return Ok(());
         }
-        let ready: String = self.broker.ready.iter().map(|k| name(*k)).collect();
-        write!(
-            f,
-            "\n       queue [{ready}], dead letters [{}]",
-            keys(self.broker.dead_lettered)
-        )?;
+        write!(f, "\n       outbox:")?;
+        for (seq, row) in self.db.outbox.iter().enumerate() {
+            let to = match row.exchange {
+                Exchange::Missing => " to the missing exchange",
+                Exchange::Present => "",
+            };
+            let sent = if row.sent { ", sent" } else { "" };
+            let held = if row.held.is_some() { ", held" } else { "" };
+            let locked =
+                (row.locked_by.map(|r| format!(", locked by relay {r}"))).unwrap_or_default();
+            let (key, position) = (name(row.id.key), row.id.position);
+            write!(f, " #{seq} {key}{position}{to}{sent}{held}{locked};")?;
+        }
+        Ok(())
+    }
+
+    fn fmt_workers(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (number, worker) in self.workers.iter().enumerate() {
             if worker.is_free() && self.db.txs[number].is_none() {
                 continue;
@@ -374,22 +394,6 @@ impl fmt::Debug for State {
                 )?;
             }
         }
-        for (number, relay) in self.relays.iter().enumerate() {
-            if *relay != Relay::default() {
-                write!(f, "\n       relay {number}: {relay:?}")?;
-            }
-        }
-        let retention = &self.retention;
-        if *retention != Retention::default() {
-            write!(
-                f,
-                "\n       digests: deleting [{}], table [{}], copies [{}] [{}]",
-                keys(retention.deleting),
-                keys(retention.digest),
-                keys(retention.copies[0]),
-                keys(retention.copies[1])
-            )?;
-        }
-        write!(f, "\n       ghost: {:?}", self.ghost)
+        Ok(())
     }
 }
