@@ -101,7 +101,11 @@ impl HoldMemory {
         // hold written for it holds them in the table too).
         let mut held_runs: HashSet<&str> = HashSet::new();
         for message in messages {
-            if message.run.as_deref().is_some_and(|run| held_runs.contains(run)) {
+            if message
+                .run
+                .as_deref()
+                .is_some_and(|run| held_runs.contains(run))
+            {
                 continue;
             }
             let exchange = Subject::Exchange(message.exchange.clone());
