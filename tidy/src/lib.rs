@@ -158,7 +158,6 @@ mod tests {
     const NOT_YET: &[&str] = &[
         "circle: telemetry/daily.rs -> telemetry/summary.rs",
         "circle: telemetry/mod.rs -> telemetry/digest/mod.rs -> telemetry/digest/run.rs",
-        "circle: outbox/mod.rs -> outbox/holds.rs -> outbox/outbound.rs -> outbox/pending.rs -> outbox/run_order.rs -> outbox/stats.rs",
         "circle: configured.rs -> handler.rs",
         "circle: store/mod.rs -> store/cleanup.rs -> store/many.rs -> store/many_pg.rs -> store/setup.rs -> store/stats.rs",
         "circle: inbox/mod.rs -> inbox/batch/mod.rs -> inbox/batch/attempt.rs -> inbox/batch/claims.rs -> inbox/batch/fates.rs -> inbox/batch/finish.rs -> inbox/batch/guard.rs -> inbox/batch/slice.rs -> inbox/builder.rs -> inbox/operate.rs -> inbox/two_phase.rs -> inbox/unrecorded.rs",

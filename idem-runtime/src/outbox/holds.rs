@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, QueryResult, Value};
 
-use super::Outbox;
+use super::shared::Shared;
 use super::statements::origin_bytes;
 
 /// A run the relays hold back (or a message of no run).
@@ -53,149 +53,147 @@ pub struct PendingRow {
     pub hold_left: Option<Duration>,
 }
 
-impl Outbox {
-    /// The runs and messages of no run the relays hold back, the oldest first, at most `limit`
-    /// of each kind.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn held_runs(&self, limit: u32) -> Result<Vec<HeldRun>, DbErr> {
-        let dialect = self.inner.dialect;
-        let (now, t) = (dialect.now_ms(), self.inner.table.quoted(self.backend()));
-        let held = "sent_at IS NULL AND held_until IS NOT NULL";
-        // Runs are told apart by their bytes, as the relay tells them (MySQL's collation would
-        // merge `a` and `A`).
-        let run = origin_bytes(self.backend());
-        let runs = format!(
-            "SELECT MIN(origin), MIN(exchange), COUNT(*), MIN(staged_at), MAX(held_until), \
-             {now} FROM {t} WHERE {held} AND origin IS NOT NULL GROUP BY {run} \
-             ORDER BY MIN(seq) LIMIT {limit}"
-        );
-        let singles = format!(
-            "SELECT message_id, exchange, seq, staged_at, held_until, {now} FROM {t} \
-             WHERE {held} AND origin IS NULL ORDER BY seq LIMIT {limit}"
-        );
-        let mut all = Vec::new();
-        for (sql, run) in [(runs, true), (singles, false)] {
-            let rows = (self.inner.db)
-                .query_all_raw(self.statement(&sql, Vec::new()))
-                .await?;
-            for row in &rows {
-                all.push(self.read_held_run(row, run)?);
-            }
-        }
-        Ok(all)
-    }
-
-    fn read_held_run(&self, row: &QueryResult, run: bool) -> Result<HeldRun, DbErr> {
-        let name = self.read_text(row, 0, if run { "run" } else { "message id" })?;
-        let (staged, until, now): (i64, i64, i64) = (
-            row.try_get_by_index(3)?,
-            row.try_get_by_index(4)?,
-            row.try_get_by_index(5)?,
-        );
-        Ok(HeldRun {
-            held: if run {
-                HeldSubject::Run(name)
-            } else {
-                HeldSubject::Message(name)
-            },
-            exchange: self.read_text(row, 1, "exchange")?,
-            // A message of no run is one (its third column is its seq).
-            messages: match run {
-                true => u64::try_from(row.try_get_by_index::<i64>(2)?).unwrap_or(0),
-                false => 1,
-            },
-            oldest_staged_age: millis(now - staged),
-            hold_left: millis(until - now),
-        })
-    }
-
-    /// The pending messages of `subject` in the table's order (a run's, from its first unsent
-    /// one), at most `limit`.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn pending_of(
-        &self,
-        subject: &HeldSubject,
-        limit: u32,
-    ) -> Result<Vec<PendingRow>, DbErr> {
-        let dialect = self.inner.dialect;
-        let (now, t) = (dialect.now_ms(), self.inner.table.quoted(self.backend()));
-        let (which, values) = self.subject_filter(subject);
-        let sql = dialect.placeholders(&format!(
-            "SELECT seq, message_id, exchange, routing_key, staged_at, held_until, {now} \
-             FROM {t} WHERE sent_at IS NULL AND {which} ORDER BY seq LIMIT {limit}"
-        ));
-        let rows = (self.inner.db)
-            .query_all_raw(self.statement(&sql, values))
+/// The runs and messages of no run the relays hold back, the oldest first, at most `limit`
+/// of each kind.
+///
+/// # Errors
+///
+/// The database failed.
+pub(super) async fn held_runs(shared: &Shared, limit: u32) -> Result<Vec<HeldRun>, DbErr> {
+    let dialect = shared.dialect;
+    let (now, t) = (dialect.now_ms(), shared.table.quoted(shared.backend()));
+    let held = "sent_at IS NULL AND held_until IS NOT NULL";
+    // Runs are told apart by their bytes, as the relay tells them (MySQL's collation would
+    // merge `a` and `A`).
+    let run = origin_bytes(shared.backend());
+    let runs = format!(
+        "SELECT MIN(origin), MIN(exchange), COUNT(*), MIN(staged_at), MAX(held_until), \
+         {now} FROM {t} WHERE {held} AND origin IS NOT NULL GROUP BY {run} \
+         ORDER BY MIN(seq) LIMIT {limit}"
+    );
+    let singles = format!(
+        "SELECT message_id, exchange, seq, staged_at, held_until, {now} FROM {t} \
+         WHERE {held} AND origin IS NULL ORDER BY seq LIMIT {limit}"
+    );
+    let mut all = Vec::new();
+    for (sql, run) in [(runs, true), (singles, false)] {
+        let rows = (shared.db)
+            .query_all_raw(shared.statement(&sql, Vec::new()))
             .await?;
-        rows.iter()
-            .map(|row| {
-                let (staged, until, now): (i64, Option<i64>, i64) = (
-                    row.try_get_by_index(4)?,
-                    row.try_get_by_index(5)?,
-                    row.try_get_by_index(6)?,
-                );
-                Ok(PendingRow {
-                    seq: row.try_get_by_index(0)?,
-                    message_id: self.read_text(row, 1, "message id")?,
-                    exchange: self.read_text(row, 2, "exchange")?,
-                    routing_key: self.read_text(row, 3, "routing key")?,
-                    staged_age: millis(now - staged),
-                    hold_left: until.filter(|until| *until > now).map(|u| millis(u - now)),
-                })
+        for row in &rows {
+            all.push(read_held_run(shared, row, run)?);
+        }
+    }
+    Ok(all)
+}
+
+fn read_held_run(shared: &Shared, row: &QueryResult, run: bool) -> Result<HeldRun, DbErr> {
+    let name = shared.read_text(row, 0, if run { "run" } else { "message id" })?;
+    let (staged, until, now): (i64, i64, i64) = (
+        row.try_get_by_index(3)?,
+        row.try_get_by_index(4)?,
+        row.try_get_by_index(5)?,
+    );
+    Ok(HeldRun {
+        held: if run {
+            HeldSubject::Run(name)
+        } else {
+            HeldSubject::Message(name)
+        },
+        exchange: shared.read_text(row, 1, "exchange")?,
+        // A message of no run is one (its third column is its seq).
+        messages: match run {
+            true => u64::try_from(row.try_get_by_index::<i64>(2)?).unwrap_or(0),
+            false => 1,
+        },
+        oldest_staged_age: millis(now - staged),
+        hold_left: millis(until - now),
+    })
+}
+
+/// The pending messages of `subject` in the table's order (a run's, from its first unsent
+/// one), at most `limit`.
+///
+/// # Errors
+///
+/// The database failed.
+pub(super) async fn pending_of(
+    shared: &Shared,
+    subject: &HeldSubject,
+    limit: u32,
+) -> Result<Vec<PendingRow>, DbErr> {
+    let dialect = shared.dialect;
+    let (now, t) = (dialect.now_ms(), shared.table.quoted(shared.backend()));
+    let (which, values) = subject_filter(shared, subject);
+    let sql = dialect.placeholders(&format!(
+        "SELECT seq, message_id, exchange, routing_key, staged_at, held_until, {now} \
+         FROM {t} WHERE sent_at IS NULL AND {which} ORDER BY seq LIMIT {limit}"
+    ));
+    let rows = (shared.db)
+        .query_all_raw(shared.statement(&sql, values))
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let (staged, until, now): (i64, Option<i64>, i64) = (
+                row.try_get_by_index(4)?,
+                row.try_get_by_index(5)?,
+                row.try_get_by_index(6)?,
+            );
+            Ok(PendingRow {
+                seq: row.try_get_by_index(0)?,
+                message_id: shared.read_text(row, 1, "message id")?,
+                exchange: shared.read_text(row, 2, "exchange")?,
+                routing_key: shared.read_text(row, 3, "routing key")?,
+                staged_age: millis(now - staged),
+                hold_left: until.filter(|until| *until > now).map(|u| millis(u - now)),
             })
-            .collect()
-    }
+        })
+        .collect()
+}
 
-    /// Lifts the holds of `subject` now: the relays take its messages at their next look at
-    /// the table (woken at once on PostgreSQL, within their poll interval elsewhere). Returns
-    /// how many messages were held. A relay that found the messages' exchange itself missing
-    /// also holds messages to it on sight, until its own hold of the exchange runs out.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn lift_holds(&self, subject: &HeldSubject) -> Result<u64, DbErr> {
-        let dialect = self.inner.dialect;
-        let t = self.inner.table.quoted(self.backend());
-        let (which, values) = self.subject_filter(subject);
-        let sql = dialect.placeholders(&format!(
-            "UPDATE {t} SET held_until = NULL \
-             WHERE sent_at IS NULL AND held_until IS NOT NULL AND {which}"
-        ));
-        let lifted = (self.inner.db)
-            .execute_raw(self.statement(&sql, values))
-            .await?
-            .rows_affected();
-        if lifted > 0 && self.backend() == DbBackend::Postgres {
-            let wake = dialect.placeholders("SELECT pg_notify(?, '')");
-            let channel = vec![Value::from(self.channel())];
-            (self.inner.db)
-                .execute_raw(self.statement(&wake, channel))
-                .await?;
-        }
-        Ok(lifted)
+/// Lifts the holds of `subject` now: the relays take its messages at their next look at
+/// the table (woken at once on PostgreSQL, within their poll interval elsewhere). Returns
+/// how many messages were held. A relay that found the messages' exchange itself missing
+/// also holds messages to it on sight, until its own hold of the exchange runs out.
+///
+/// # Errors
+///
+/// The database failed.
+pub(super) async fn lift_holds(shared: &Shared, subject: &HeldSubject) -> Result<u64, DbErr> {
+    let dialect = shared.dialect;
+    let t = shared.table.quoted(shared.backend());
+    let (which, values) = subject_filter(shared, subject);
+    let sql = dialect.placeholders(&format!(
+        "UPDATE {t} SET held_until = NULL \
+         WHERE sent_at IS NULL AND held_until IS NOT NULL AND {which}"
+    ));
+    let lifted = (shared.db)
+        .execute_raw(shared.statement(&sql, values))
+        .await?
+        .rows_affected();
+    if lifted > 0 && shared.backend() == DbBackend::Postgres {
+        let wake = dialect.placeholders("SELECT pg_notify(?, '')");
+        let channel = vec![Value::from(shared.channel())];
+        (shared.db)
+            .execute_raw(shared.statement(&wake, channel))
+            .await?;
     }
+    Ok(lifted)
+}
 
-    /// The condition on the rows of `subject`, and its values.
-    fn subject_filter(&self, subject: &HeldSubject) -> (String, Vec<Value>) {
-        match subject {
-            HeldSubject::Run(run) if self.backend() == DbBackend::MySql => (
-                // By the column's collation (through its index), then by its bytes.
-                format!("origin = ? AND {} = ?", origin_bytes(DbBackend::MySql)),
-                vec![Value::from(run.clone()), Value::from(run.clone())],
-            ),
-            HeldSubject::Run(run) => ("origin = ?".into(), vec![Value::from(run.clone())]),
-            HeldSubject::Message(id) => (
-                "message_id = ? AND origin IS NULL".into(),
-                vec![Value::from(id.clone())],
-            ),
-        }
+/// The condition on the rows of `subject`, and its values.
+fn subject_filter(shared: &Shared, subject: &HeldSubject) -> (String, Vec<Value>) {
+    match subject {
+        HeldSubject::Run(run) if shared.backend() == DbBackend::MySql => (
+            // By the column's collation (through its index), then by its bytes.
+            format!("origin = ? AND {} = ?", origin_bytes(DbBackend::MySql)),
+            vec![Value::from(run.clone()), Value::from(run.clone())],
+        ),
+        HeldSubject::Run(run) => ("origin = ?".into(), vec![Value::from(run.clone())]),
+        HeldSubject::Message(id) => (
+            "message_id = ? AND origin IS NULL".into(),
+            vec![Value::from(id.clone())],
+        ),
     }
 }
 

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use sea_orm::DatabaseTransaction;
 
-use super::{Outbox, OutboxMessage, RunStatements, StagingError, derived_id};
+use super::handle::Outbox;
+use super::staging::RunClaim;
+use super::{OutboxMessage, StagingError, derived_id};
 use crate::key::{ConsumerName, InboxKey, MessageKey};
 use crate::metadata::Metadata;
 
@@ -30,26 +32,6 @@ pub struct Outbound<'a> {
     trace_of: Option<&'a Metadata>,
     next: AtomicU32,
     staged: AtomicU32,
-}
-
-/// The inbox claim a handler run holds in its transaction, and the statements that stage
-/// under it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RunClaim<'a> {
-    /// The staging statements of the inbox's runs; `None` without an outbox.
-    pub(crate) statements: Option<&'a RunStatements>,
-    pub(crate) token: i64,
-}
-
-impl RunClaim<'_> {
-    /// The values its checks bind for `key`: consumer, message key, claim token.
-    pub(crate) fn values(&self, key: &InboxKey) -> Vec<sea_orm::Value> {
-        vec![
-            key.consumer.as_str().into(),
-            key.message_key.as_str().into(),
-            self.token.into(),
-        ]
-    }
 }
 
 /// Which message's run this is.

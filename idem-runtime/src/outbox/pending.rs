@@ -14,37 +14,12 @@ use sea_orm::{
 };
 use tokio::sync::OwnedMutexGuard;
 
-use super::Outbox;
+use super::pending_message::PendingMessage;
 use super::run_order::{Unsent, wait_of};
+use super::shared::Shared;
 use super::statements::{Bound, RELEASE_BATCH, rows_for};
 use crate::clock::duration_ms;
 use crate::store::dialect::begin_detached;
-
-/// A staged message waiting to be published.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PendingMessage {
-    /// Its place in the order of staging.
-    pub seq: i64,
-    /// The message id to publish it with.
-    pub message_id: String,
-    /// The destination exchange.
-    pub exchange: String,
-    /// The routing key.
-    pub routing_key: String,
-    /// The payload's content type.
-    pub content_type: Option<String>,
-    /// Its headers.
-    pub headers: BTreeMap<String, String>,
-    /// The payload.
-    pub payload: Vec<u8>,
-    /// How long ago it was staged, by the database's clock.
-    pub age: Duration,
-    /// The run whose messages go out in the order staged (a handler run, or a run named outside
-    /// handlers, [`OutboxMessage::in_run`](crate::OutboxMessage::in_run)); `None` for a message
-    /// of no run, ordered with no other.
-    pub run: Option<String>,
-}
 
 /// Pending messages taken by one relay, in the order they were staged, locked until
 /// [`PendingBatch::mark_sent`] or until dropped (another relay may then take them).
@@ -58,132 +33,102 @@ pub struct PendingBatch {
     /// How many rows the statement took, and the last one's seq, before the runs waiting for
     /// an earlier message were left out.
     scanned: (usize, Option<i64>),
-    outbox: Outbox,
+    shared: Arc<Shared>,
 }
 
-impl Outbox {
-    /// Takes up to `limit` committed, unsent messages ready to publish, oldest first, skipping
-    /// those another relay holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB) and
-    /// those held back ([`PendingBatch::hold`]). Messages of one run go out in their order: a
-    /// run whose earlier message another relay has in hand is left for later, and one whose
-    /// earlier message is held back is held back with it.
-    ///
-    /// SQLite serves one process, whose relays of this outbox (this value and its clones) take
-    /// turns: a batch waits for the one in hand to be marked sent or dropped. No transaction is
-    /// held meanwhile, so handlers can write while the batch is published: a write lock held
-    /// across the broker's confirms would stop every handler for as long.
-    pub async fn take_pending(&self, limit: u32) -> Result<PendingBatch, DbErr> {
-        self.take_pending_after(limit, None).await
-    }
+/// [`Outbox::take_pending`] from the message after seq `after` on: a relay whose whole
+/// batch waited for earlier messages takes the next ones.
+pub(super) async fn take_pending_after(
+    shared: &Arc<Shared>,
+    limit: u32,
+    after: Option<i64>,
+) -> Result<PendingBatch, DbErr> {
+    let values = vec![
+        Value::from(after.unwrap_or(0)),
+        Value::from(i64::from(limit)),
+    ];
+    let statements = &shared.statements;
+    let (tx, turn) = match shared.backend() {
+        DbBackend::Sqlite => (
+            None,
+            Some(Arc::clone(&shared.relay_turn).lock_owned().await),
+        ),
+        // Without gap locks: under REPEATABLE READ, marking rows sent would wait for the
+        // gaps another relay's skip-locked scan holds.
+        DbBackend::MySql => {
+            let options = TransactionOptions {
+                isolation_level: Some(IsolationLevel::ReadCommitted),
+                ..TransactionOptions::default()
+            };
+            let tx = begin_detached(&shared.db, options).await?;
+            (Some(tx), None)
+        }
+        _ => (Some(shared.dialect.begin(&shared.db).await?), None),
+    };
+    let rows = match &tx {
+        Some(tx) => {
+            tx.query_all_raw(shared.statement(&statements.take, values))
+                .await?
+        }
+        None => {
+            let take = shared.statement(&statements.take_unlocked, values);
+            shared.db.query_all_raw(take).await?
+        }
+    };
+    let taken = rows
+        .iter()
+        .map(|row| read_pending(shared, row))
+        .collect::<Result<Vec<_>, _>>()?;
+    let scanned = (taken.len(), taken.last().map(|m| m.seq));
+    let batch = PendingBatch {
+        tx,
+        _turn: turn,
+        messages: Vec::new(),
+        scanned,
+        shared: Arc::clone(shared),
+    };
+    batch.keep_runs_in_order(taken).await
+}
 
-    /// [`Outbox::take_pending`] from the message after seq `after` on: a relay whose whole
-    /// batch waited for earlier messages takes the next ones.
-    pub async fn take_pending_after(
-        &self,
-        limit: u32,
-        after: Option<i64>,
-    ) -> Result<PendingBatch, DbErr> {
-        let values = vec![
-            Value::from(after.unwrap_or(0)),
-            Value::from(i64::from(limit)),
-        ];
-        let statements = &self.inner.statements;
-        let (tx, turn) = match self.backend() {
-            DbBackend::Sqlite => (
-                None,
-                Some(Arc::clone(&self.inner.relay_turn).lock_owned().await),
-            ),
-            // Without gap locks: under REPEATABLE READ, marking rows sent would wait for the
-            // gaps another relay's skip-locked scan holds.
-            DbBackend::MySql => {
-                let options = TransactionOptions {
-                    isolation_level: Some(IsolationLevel::ReadCommitted),
-                    ..TransactionOptions::default()
-                };
-                let tx = begin_detached(&self.inner.db, options).await?;
-                (Some(tx), None)
-            }
-            _ => (Some(self.inner.dialect.begin(&self.inner.db).await?), None),
-        };
-        let rows = match &tx {
-            Some(tx) => {
-                tx.query_all_raw(self.statement(&statements.take, values))
-                    .await?
-            }
-            None => {
-                let take = self.statement(&statements.take_unlocked, values);
-                self.inner.db.query_all_raw(take).await?
-            }
-        };
-        let taken = rows
-            .iter()
-            .map(|row| self.read_pending(row))
-            .collect::<Result<Vec<_>, _>>()?;
-        let scanned = (taken.len(), taken.last().map(|m| m.seq));
-        let batch = PendingBatch {
-            tx,
-            _turn: turn,
-            messages: Vec::new(),
-            scanned,
-            outbox: self.clone(),
-        };
-        batch.keep_runs_in_order(taken).await
-    }
-
-    /// Releases the holds that ran out, whoever set them (a relay that stopped meanwhile);
-    /// returns how many messages it released.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn release_holds(&self) -> Result<u64, DbErr> {
-        let mut released = 0;
-        loop {
-            let release = self.statement(&self.inner.statements.release, Vec::new());
-            let batch = self.inner.db.execute_raw(release).await?.rows_affected();
-            released += batch;
-            if batch < RELEASE_BATCH {
-                return Ok(released);
-            }
+/// Releases the holds that ran out, whoever set them (a relay that stopped meanwhile);
+/// returns how many messages it released.
+///
+/// # Errors
+///
+/// The database failed.
+pub(super) async fn release_holds(shared: &Shared) -> Result<u64, DbErr> {
+    let mut released = 0;
+    loop {
+        let release = shared.statement(&shared.statements.release, Vec::new());
+        let batch = shared.db.execute_raw(release).await?.rows_affected();
+        released += batch;
+        if batch < RELEASE_BATCH {
+            return Ok(released);
         }
     }
+}
 
-    /// A text column, which MySQL/MariaDB hands over as bytes when it is binary.
-    pub(super) fn read_text(
-        &self,
-        row: &QueryResult,
-        index: usize,
-        what: &str,
-    ) -> Result<String, DbErr> {
-        if self.backend() != DbBackend::MySql {
-            return row.try_get_by_index(index);
-        }
-        let bytes: Vec<u8> = row.try_get_by_index(index)?;
-        String::from_utf8(bytes).map_err(|_| DbErr::Custom(format!("a {what} that is not UTF-8")))
-    }
-
-    fn read_pending(&self, row: &QueryResult) -> Result<PendingMessage, DbErr> {
-        let message_id = self.read_text(row, 1, "message id")?;
-        let headers: Option<String> = row.try_get_by_index(5)?;
-        let headers = match headers {
-            Some(json) => serde_json::from_str(&json)
-                .map_err(|error| DbErr::Custom(format!("unreadable outbox headers: {error}")))?,
-            None => BTreeMap::new(),
-        };
-        let staged_at: i64 = row.try_get_by_index(8)?;
-        let now: i64 = row.try_get_by_index(9)?;
-        Ok(PendingMessage {
-            seq: row.try_get_by_index(0)?,
-            message_id,
-            exchange: row.try_get_by_index(2)?,
-            routing_key: row.try_get_by_index(3)?,
-            content_type: row.try_get_by_index(4)?,
-            headers,
-            payload: row.try_get_by_index(6)?,
-            age: Duration::from_millis(u64::try_from(now - staged_at).unwrap_or(0)),
-            run: row.try_get_by_index(7)?,
-        })
-    }
+fn read_pending(shared: &Shared, row: &QueryResult) -> Result<PendingMessage, DbErr> {
+    let message_id = shared.read_text(row, 1, "message id")?;
+    let headers: Option<String> = row.try_get_by_index(5)?;
+    let headers = match headers {
+        Some(json) => serde_json::from_str(&json)
+            .map_err(|error| DbErr::Custom(format!("unreadable outbox headers: {error}")))?,
+        None => BTreeMap::new(),
+    };
+    let staged_at: i64 = row.try_get_by_index(8)?;
+    let now: i64 = row.try_get_by_index(9)?;
+    Ok(PendingMessage {
+        seq: row.try_get_by_index(0)?,
+        message_id,
+        exchange: row.try_get_by_index(2)?,
+        routing_key: row.try_get_by_index(3)?,
+        content_type: row.try_get_by_index(4)?,
+        headers,
+        payload: row.try_get_by_index(6)?,
+        age: Duration::from_millis(u64::try_from(now - staged_at).unwrap_or(0)),
+        run: row.try_get_by_index(7)?,
+    })
 }
 
 impl PendingBatch {
@@ -228,12 +173,12 @@ impl PendingBatch {
         if runs.is_empty() {
             return Ok(HashMap::new());
         }
-        let outbox = &self.outbox;
-        let known = &outbox.inner.sent_through;
+        let outbox = &self.shared;
+        let known = &outbox.sent_through;
         let bounds: HashMap<&str, (i64, i64)> = (runs.iter())
             .map(|(run, seqs)| (*run, (known.of(run), seqs.last().copied().unwrap_or(0))))
             .collect();
-        let statements = &outbox.inner.statements;
+        let statements = &outbox.statements;
         let (sql, values) = match outbox.backend() {
             #[cfg(feature = "postgres")]
             DbBackend::Postgres => {
@@ -318,7 +263,7 @@ impl PendingBatch {
             Some(run) => self.hold_run(run, message.seq, pause).await,
             None => {
                 let values = vec![Value::from(pause_ms(pause)), Value::from(message.seq)];
-                let sql = &self.outbox.inner.statements.hold_message;
+                let sql = &self.shared.statements.hold_message;
                 self.execute(sql, values).await.map(drop)
             }
         }
@@ -327,12 +272,12 @@ impl PendingBatch {
     /// Holds back the messages of `run` from `seq` on.
     async fn hold_run(&self, run: &str, seq: i64, pause: Duration) -> Result<(), DbErr> {
         let mut values = vec![Value::from(pause_ms(pause)), Value::from(run.to_owned())];
-        if self.outbox.backend() == DbBackend::MySql {
+        if self.shared.backend() == DbBackend::MySql {
             // Compared by the column's collation for its index, then by its bytes.
             values.push(Value::from(run.to_owned()));
         }
         values.push(Value::from(seq));
-        let sql = &self.outbox.inner.statements.hold_run;
+        let sql = &self.shared.statements.hold_run;
         self.execute(sql, values).await.map(drop)
     }
 
@@ -346,7 +291,7 @@ impl PendingBatch {
     /// The database failed.
     pub async fn hold_exchange(&self, exchange: &str, pause: Duration) -> Result<u64, DbErr> {
         let mut held = 0;
-        for (sql, binds) in self.outbox.inner.statements.hold_exchange() {
+        for (sql, binds) in self.shared.statements.hold_exchange() {
             let values = (binds.iter())
                 .map(|bound| match bound {
                     Bound::Pause => Value::from(pause_ms(pause)),
@@ -363,13 +308,13 @@ impl PendingBatch {
     /// all published again later, with the same ids: the next hop's inbox recognises them.
     pub async fn mark_sent(self, seqs: &[i64]) -> Result<(), DbErr> {
         if !seqs.is_empty() {
-            let outbox = &self.outbox;
+            let outbox = &self.shared;
             let (sql, values) = match outbox.backend() {
                 #[cfg(feature = "postgres")]
                 DbBackend::Postgres => {
                     let seqs = seqs.iter().map(|seq| Value::from(*seq)).collect();
                     let seqs = Value::Array(ArrayType::BigInt, Some(Box::new(seqs)));
-                    (outbox.inner.statements.mark_sent(1), vec![seqs])
+                    (outbox.statements.mark_sent(1), vec![seqs])
                 }
                 // Padded with a seq no message has.
                 _ => {
@@ -378,7 +323,7 @@ impl PendingBatch {
                         .chain(std::iter::repeat_n(0, padding))
                         .map(Value::from)
                         .collect();
-                    (outbox.inner.statements.mark_sent(seqs.len()), values)
+                    (outbox.statements.mark_sent(seqs.len()), values)
                 }
             };
             self.execute(&sql, values).await?;
@@ -387,7 +332,7 @@ impl PendingBatch {
             tx.commit().await?;
         }
         // SQLite: each statement was atomic by itself.
-        let known = &self.outbox.inner.sent_through;
+        let known = &self.shared.sent_through;
         known.learn(&self.messages, seqs);
         Ok(())
     }
@@ -395,20 +340,20 @@ impl PendingBatch {
     /// Runs a statement of the batch, in its transaction where it has one; returns the rows
     /// it changed.
     async fn execute(&self, sql: &str, values: Vec<Value>) -> Result<u64, DbErr> {
-        let statement = self.outbox.statement(sql, values);
+        let statement = self.shared.statement(sql, values);
         let result = match &self.tx {
             Some(tx) => tx.execute_raw(statement).await?,
-            None => self.outbox.inner.db.execute_raw(statement).await?,
+            None => self.shared.db.execute_raw(statement).await?,
         };
         Ok(result.rows_affected())
     }
 
     /// Runs a query of the batch, in its transaction where it has one.
     async fn query(&self, sql: &str, values: Vec<Value>) -> Result<Vec<QueryResult>, DbErr> {
-        let statement = self.outbox.statement(sql, values);
+        let statement = self.shared.statement(sql, values);
         match &self.tx {
             Some(tx) => tx.query_all_raw(statement).await,
-            None => self.outbox.inner.db.query_all_raw(statement).await,
+            None => self.shared.db.query_all_raw(statement).await,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::PendingMessage;
+use super::pending_message::PendingMessage;
 
 /// An unsent row of a run that the ordering check read.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DbErr, QueryResult, Value};
 
-use super::Outbox;
+use super::shared::Shared;
 use crate::clock::duration_ms;
 
 /// The outbox table's messages, counted.
@@ -49,83 +49,81 @@ pub struct Pending {
     pub oldest_age: Option<Duration>,
 }
 
-impl Outbox {
-    /// Counts the table's messages by the database's clock: two scans of the table, for an
-    /// operator (the `idem` command), not for a service's hot path.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn stats(&self) -> Result<OutboxStats, DbErr> {
-        let dialect = self.inner.dialect;
-        let (now, t) = (dialect.now_ms(), self.inner.table.quoted(self.backend()));
-        let totals = dialect.placeholders(&format!(
-            "SELECT COUNT(CASE WHEN sent_at IS NULL THEN 1 END), \
-             MIN(CASE WHEN sent_at IS NULL THEN staged_at END), \
-             COUNT(CASE WHEN sent_at IS NOT NULL THEN 1 END), \
-             COUNT(CASE WHEN sent_at < {now} - ? THEN 1 END), {now} FROM {t}"
-        ));
-        let retention = Value::from(duration_ms(self.inner.retention));
-        let row = (self.inner.db)
-            .query_one_raw(self.statement(&totals, vec![retention]))
-            .await?
-            .ok_or_else(|| DbErr::Custom("no row from a count".into()))?;
-        let now: i64 = row.try_get_by_index(4)?;
-        let oldest: Option<i64> = row.try_get_by_index(1)?;
-        let held = format!(
-            "SELECT exchange, COUNT(*), COUNT(DISTINCT origin), MAX(held_until), {now} FROM {t} \
-             WHERE sent_at IS NULL AND held_until IS NOT NULL GROUP BY exchange ORDER BY exchange"
-        );
-        let rows = (self.inner.db)
-            .query_all_raw(self.statement(&held, Vec::new()))
-            .await?;
-        Ok(OutboxStats {
-            pending: count(&row, 0)?,
-            oldest_pending_age: oldest.map(|staged| since(staged, now)),
-            held: rows
-                .iter()
-                .map(|row| self.read_held(row))
-                .collect::<Result<_, _>>()?,
-            sent: count(&row, 2)?,
-            sent_expired: count(&row, 3)?,
-        })
-    }
+/// Counts the table's messages by the database's clock: two scans of the table, for an
+/// operator (the `idem` command), not for a service's hot path.
+///
+/// # Errors
+///
+/// The database failed.
+pub(super) async fn stats(shared: &Shared) -> Result<OutboxStats, DbErr> {
+    let dialect = shared.dialect;
+    let (now, t) = (dialect.now_ms(), shared.table.quoted(shared.backend()));
+    let totals = dialect.placeholders(&format!(
+        "SELECT COUNT(CASE WHEN sent_at IS NULL THEN 1 END), \
+         MIN(CASE WHEN sent_at IS NULL THEN staged_at END), \
+         COUNT(CASE WHEN sent_at IS NOT NULL THEN 1 END), \
+         COUNT(CASE WHEN sent_at < {now} - ? THEN 1 END), {now} FROM {t}"
+    ));
+    let retention = Value::from(duration_ms(shared.retention));
+    let row = (shared.db)
+        .query_one_raw(shared.statement(&totals, vec![retention]))
+        .await?
+        .ok_or_else(|| DbErr::Custom("no row from a count".into()))?;
+    let now: i64 = row.try_get_by_index(4)?;
+    let oldest: Option<i64> = row.try_get_by_index(1)?;
+    let held = format!(
+        "SELECT exchange, COUNT(*), COUNT(DISTINCT origin), MAX(held_until), {now} FROM {t} \
+         WHERE sent_at IS NULL AND held_until IS NOT NULL GROUP BY exchange ORDER BY exchange"
+    );
+    let rows = (shared.db)
+        .query_all_raw(shared.statement(&held, Vec::new()))
+        .await?;
+    Ok(OutboxStats {
+        pending: count(&row, 0)?,
+        oldest_pending_age: oldest.map(|staged| since(staged, now)),
+        held: rows
+            .iter()
+            .map(|row| read_held(shared, row))
+            .collect::<Result<_, _>>()?,
+        sent: count(&row, 2)?,
+        sent_expired: count(&row, 3)?,
+    })
+}
 
-    /// The messages not published yet, held ones included: how many, and how long the oldest
-    /// has waited, by the database's clock. One range of the table's pending index, cheap enough
-    /// for a relay to gauge now and then, whether or not it reaches the broker.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn pending(&self) -> Result<Pending, DbErr> {
-        let (now, t) = (
-            self.inner.dialect.now_ms(),
-            self.inner.table.quoted(self.backend()),
-        );
-        let sql = format!("SELECT COUNT(*), MIN(staged_at), {now} FROM {t} WHERE sent_at IS NULL");
-        let row = (self.inner.db)
-            .query_one_raw(self.statement(&sql, Vec::new()))
-            .await?
-            .ok_or_else(|| DbErr::Custom("no row from a count".into()))?;
-        let oldest: Option<i64> = row.try_get_by_index(1)?;
-        let now: i64 = row.try_get_by_index(2)?;
-        Ok(Pending {
-            count: count(&row, 0)?,
-            oldest_age: oldest.map(|staged| since(staged, now)),
-        })
-    }
+/// The messages not published yet, held ones included: how many, and how long the oldest
+/// has waited, by the database's clock. One range of the table's pending index, cheap enough
+/// for a relay to gauge now and then, whether or not it reaches the broker.
+///
+/// # Errors
+///
+/// The database failed.
+pub(super) async fn pending(shared: &Shared) -> Result<Pending, DbErr> {
+    let (now, t) = (
+        shared.dialect.now_ms(),
+        shared.table.quoted(shared.backend()),
+    );
+    let sql = format!("SELECT COUNT(*), MIN(staged_at), {now} FROM {t} WHERE sent_at IS NULL");
+    let row = (shared.db)
+        .query_one_raw(shared.statement(&sql, Vec::new()))
+        .await?
+        .ok_or_else(|| DbErr::Custom("no row from a count".into()))?;
+    let oldest: Option<i64> = row.try_get_by_index(1)?;
+    let now: i64 = row.try_get_by_index(2)?;
+    Ok(Pending {
+        count: count(&row, 0)?,
+        oldest_age: oldest.map(|staged| since(staged, now)),
+    })
+}
 
-    fn read_held(&self, row: &QueryResult) -> Result<HeldExchange, DbErr> {
-        let until: i64 = row.try_get_by_index(3)?;
-        let now: i64 = row.try_get_by_index(4)?;
-        Ok(HeldExchange {
-            exchange: self.read_text(row, 0, "exchange")?,
-            messages: count(row, 1)?,
-            runs: count(row, 2)?,
-            longest_hold: since(now, until),
-        })
-    }
+fn read_held(shared: &Shared, row: &QueryResult) -> Result<HeldExchange, DbErr> {
+    let until: i64 = row.try_get_by_index(3)?;
+    let now: i64 = row.try_get_by_index(4)?;
+    Ok(HeldExchange {
+        exchange: shared.read_text(row, 0, "exchange")?,
+        messages: count(row, 1)?,
+        runs: count(row, 2)?,
+        longest_hold: since(now, until),
+    })
 }
 
 fn count(row: &QueryResult, index: usize) -> Result<u64, DbErr> {
