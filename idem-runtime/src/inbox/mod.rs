@@ -182,7 +182,10 @@ impl Inbox {
             .instrument(span.clone())
             .await;
         observe::processing_duration(consumer, begun, &result);
-        observe::record(&span, consumer, &result);
+        let expected = result
+            .as_ref()
+            .is_err_and(|error| handler.is_expected(error));
+        observe::record(&span, consumer, &result, expected);
         result
     }
 
