@@ -26,6 +26,10 @@ use crate::settings::Idempotency;
 #[derive(Debug, Clone)]
 pub struct IdempotencyLayer {
     settings: Arc<Idempotency>,
+    /// The requests of the services it guards left running by their callers: shared by every
+    /// service it makes, however often a router applies it (axum does per connection for a
+    /// router without state).
+    left: Arc<LeftRunning>,
 }
 
 impl Idempotency {
@@ -45,6 +49,7 @@ impl IdempotencyLayer {
     pub(crate) fn new(settings: Idempotency) -> Self {
         Self {
             settings: Arc::new(settings),
+            left: Arc::default(),
         }
     }
 }
@@ -56,7 +61,7 @@ impl<S> Layer<S> for IdempotencyLayer {
         Guarded {
             inner,
             settings: Arc::clone(&self.settings),
-            place: Place::new(Arc::new(LeftRunning::default())),
+            place: Place::new(Arc::clone(&self.left)),
         }
     }
 }
@@ -64,8 +69,9 @@ impl<S> Layer<S> for IdempotencyLayer {
 /// A service guarded by [`IdempotencyLayer`].
 ///
 /// A request runs to its end in a task of its own even if its caller goes (a client that hangs
-/// up), and keeps its caller's place: the next caller waits for it before the service is
-/// ready, so that a concurrency limit in front of the guard bounds the requests running.
+/// up), and keeps its caller's place: the next caller of a service the layer guards waits for
+/// it before that service is ready, so that a concurrency limit in front of the guard bounds
+/// the requests running.
 #[derive(Debug, Clone)]
 pub struct Guarded<S> {
     inner: S,
