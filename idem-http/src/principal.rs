@@ -39,8 +39,9 @@ impl std::fmt::Debug for Principal {
 
 impl Principal {
     /// The request's credentials: its `Authorization` header, hashed (SHA-256, so that the
-    /// credential is never kept in clear). Each credential is a principal; a request without
-    /// the header is anonymous.
+    /// credential is never kept in clear; a guessable one, such as a Basic password, could
+    /// still be guessed from its hash by whoever reads the inbox table). Each credential is a
+    /// principal; a request without the header is anonymous.
     ///
     /// For API keys and other credentials a client keeps from one request to its retry. A
     /// client that refreshes its token in between gets another scope, and its retry runs
