@@ -18,9 +18,15 @@ pub struct Answer {
     pub body: String,
 }
 
-/// Sends `POST <path>` to `addr` with a JSON `body` and `key` as its `Idempotency-Key`
-/// (quoted here), and reads the answer for at most `timeout`; `None` when it did not come in
-/// time, and the connection is closed under the request.
+/// The `Authorization` value of a client whose bearer token is `token`.
+pub fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// Sends `POST <path>` to `addr` as the client whose bearer token is `token`, with a JSON
+/// `body` and `key` as its `Idempotency-Key` (quoted here), and reads the answer for at most
+/// `timeout`; `None` when it did not come in time, and the connection is closed under the
+/// request.
 ///
 /// # Errors
 ///
@@ -28,14 +34,16 @@ pub struct Answer {
 pub async fn post(
     addr: SocketAddr,
     path: &str,
-    key: &str,
+    (key, token): (&str, &str),
     body: &[u8],
     timeout: Duration,
 ) -> std::io::Result<Option<Answer>> {
     let mut stream = TcpStream::connect(addr).await?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nIdempotency-Key: \"{key}\"\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+         Authorization: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        bearer(token),
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;

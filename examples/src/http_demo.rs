@@ -9,6 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::http::header::AUTHORIZATION;
+use idem_http::Principal;
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use idem_runtime::{ConsumerName, InboxKey, Outbox, derived_id};
 use serde::Serialize;
@@ -116,7 +118,7 @@ pub async fn run(watched: Watched<'_>, count: usize, json: bool) -> Result<(), B
     }
     let event_ids = orders
         .iter()
-        .map(|(key, _)| event_id(key))
+        .map(|(key, order)| event_id(key, &order.customer))
         .collect::<Result<Vec<_>, _>>()?;
     let notification_keys: Vec<String> = (orders.iter())
         .filter_map(|(_, order)| notifications::idempotency_key(&order.order_id))
@@ -156,7 +158,8 @@ async fn place(
 ) -> Result<(), BoxError> {
     let body = serde_json::to_vec(order)?;
     // The client's timeout runs out before the answer: the connection closes under the request.
-    let given_up = http_client::post(addr, "/orders", key, &body, Duration::ZERO).await;
+    let client = (key, order.customer.as_str());
+    let given_up = http_client::post(addr, "/orders", client, &body, Duration::ZERO).await;
     {
         let mut answers = answers.lock().await;
         answers.requests += 1;
@@ -183,7 +186,8 @@ async fn until_created(
 ) -> Result<(), BoxError> {
     let deadline = Instant::now() + WAIT;
     loop {
-        let sent = http_client::post(addr, "/orders", key, body, Duration::from_secs(30)).await;
+        let client = (key, order.customer.as_str());
+        let sent = http_client::post(addr, "/orders", client, body, Duration::from_secs(30)).await;
         let mut counted = answers.lock().await;
         counted.requests += 1;
         match sent {
@@ -225,11 +229,16 @@ impl Answers {
     }
 }
 
-/// The id of the `OrderPlaced` event the request with `key` stages.
-fn event_id(key: &str) -> Result<String, BoxError> {
+/// The id of the `OrderPlaced` event the request with `key` of the client whose token is
+/// `token` stages.
+fn event_id(key: &str, token: &str) -> Result<String, BoxError> {
+    let request = axum::http::Request::post("/orders")
+        .header(AUTHORIZATION, http_client::bearer(token))
+        .body(())?;
+    let principal = Principal::authorization().of(&request.into_parts().0);
     let origin = InboxKey {
         consumer: ConsumerName::new(placing::CONSUMER)?,
-        message_key: idem_http::message_key("POST", "/orders", None, key)?,
+        message_key: idem_http::message_key(principal.as_deref(), key)?,
     };
     Ok(derived_id(&origin, 0))
 }

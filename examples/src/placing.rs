@@ -1,14 +1,19 @@
-//! The orders service over HTTP: `POST /orders` places an order once per `Idempotency-Key`,
-//! writing it and staging its `OrderPlaced` event in one transaction with the key's record
-//! (idem-http's transactional endpoint); the outbox relay publishes the event to billing.
+//! The orders service over HTTP: `POST /orders` places an order once per `Idempotency-Key` and
+//! client, writing it and staging its `OrderPlaced` event in one transaction with the key's
+//! record (idem-http's transactional endpoint); the outbox relay publishes the event to billing.
+//!
+//! Its answers besides the guard's: 201 with the order; 401 without a bearer token (the
+//! stand-in for authentication, not stored); 400 for a body that is not an order; 422 for an
+//! invalid field (`field` names it) or an order id another order took. Problems are
+//! `application/problem+json`, their type `urn:idem-examples:orders:<kind>`.
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::header::{CONTENT_TYPE, LOCATION};
-use axum::http::{Request, Response, StatusCode};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE};
+use axum::http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use axum::routing::{get, post_service};
-use idem_http::{Endpoint, EndpointError, Idempotency};
+use idem_http::{Endpoint, EndpointError, Idempotency, Principal};
 use idem_runtime::sea_orm::sea_query::{Expr, ExprTrait, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, SqlErr};
 use idem_runtime::{Context, Inbox, OutboxMessage};
@@ -37,19 +42,43 @@ impl Endpoint for PlaceOrder {
         cx: &Context<'_>,
         request: Request<Bytes>,
     ) -> Result<Response<Bytes>, EndpointError> {
+        if client(request.headers()).is_none() {
+            // Answered, not stored: the guard keeps no 401, and the key stays free for the
+            // client's retry with its credentials.
+            let mut response = problem(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "The request has no credentials",
+                "send `Authorization: Bearer <token>`",
+                None,
+            );
+            let challenge = HeaderValue::from_static("Bearer");
+            response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
+            return Ok(response);
+        }
         let order: OrderPlaced = match serde_json::from_slice(request.body()) {
             Ok(order) => order,
             Err(error) => {
-                return Err(rejected(
+                let detail = format!("not an order: {error}");
+                let response = problem(
                     StatusCode::BAD_REQUEST,
-                    &format!("not an order: {error}"),
-                ));
+                    "not-an-order",
+                    "The body is not an order",
+                    &detail,
+                    None,
+                );
+                return Err(EndpointError::Rejected(response));
             }
         };
-        if !is_order_id(&order.order_id) || order.amount_cents <= 0 {
-            let detail = "an order needs an id (1 to 64 letters, digits, '-', '_' or '.') and a \
-                          positive amount";
-            return Err(rejected(StatusCode::UNPROCESSABLE_ENTITY, detail));
+        if let Some((field, detail)) = invalid_field(&order) {
+            let response = problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-field",
+                "The order is refused",
+                detail,
+                Some(field),
+            );
+            return Err(EndpointError::Rejected(response));
         }
         let tx = cx
             .transaction()
@@ -65,11 +94,15 @@ impl Endpoint for PlaceOrder {
             .to_owned();
         if let Err(error) = tx.execute(&insert).await {
             return Err(match error.sql_err() {
-                // Placed before under another key: this request places nothing.
-                Some(SqlErr::UniqueConstraintViolation(_)) => rejected(
-                    StatusCode::CONFLICT,
-                    "this order id is taken by another order",
-                ),
+                // Placed before under another key: this request places nothing. Not 409, which
+                // the draft keeps for a request in progress that the client should retry.
+                Some(SqlErr::UniqueConstraintViolation(_)) => EndpointError::Rejected(problem(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "order-id-taken",
+                    "The order id is taken",
+                    "another order has this id: place this one under an id of its own",
+                    Some("order_id"),
+                )),
                 _ => error.into(),
             });
         }
@@ -89,22 +122,66 @@ impl Endpoint for PlaceOrder {
     }
 }
 
-/// A response sent as it is and not kept: the key stays free for a corrected request.
-fn rejected(status: StatusCode, detail: &str) -> EndpointError {
-    let body = serde_json::json!({ "title": "The order is refused", "status": status.as_u16(), "detail": detail });
-    let response = Response::builder()
+/// The client a request is from: the stand-in for a real service's authentication takes any
+/// bearer token of 1 to 64 letters, digits, `-`, `_` or `.` as a client's (a real service
+/// verifies it). `None` without one.
+pub fn client(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let token = value.strip_prefix("Bearer ")?;
+    is_name(token).then_some(token)
+}
+
+/// The first field of `order` that the service refuses, and why.
+fn invalid_field(order: &OrderPlaced) -> Option<(&'static str, &'static str)> {
+    if !is_name(&order.order_id) {
+        return Some((
+            "order_id",
+            "an order id is 1 to 64 letters, digits, '-', '_' or '.'",
+        ));
+    }
+    let customer = order.customer.chars().count();
+    if !(1..=MAX_CUSTOMER_LEN).contains(&customer) {
+        return Some(("customer", "a customer is 1 to 255 characters"));
+    }
+    if order.amount_cents <= 0 {
+        return Some(("amount_cents", "an amount is a positive number of cents"));
+    }
+    None
+}
+
+/// The longest customer kept, in characters: the column's size.
+pub const MAX_CUSTOMER_LEN: usize = 255;
+
+/// A problem (RFC 9457) of the orders service: `kind` names its type (`urn:idem-examples:
+/// orders:<kind>`, each described in the README), `field` the request's field at fault.
+fn problem(
+    status: StatusCode,
+    kind: &str,
+    title: &str,
+    detail: &str,
+    field: Option<&str>,
+) -> Response<Bytes> {
+    let mut body = serde_json::json!({
+        "type": format!("urn:idem-examples:orders:{kind}"),
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    if let Some(field) = field {
+        body["field"] = field.into();
+    }
+    Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "application/problem+json")
         .body(Bytes::from(body.to_string()))
-        .expect("a valid response");
-    EndpointError::Rejected(response)
+        .expect("a valid response")
 }
 
-/// Whether `id` is an order id: 1 to 64 letters, digits, `-`, `_` or `.`, so that it goes into
-/// a URL as it is.
-fn is_order_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
-        && id
+/// Whether `name` is 1 to 64 letters, digits, `-`, `_` or `.`, so that it goes into a URL or a
+/// header as it is.
+fn is_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
@@ -114,10 +191,11 @@ fn is_order_id(id: &str) -> bool {
 ///
 /// # Errors
 ///
-/// None in practice: the consumer name is valid.
-pub fn router(inbox: Inbox, exchange: &str) -> Result<Router, idem_runtime::KeyError> {
+/// None in practice: the consumer name and the settings are valid.
+pub fn router(inbox: Inbox, exchange: &str) -> Result<Router, idem_runtime::Error> {
     let db = inbox.connection().clone();
-    let keys = Idempotency::new(inbox, CONSUMER)?;
+    // Each client's keys apart, told by its credentials.
+    let keys = Idempotency::builder(inbox, CONSUMER, Principal::authorization()).build()?;
     let place = PlaceOrder {
         exchange: exchange.to_owned(),
     };

@@ -12,7 +12,7 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// ids derive from the key, so a replay stages nothing new and a re-run the same ids).
 ///
 /// The response it returns, whatever its status, commits with its writes and is replayed to
-/// every retry (one past [`Idempotency::response_limit`](crate::Idempotency::response_limit)
+/// every retry (one past [`IdempotencyBuilder::response_limit`](crate::IdempotencyBuilder::response_limit)
 /// is rolled back with them and answered 500). [`EndpointError::Rejected`] sends a response without keeping anything (a
 /// request that fails validation: the client may correct it and retry with the same key);
 /// [`EndpointError::Failed`] rolls back and answers 500 (503 when the database is unreachable),

@@ -14,14 +14,20 @@ use idem_runtime::{Context, Mode};
 use tower_service::Service;
 
 use crate::contract::{BoxError, Endpoint, EndpointError};
-use crate::run::{Call, detached, guarded};
+use crate::detached::{LeftRunning, Place};
+use crate::run::{Call, guarded};
 use crate::settings::Idempotency;
 
 /// The service [`Idempotency::transactional`] makes: usable as an axum route's service
 /// (`Router::route_service`, or `post_service`).
+///
+/// A request runs to its end in a task of its own even if its caller goes (a client that hangs
+/// up), and keeps its caller's place: the next caller waits for it before the service is
+/// ready, so that a concurrency limit in front of it bounds the requests running.
 pub struct Transactional<E> {
     settings: Arc<Idempotency>,
     endpoint: Arc<E>,
+    place: Place,
 }
 
 impl<E> Clone for Transactional<E> {
@@ -29,6 +35,7 @@ impl<E> Clone for Transactional<E> {
         Self {
             settings: Arc::clone(&self.settings),
             endpoint: Arc::clone(&self.endpoint),
+            place: self.place.clone(),
         }
     }
 }
@@ -44,10 +51,10 @@ impl<E> std::fmt::Debug for Transactional<E> {
 impl Idempotency {
     /// A service running `endpoint` in one transaction with the claim of the request's key and
     /// its stored response (and its outbox stagings, with an inbox that has an outbox): all or
-    /// nothing. A retry while it runs waits at most the inbox's claim wait for it (getting its
-    /// response if it completes by then), then gets 409. SQLite writes one transaction at a
-    /// time: there the retry waits for the first request's commit, up to the pool's busy
-    /// timeout.
+    /// nothing. A retry while it runs gets 409 at once: from this process's own record of the
+    /// keys it runs, or, on another replica, from a claim that does not wait for the first
+    /// request's lock (SQLite, which writes one transaction at a time, makes another process's
+    /// retry wait for the first's commit, up to the pool's busy timeout).
     pub fn transactional<E: Endpoint>(self, endpoint: E) -> Transactional<E> {
         Transactional::new(self, endpoint)
     }
@@ -58,6 +65,7 @@ impl<E: Endpoint> Transactional<E> {
         Self {
             settings: Arc::new(settings),
             endpoint: Arc::new(endpoint),
+            place: Place::new(Arc::new(LeftRunning::default())),
         }
     }
 }
@@ -83,13 +91,15 @@ where
     type Error = Infallible;
     type Future = BoxFuture<'static, Result<Response<Full<Bytes>>, Infallible>>;
 
-    fn poll_ready(&mut self, _: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
+        self.place.poll_ready(cx).map(Ok)
     }
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        self.place.called();
         let (settings, endpoint) = (Arc::clone(&self.settings), Arc::clone(&self.endpoint));
         let work = async move { guarded(&settings, Mode::Transactional, request, endpoint).await };
-        Box::pin(async move { Ok(detached(work).await.map(Full::new)) })
+        let answer = self.place.detach(work);
+        Box::pin(async move { Ok(answer.await.map(Full::new)) })
     }
 }

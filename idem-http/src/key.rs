@@ -1,9 +1,10 @@
 //! The `Idempotency-Key` header: a structured-field string (RFC 8941, section 3.3.3), and the
-//! inbox key a request's key is scoped to.
+//! inbox key a request's key is kept under.
 
 use http::HeaderMap;
-use http::request::Parts;
 use idem_runtime::{Fingerprint, KeyError, MessageKey};
+
+use crate::sf;
 
 /// The header's name, as the draft spells it.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -17,15 +18,16 @@ pub enum HeaderError {
     /// The request has no `Idempotency-Key`.
     #[error("the request has no Idempotency-Key header")]
     Missing,
-    /// The header is there but is not one structured-field string of 1 to
-    /// [`MAX_KEY_LEN`] bytes.
+    /// The header is there but is not one structured-field string (parameters allowed) of 1
+    /// to [`MAX_KEY_LEN`] bytes.
     #[error("the Idempotency-Key header is malformed: {0}")]
     Malformed(&'static str),
 }
 
 /// The key a request carries: the header's one value, parsed as a structured-field string
 /// (`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, quotes included; `\"` and `\\` escape).
-/// Parameters are not accepted.
+/// Parameters (`"k";v=1`) are accepted, as RFC 8941 allows them on any item, and ignored: the
+/// key is the string.
 ///
 /// ```
 /// use http::HeaderMap;
@@ -35,6 +37,8 @@ pub enum HeaderError {
 /// assert_eq!(request_key(&headers), Err(HeaderError::Missing));
 /// headers.insert("idempotency-key", r#""a\"b""#.parse().unwrap());
 /// assert_eq!(request_key(&headers).unwrap(), r#"a"b"#);
+/// headers.insert("idempotency-key", r#""k-1";v=2"#.parse().unwrap());
+/// assert_eq!(request_key(&headers).unwrap(), "k-1");
 /// headers.insert("idempotency-key", "unquoted".parse().unwrap());
 /// assert!(matches!(request_key(&headers), Err(HeaderError::Malformed(_))));
 /// ```
@@ -44,7 +48,7 @@ pub fn request_key(headers: &HeaderMap) -> Result<String, HeaderError> {
     if values.next().is_some() {
         return Err(HeaderError::Malformed("it is given more than once"));
     }
-    let key = parse_sf_string(value.as_bytes())?;
+    let key = sf::string_item(value.as_bytes()).map_err(HeaderError::Malformed)?;
     if key.is_empty() {
         return Err(HeaderError::Malformed("the key is empty"));
     }
@@ -54,70 +58,29 @@ pub fn request_key(headers: &HeaderMap) -> Result<String, HeaderError> {
     Ok(key)
 }
 
-/// Parses a structured-field string item without parameters, surrounding spaces allowed.
-fn parse_sf_string(raw: &[u8]) -> Result<String, HeaderError> {
-    let trimmed = raw.trim_ascii();
-    let Some(rest) = trimmed.strip_prefix(b"\"") else {
-        return Err(HeaderError::Malformed("it is not a quoted string"));
-    };
-    let mut key = String::with_capacity(rest.len());
-    let mut bytes = rest.iter();
-    while let Some(&byte) = bytes.next() {
-        match byte {
-            b'"' => {
-                return if bytes.as_slice().is_empty() {
-                    Ok(key)
-                } else {
-                    Err(HeaderError::Malformed(
-                        "something follows the quoted string",
-                    ))
-                };
-            }
-            b'\\' => match bytes.next() {
-                Some(&escaped @ (b'"' | b'\\')) => key.push(char::from(escaped)),
-                _ => return Err(HeaderError::Malformed("a backslash escapes only \" and \\")),
-            },
-            0x20..=0x7e => key.push(char::from(byte)),
-            _ => {
-                return Err(HeaderError::Malformed(
-                    "it holds a character outside printable ASCII",
-                ));
-            }
-        }
-    }
-    Err(HeaderError::Malformed("the quoted string is not closed"))
-}
-
-/// The inbox key under which a request's `key` (unquoted) is kept: the key sent with `method`
-/// to the route `scope` (its path, unless [`Idempotency::scope`](crate::Idempotency::scope)
-/// says otherwise) by `principal` (`None` without
-/// [`Idempotency::principal`](crate::Idempotency::principal), or when it tells none). Keys are
-/// scoped per route and principal, so the same key on another route or from another principal
-/// is another request. It reads `METHOD scope#<principal's length>:<principal><key>`, or
-/// `METHOD scope#-:<key>` without a principal; one longer than [`MessageKey::MAX_LEN`] is
-/// replaced by its SHA-256 (`sha256:<hex>`).
+/// The inbox key under which a request's `key` (unquoted) is kept, for `principal` (what
+/// [`Principal::of`](crate::Principal::of) tells of the request: `None` for an anonymous
+/// request, or for every request with [`Principal::shared`](crate::Principal::shared)). Keys
+/// are scoped per principal only: the same key sent with another method, to another path or
+/// with another body is the same key reused, refused with 422. It reads
+/// `<principal's length>:<principal><key>`, or `-:<key>` without a principal; one longer than
+/// [`MessageKey::MAX_LEN`] is replaced by its SHA-256 (`sha256:<hex>`).
 ///
 /// For operators (`idem` looks a record up by it) and for what derives from a request: the
 /// events a transactional endpoint stages get the ids
 /// [`derived_id`](idem_runtime::derived_id) gives for this key under the guard's consumer.
 ///
 /// ```
-/// let key = idem_http::message_key("POST", "/orders", None, "k-1").unwrap();
-/// assert_eq!(key.as_str(), "POST /orders#-:k-1");
-/// let key = idem_http::message_key("POST", "/orders", Some("ada"), "k-1").unwrap();
-/// assert_eq!(key.as_str(), "POST /orders#3:adak-1");
+/// let key = idem_http::message_key(None, "k-1").unwrap();
+/// assert_eq!(key.as_str(), "-:k-1");
+/// let key = idem_http::message_key(Some("ada"), "k-1").unwrap();
+/// assert_eq!(key.as_str(), "3:adak-1");
 /// ```
-pub fn message_key(
-    method: &str,
-    scope: &str,
-    principal: Option<&str>,
-    key: &str,
-) -> Result<MessageKey, KeyError> {
-    let principal = match principal {
-        Some(principal) => format!("{}:{principal}", principal.len()),
-        None => "-:".to_owned(),
+pub fn message_key(principal: Option<&str>, key: &str) -> Result<MessageKey, KeyError> {
+    let scoped = match principal {
+        Some(principal) => format!("{}:{principal}{key}", principal.len()),
+        None => format!("-:{key}"),
     };
-    let scoped = format!("{method} {scope}#{principal}{key}");
     if scoped.len() <= MessageKey::MAX_LEN {
         MessageKey::new(scoped)
     } else {
@@ -126,32 +89,6 @@ pub fn message_key(
             Fingerprint::of_bytes(scoped.as_bytes()).to_hex()
         ))
     }
-}
-
-/// [`message_key`] of a request to `scope`.
-pub(crate) fn scoped(
-    parts: &Parts,
-    scope: &str,
-    principal: Option<&str>,
-    key: &str,
-) -> Result<MessageKey, KeyError> {
-    message_key(parts.method.as_str(), scope, principal, key)
-}
-
-/// What makes two requests with one key "the same request": the method, the path with its
-/// query, and the body, byte for byte.
-pub(crate) fn request_fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |target| target.as_str());
-    let mut input = Vec::with_capacity(target.len() + body.len() + 16);
-    input.extend_from_slice(parts.method.as_str().as_bytes());
-    input.push(0);
-    input.extend_from_slice(target.as_bytes());
-    input.push(0);
-    input.extend_from_slice(body);
-    Fingerprint::of_bytes(&input)
 }
 
 #[cfg(test)]
@@ -169,13 +106,15 @@ mod tests {
     fn structured_field_strings_are_read_and_anything_else_refused() {
         assert_eq!(parsed(r#" "k-1" "#).unwrap(), "k-1");
         assert_eq!(parsed(r#""a\\b""#).unwrap(), r"a\b");
+        assert_eq!(parsed(r#""k";p=1"#).unwrap(), "k");
         for bad in [
             r#""""#,
+            r#""";p=1"#,
             "k-1",
             r#""open"#,
             r#""a"b"#,
             r#""a\nb""#,
-            r#""k";p=1"#,
+            r#""k";P=1"#,
             "\"é\"",
         ] {
             assert!(
@@ -199,19 +138,14 @@ mod tests {
     }
 
     #[test]
-    fn scopes_keep_principals_and_routes_apart() {
-        let parts = |uri: &str| http::Request::post(uri).body(()).unwrap().into_parts().0;
-        let orders = parts("/orders");
-        let one = scoped(&orders, "/orders", Some("a:b"), "c").unwrap();
-        let two = scoped(&orders, "/orders", Some("a"), "b:c").unwrap();
+    fn principals_keep_keys_apart() {
+        let one = message_key(Some("a:b"), "c").unwrap();
+        let two = message_key(Some("a"), "b:c").unwrap();
         assert_ne!(one, two);
-        let anonymous = scoped(&orders, "/orders", None, "k").unwrap();
-        assert_ne!(
-            anonymous,
-            scoped(&orders, "/orders", Some(""), "k").unwrap()
-        );
-        assert_ne!(scoped(&orders, "/refunds", None, "k").unwrap(), anonymous);
-        let long = scoped(&orders, "/orders", Some(&"p".repeat(200)), &"k".repeat(200)).unwrap();
+        let anonymous = message_key(None, "k").unwrap();
+        assert_ne!(anonymous, message_key(Some(""), "k").unwrap());
+        assert_ne!(anonymous, message_key(Some("-"), "k").unwrap());
+        let long = message_key(Some(&"p".repeat(200)), &"k".repeat(200)).unwrap();
         assert!(long.as_str().starts_with("sha256:"));
     }
 }

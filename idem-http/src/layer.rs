@@ -3,7 +3,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll};
+use std::task::{Context as TaskContext, Poll, ready};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -16,8 +16,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::contract::{BoxError, EndpointError};
+use crate::detached::{LeftRunning, Place};
 use crate::problem::Problem;
-use crate::run::{Call, detached, guarded};
+use crate::run::{Call, guarded};
 use crate::settings::Idempotency;
 
 /// Guards the services it wraps with `Idempotency-Key` ([`Idempotency::layer`]). Safe methods
@@ -25,6 +26,10 @@ use crate::settings::Idempotency;
 #[derive(Debug, Clone)]
 pub struct IdempotencyLayer {
     settings: Arc<Idempotency>,
+    /// The requests of the services it guards left running by their callers: shared by every
+    /// service it makes, however often a router applies it (axum does per connection for a
+    /// router without state).
+    left: Arc<LeftRunning>,
 }
 
 impl Idempotency {
@@ -44,6 +49,7 @@ impl IdempotencyLayer {
     pub(crate) fn new(settings: Idempotency) -> Self {
         Self {
             settings: Arc::new(settings),
+            left: Arc::default(),
         }
     }
 }
@@ -55,15 +61,22 @@ impl<S> Layer<S> for IdempotencyLayer {
         Guarded {
             inner,
             settings: Arc::clone(&self.settings),
+            place: Place::new(Arc::clone(&self.left)),
         }
     }
 }
 
 /// A service guarded by [`IdempotencyLayer`].
+///
+/// A request runs to its end in a task of its own even if its caller goes (a client that hangs
+/// up), and keeps its caller's place: the next caller of a service the layer guards waits for
+/// it before that service is ready, so that a concurrency limit in front of the guard bounds
+/// the requests running.
 #[derive(Debug, Clone)]
 pub struct Guarded<S> {
     inner: S,
     settings: Arc<Idempotency>,
+    place: Place,
 }
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for Guarded<S>
@@ -83,10 +96,12 @@ where
     type Future = BoxFuture<'static, Result<Response<ResB>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
+        ready!(self.place.poll_ready(cx));
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        self.place.called();
         // The service polled ready is the one that serves this request.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
@@ -106,7 +121,8 @@ where
             };
             guarded(&settings, mode, request, forward).await
         };
-        Box::pin(async move { Ok(detached(work).await.map(ResB::from)) })
+        let answer = self.place.detach(work);
+        Box::pin(async move { Ok(answer.await.map(ResB::from)) })
     }
 }
 

@@ -14,8 +14,9 @@ use idem_runtime::{
 };
 
 use crate::contract::{BoxError, EndpointError};
-use crate::key::{HeaderError, request_fingerprint, request_key, scoped};
+use crate::key::{HeaderError, message_key, request_key};
 use crate::problem::Problem;
+use crate::request::fingerprint;
 use crate::settings::Idempotency;
 use crate::stored::StoredResponse;
 use crate::{REPLAYED_HEADER, RETENTION_HEADER};
@@ -47,30 +48,21 @@ where
         Err(HeaderError::Missing) => return Problem::key_missing().response(),
         Err(HeaderError::Malformed(why)) => return Problem::key_malformed(why).response(),
     };
-    let body = match Limited::new(body, settings.body_limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => {
-            return Problem::body_too_large(settings.body_limit).response();
-        }
-        Err(error) => {
-            tracing::debug!(%error, "the request body could not be read");
-            return Problem::body_unreadable().response();
-        }
+    let body = match read_body(body, settings.body_limit).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
     };
-    let principal = settings
-        .principal
-        .as_ref()
-        .and_then(|principal| principal(&parts));
-    let key = match scoped(
-        &parts,
-        settings.route_of(&parts).as_str(),
-        principal.as_deref(),
-        &key,
-    ) {
+    let principal = settings.principal.of(&parts);
+    let key = match message_key(principal.as_deref(), &key) {
         Ok(key) => key,
         Err(error) => return Problem::key_malformed(error).response(),
     };
-    let fingerprint = request_fingerprint(&parts, &body);
+    // A retry while this process runs the key is answered without the database; the key is
+    // given back however the request ends.
+    let Some(_running) = settings.in_flight.enter(&key) else {
+        return Problem::in_progress(Duration::ZERO).response();
+    };
+    let fingerprint = fingerprint(&parts, &body, settings.bodies);
     let run = Run {
         settings,
         mode,
@@ -90,18 +82,24 @@ where
     run.respond(outcome, retention)
 }
 
-/// Runs a guarded request in a task of its own, to its end whatever becomes of the caller: a
-/// client that hangs up (hyper then drops the request's future) must not cancel the database
-/// work in the middle of a statement, which leaves a connection that sqlx cannot always recover.
-/// The request completes and its response is stored, for the client's retry to get.
-pub(crate) async fn detached(
-    work: impl Future<Output = Response<Bytes>> + Send + 'static,
-) -> Response<Bytes> {
-    match tokio::spawn(work).await {
-        Ok(response) => response,
-        Err(join) => {
-            tracing::warn!(error = %join, "an idempotent request's task failed");
-            Problem::failed("The request could not be completed.".to_owned()).response()
+/// The body, read whole up to `limit` bytes; a response when it cannot be.
+async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, Response<Bytes>>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    // A body announced larger than the limit is refused before it is read.
+    if usize::try_from(body.size_hint().lower()).map_or(true, |announced| announced > limit) {
+        return Err(Problem::body_too_large(limit).response());
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => {
+            Err(Problem::body_too_large(limit).response())
+        }
+        Err(error) => {
+            tracing::debug!(%error, "the request body could not be read");
+            Err(Problem::body_unreadable().response())
         }
     }
 }
@@ -160,6 +158,18 @@ impl<C: Call> Handler for Run<'_, C> {
         Some(self.settings.retention)
     }
 
+    /// A client's mistake or a key in use is the client's to act on, not the server's.
+    fn is_expected(&self, error: &Error) -> bool {
+        match error {
+            Error::FingerprintMismatch { .. } | Error::InProgressElsewhere { .. } => true,
+            Error::Handler { source, .. } => matches!(
+                source.downcast_ref(),
+                Some(EndpointError::Rejected(response)) if response.status().is_client_error()
+            ),
+            _ => false,
+        }
+    }
+
     async fn handle(
         &self,
         cx: &Context<'_>,
@@ -167,7 +177,8 @@ impl<C: Call> Handler for Run<'_, C> {
     ) -> Result<StoredResponse, EndpointError> {
         self.note(Ran::Began);
         let response = self.call.call(cx, message.request).await?;
-        if response.extensions().get::<crate::NotStored>().is_some() {
+        let unstored = self.settings.unstored.contains(&response.status());
+        if unstored || response.extensions().get::<crate::NotStored>().is_some() {
             return Err(EndpointError::Rejected(response));
         }
         let limit = self.settings.response_limit;

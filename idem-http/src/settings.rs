@@ -1,52 +1,54 @@
-//! How a route is guarded: the inbox and consumer its keys are kept under, who the principal
-//! is, which headers are replayed, and how long a key is kept.
+//! How a group of routes is guarded: the inbox and consumer its keys are kept under, whose keys
+//! they are, which responses are kept and replayed, and for how long.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderName;
 use http::header::{CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, LOCATION};
-use http::request::Parts;
-use idem_runtime::{ConsumerName, Inbox, KeyError};
+use http::{HeaderName, StatusCode};
+use idem_runtime::{ConfigError, ConsumerName, Error, Inbox};
 
-/// Tells a request's principal (the authenticated user or client) from its parts, typically
-/// from an extension the authentication layer in front put there.
-type Principal = dyn Fn(&Parts) -> Option<String> + Send + Sync;
-
-/// Names the route a request is for, keys being scoped per route.
-type Scope = dyn Fn(&Parts) -> String + Send + Sync;
+use crate::inflight::InFlight;
+use crate::principal::Principal;
+use crate::request::BodyComparison;
 
 /// `Idempotency-Key` for a group of routes: where keys are kept, and how.
 ///
-/// Build it once per route group, then take [`Idempotency::layer`] for any tower service (the
-/// response is stored after it returns), or [`Idempotency::transactional`] for an
-/// [`Endpoint`](crate::Endpoint) whose database writes, stored response and outbox stagings commit together.
-#[derive(Clone)]
+/// Built once per route group with [`Idempotency::builder`]; then [`Idempotency::layer`]
+/// guards any tower service (its response is stored after it returns), and
+/// [`Idempotency::transactional`] runs an [`Endpoint`](crate::Endpoint) whose database writes,
+/// stored response and outbox stagings commit together. Cloning is cheap; clones share the
+/// keys this process is running requests for.
+#[derive(Debug, Clone)]
 pub struct Idempotency {
+    /// The inbox, its claims failing at once on a key another request holds.
     pub(crate) inbox: Inbox,
     pub(crate) consumer: ConsumerName,
-    pub(crate) principal: Option<Arc<Principal>>,
-    pub(crate) route: Option<Arc<Scope>>,
+    pub(crate) principal: Principal,
     pub(crate) replayed: Vec<HeaderName>,
+    pub(crate) unstored: Vec<StatusCode>,
+    pub(crate) bodies: BodyComparison,
     pub(crate) retention: Duration,
     pub(crate) lease: Duration,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
+    pub(crate) in_flight: Arc<InFlight>,
 }
 
-impl std::fmt::Debug for Idempotency {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Idempotency")
-            .field("consumer", &self.consumer)
-            .field("principal", &self.principal.is_some())
-            .field("scope", &self.route.is_some())
-            .field("replayed", &self.replayed)
-            .field("retention", &self.retention)
-            .field("lease", &self.lease)
-            .field("body_limit", &self.body_limit)
-            .field("response_limit", &self.response_limit)
-            .finish_non_exhaustive()
-    }
+/// Configures an [`Idempotency`]; [`IdempotencyBuilder::build`] checks it.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct IdempotencyBuilder {
+    inbox: Inbox,
+    consumer: String,
+    principal: Principal,
+    replayed: Vec<HeaderName>,
+    unstored: Vec<StatusCode>,
+    bodies: BodyComparison,
+    retention: Duration,
+    lease: Duration,
+    body_limit: usize,
+    response_limit: usize,
 }
 
 impl Idempotency {
@@ -60,58 +62,78 @@ impl Idempotency {
     /// The largest response kept by default (1 MiB), to replay.
     pub const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
 
-    /// Keys kept in `inbox` under the consumer name `consumer` (the first half of each inbox
-    /// key, as a message consumer's; keep it stable: renaming it forgets every key).
-    ///
-    /// # Errors
-    ///
-    /// The consumer name is empty, longer than 128 bytes or holds a NUL character.
-    pub fn new(inbox: Inbox, consumer: impl Into<String>) -> Result<Self, KeyError> {
-        Ok(Self {
+    /// The statuses not stored by default: 401 and 403 (authentication and authorization), 415
+    /// (the content type) and 429 (a rate limit) answer checks made before the work.
+    pub const DEFAULT_UNSTORED_STATUSES: [StatusCode; 4] = [
+        StatusCode::UNAUTHORIZED,
+        StatusCode::FORBIDDEN,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        StatusCode::TOO_MANY_REQUESTS,
+    ];
+
+    /// Starts configuring keys kept in `inbox` under the consumer name `consumer` (the first
+    /// half of each inbox key, as a message consumer's; keep it stable: renaming it forgets
+    /// every key), scoped per `principal`.
+    pub fn builder(
+        inbox: Inbox,
+        consumer: impl Into<String>,
+        principal: Principal,
+    ) -> IdempotencyBuilder {
+        IdempotencyBuilder {
             inbox,
-            consumer: ConsumerName::new(consumer)?,
-            principal: None,
-            route: None,
+            consumer: consumer.into(),
+            principal,
+            // What a client needs to read a replay as it read the first response.
             replayed: vec![CONTENT_TYPE, CONTENT_ENCODING, CONTENT_LANGUAGE, LOCATION],
+            unstored: Self::DEFAULT_UNSTORED_STATUSES.to_vec(),
+            // The draft compares requests as sent.
+            bodies: BodyComparison::Bytes,
             retention: Self::DEFAULT_RETENTION,
+            // A claim's lease, renewed while the service runs: the time a crashed process
+            // holds a key.
             lease: idem_runtime::Mode::DEFAULT_LEASE,
             body_limit: Self::DEFAULT_BODY_LIMIT,
             response_limit: Self::DEFAULT_RESPONSE_LIMIT,
-        })
+        }
     }
 
-    /// Scopes keys per principal as well as per route: `principal` reads it from the request
-    /// (an extension the authentication in front set, a verified header). Requests for which it
-    /// gives `None` share the anonymous scope. Without it every client of a route shares its
-    /// keys: set it on any API with more than one client.
-    pub fn principal(
-        mut self,
-        principal: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.principal = Some(Arc::new(principal));
-        self
+    /// The retention the inbox applies to this consumer's records.
+    pub(crate) fn applied_retention(&self) -> Duration {
+        (self.inbox.retention()).retention_for(self.consumer.as_str(), Some(self.retention))
     }
+}
 
-    /// Names the route a request is for: keys are scoped per route, which is the request's path
-    /// by default. A layer inside `Router::nest` sees the path without the nest's prefix (with
-    /// its parameters, such as a tenant's id): scope such routes by the original URI (axum's
-    /// `OriginalUri` extension), or apply the layer outside the nest.
-    pub fn scope(mut self, route: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
-        self.route = Some(Arc::new(route));
-        self
-    }
-
+impl IdempotencyBuilder {
     /// The headers a replay carries besides status and body (`Content-Type`,
     /// `Content-Encoding`, `Content-Language` and `Location` by default): the ones named here
-    /// replace them.
+    /// replace them. Their values are replayed byte for byte, UTF-8 or not.
     pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.replayed = names.into_iter().collect();
         self
     }
 
-    /// How long a completed request's key and response are kept ([`Self::DEFAULT_RETENTION`]
-    /// unless the inbox's retention policy names this consumer), published in each response's
-    /// [`RETENTION_HEADER`](crate::RETENTION_HEADER).
+    /// The statuses of responses that are sent but not stored, leaving the key free for the
+    /// retry ([`Idempotency::DEFAULT_UNSTORED_STATUSES`] by default: 401, 403, 415, 429): those
+    /// that checks made before the work answer. A transactional endpoint's writes roll back with
+    /// such a response. Name none to store every response, as the draft's strictest reading
+    /// does; a service that answers one of these statuses after doing its work must not be
+    /// behind the guard with them, as its retry would run it again.
+    pub fn unstored_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.unstored = statuses.into_iter().collect();
+        self
+    }
+
+    /// How request bodies are compared to tell a retry from a key reused for another request
+    /// ([`BodyComparison::Bytes`] by default).
+    pub fn body_comparison(mut self, bodies: BodyComparison) -> Self {
+        self.bodies = bodies;
+        self
+    }
+
+    /// How long a completed request's key and response are kept
+    /// ([`Idempotency::DEFAULT_RETENTION`] unless the inbox's retention policy names this
+    /// consumer), published in each response's [`RETENTION_HEADER`](crate::RETENTION_HEADER).
+    /// Less than a millisecond is refused by [`IdempotencyBuilder::build`].
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
@@ -119,7 +141,7 @@ impl Idempotency {
 
     /// With [`Idempotency::layer`]: how long a request's claim holds without its worker renewing
     /// it (a crashed process's key is free again after it; the worker renews it while the
-    /// service runs).
+    /// service runs). Less than a millisecond is refused by [`IdempotencyBuilder::build`].
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -140,16 +162,35 @@ impl Idempotency {
         self
     }
 
-    /// The route `parts` is for.
-    pub(crate) fn route_of(&self, parts: &Parts) -> String {
-        match &self.route {
-            Some(route) => route(parts),
-            None => parts.uri.path().to_owned(),
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConsumer`]: the consumer name is empty, longer than 128 bytes or holds a
+    /// NUL character. [`Error::Config`] ([`ConfigError::Zero`]): the retention or the lease is
+    /// less than a millisecond (records are kept in whole milliseconds: every request would
+    /// fail).
+    pub fn build(self) -> Result<Idempotency, Error> {
+        let consumer = ConsumerName::new(self.consumer).map_err(Error::InvalidConsumer)?;
+        for (name, duration) in [("retention", self.retention), ("lease", self.lease)] {
+            if duration.as_millis() == 0 {
+                return Err(ConfigError::Zero(name).into());
+            }
         }
-    }
-
-    /// The retention the inbox applies to this consumer's records.
-    pub(crate) fn applied_retention(&self) -> Duration {
-        (self.inbox.retention()).retention_for(self.consumer.as_str(), Some(self.retention))
+        Ok(Idempotency {
+            // A retry of a key another request holds is answered 409 at once, its connection
+            // given back, rather than waiting for that request's lock.
+            inbox: self.inbox.without_claim_wait(),
+            consumer,
+            principal: self.principal,
+            replayed: self.replayed,
+            unstored: self.unstored,
+            bodies: self.bodies,
+            retention: self.retention,
+            lease: self.lease,
+            body_limit: self.body_limit,
+            response_limit: self.response_limit,
+            in_flight: Arc::default(),
+        })
     }
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 pub(crate) struct StoredResponse {
     status: u16,
     /// The replayed headers, by name, in order.
-    headers: Vec<(String, String)>,
+    headers: Vec<(String, StoredValue)>,
     /// The body, in base64 (the record's output is JSON text).
     body: String,
     /// Every header of the response as the endpoint made it, for the request that ran it; a
@@ -27,8 +27,7 @@ impl StoredResponse {
             .iter()
             .flat_map(|name| {
                 let values = parts.headers.get_all(name).iter();
-                let text = |value: &HeaderValue| String::from_utf8(value.as_bytes().to_vec()).ok();
-                values.filter_map(move |value| Some((name.to_string(), text(value)?)))
+                values.map(move |value| (name.to_string(), StoredValue::of(value)))
             })
             .collect();
         Self {
@@ -50,12 +49,42 @@ impl StoredResponse {
             None => {
                 for (name, value) in self.headers {
                     let name = HeaderName::try_from(name).ok()?;
-                    let value = HeaderValue::try_from(value).ok()?;
-                    response.headers_mut().append(name, value);
+                    response.headers_mut().append(name, value.into_value()?);
                 }
             }
         }
         Some(response)
+    }
+}
+
+/// A replayed header's value: its text, or its bytes when they are not UTF-8 (a value may
+/// hold any byte from 0x80 up, as obs-text).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum StoredValue {
+    Text(String),
+    Bytes {
+        /// The value's bytes, in base64.
+        base64: String,
+    },
+}
+
+impl StoredValue {
+    fn of(value: &HeaderValue) -> Self {
+        match std::str::from_utf8(value.as_bytes()) {
+            Ok(text) => Self::Text(text.to_owned()),
+            Err(_) => Self::Bytes {
+                base64: base64::encode(value.as_bytes()),
+            },
+        }
+    }
+
+    /// The value; `None` when the record no longer reads as one (changed by hand).
+    fn into_value(self) -> Option<HeaderValue> {
+        match self {
+            Self::Text(text) => HeaderValue::try_from(text).ok(),
+            Self::Bytes { base64 } => HeaderValue::from_bytes(&base64::decode(&base64)?).ok(),
+        }
     }
 }
 
@@ -126,5 +155,43 @@ mod base64 {
             assert!(super::decode("Zg=").is_none());
             assert!(super::decode("Z===").is_none());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replayed(response: Response<Bytes>, names: &[&'static str]) -> Response<Bytes> {
+        let names: Vec<_> = names
+            .iter()
+            .map(|name| HeaderName::from_static(name))
+            .collect();
+        let json = serde_json::to_string(&StoredResponse::new(response, &names)).unwrap();
+        let stored: StoredResponse = serde_json::from_str(&json).unwrap();
+        stored.into_response().expect("a response")
+    }
+
+    #[test]
+    fn header_values_are_replayed_byte_for_byte() {
+        let response = Response::builder()
+            .header("x-label", HeaderValue::from_bytes(b"caf\xe9").unwrap())
+            .header("x-label", "plain")
+            .header("x-other", "not replayed")
+            .body(Bytes::from_static(b"body"))
+            .unwrap();
+        let replay = replayed(response, &["x-label"]);
+        let labels: Vec<_> = replay.headers().get_all("x-label").iter().collect();
+        assert_eq!(labels, [&b"caf\xe9"[..], b"plain"]);
+        assert!(!replay.headers().contains_key("x-other"));
+        assert_eq!(replay.body().as_ref(), b"body");
+    }
+
+    #[test]
+    fn records_of_text_headers_read_as_before() {
+        let json = r#"{"status":201,"headers":[["location","/orders/1"]],"body":"Ym9keQ=="}"#;
+        let stored: StoredResponse = serde_json::from_str(json).unwrap();
+        let response = stored.into_response().unwrap();
+        assert_eq!(response.headers()["location"], "/orders/1");
     }
 }

@@ -132,6 +132,10 @@ impl<H: Handler> Handler for Configured<H> {
         self.handler.is_permanent(error)
     }
 
+    fn is_expected(&self, error: &crate::Error) -> bool {
+        self.handler.is_expected(error)
+    }
+
     fn handle(
         &self,
         cx: &Context<'_>,

@@ -150,6 +150,15 @@ pub trait Handler: Send + Sync {
         false
     }
 
+    /// Whether `error`, an end of this handler's message, is expected rather than a failure: a
+    /// client's mistake that the transport answers itself (an HTTP guard's 4xx, a key in use).
+    /// Such an error is logged at debug level, not as a warning or an error; how it settles
+    /// and how it is counted are unchanged. By default none is.
+    fn is_expected(&self, error: &crate::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// This handler with its consumer name, lease or retention set at run time, from the
     /// application's configuration; see [`Configured`](crate::Configured) for which setting wins.
     fn configured(self) -> crate::Configured<Self>
@@ -197,6 +206,9 @@ macro_rules! forward_handler {
             }
             fn is_permanent(&self, error: &Self::Error) -> bool {
                 (**self).is_permanent(error)
+            }
+            fn is_expected(&self, error: &crate::Error) -> bool {
+                (**self).is_expected(error)
             }
             fn handle(
                 &self,

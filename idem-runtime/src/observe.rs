@@ -28,14 +28,19 @@ pub(crate) fn span(consumer: &str, metadata: &Metadata) -> Span {
 
 /// Records the outcome on the span, counts it, and logs failures at a level matching how they
 /// settle: a dead-lettered message is an error (an alert for a fingerprint mismatch), a requeued
-/// one a warning.
-pub(crate) fn record<T>(span: &Span, consumer: &str, result: &Result<Outcome<T>>) {
+/// one a warning; an error its handler `expected` (a client's mistake) at debug level.
+pub(crate) fn record<T>(span: &Span, consumer: &str, result: &Result<Outcome<T>>, expected: bool) {
     let outcome = outcome(result);
     span.record("outcome", outcome);
     metrics::counter!(MESSAGES_TOTAL, "consumer" => consumer.to_owned(), "outcome" => outcome)
         .increment(1);
-    if let Err(error) = result {
-        log_error(span, error);
+    match result {
+        Err(error) if expected => {
+            let _entered = span.enter();
+            tracing::debug!(%error, "message ended as its handler expected");
+        }
+        Err(error) => log_error(span, error),
+        Ok(_) => {}
     }
 }
 

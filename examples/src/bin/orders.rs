@@ -35,6 +35,7 @@ struct Args {
     count: usize,
 
     /// Serve `POST /orders` at this address, an `OrderPlaced` as JSON with an `Idempotency-Key`
+    /// and a bearer token
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
 

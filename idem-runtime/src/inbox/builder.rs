@@ -188,17 +188,17 @@ impl InboxBuilder {
                 store,
                 // Deletions are remembered for three retentions: a copy later than that is
                 // not recognised.
-                telemetry: Telemetry::new(
+                telemetry: Arc::new(Telemetry::new(
                     self.retention.default_retention().saturating_mul(3),
                     self.window.as_ref().map(RedeliveryWindow::duration),
-                ),
+                )),
                 retention: self.retention,
                 window: self.window,
                 max_attempts: self.max_attempts,
                 claim_wait: self.claim_wait,
                 leases: self.leases,
                 outbox: self.outbox,
-                sqlite_batches: tokio::sync::Mutex::new(()),
+                sqlite_batches: Arc::new(tokio::sync::Mutex::new(())),
             }),
         })
     }

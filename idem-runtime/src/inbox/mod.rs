@@ -81,8 +81,8 @@ pub struct Inbox {
 pub(crate) struct Inner {
     pub(crate) db: DatabaseConnection,
     pub(crate) store: Store,
-    /// What it learns of its duplicates.
-    pub(crate) telemetry: Telemetry,
+    /// What it learns of its duplicates, shared with the inboxes derived from it.
+    pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) retention: RetentionPolicy,
     window: Option<RedeliveryWindow>,
     max_attempts: u32,
@@ -96,13 +96,42 @@ pub(crate) struct Inner {
     /// Taken by each batch's transaction on SQLite, which writes one transaction at a time:
     /// batches waiting here take their turn at once, where SQLite's busy handler would have
     /// them sleep and poll.
-    pub(crate) sqlite_batches: tokio::sync::Mutex<()>,
+    pub(crate) sqlite_batches: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Inbox {
     /// Starts configuring an inbox on `db` (SQLite, PostgreSQL or MySQL/MariaDB).
     pub fn builder(db: DatabaseConnection) -> InboxBuilder {
         InboxBuilder::new(db)
+    }
+
+    /// This inbox (its pool, table, settings and outbox) with claims that do not wait for
+    /// another transaction holding their key: such a claim is
+    /// [`Error::InProgressElsewhere`] at once, and its connection goes back to the pool. For
+    /// callers that answer a busy key themselves, as an HTTP guard answers a retry 409, rather
+    /// than hold a pooled connection waiting for it.
+    ///
+    /// PostgreSQL bounds the claim's lock waits to a millisecond (`lock_timeout`), MariaDB to
+    /// none (`innodb_lock_wait_timeout = 0`, for the claim's statements only). SQLite, which
+    /// locks the whole file, still waits up to the connection's busy timeout, and MySQL the
+    /// server's `innodb_lock_wait_timeout`.
+    pub fn without_claim_wait(&self) -> Inbox {
+        let inner = &self.inner;
+        Inbox {
+            inner: Arc::new(Inner {
+                db: inner.db.clone(),
+                store: inner.store.with_claim_wait(Duration::ZERO),
+                telemetry: Arc::clone(&inner.telemetry),
+                retention: inner.retention.clone(),
+                window: inner.window,
+                max_attempts: inner.max_attempts,
+                claim_wait: Duration::ZERO,
+                leases: inner.leases.clone(),
+                outbox: inner.outbox.clone(),
+                run_statements: inner.run_statements.clone(),
+                sqlite_batches: Arc::clone(&inner.sqlite_batches),
+            }),
+        }
     }
 
     /// Processes `message` with `handler`, at most once per key.
@@ -153,7 +182,10 @@ impl Inbox {
             .instrument(span.clone())
             .await;
         observe::processing_duration(consumer, begun, &result);
-        observe::record(&span, consumer, &result);
+        let expected = result
+            .as_ref()
+            .is_err_and(|error| handler.is_expected(error));
+        observe::record(&span, consumer, &result, expected);
         result
     }
 

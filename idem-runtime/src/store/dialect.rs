@@ -310,14 +310,15 @@ impl Dialect {
     }
 
     /// `statement` (a single statement that may wait for row locks) made to wait at most `wait`
-    /// for them, on MariaDB. PostgreSQL's bound is set by the claim's insert for the rest of the
-    /// claim (see `Statements`); SQLite's is the connection's busy timeout.
+    /// for them, on MariaDB (zero: not at all). PostgreSQL's bound is set by the claim's insert
+    /// for the rest of the claim (see `Statements`); SQLite's is the connection's busy timeout.
     pub(crate) fn with_lock_wait(self, statement: &str, wait: Duration) -> String {
         match self.backend {
-            // MariaDB's per-statement variable; whole seconds, at least one.
+            // MariaDB's per-statement variable, in whole seconds: a wait is rounded up to one,
+            // and zero fails at once when the lock is held.
             DbBackend::MySql if self.mariadb => format!(
                 "SET STATEMENT innodb_lock_wait_timeout = {} FOR {statement}",
-                wait.as_secs_f64().ceil().max(1.0) as u64
+                wait.as_secs_f64().ceil() as u64
             ),
             _ => statement.to_owned(),
         }

@@ -228,6 +228,21 @@ impl Store {
         }
     }
 
+    /// This store, its claims waiting at most `claim_wait` for another transaction holding
+    /// their key.
+    pub(crate) fn with_claim_wait(&self, claim_wait: Duration) -> Self {
+        Self {
+            dialect: self.dialect,
+            table: self.table.clone(),
+            quoted: self.quoted.clone(),
+            sql: Statements::new(self.dialect, &self.table, claim_wait),
+            lock_timeout: self.lock_timeout.clone(),
+            claim_wait,
+            key_index: self.key_index.clone(),
+            packet_limit: self.packet_limit,
+        }
+    }
+
     /// Refuses an output the database would not take in the statement that completes `key`'s
     /// record: checked before it is sent, since a MySQL/MariaDB server meets a packet larger
     /// than it takes by resetting the connection, and the transaction with it.

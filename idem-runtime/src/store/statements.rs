@@ -227,4 +227,30 @@ mod tests {
         );
         assert!(s.select.ends_with("LOCK IN SHARE MODE"));
     }
+
+    #[test]
+    fn claims_without_a_wait_fail_at_once_when_the_key_is_held() {
+        let none =
+            |backend| Statements::new(Dialect::new(backend), &TableName::default(), Duration::ZERO);
+        let mariadb = none(DbBackend::MySql);
+        for statement in [&mariadb.insert_claim, &mariadb.select, &mariadb.take_over] {
+            assert!(
+                statement.starts_with("SET STATEMENT innodb_lock_wait_timeout = 0 FOR"),
+                "{statement}"
+            );
+        }
+        // PostgreSQL's zero turns the bound off: the least is a millisecond.
+        let postgres = none(DbBackend::Postgres);
+        assert!(
+            postgres
+                .insert_claim
+                .contains("set_config('lock_timeout', '1', true)")
+        );
+        let waiting = statements(DbBackend::MySql);
+        assert!(
+            waiting
+                .insert_claim
+                .contains("innodb_lock_wait_timeout = 5 FOR")
+        );
+    }
 }

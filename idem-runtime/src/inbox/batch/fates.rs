@@ -307,5 +307,5 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
 /// Counts and logs one message's result, as the per-message path does.
 pub(super) fn record<T>(consumer: &str, metadata: &Metadata, result: &Result<Outcome<T>>) {
     let span = observe::span(consumer, metadata);
-    observe::record(&span, consumer, result);
+    observe::record(&span, consumer, result, false);
 }
