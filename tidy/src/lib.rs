@@ -160,7 +160,6 @@ mod tests {
         "circle: telemetry/mod.rs -> telemetry/digest/mod.rs -> telemetry/digest/run.rs",
         "circle: configured.rs -> handler.rs",
         "circle: store/mod.rs -> store/cleanup.rs -> store/many.rs -> store/many_pg.rs -> store/setup.rs -> store/stats.rs",
-        "circle: inbox/mod.rs -> inbox/batch/mod.rs -> inbox/batch/attempt.rs -> inbox/batch/claims.rs -> inbox/batch/fates.rs -> inbox/batch/finish.rs -> inbox/batch/guard.rs -> inbox/batch/slice.rs -> inbox/builder.rs -> inbox/operate.rs -> inbox/two_phase.rs -> inbox/unrecorded.rs",
         "longer than 80 lines: outbox/statements.rs: new (168)",
         "longer than 80 lines: store/statements.rs: new (121)",
         "circle: lib.rs -> endpoint.rs -> layer.rs -> run.rs",

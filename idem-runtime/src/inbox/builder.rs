@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sea_orm::{DatabaseConnection, DbBackend};
 
-use super::{DEFAULT_MAX_ATTEMPTS, Inbox, Inner};
+use super::inner::{DEFAULT_MAX_ATTEMPTS, Inner};
 use crate::error::{ConfigError, Error, Result};
 use crate::outbox::Outbox;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
@@ -137,9 +137,9 @@ impl InboxBuilder {
         self
     }
 
-    /// Validates the configuration, creates the table if asked, checks that the table has the
-    /// schema this version uses, and returns the inbox.
-    pub async fn build(self) -> Result<Inbox> {
+    /// What [`InboxBuilder::build`] builds: the configuration validated, the table created if
+    /// asked and checked.
+    pub(super) async fn open(self) -> Result<Inner> {
         crate::metrics::describe();
         let table = TableName::new(self.table)?;
         match &self.window {
@@ -181,25 +181,23 @@ impl InboxBuilder {
         store.read_packet_limit(&self.db).await?;
         let run_statements =
             (self.outbox.as_ref()).map(|outbox| outbox.statements_for_inbox(store.quoted_table()));
-        Ok(Inbox {
-            inner: Arc::new(Inner {
-                run_statements,
-                db: self.db,
-                store,
-                // Deletions are remembered for three retentions: a copy later than that is
-                // not recognised.
-                telemetry: Arc::new(Telemetry::new(
-                    self.retention.default_retention().saturating_mul(3),
-                    self.window.as_ref().map(RedeliveryWindow::duration),
-                )),
-                retention: self.retention,
-                window: self.window,
-                max_attempts: self.max_attempts,
-                claim_wait: self.claim_wait,
-                leases: self.leases,
-                outbox: self.outbox,
-                sqlite_batches: Arc::new(tokio::sync::Mutex::new(())),
-            }),
+        Ok(Inner {
+            run_statements,
+            db: self.db,
+            store: Arc::new(store),
+            // Deletions are remembered for three retentions: a copy later than that is
+            // not recognised.
+            telemetry: Arc::new(Telemetry::new(
+                self.retention.default_retention().saturating_mul(3),
+                self.window.as_ref().map(RedeliveryWindow::duration),
+            )),
+            retention: self.retention,
+            window: self.window,
+            max_attempts: self.max_attempts,
+            claim_wait: self.claim_wait,
+            leases: self.leases,
+            outbox: self.outbox,
+            sqlite_batches: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 }

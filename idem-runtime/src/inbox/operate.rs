@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::clock::from_epoch_ms;
 use crate::error::{Error, Result};
-use crate::inbox::Inbox;
 use crate::inbox::claim::new_token;
+use crate::inbox::inner::Inner;
 use crate::key::InboxKey;
 use crate::store::{LiveClaim, Row, Status};
 use crate::telemetry::DuplicateSummary;
@@ -85,38 +85,25 @@ pub enum Forgotten {
     Changed,
 }
 
-impl Inbox {
-    /// Each consumer's duplicates as every process that ran it wrote them (each adds its counts
-    /// to the consumer's row of the day when its cleaner task looks at the table), summed over
-    /// every day kept (90): their ages and the late duplicates. Reads only.
-    ///
-    /// # Errors
-    ///
-    /// The database failed, or the table of summaries is missing (an inbox table created
-    /// before it came: see the migration `UpgradeInboxCompanions`, feature `migration`).
-    pub async fn duplicate_summaries(&self) -> Result<Vec<DuplicateSummary>> {
-        let (store, db) = (&self.inner.store, &self.inner.db);
+impl Inner {
+    /// See the `Inbox` method of this name.
+    pub(crate) async fn duplicate_summaries(&self) -> Result<Vec<DuplicateSummary>> {
+        let (store, db) = (&self.store, &self.db);
         Ok(crate::telemetry::read_summaries(store, db, None).await?)
     }
 
-    /// Like [`duplicate_summaries`](Inbox::duplicate_summaries), over the days that end within
-    /// `window` of now (`7d`: the last seven days and today); the retention in force is read
-    /// whatever the window.
-    ///
-    /// # Errors
-    ///
-    /// As [`duplicate_summaries`](Inbox::duplicate_summaries).
-    pub async fn duplicate_summaries_since(
+    /// See the `Inbox` method of this name.
+    pub(crate) async fn duplicate_summaries_since(
         &self,
         window: Duration,
     ) -> Result<Vec<DuplicateSummary>> {
-        let (store, db) = (&self.inner.store, &self.inner.db);
+        let (store, db) = (&self.store, &self.db);
         Ok(crate::telemetry::read_summaries(store, db, Some(window)).await?)
     }
 
-    /// Counts the records of each consumer, or of `consumer` only, by the database's clock.
-    pub async fn stats(&self, consumer: Option<&str>) -> Result<Vec<ConsumerStats>> {
-        let counts = self.inner.store.stats(&self.inner.db, consumer).await?;
+    /// See the `Inbox` method of this name.
+    pub(crate) async fn stats(&self, consumer: Option<&str>) -> Result<Vec<ConsumerStats>> {
+        let counts = self.store.stats(&self.db, consumer).await?;
         let mut all: Vec<ConsumerStats> = Vec::new();
         for count in counts {
             if all
@@ -153,15 +140,10 @@ impl Inbox {
         Ok(all)
     }
 
-    /// Ends the claim held on `key` now, as a lease running out would, and takes its token away:
-    /// the record and its attempts stay, the next delivery takes the key over under a new
-    /// claim token, and the worker that held it can neither renew nor complete it. For a worker
-    /// known dead, or stuck past any use. A claim whose lease still runs is left alone unless
-    /// `live` overrides it ([`Released::Live`]); one that changes while this runs is left alone
-    /// too ([`Released::Changed`]): it is not the one the caller meant to end.
-    pub async fn release(&self, key: &InboxKey, live: LiveClaim) -> Result<Released> {
-        let store = &self.inner.store;
-        let Some(row) = store.find(&self.inner.db, key).await? else {
+    /// See the `Inbox` method of this name.
+    pub(crate) async fn release(&self, key: &InboxKey, live: LiveClaim) -> Result<Released> {
+        let store = &self.store;
+        let Some(row) = store.find(&self.db, key).await? else {
             return Ok(Released::Absent);
         };
         match Status::parse(&row.status) {
@@ -178,7 +160,7 @@ impl Inbox {
             return Ok(Released::Live { lease_left });
         }
         let revoked = store
-            .revoke(&self.inner.db, key, row.claim_token, new_token(), live)
+            .revoke(&self.db, key, row.claim_token, new_token(), live)
             .await?;
         Ok(if revoked {
             Released::Released {
@@ -189,15 +171,13 @@ impl Inbox {
         })
     }
 
-    /// Deletes the record of `key`, so the next delivery of the message is processed again: an
-    /// operator's tool after reconciling a message that needed intervention. A claim whose lease
-    /// still runs is left alone unless `live` overrides it ([`Forgotten::Live`]).
-    pub async fn forget(&self, key: &InboxKey, live: LiveClaim) -> Result<Forgotten> {
-        let store = &self.inner.store;
-        if store.delete(&self.inner.db, key, live).await? {
+    /// See the `Inbox` method of this name.
+    pub(crate) async fn forget(&self, key: &InboxKey, live: LiveClaim) -> Result<Forgotten> {
+        let store = &self.store;
+        if store.delete(&self.db, key, live).await? {
             return Ok(Forgotten::Deleted);
         }
-        Ok(match store.peek(&self.inner.db, key).await? {
+        Ok(match store.peek(&self.db, key).await? {
             None => Forgotten::Absent,
             Some(row) => match lease_left(&row) {
                 Some(lease_left) => Forgotten::Live { lease_left },

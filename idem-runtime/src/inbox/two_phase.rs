@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use super::claim::{self, ClaimRequest, Claimed};
 use super::completion;
+use super::handling::{beside, decode_stored, run};
+use super::inner::Inner;
 use super::renewal::{Held, renew_until_lost};
-use super::{Inbox, beside, decode_stored, run};
 use crate::clock::from_epoch_ms;
 use crate::context::{ClaimWatch, Context};
 use crate::error::{BoxError, Error, Result};
@@ -17,7 +18,7 @@ use crate::key::{InboxKey, MessageKey};
 use crate::metadata::Metadata;
 use crate::store::dialect::{Failure, classify};
 
-impl Inbox {
+impl Inner {
     /// Claim with a lease, handler outside any transaction, completion fenced by the claim token.
     pub(super) async fn two_phase<H: Handler>(
         &self,
@@ -26,13 +27,13 @@ impl Inbox {
         message: H::Message,
         metadata: &Metadata,
     ) -> Result<Outcome<H::Output>> {
-        let store = &self.inner.store;
-        let db = &self.inner.db;
+        let store = &self.store;
+        let db = &self.db;
         let claim_sent = tokio::time::Instant::now();
         let (token, attempt, previous_claim_at) = match claim::claim(store, db, request).await? {
             Claimed::Completed { output, age } => {
                 let duplicate = decode_stored(request.key, output)?;
-                (self.inner.telemetry).duplicate(request.key.consumer.as_str(), age);
+                (self.telemetry).duplicate(request.key.consumer.as_str(), age);
                 return Ok(Outcome::Duplicate(duplicate));
             }
             Claimed::Acquired {
@@ -41,7 +42,7 @@ impl Inbox {
                 previous_claim_at,
                 before,
             } => {
-                (self.inner.telemetry).claimed(request.key, before, request.retention);
+                (self.telemetry).claimed(request.key, before, request.retention);
                 (token, attempt, previous_claim_at)
             }
         };
@@ -95,7 +96,7 @@ impl Inbox {
     /// side effects may have happened (`Context::is_takeover`), and they count toward
     /// `max_attempts`.
     async fn give_up(&self, key: &InboxKey, token: i64, attempt: u32) {
-        let (store, db) = (&self.inner.store, &self.inner.db);
+        let (store, db) = (&self.store, &self.db);
         let released = if attempt > 1 {
             store.hand_on(db, key, token).await
         } else {
@@ -109,7 +110,7 @@ impl Inbox {
     /// The output's JSON as the record would store it, or why it cannot be stored.
     fn storable<T: Serialize>(&self, key: &MessageKey, output: &T) -> Result<String, BoxError> {
         let json = serde_json::to_string(output)?;
-        self.inner.store.check_output(key, &json)?;
+        self.store.check_output(key, &json)?;
         Ok(json)
     }
 
@@ -122,7 +123,7 @@ impl Inbox {
         stored: Option<&str>,
         watch: &ClaimWatch,
     ) -> Result<Option<Option<DbErr>>, DbErr> {
-        let (store, db) = (&self.inner.store, &self.inner.db);
+        let (store, db) = (&self.store, &self.db);
         let claim = (held.request, held.token);
         let complete =
             |output| completion::complete_while_held(store, db, claim, output, watch, held.lease);

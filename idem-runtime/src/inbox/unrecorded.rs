@@ -3,7 +3,8 @@
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, Statement};
 
-use super::{Inbox, outage_or, run};
+use super::handling::{outage_or, run};
+use super::inner::Inner;
 use crate::context::Context;
 use crate::entity::slot::{MarkerSlot, MarkerWait, Verdict};
 use crate::error::{Error, Result};
@@ -14,7 +15,7 @@ use crate::metadata::Metadata;
 use crate::outbox::RunClaim;
 use crate::store::dialect::{Failure, classify};
 
-impl Inbox {
+impl Inner {
     /// Entity mode: the handler runs in a transaction and creates its marker entity; the
     /// transaction commits only if the entity was new.
     pub(super) async fn entity<H: Handler>(
@@ -25,8 +26,8 @@ impl Inbox {
         message: H::Message,
         metadata: &Metadata,
     ) -> Result<Outcome<H::Output>> {
-        let store = &self.inner.store;
-        let tx = store.dialect().begin(&self.inner.db).await?;
+        let store = &self.store;
+        let tx = store.dialect().begin(&self.db).await?;
         let (wait, restore) = store.claim_wait();
         let slot = MarkerSlot::new(MarkerWait {
             dialect: store.dialect(),
@@ -90,7 +91,7 @@ impl Inbox {
         message: H::Message,
         metadata: &Metadata,
     ) -> Result<Outcome<H::Output>> {
-        let tx = self.inner.store.dialect().begin(&self.inner.db).await?;
+        let tx = self.store.dialect().begin(&self.db).await?;
         let cx = self.unrecorded_context(key, metadata, &tx);
         let output = match run(handler, &cx, message).await {
             Ok(output) => output,
@@ -111,10 +112,10 @@ impl Inbox {
         tx: &'a DatabaseTransaction,
     ) -> Context<'a> {
         let cx = Context::new(&key.message_key, metadata, Some(tx))
-            .with_origin(key, self.inner.outbox.as_ref());
-        if self.inner.store.dialect().tells_open_transaction() {
+            .with_origin(key, self.outbox.as_ref());
+        if self.store.dialect().tells_open_transaction() {
             return cx.with_run_claim(RunClaim {
-                statements: self.inner.run_statements.as_ref(),
+                statements: self.run_statements.as_ref(),
                 token: 0,
             });
         }
@@ -125,7 +126,7 @@ impl Inbox {
     /// statement in a transaction it aborted (whose commit would roll back while reporting
     /// success); MariaDB tells whether a deadlock rolled it back.
     async fn still_open(&self, tx: &DatabaseTransaction, key: &InboxKey) -> Result<()> {
-        let sql = if self.inner.store.dialect().tells_open_transaction() {
+        let sql = if self.store.dialect().tells_open_transaction() {
             "SELECT 1 FROM DUAL WHERE @@in_transaction = 1"
         } else {
             "SELECT 1"

@@ -12,10 +12,10 @@ use tokio::task::JoinHandle;
 
 use crate::RetentionPolicy;
 use crate::error::{Error, Result};
-use crate::inbox::{Inbox, Inner};
 use crate::metrics::CLEANUP_DELETED_TOTAL;
 use crate::outbox::Outbox;
-use crate::telemetry::DigestRun;
+use crate::store::Store;
+use crate::telemetry::{DigestRun, Telemetry};
 
 /// What one cleanup run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,7 +92,17 @@ impl<'a> Pace<'a> {
 /// on other connections: the pool needs at least two.
 #[derive(Debug, Clone)]
 pub struct Cleaner {
-    inner: Arc<Inner>,
+    inner: Arc<CleanerParts>,
+}
+
+/// What a cleaner works with: its inbox's connection, store, telemetry, retention and outbox.
+#[derive(Debug)]
+pub(crate) struct CleanerParts {
+    pub(crate) db: sea_orm::DatabaseConnection,
+    pub(crate) store: Arc<Store>,
+    pub(crate) telemetry: Arc<Telemetry>,
+    pub(crate) retention: RetentionPolicy,
+    pub(crate) outbox: Option<Outbox>,
 }
 
 /// A running cleaner task, from [`Cleaner::spawn`].
@@ -110,16 +120,14 @@ impl CleanerHandle {
     }
 }
 
-impl Inbox {
-    /// The cleaner of this inbox's table.
-    pub fn cleaner(&self) -> Cleaner {
-        Cleaner {
-            inner: Arc::clone(self.inner()),
+impl Cleaner {
+    /// The cleaner of the inbox whose `parts` are given.
+    pub(crate) fn new(parts: CleanerParts) -> Self {
+        Self {
+            inner: Arc::new(parts),
         }
     }
-}
 
-impl Cleaner {
     /// Runs one cleanup now: deletes every record expired at the start of the run, batch by
     /// batch, unless another cleaner holds the lock.
     ///
@@ -365,6 +373,7 @@ mod tests {
     use sea_orm::{ConnectionTrait, Database};
 
     use super::*;
+    use crate::Inbox;
 
     /// An inbox on a database of its own in memory, holding `count` expired records, cleaned in
     /// batches of 50 with pauses between them.
@@ -409,9 +418,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn in_memory_databases_with_one_table_name_are_cleaned_at_once() {
         let (one, two) = (in_memory_inbox(300).await, in_memory_inbox(200).await);
-        let inner = one.inner();
-        assert_eq!(inner.store.sqlite_file(&inner.db).await.unwrap(), None);
         let (one, two) = (one.cleaner(), two.cleaner());
+        let parts = &one.inner;
+        assert_eq!(parts.store.sqlite_file(&parts.db).await.unwrap(), None);
         let (a, b) = tokio::join!(one.run_once(), two.run_once());
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!((a.deleted, a.skipped), (300, false), "{a:?}");

@@ -5,5 +5,6 @@
 mod cleaner;
 pub(crate) mod policy;
 
+pub(crate) use cleaner::CleanerParts;
 pub use cleaner::{Cleaner, CleanerHandle, CleanupReport};
 pub use policy::{RedeliveryWindow, RetentionPolicy};

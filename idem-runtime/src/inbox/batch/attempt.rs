@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use sea_orm::DbBackend;
 
-use super::BatchChecks;
 use super::fates::Lead;
 use super::guard::{Guard, Run, Savepoints, Staging, Step, Unguarded};
+use super::item::BatchChecks;
 use super::lost::{self, Lost};
 use crate::handler::Handler;
-use crate::inbox::Inbox;
+use crate::inbox::inner::Inner;
 use crate::key::ConsumerName;
 use crate::metadata::Metadata;
 use crate::outbox::RunClaim;
@@ -57,7 +57,7 @@ enum Keeping {
     Trusted,
 }
 
-impl Inbox {
+impl Inner {
     /// Runs the batch's transaction to its end; each first copy's fate is set as it is
     /// decided; an error means nothing was committed.
     ///
@@ -78,13 +78,13 @@ impl Inbox {
     where
         H::Message: Clone,
     {
-        let _turn = match self.inner.store.backend() {
-            DbBackend::Sqlite => Some(self.inner.sqlite_batches.lock().await),
+        let _turn = match self.store.backend() {
+            DbBackend::Sqlite => Some(self.sqlite_batches.lock().await),
             _ => None,
         };
         let mut keeping = match batch.checks {
             BatchChecks::BeforeCommit => Keeping::Trusted,
-            BatchChecks::EachMessage if self.inner.store.dialect().aborts_on_error() => {
+            BatchChecks::EachMessage if self.store.dialect().aborts_on_error() => {
                 Keeping::CheckEach
             }
             BatchChecks::EachMessage => Keeping::Savepoints,
@@ -117,7 +117,7 @@ impl Inbox {
     where
         H::Message: Clone,
     {
-        let store = &self.inner.store;
+        let store = &self.store;
         let Some(claimed) = self.claim_batch(batch, leads).await? else {
             return Ok(Tried::Ended);
         };
@@ -127,9 +127,9 @@ impl Inbox {
             metadata: batch.metadata,
             store,
             staging: Staging {
-                outbox: self.inner.outbox.as_ref(),
+                outbox: self.outbox.as_ref(),
                 claim: RunClaim {
-                    statements: self.inner.run_statements.as_ref(),
+                    statements: self.run_statements.as_ref(),
                     token: claimed.token,
                 },
             },

@@ -9,8 +9,8 @@ use super::attempt::Batch;
 use super::fates::{Fate, Lead, known_fate};
 use super::lost::Lost;
 use crate::handler::Handler;
-use crate::inbox::Inbox;
 use crate::inbox::claim::{Deadlocks, new_token};
+use crate::inbox::inner::Inner;
 use crate::key::MessageKey;
 use crate::store::dialect::{Failure, classify, refuses_value};
 use crate::store::{BatchClaim, Claims, Store};
@@ -26,7 +26,7 @@ pub(super) struct Claimed {
     pub(super) transaction_id: Option<i64>,
 }
 
-impl Inbox {
+impl Inner {
     /// Begins a try's transaction and claims every first copy's key in it (the fresh ones are
     /// marked so), reads the records of the known ones, and ends the claims' bounded lock
     /// wait. `None` when every message goes
@@ -38,7 +38,7 @@ impl Inbox {
         batch: &Batch<'_, H>,
         leads: &mut [Lead<H::Message, H::Output>],
     ) -> Result<Option<Claimed>, Lost> {
-        let store = &self.inner.store;
+        let store = &self.store;
         let token = new_token();
         let claims: Vec<BatchClaim<'_>> = leads
             .iter()
@@ -54,7 +54,7 @@ impl Inbox {
         let (tx, taken) = loop {
             let tx = store
                 .dialect()
-                .begin(&self.inner.db)
+                .begin(&self.db)
                 .await
                 .map_err(Lost::Database)?;
             match claim_all(store, &tx, batch, &claims, token).await {
@@ -73,7 +73,7 @@ impl Inbox {
         for lead in leads.iter_mut().filter(|lead| !lead.failed_alone) {
             lead.claimed = taken.fresh.contains(lead.key.message_key.as_str());
             lead.fate = if lead.claimed {
-                (self.inner.telemetry).claimed(&lead.key, Before::Nothing, batch.retention);
+                (self.telemetry).claimed(&lead.key, Before::Nothing, batch.retention);
                 Fate::Fresh
             } else {
                 Fate::Deferred

@@ -6,12 +6,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use super::BatchItem;
+use super::item::BatchItem;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::handler::{Handler, Outcome};
 use crate::inbox::claim::check_stored_fingerprint;
-use crate::inbox::{decode_stored, fingerprint_of};
+use crate::inbox::handling::{decode_stored, fingerprint_of};
 use crate::key::{ConsumerName, InboxKey, MessageKey};
 use crate::metadata::Metadata;
 use crate::observe;

@@ -9,11 +9,11 @@ use super::fates::{Fate, Lead};
 use super::lost::{self, Lost};
 use crate::error::Error;
 use crate::handler::Handler;
-use crate::inbox::Inbox;
+use crate::inbox::inner::Inner;
 use crate::key::MessageKey;
 use crate::store::dialect::{Failure, classify, refuses_value};
 
-impl Inbox {
+impl Inner {
     /// Releases the claims of the messages that failed, completes the processed ones and
     /// commits. A transaction found lost under a handler (fewer claims completed than taken,
     /// or aborted) is lost, or, for trusted handlers, run again checked, which tells whose
@@ -31,7 +31,7 @@ impl Inbox {
             token,
             transaction_id,
         } = claimed;
-        let store = &self.inner.store;
+        let store = &self.store;
         let released: Vec<&MessageKey> = leads
             .iter()
             .filter(|lead| lead.claim_to_release())
@@ -104,7 +104,7 @@ impl Inbox {
             transaction_id,
             under_savepoints,
         } = completing;
-        let store = &self.inner.store;
+        let store = &self.store;
         let outputs: Vec<(&MessageKey, Option<&str>)> = leads
             .iter()
             .filter_map(|lead| match &lead.fate {
@@ -174,7 +174,6 @@ impl Inbox {
             };
             lost::execute(tx, "SAVEPOINT idem_probe").await?;
             let tried = self
-                .inner
                 .store
                 .complete(tx, &lead.key, token, json.as_deref(), batch.retention)
                 .await;

@@ -12,7 +12,7 @@ use super::lost::{self, Lost};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::handler::Handler;
-use crate::inbox::{outage_or, run as run_handler};
+use crate::inbox::handling::{outage_or, run as run_handler};
 use crate::key::InboxKey;
 use crate::metadata::Metadata;
 use crate::outbox::{Outbox, RunClaim};

@@ -9,38 +9,21 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr};
 use super::attempt::{Batch, Finishing, Tried};
 use super::fates::{Handled, Lead};
 use super::guard::{Run, Staging};
+use super::item::{BatchChecks, BatchItem, MAX_BATCH, in_chunk};
 use super::lost::{self, Lost};
-use super::{BatchChecks, BatchItem, MAX_BATCH, in_chunk};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::handler::{Mode, Outcome};
-use crate::inbox::{Inbox, outage_or, panic_message};
+use crate::inbox::handling::{outage_or, panic_message};
+use crate::inbox::inner::Inner;
 use crate::key::InboxKey;
 use crate::outbox::RunClaim;
 use crate::slice::{SliceContext, SliceHandler};
 use crate::store::dialect::{Failure, classify, database_error_in};
 
-impl Inbox {
-    /// Processes `items` with a slice handler in one transaction, returning one result per item,
-    /// in order, each what [`Inbox::process`] would have returned for that message: as
-    /// [`Inbox::process_batch`] does, but with the fresh messages handled in one call of
-    /// [`SliceHandler::handle_slice`].
-    ///
-    /// The call runs under a savepoint. When it fails (an error, a panic, an output count that
-    /// is not the slice's, an output the database would not store), it is rolled back and each
-    /// half of the slice runs again under a savepoint of its own, down to single messages:
-    /// a message that fails alone gets its error, and the others commit. A handler whose
-    /// failure says the database is unreachable loses the batch when the batch's own
-    /// transaction no longer reaches it, as in [`Inbox::process_batch`]. A slice handler that
-    /// ends its transaction (or carries on after a MySQL/MariaDB deadlock rolled it back) fails
-    /// every message of that slice with [`Error::TransactionAborted`].
-    ///
-    /// A slice handler that is not transactional processes its messages one by one.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future rolls the batch's transaction back: nothing of it is recorded.
-    pub async fn process_slices<S: SliceHandler>(
+impl Inner {
+    /// See the `Inbox` method of this name.
+    pub(crate) async fn process_slices<S: SliceHandler>(
         &self,
         handler: &S,
         items: Vec<BatchItem<S::Message>>,
@@ -105,11 +88,11 @@ impl Inbox {
     where
         S::Message: Clone,
     {
-        let _turn = match self.inner.store.backend() {
-            DbBackend::Sqlite => Some(self.inner.sqlite_batches.lock().await),
+        let _turn = match self.store.backend() {
+            DbBackend::Sqlite => Some(self.sqlite_batches.lock().await),
             _ => None,
         };
-        let store = &self.inner.store;
+        let store = &self.store;
         for _ in 0..=leads.len() + 1 {
             let Some(claimed) = self.claim_batch(batch, leads).await? else {
                 return Ok(());
@@ -120,9 +103,9 @@ impl Inbox {
                 metadata: batch.metadata,
                 store,
                 staging: Staging {
-                    outbox: self.inner.outbox.as_ref(),
+                    outbox: self.outbox.as_ref(),
                     claim: RunClaim {
-                        statements: self.inner.run_statements.as_ref(),
+                        statements: self.run_statements.as_ref(),
                         token: claimed.token,
                     },
                 },

@@ -1,0 +1,326 @@
+//! The inbox as its users hold it: built once, cloned freely; every public method is here,
+//! each handing the work to the room that does it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use sea_orm::DatabaseConnection;
+
+use super::batch::{BatchChecks, BatchItem};
+use super::builder::InboxBuilder;
+use super::inner::Inner;
+use super::operate::{ConsumerStats, Forgotten, Released};
+use super::record::InboxRecord;
+use crate::error::{Error, Result};
+use crate::handler::{Handler, Outcome};
+use crate::key::{InboxKey, KeyError, MessageKey};
+use crate::metadata::Metadata;
+use crate::retention::{Cleaner, RetentionPolicy};
+use crate::slice::SliceHandler;
+use crate::store::LiveClaim;
+use crate::store::table::TableName;
+use crate::telemetry::DuplicateSummary;
+
+/// The inbox of processed messages, kept in the application's database.
+///
+/// [`Inbox::process`] runs a [`Handler`] at most once per inbox key `(consumer, message key)`:
+/// a new message is processed and its output recorded; a duplicate gets the recorded output back
+/// without running the handler. Cloning an inbox is cheap; clones share the connection pool.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_runtime::{Inbox, Metadata, Outcome};
+/// # use idem_runtime::{Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey};
+/// # struct Greeter;
+/// # impl Handler for Greeter {
+/// #     type Message = String; type Output = usize; type Error = std::io::Error;
+/// #     fn consumer(&self) -> &str { "greeter" }
+/// #     fn key(&self, m: &String, _: &Metadata) -> Result<MessageKey, KeyError> { MessageKey::new(m.as_str()) }
+/// #     fn fingerprint(&self, m: &String, meta: &Metadata) -> Result<Option<Fingerprint>, FingerprintError> { meta.content_fingerprint(m).map(Some) }
+/// #     async fn handle(&self, _: &Context<'_>, m: String) -> Result<usize, std::io::Error> { Ok(m.len()) }
+/// # }
+/// let db = sea_orm::Database::connect("sqlite::memory:").await?;
+/// let inbox = Inbox::builder(db).build().await?;
+/// let meta = Metadata::default();
+/// let first = inbox.process(&Greeter, "hello".to_owned(), &meta).await?;
+/// let again = inbox.process(&Greeter, "hello".to_owned(), &meta).await?;
+/// assert_eq!(first, Outcome::Processed(5));
+/// assert_eq!(again, Outcome::Duplicate(5));
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+/// ```
+
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    inner: Arc<Inner>,
+}
+
+impl Inbox {
+    /// An inbox of `inner`, built and checked.
+    pub(crate) fn of(inner: Inner) -> Self {
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Starts configuring an inbox on `db` (SQLite, PostgreSQL or MySQL/MariaDB).
+    pub fn builder(db: DatabaseConnection) -> InboxBuilder {
+        InboxBuilder::new(db)
+    }
+
+    /// This inbox (its pool, table, settings and outbox) with claims that do not wait for
+    /// another transaction holding their key: such a claim is
+    /// [`Error::InProgressElsewhere`] at once, and its connection goes back to the pool. For
+    /// callers that answer a busy key themselves, as an HTTP guard answers a retry 409, rather
+    /// than hold a pooled connection waiting for it.
+    ///
+    /// PostgreSQL bounds the claim's lock waits to a millisecond (`lock_timeout`), MariaDB to
+    /// none (`innodb_lock_wait_timeout = 0`, for the claim's statements only). SQLite, which
+    /// locks the whole file, still waits up to the connection's busy timeout, and MySQL the
+    /// server's `innodb_lock_wait_timeout`.
+    pub fn without_claim_wait(&self) -> Inbox {
+        Self::of(self.inner.without_claim_wait())
+    }
+
+    /// Processes `message` with `handler`, at most once per key.
+    ///
+    /// Returns [`Outcome::Processed`] with the handler's output, or [`Outcome::Duplicate`] with
+    /// the output recorded the first time. Every error says how to settle the delivery
+    /// ([`Error::settle`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes is a crash of this worker as far as the message
+    /// is concerned: in transactional, entity and natural modes the transaction rolls back and
+    /// nothing is recorded (entity mode: the marker entity with the rest);
+    /// in two-phase mode the handler and the renewal of its lease stop together, and the claim
+    /// stays in progress until its lease runs out, when a redelivery takes it over.
+    //
+    // The future is boxed (one allocation per message, beside a database round trip) so that a
+    // value that is not a handler, such as an `#[idempotent]` function passed instead of its
+    // `<name>_handler()`, is one error at the argument: an `async fn`'s future carries the
+    // `H: Handler` bound, and the compiler would report it again at the call and at `.await`.
+    pub fn process<'a, H: Handler>(
+        &'a self,
+        handler: &'a H,
+        message: H::Message,
+        metadata: &'a Metadata,
+    ) -> BoxFuture<'a, Result<Outcome<H::Output>>> {
+        Box::pin(async move {
+            let key = handler.key(&message, metadata);
+            self.inner
+                .process_with_key(handler, key, message, metadata)
+                .await
+        })
+    }
+
+    /// [`Inbox::process`] with the key [`Handler::key`] gave for this message, for a caller that
+    /// needs the key itself (a transport puts it in its logs and dead-letter headers) and should
+    /// not compute it twice.
+    pub async fn process_with_key<H: Handler>(
+        &self,
+        handler: &H,
+        key: Result<MessageKey, KeyError>,
+        message: H::Message,
+        metadata: &Metadata,
+    ) -> Result<Outcome<H::Output>> {
+        self.inner
+            .process_with_key(handler, key, message, metadata)
+            .await
+    }
+
+    /// Processes `items` with `handler` in one transaction, returning one result per item, in
+    /// order, each what [`Inbox::process`] would have returned for that message.
+    ///
+    /// - Fresh keys are claimed in one statement, and their handlers run one after the other in
+    ///   the batch's transaction: a failing or panicking handler is rolled back, its claim
+    ///   removed, and its error returned, while the others commit. So is a handler whose error
+    ///   says a database of its own is unreachable, while the batch's is not, and a handler
+    ///   whose output the database will not store.
+    /// - Known keys are read in one statement: a completed record answers as a
+    ///   [`Outcome::Duplicate`] (after the fingerprint check) without running the handler. An
+    ///   expired record, or one a two-phase claim holds, is processed on its own after the
+    ///   commit, as is a second copy of a key in the batch whose first copy was.
+    /// - The outputs are recorded in one statement, and the batch commits once. If the commit
+    ///   fails or its result is unknown, or the batch's database is lost, every message it
+    ///   held gets the database's error (to be requeued, counted as it would be alone: never
+    ///   for an outage, a server that takes no writes or a pool without a free connection).
+    /// - On MySQL/MariaDB and SQLite each handler runs under its own savepoint. On PostgreSQL,
+    ///   where a savepoint costs a subtransaction (and a transaction with more than 64 of them
+    ///   slows every statement), the handlers first run without one, the transaction checked
+    ///   after each: when one fails, its error stands, the transaction is rolled back, and the
+    ///   others run again under savepoints. A handler may thus run twice, its effects committed
+    ///   once; messages are cloned for it.
+    /// - Handlers that return every failed statement's error and never end their transaction can
+    ///   save that round trip per message: see [`Inbox::process_batch_with`].
+    /// - A handler that carries on after a failed statement breaks the transaction on
+    ///   PostgreSQL ([`Error::TransactionAborted`] for it, the others unharmed). Where the
+    ///   database rolls back the whole transaction instead (a MySQL/MariaDB deadlock), or the
+    ///   handler ends it itself, that message gets its own error and every other message the
+    ///   transaction held gets [`Error::BatchRolledBack`], which does not count as an attempt.
+    ///   A handler must not commit the transaction it is given: what it commits by itself
+    ///   (other messages' claims and writes included) is outside these guarantees.
+    ///
+    /// A batch trades latency for throughput: its messages are committed together, after the
+    /// slowest of them. A two-phase handler's messages are processed one by one. At most
+    /// [`MAX_BATCH`] messages share a transaction; larger batches are split. On SQLite, which
+    /// writes one transaction at a time, an inbox's batches take turns.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future rolls the batch's transaction back: nothing of it is recorded.
+    pub async fn process_batch<H: Handler>(
+        &self,
+        handler: &H,
+        items: Vec<BatchItem<H::Message>>,
+    ) -> Vec<Result<Outcome<H::Output>>>
+    where
+        H::Message: Clone,
+    {
+        self.inner.process_batch(handler, items).await
+    }
+
+    /// [`Inbox::process_batch`], checking the handlers as `checks` says: after each of them (the
+    /// default), or once before the commit for handlers trusted to leave the transaction whole
+    /// ([`BatchChecks::BeforeCommit`], one round trip less per message).
+    pub async fn process_batch_with<H: Handler>(
+        &self,
+        handler: &H,
+        items: Vec<BatchItem<H::Message>>,
+        checks: BatchChecks,
+    ) -> Vec<Result<Outcome<H::Output>>>
+    where
+        H::Message: Clone,
+    {
+        self.inner.process_batch_with(handler, items, checks).await
+    }
+
+    /// Processes `items` with a slice handler in one transaction, returning one result per item,
+    /// in order, each what [`Inbox::process`] would have returned for that message: as
+    /// [`Inbox::process_batch`] does, but with the fresh messages handled in one call of
+    /// [`SliceHandler::handle_slice`].
+    ///
+    /// The call runs under a savepoint. When it fails (an error, a panic, an output count that
+    /// is not the slice's, an output the database would not store), it is rolled back and each
+    /// half of the slice runs again under a savepoint of its own, down to single messages:
+    /// a message that fails alone gets its error, and the others commit. A handler whose
+    /// failure says the database is unreachable loses the batch when the batch's own
+    /// transaction no longer reaches it, as in [`Inbox::process_batch`]. A slice handler that
+    /// ends its transaction (or carries on after a MySQL/MariaDB deadlock rolled it back) fails
+    /// every message of that slice with [`Error::TransactionAborted`].
+    ///
+    /// A slice handler that is not transactional processes its messages one by one.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future rolls the batch's transaction back: nothing of it is recorded.
+    pub async fn process_slices<S: SliceHandler>(
+        &self,
+        handler: &S,
+        items: Vec<BatchItem<S::Message>>,
+    ) -> Vec<Result<Outcome<S::Output>>>
+    where
+        S::Message: Clone,
+    {
+        self.inner.process_slices(handler, items).await
+    }
+
+    /// Checks a handler against this inbox's configuration before it processes anything: its
+    /// consumer name, and its retention against the redelivery window if one was given. Its
+    /// consumer's `idem_late_duplicates_total` is registered at zero then.
+    pub fn check_handler<H: Handler>(&self, handler: &H) -> Result<(), Error> {
+        self.inner.check_handler(handler)
+    }
+
+    /// Reads the record of `key` as committed, if any, without waiting for a claim still in
+    /// its transaction (for operators and tests).
+    pub async fn lookup(&self, key: &InboxKey) -> Result<Option<InboxRecord>> {
+        self.inner.lookup(key).await
+    }
+
+    /// Counts the records of each consumer, or of `consumer` only, by the database's clock.
+    pub async fn stats(&self, consumer: Option<&str>) -> Result<Vec<ConsumerStats>> {
+        self.inner.stats(consumer).await
+    }
+
+    /// Ends the claim held on `key` now, as a lease running out would, and takes its token away:
+    /// the record and its attempts stay, the next delivery takes the key over under a new
+    /// claim token, and the worker that held it can neither renew nor complete it. For a worker
+    /// known dead, or stuck past any use. A claim whose lease still runs is left alone unless
+    /// `live` overrides it ([`Released::Live`]); one that changes while this runs is left alone
+    /// too ([`Released::Changed`]): it is not the one the caller meant to end.
+    pub async fn release(&self, key: &InboxKey, live: LiveClaim) -> Result<Released> {
+        self.inner.release(key, live).await
+    }
+
+    /// Deletes the record of `key`, so the next delivery of the message is processed again: an
+    /// operator's tool after reconciling a message that needed intervention. A claim whose lease
+    /// still runs is left alone unless `live` overrides it ([`Forgotten::Live`]).
+    pub async fn forget(&self, key: &InboxKey, live: LiveClaim) -> Result<Forgotten> {
+        self.inner.forget(key, live).await
+    }
+
+    /// Each consumer's duplicates as every process that ran it wrote them (each adds its counts
+    /// to the consumer's row of the day when its cleaner task looks at the table), summed over
+    /// every day kept (90): their ages and the late duplicates. Reads only.
+    ///
+    /// # Errors
+    ///
+    /// The database failed, or the table of summaries is missing (an inbox table created
+    /// before it came: see the migration `UpgradeInboxCompanions`, feature `migration`).
+    pub async fn duplicate_summaries(&self) -> Result<Vec<DuplicateSummary>> {
+        self.inner.duplicate_summaries().await
+    }
+
+    /// Like [`duplicate_summaries`](Inbox::duplicate_summaries), over the days that end within
+    /// `window` of now (`7d`: the last seven days and today); the retention in force is read
+    /// whatever the window.
+    ///
+    /// # Errors
+    ///
+    /// As [`duplicate_summaries`](Inbox::duplicate_summaries).
+    pub async fn duplicate_summaries_since(
+        &self,
+        window: Duration,
+    ) -> Result<Vec<DuplicateSummary>> {
+        self.inner.duplicate_summaries_since(window).await
+    }
+
+    /// The cleaner of this inbox's table.
+    pub fn cleaner(&self) -> Cleaner {
+        self.inner.cleaner()
+    }
+
+    /// The database connection the inbox uses.
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.inner.db
+    }
+
+    /// The inbox table's name.
+    pub fn table(&self) -> &TableName {
+        self.inner.store.table()
+    }
+
+    /// The retention policy.
+    pub fn retention(&self) -> &RetentionPolicy {
+        &self.inner.retention
+    }
+
+    /// How many claims a key may have before it needs intervention.
+    pub fn max_attempts(&self) -> u32 {
+        self.inner.max_attempts
+    }
+}
+
+impl InboxBuilder {
+    /// Validates the configuration, creates the table if asked, checks that the table has the
+    /// schema this version uses, and returns the inbox.
+    ///
+    /// # Errors
+    ///
+    /// A setting is invalid, the database is unreachable, or the table has another schema.
+    pub async fn build(self) -> Result<Inbox> {
+        Ok(Inbox::of(self.open().await?))
+    }
+}
