@@ -296,7 +296,7 @@ use proc_macro::TokenStream;
 ///
 /// `consumer`, `lease` and `retention` are defaults: the application's configuration (a file,
 /// the environment, a binding's settings) overrides them at run time with
-/// `charge_handler().configured().with_lease(..)` (`Handler::configured`), and the inbox's own
+/// `charge_handler().configured().with_lease(..)` (`HandlerExt::configured`), and the inbox's own
 /// per-consumer settings (`InboxBuilder::lease`, `RetentionPolicy::with_consumer`) come first of
 /// all. `idem_runtime::Configured` lists the precedence.
 ///

@@ -26,7 +26,7 @@ use crate::metadata::Metadata;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_runtime::{Handler, Mode};
+/// use idem_runtime::{Handler, HandlerExt, Mode};
 /// # use idem_runtime::{Context, Fingerprint, FingerprintError, KeyError, MessageKey, Metadata};
 /// # struct Mailer;
 /// # impl Handler for Mailer {
@@ -53,6 +53,18 @@ pub struct Configured<H> {
     lease: Option<Duration>,
     retention: Option<Duration>,
 }
+
+/// What every [`Handler`] can do besides handling: be configured at run time. Import it to call
+/// `.configured()` on a handler (as tower's `ServiceExt` adds to every service).
+pub trait HandlerExt: Handler + Sized {
+    /// This handler with its consumer name, lease or retention set at run time, from the
+    /// application's configuration; see [`Configured`] for which setting wins.
+    fn configured(self) -> Configured<Self> {
+        Configured::new(self)
+    }
+}
+
+impl<H: Handler> HandlerExt for H {}
 
 impl<H: Handler> Configured<H> {
     /// The handler as its code configures it.

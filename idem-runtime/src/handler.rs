@@ -159,15 +159,6 @@ pub trait Handler: Send + Sync {
         false
     }
 
-    /// This handler with its consumer name, lease or retention set at run time, from the
-    /// application's configuration; see [`Configured`](crate::Configured) for which setting wins.
-    fn configured(self) -> crate::Configured<Self>
-    where
-        Self: Sized,
-    {
-        crate::Configured::new(self)
-    }
-
     /// Processes a message. In transactional mode, write effects through
     /// [`Context::transaction`].
     fn handle(

@@ -227,7 +227,7 @@ pub mod __private;
 #[doc(hidden)]
 pub use __private::Fingerprintable;
 
-pub use configured::Configured;
+pub use configured::{Configured, HandlerExt};
 pub use context::Context;
 pub use error::{ConfigError, Error, Result};
 pub use fingerprint::{Fingerprint, FingerprintError};

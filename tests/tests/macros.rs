@@ -13,7 +13,7 @@ use idem_runtime::sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait,
 };
 use idem_runtime::{
-    Context, Error, Handler, MessageKey, Metadata, Mode, Outcome, idempotent,
+    Context, Error, Handler, HandlerExt, MessageKey, Metadata, Mode, Outcome, idempotent,
     transport::{Settle, Status},
 };
 use idem_tests::db::insert_effect;

@@ -309,6 +309,9 @@ impl<'ast> Visit<'ast> for Paths {
         syn::visit::visit_path(self, path);
     }
 
+    // `pub(in crate::a)` restricts who sees an item; it imports nothing.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+
     fn visit_item_mod(&mut self, module: &'ast syn::ItemMod) {
         if !is_test_only(&syn::Item::Mod(module.clone())) {
             syn::visit::visit_item_mod(self, module);

@@ -9,19 +9,12 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, SqlErr, Value};
 
-use super::summary::{AGE_BUCKETS, now_ms};
+use super::counting::{AGE_BUCKETS, AGE_COLUMNS, DAY_MS, now_ms};
 use crate::store::Store;
 use crate::store::table::{DUP_DAILY, companion};
 
-/// A day, in milliseconds; rows are by UTC day.
-pub(super) const DAY_MS: i64 = 86_400_000;
-
 /// How long a day's row is kept: 90 days.
 const HORIZON_MS: i64 = 90 * DAY_MS;
-
-/// The columns of the age buckets, in order.
-pub(super) const AGE_COLUMNS: &str =
-    "age_0, age_1, age_2, age_3, age_4, age_5, age_6, age_7, age_8, age_9";
 
 const AGES: usize = AGE_BUCKETS.len() + 1;
 

@@ -15,6 +15,7 @@
 //! cleaner task reads back.
 
 mod bloom;
+mod counting;
 mod daily;
 mod digest;
 mod summary;
@@ -32,9 +33,9 @@ pub(crate) use summary::read_all as read_summaries;
 
 use crate::key::InboxKey;
 use crate::metrics::LATE_DUPLICATES_TOTAL;
+use counting::now_ms;
 use daily::Daily;
 use digest::Digests;
-use summary::now_ms;
 
 /// How many late duplicates' keys are remembered, so that the retries of one are not counted
 /// again.

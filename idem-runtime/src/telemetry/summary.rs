@@ -6,12 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult};
 
-use super::daily::{AGE_COLUMNS, DAY_MS};
+use super::counting::{AGE_BUCKETS, AGE_COLUMNS, DAY_MS, now_ms};
 use crate::store::Store;
 use crate::store::table::{DUP_DAILY, companion};
-
-/// See [`DuplicateSummary::AGE_BUCKETS`].
-pub(super) const AGE_BUCKETS: [u64; 9] = DuplicateSummary::AGE_BUCKETS;
 
 /// One consumer's duplicates, as every process that ran it wrote them, over the days read.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -57,9 +54,7 @@ impl DuplicateSummary {
     /// The upper bounds, in seconds, of the age buckets duplicates are counted in (a last
     /// bucket holds the older ones): a second, a minute, ten minutes, an hour, six hours, a
     /// day, three days, a week, two weeks.
-    pub const AGE_BUCKETS: [u64; 9] = [
-        1, 60, 600, 3_600, 21_600, 86_400, 259_200, 604_800, 1_209_600,
-    ];
+    pub const AGE_BUCKETS: [u64; 9] = AGE_BUCKETS;
 
     /// The smallest age bound under which at least `share` (0 to 1) of the duplicates came,
     /// `None` when they came later than every bound (or there were none).
@@ -187,12 +182,4 @@ fn add_row(summary: &mut DuplicateSummary, row: &QueryResult) -> Result<(), DbEr
 
 fn duration_ms(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-/// Milliseconds since the Unix epoch, by this process's clock.
-pub(super) fn now_ms() -> i64 {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }

@@ -14,20 +14,15 @@ use std::time::Duration;
 use sea_orm::{DatabaseConnection, DbErr};
 
 use super::bloom::{PIECES, Piece, Positions, false_positive};
-use super::summary::now_ms;
+use super::counting::now_ms;
 use crate::key::InboxKey;
 use crate::store::Store;
 
 pub(crate) use run::DigestRun;
-use stored::StoredPiece;
+use stored::{MAX_FILTERS, StoredPiece, window_ms};
 
 /// How far back a refresh reads again, for writers whose clocks run behind this one's.
 const CLOCK_SLACK_MS: i64 = 300_000;
-
-/// The most filters kept per consumer: 8 × 512 KiB = 4 MiB, a million deleted keys. Past them
-/// the oldest go, and the digest covers less than its window rather than err more: each filter
-/// adds its rate to every check, about 8 × 2 × 10⁻⁷ when all are full.
-pub(crate) const MAX_FILTERS: usize = 8;
 
 /// One piece of a filter, as this process holds it.
 #[derive(Debug)]
@@ -161,10 +156,6 @@ impl Digests {
         }
         by_consumer.retain(|_, filters| !filters.is_empty());
     }
-}
-
-fn window_ms(window: Duration) -> i64 {
-    i64::try_from(window.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -9,9 +9,10 @@ use std::time::Duration;
 use sea_orm::{DatabaseConnection, DbErr};
 
 use super::super::bloom::{CAPACITY, Piece, Positions};
-use super::super::summary::now_ms;
-use super::stored::{StoredPiece, drop_beyond, drop_unwritten_since, latest_filter};
-use super::{MAX_FILTERS, window_ms};
+use super::super::counting::now_ms;
+use super::stored::{
+    MAX_FILTERS, StoredPiece, drop_beyond, drop_unwritten_since, latest_filter, window_ms,
+};
 use crate::store::{Deleted, Store};
 
 /// The deletions of one cleaner run, added as they come to each consumer's open filter (its

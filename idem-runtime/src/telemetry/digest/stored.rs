@@ -2,11 +2,23 @@
 //! (named by its period, when it was begun) and piece, with the keys it holds and the newest
 //! completion among them.
 
+use std::time::Duration;
+
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult, Value};
 
 use super::super::bloom::{PIECES, Piece};
 use crate::store::Store;
 use crate::store::table::{KEY_DIGEST, companion};
+
+/// The most filters kept per consumer: 8 × 512 KiB = 4 MiB, a million deleted keys. Past them
+/// the oldest go, and the digest covers less than its window rather than err more: each filter
+/// adds its rate to every check, about 8 × 2 × 10⁻⁷ when all are full.
+pub(crate) const MAX_FILTERS: usize = 8;
+
+/// A window in milliseconds.
+pub(super) fn window_ms(window: Duration) -> i64 {
+    i64::try_from(window.as_millis()).unwrap_or(i64::MAX)
+}
 
 const COLUMNS: &str =
     "consumer, period_ms, piece, key_count, newest_completed_ms, updated_ms, bits";
