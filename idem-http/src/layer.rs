@@ -36,7 +36,7 @@ impl Idempotency {
     /// A tower layer guarding any service: a request is claimed (a retry meanwhile gets 409),
     /// the service runs outside any transaction, and its response is stored once it returns.
     /// Once called, its error, panic or a response past the limit is kept as a 500 (its effects
-    /// may stand), unless the error is [`NotStored`](crate::NotStored). A crash in between
+    /// may stand), unless the error is [`NotStored`](crate::kept::NotStored). A crash in between
     /// leaves the claim until its lease ends, after which a retry runs the service again: for
     /// effects that cannot join the database's transaction. Use
     /// [`Idempotency::transactional`] when they can.
@@ -198,9 +198,9 @@ impl<S, ReqB> Forward<S, ReqB> {
         };
         match AssertUnwindSafe(run).catch_unwind().await {
             Ok(Ok(response)) => response,
-            Ok(Err(error)) if error.is::<crate::NotStored>() => {
+            Ok(Err(error)) if error.is::<crate::kept::NotStored>() => {
                 let mut response = Problem::unavailable(NOT_RUN.to_owned()).response();
-                response.extensions_mut().insert(crate::NotStored);
+                response.extensions_mut().insert(crate::kept::NotStored);
                 response
             }
             Ok(Err(error)) => {

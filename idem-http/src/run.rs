@@ -14,12 +14,12 @@ use idem_runtime::{
 };
 
 use crate::contract::{BoxError, EndpointError};
+use crate::kept::{NotStored, REPLAYED_HEADER, RETENTION_HEADER};
 use crate::key::{HeaderError, message_key, request_key};
 use crate::problem::Problem;
 use crate::request::fingerprint;
 use crate::settings::Idempotency;
 use crate::stored::StoredResponse;
-use crate::{REPLAYED_HEADER, RETENTION_HEADER};
 
 /// What runs a request once its key is claimed: a layered service or an endpoint.
 pub(crate) trait Call: Send + Sync {
@@ -178,7 +178,7 @@ impl<C: Call> Handler for Run<'_, C> {
         self.note(Ran::Began);
         let response = self.call.call(cx, message.request).await?;
         let unstored = self.settings.unstored.contains(&response.status());
-        if unstored || response.extensions().get::<crate::NotStored>().is_some() {
+        if unstored || response.extensions().get::<NotStored>().is_some() {
             return Err(EndpointError::Rejected(response));
         }
         let limit = self.settings.response_limit;

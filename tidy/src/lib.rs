@@ -159,7 +159,6 @@ mod tests {
         "circle: store/mod.rs -> store/cleanup.rs -> store/many.rs -> store/many_pg.rs -> store/setup.rs -> store/stats.rs",
         "longer than 80 lines: outbox/statements.rs: new (168)",
         "longer than 80 lines: store/statements.rs: new (121)",
-        "circle: lib.rs -> endpoint.rs -> layer.rs -> run.rs",
     ];
 
     #[test]
