@@ -193,6 +193,8 @@
 //! Leases and expiries are written and compared by the database's clock, in the statements
 //! themselves: the processes sharing an inbox agree on them whatever their hosts' clocks say.
 
+#[cfg(test)]
+mod catalogue;
 mod clock;
 mod configured;
 mod context;
