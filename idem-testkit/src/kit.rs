@@ -16,6 +16,9 @@ use crate::rng::seed_from_environment;
 use crate::run::{Run, Setting};
 use crate::schedule::{Schedule, Shape};
 
+/// How many two-phase claims of one key the kit's inbox allows: more than any schedule makes.
+const KIT_MAX_ATTEMPTS: u32 = 1_000;
+
 /// Runs a handler through idem while crashing workers at every boundary, redelivering,
 /// racing copies, letting leases run out and crashing the outbox relay, on the application's
 /// own database; then counts each message's effects. See the [crate docs](crate).
@@ -180,6 +183,9 @@ impl<M> FaultKit<M> {
             .map_err(Error::Setup)?;
         let mut builder = Inbox::builder(self.db.clone())
             .table(self.inbox_table.as_str())
+            // The kit crashes workers on purpose: a message whose two-phase claims it crashed
+            // five times is not one that needs an operator.
+            .max_attempts(KIT_MAX_ATTEMPTS)
             .outbox(outbox.clone());
         let consumers = std::iter::once((handler.consumer(), is_two_phase(handler)))
             .chain((self.downstream.iter()).map(|route| (route.consumer(), route.two_phase())));

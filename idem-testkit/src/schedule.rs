@@ -100,6 +100,18 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// The generated message the step delivers, if it delivers one.
+    pub fn message(&self) -> Option<usize> {
+        match *self {
+            Step::Deliver { message }
+            | Step::Crash { message, .. }
+            | Step::Concurrent { message, .. } => Some(message),
+            Step::ExpireLeases | Step::Relay { .. } | Step::DeliverDownstream { .. } => None,
+        }
+    }
+}
+
 /// What a schedule is drawn for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Shape {
@@ -133,26 +145,44 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The schedule of `seed` for `shape`: random steps, and one crash at each boundary (each
-    /// on a message drawn from the seed), at places drawn from the seed. With a downstream
-    /// handler, one relay crash of each kind and one downstream crash at each boundary come in
-    /// the second half, in that order, when earlier steps have staged messages to relay.
+    /// The schedule of `seed` for `shape`: random steps, and a crash at each boundary on the
+    /// first delivery of a message (each on a message of its own while there are enough,
+    /// drawn from the seed; a two-phase claim's crash followed by the lease's expiry), at
+    /// places drawn from the seed. With a downstream handler, the schedule opens with the last
+    /// message, kept for it: its first delivery, a relay crash of each kind, a clean relay,
+    /// and a downstream crash at each boundary (with the lease's expiry after each crash that
+    /// leaves a two-phase claim), so that the relay's crashes meet what that delivery staged
+    /// and the downstream crashes meet a message not yet processed there.
     pub(crate) fn draw(seed: u64, shape: Shape) -> Self {
         let mut rng = Rng::new(seed);
+        let reserved = shape.downstream.is_some() && shape.messages > 1;
+        let drawn = shape.messages - usize::from(reserved);
         let mut steps: Vec<Step> = (0..shape.steps)
-            .map(|_| random_step(&mut rng, &shape))
+            .map(|_| random_step(&mut rng, &shape, drawn))
             .collect();
-        for at in Boundary::ALL {
-            let message = rng.below(shape.messages);
-            let place = rng.below(steps.len() + 1);
-            steps.insert(place, Step::Crash { message, at });
+        let mut fresh: Vec<usize> = (0..drawn).collect();
+        let mut units: Vec<(usize, Vec<Step>)> = Boundary::ALL
+            .map(|at| {
+                let message = match fresh.len() {
+                    0 => rng.below(drawn),
+                    left => fresh.swap_remove(rng.below(left)),
+                };
+                let mut unit = vec![Step::Crash { message, at }];
+                if shape.two_phase && at != Boundary::AfterCommit {
+                    unit.push(Step::ExpireLeases);
+                }
+                let first = first_delivery(&steps, message).unwrap_or(steps.len());
+                (rng.below(first + 1), unit)
+            })
+            .into();
+        // From the last place: each unit goes in whole, and the places before it stay.
+        units.sort_by_key(|(place, _)| std::cmp::Reverse(*place));
+        for (place, unit) in units {
+            steps.splice(place..place, unit);
         }
-        if shape.two_phase || shape.downstream == Some(true) {
-            let place = rng.below(steps.len() + 1);
-            steps.insert(place, Step::ExpireLeases);
-        }
-        if shape.downstream.is_some() {
-            insert_in_second_half(&mut rng, &mut steps, downstream_coverage());
+        if let Some(downstream_two_phase) = shape.downstream {
+            let block = relay_block(shape.messages - 1, downstream_two_phase);
+            steps.splice(0..0, block);
         }
         Self {
             seed,
@@ -222,7 +252,13 @@ impl fmt::Display for Schedule {
     }
 }
 
-fn random_step(rng: &mut Rng, shape: &Shape) -> Step {
+/// Where `steps` first deliver `message`, if they do.
+fn first_delivery(steps: &[Step], message: usize) -> Option<usize> {
+    steps.iter().position(|step| step.message() == Some(message))
+}
+
+/// A step drawn at random, on one of the messages `0..drawn`.
+fn random_step(rng: &mut Rng, shape: &Shape, drawn: usize) -> Step {
     let leases = shape.two_phase || shape.downstream == Some(true);
     let downstream = shape.downstream.is_some();
     // deliver, crash, concurrent copies, lease expiry, relay, downstream delivery
@@ -234,7 +270,7 @@ fn random_step(rng: &mut Rng, shape: &Shape) -> Step {
         2 * u32::from(downstream),
         3 * u32::from(downstream),
     ];
-    let message = rng.below(shape.messages);
+    let message = rng.below(drawn);
     match rng.weighted(&weights) {
         0 => Step::Deliver { message },
         1 => Step::Crash {
@@ -262,10 +298,13 @@ fn random_step(rng: &mut Rng, shape: &Shape) -> Step {
     }
 }
 
-/// The downstream steps every schedule with a downstream handler takes, in order: each relay
-/// crash, a clean relay, and a downstream crash at each boundary.
-fn downstream_coverage() -> Vec<Step> {
+/// The block of relay and downstream steps every schedule with a downstream handler opens with:
+/// the first delivery of `message` (which stages what it stages), each relay crash, a clean
+/// relay, and a downstream crash at each boundary, the leases left by two-phase crashes run
+/// out before the next delivery.
+fn relay_block(message: usize, downstream_two_phase: bool) -> Vec<Step> {
     let mut steps = vec![
+        Step::Deliver { message },
         Step::Relay {
             crash: Some(RelayCrash::BeforePublish),
         },
@@ -274,22 +313,17 @@ fn downstream_coverage() -> Vec<Step> {
         },
         Step::Relay { crash: None },
     ];
-    steps.extend(Boundary::ALL.map(|at| Step::DeliverDownstream { crash: Some(at) }));
-    steps
-}
-
-/// Inserts `required` into the second half of `steps`, keeping their order, at places drawn
-/// from `rng`.
-fn insert_in_second_half(rng: &mut Rng, steps: &mut Vec<Step>, required: Vec<Step>) {
-    let half = steps.len() / 2;
-    let mut places: Vec<usize> = (0..required.len())
-        .map(|_| half + rng.below(steps.len() - half + 1))
-        .collect();
-    places.sort_unstable();
-    // From the last: each insertion leaves the places before it where they were.
-    for (place, step) in places.into_iter().zip(required).rev() {
-        steps.insert(place, step);
+    for at in [
+        Boundary::AfterHandler,
+        Boundary::BeforeHandler,
+        Boundary::AfterCommit,
+    ] {
+        steps.push(Step::DeliverDownstream { crash: Some(at) });
+        if downstream_two_phase && at != Boundary::AfterCommit {
+            steps.push(Step::ExpireLeases);
+        }
     }
+    steps
 }
 
 #[cfg(test)]
@@ -316,26 +350,52 @@ mod tests {
     }
 
     #[test]
-    fn every_schedule_crashes_at_every_boundary() {
+    fn every_schedule_crashes_at_every_boundary_on_a_first_delivery() {
         for seed in 0..50 {
             let schedule = Schedule::draw(seed, shape(false, Some(false)));
+            let steps = &schedule.steps;
             for at in Boundary::ALL {
-                let crashes = |step: &Step| matches!(step, Step::Crash { at: a, .. } if *a == at);
-                let downstream =
-                    |step: &Step| *step == Step::DeliverDownstream { crash: Some(at) };
-                assert!(schedule.steps.iter().any(crashes), "seed {seed}: {at:?}");
-                assert!(schedule.steps.iter().any(downstream), "seed {seed}: {at:?}");
+                let on_first_delivery = (0..steps.len()).any(|index| match steps[index] {
+                    Step::Crash { message, at: a } => {
+                        a == at && first_delivery(steps, message) == Some(index)
+                    }
+                    _ => false,
+                });
+                let downstream = Step::DeliverDownstream { crash: Some(at) };
+                assert!(on_first_delivery, "seed {seed}, {at:?}: {schedule}");
+                assert!(steps.contains(&downstream), "seed {seed}: {at:?}");
             }
             for crash in [RelayCrash::BeforePublish, RelayCrash::AfterPublish] {
                 let relay = Step::Relay { crash: Some(crash) };
-                assert!(schedule.steps.contains(&relay), "seed {seed}: {crash:?}");
+                assert!(steps.contains(&relay), "seed {seed}: {crash:?}");
             }
-            assert!(schedule.steps.iter().all(|step| match step {
-                Step::Deliver { message }
-                | Step::Crash { message, .. }
-                | Step::Concurrent { message, .. } => *message < 6,
-                _ => true,
-            }));
+            assert!(steps.iter().all(|step| step.message().is_none_or(|m| m < 6)));
+        }
+    }
+
+    #[test]
+    fn with_a_downstream_handler_the_last_message_is_first_delivered_before_the_relay_crashes() {
+        for seed in 0..50 {
+            let schedule = Schedule::draw(seed, shape(true, Some(true)));
+            let last = |step: &Step| step.message() == Some(5);
+            let deliveries: Vec<usize> = (0..schedule.steps.len())
+                .filter(|&index| last(&schedule.steps[index]))
+                .collect();
+            assert_eq!(deliveries.len(), 1, "seed {seed}: {schedule}");
+            let block = &schedule.steps[deliveries[0]..];
+            assert_eq!(
+                block[1..4],
+                [
+                    Step::Relay {
+                        crash: Some(RelayCrash::BeforePublish)
+                    },
+                    Step::Relay {
+                        crash: Some(RelayCrash::AfterPublish)
+                    },
+                    Step::Relay { crash: None },
+                ]
+            );
+            assert_eq!(block[5], Step::ExpireLeases, "seed {seed}");
         }
     }
 
@@ -348,7 +408,13 @@ mod tests {
                 Step::Deliver { .. } | Step::Crash { .. } | Step::Concurrent { .. }
             )));
             let two_phase = Schedule::draw(seed, shape(true, None));
-            assert!(two_phase.steps.contains(&Step::ExpireLeases));
+            for at in [Boundary::BeforeHandler, Boundary::AfterHandler] {
+                let expired = two_phase.steps.windows(2).any(|pair| {
+                    matches!(pair[0], Step::Crash { at: a, .. } if a == at)
+                        && pair[1] == Step::ExpireLeases
+                });
+                assert!(expired, "seed {seed}, {at:?}: {two_phase}");
+            }
         }
     }
 

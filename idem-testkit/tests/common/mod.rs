@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use idem_runtime::sea_orm::sea_query::Query;
+use idem_runtime::sea_orm::sea_query::{Alias, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
 use idem_runtime::{
     Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, Mode,
@@ -96,7 +96,7 @@ pub enum Mistake {
     ExternalCallInTransaction,
     /// Its key includes the delivery count, which a redelivery changes.
     KeyFromDeliveryCount,
-    /// It commits its transaction itself, before idem does.
+    /// It commits its transaction itself, before idem does, and begins another.
     CommitsItsOwnTransaction,
 }
 
@@ -141,7 +141,7 @@ impl Handler for Charge {
             self.provider.charge(&order.id);
         }
         let insert = Query::insert()
-            .into_table(self.table.as_str())
+            .into_table(Alias::new(self.table.as_str()))
             .columns(["order_id", "amount_cents"])
             .values_panic([order.id.clone().into(), order.amount_cents.into()])
             .to_owned();
@@ -157,7 +157,9 @@ impl Handler for Charge {
                 .map_err(|error| DbErr::Custom(error.to_string()))?;
         }
         if self.mistake == Mistake::CommitsItsOwnTransaction {
+            // What it wrote so far is committed; the rest runs in a transaction of its own.
             tx.execute_unprepared("COMMIT").await?;
+            tx.execute_unprepared("BEGIN").await?;
         }
         Ok(order.amount_cents)
     }
@@ -219,7 +221,7 @@ pub async fn charges_table(db: &TestDb) -> String {
 }
 
 /// A kit on `db`'s fresh tables, with the seed `seed`.
-fn kit<M>(db: &TestDb, effects: Effects<M>, generate: fn(usize) -> M, seed: u64) -> FaultKit<M> {
+fn kit<M: 'static>(db: &TestDb, effects: Effects<M>, generate: fn(usize) -> M, seed: u64) -> FaultKit<M> {
     FaultKit::new(db.db.clone(), generate, effects)
         .tables(db.table("kit_inbox"), db.table("kit_outbox"))
         .seed(seed)
@@ -228,6 +230,16 @@ fn kit<M>(db: &TestDb, effects: Effects<M>, generate: fn(usize) -> M, seed: u64)
 /// A run of billing's charge with `mistake` planted, on fresh tables: its effects are the
 /// provider's charges when the mistake is the provider's, the invoice rows otherwise.
 pub async fn charge_run(db: &TestDb, mistake: Mistake, seed: u64) -> Report {
+    charge_run_with(db, mistake, seed, |kit| kit).await
+}
+
+/// [`charge_run`], the kit set by `set`.
+pub async fn charge_run_with(
+    db: &TestDb,
+    mistake: Mistake,
+    seed: u64,
+    set: impl FnOnce(FaultKit<Order>) -> FaultKit<Order>,
+) -> Report {
     let table = charges_table(db).await;
     let provider = Arc::new(PaymentProvider::default());
     let effects = match mistake {
@@ -243,7 +255,10 @@ pub async fn charge_run(db: &TestDb, mistake: Mistake, seed: u64) -> Report {
         mistake,
         stage: false,
     };
-    kit(db, effects, order, seed).run(&handler).await.unwrap()
+    set(kit(db, effects, order, seed))
+        .run(&handler)
+        .await
+        .unwrap()
 }
 
 /// A run of billing's charge (correct, staging `Charged`) with notifications downstream,
@@ -281,6 +296,8 @@ pub async fn charge_and_notify_run(
 /// Asserts that `report` found the planted mistake: some message with more than one effect,
 /// none with fewer, each finding and the seed in its text.
 pub fn assert_charged_twice(report: &Report) {
+    // What a developer sees: `--nocapture` shows it.
+    println!("{report}");
     assert!(!report.findings.is_empty(), "nothing found:\n{report}");
     assert!(
         report.findings.iter().all(|finding| finding.effects > 1),
@@ -305,8 +322,8 @@ pub fn assert_replayed(first: &Report, replay: &Report) {
     assert_eq!(first.findings, replay.findings, "first:\n{first}\nreplay:\n{replay}");
 }
 
-/// The seed the planted mistakes are run with: any seed whose schedule crashes after the
-/// handler on a message not processed yet finds all three.
+/// The seed the planted mistakes are run with. Every schedule crashes after the handler on a
+/// message's first delivery, so any seed finds the first three mistakes.
 pub const SEED: u64 = 20_261_204;
 
 pub async fn an_external_call_in_a_transactional_handler_charges_twice(backend: Backend) {
@@ -337,9 +354,14 @@ pub async fn a_handler_committing_its_own_transaction_leaves_its_effects_twice(
     backend: Backend,
 ) {
     let db = TestDb::connect(backend).await;
-    let first = charge_run(&db, Mistake::CommitsItsOwnTransaction, SEED).await;
+    assert_charged_twice(&charge_run(&db, Mistake::CommitsItsOwnTransaction, SEED).await);
+    // Copies racing a record such a handler committed half-way each take it over, as many as
+    // the database lets through: how many depends on their interleaving, not on the seed. A
+    // schedule of the crashes at each boundary alone, without random copies, replays exactly.
+    let crashes_only = |kit: FaultKit<Order>| kit.steps(0);
+    let first = charge_run_with(&db, Mistake::CommitsItsOwnTransaction, SEED, crashes_only).await;
     assert_charged_twice(&first);
-    let replay = charge_run(&db, Mistake::CommitsItsOwnTransaction, SEED).await;
+    let replay = charge_run_with(&db, Mistake::CommitsItsOwnTransaction, SEED, crashes_only).await;
     assert_replayed(&first, &replay);
 }
 
