@@ -133,7 +133,11 @@ fn fate_of(error: &Error) -> Fate {
 
 /// The key `handler` gives `message` delivered with `metadata`, quoted, or why it gives none:
 /// how findings name a message.
-pub(crate) fn key_label<H: Handler>(handler: &H, message: &H::Message, metadata: &Metadata) -> String {
+pub(crate) fn key_label<H: Handler>(
+    handler: &H,
+    message: &H::Message,
+    metadata: &Metadata,
+) -> String {
     match handler.key(message, metadata) {
         Ok(key) => format!("{:?}", key.as_str()),
         Err(error) => format!("none: {error}"),

@@ -3,9 +3,9 @@
 
 use std::fmt;
 
+use idem_runtime::sea_orm::sea_query::SelectStatement;
 use idem_runtime::sea_orm::sea_query::{Alias, Asterisk, Expr, ExprTrait, Func, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
-use idem_runtime::sea_orm::sea_query::SelectStatement;
 
 /// How to count the effects of one message: each message must have exactly one once the run
 /// has drained.

@@ -201,7 +201,10 @@ impl<M> FaultKit<M> {
                 .await?;
         }
         for index in 0..self.messages {
-            let effects = self.effects.count(&self.db, &(self.generate)(index)).await?;
+            let effects = self
+                .effects
+                .count(&self.db, &(self.generate)(index))
+                .await?;
             if effects != 0 {
                 return Err(Error::EffectsBeforeRun {
                     message: index,
@@ -277,7 +280,10 @@ impl<M> fmt::Debug for FaultKit<M> {
             .field("inbox_table", &self.inbox_table)
             .field("outbox_table", &self.outbox_table)
             .field("effects", &self.effects)
-            .field("downstream", &self.downstream.as_ref().map(|d| d.consumer()))
+            .field(
+                "downstream",
+                &self.downstream.as_ref().map(|d| d.consumer()),
+            )
             .finish_non_exhaustive()
     }
 }

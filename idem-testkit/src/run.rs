@@ -132,9 +132,13 @@ impl<'a, H: Handler> Run<'a, H> {
     async fn concurrent(&mut self, index: usize, copies: usize) -> String {
         let deliveries: Vec<_> = (0..copies).map(|_| self.next_delivery(index)).collect();
         let Setting { inbox, handler, .. } = self.setting;
-        let fates = join_all(deliveries.into_iter().map(|(message, metadata)| async move {
-            deliver(inbox, handler, message, &metadata, None).await
-        }))
+        let fates = join_all(
+            deliveries
+                .into_iter()
+                .map(|(message, metadata)| async move {
+                    deliver(inbox, handler, message, &metadata, None).await
+                }),
+        )
         .await;
         let unsettled = fates.iter().find(|fate| !fate.settled());
         let last = unsettled.unwrap_or(&fates[0]).clone();
@@ -188,7 +192,8 @@ impl<'a, H: Handler> Run<'a, H> {
             while !self.standings[index].settled() && attempts < DRAIN_ATTEMPTS {
                 attempts += 1;
                 let fate = self.deliver(index, None).await;
-                self.trace.push(format!("drain: #{index}: {}", fate.describe()));
+                self.trace
+                    .push(format!("drain: #{index}: {}", fate.describe()));
                 if !fate.settled() {
                     tokio::time::sleep(pause_after(&fate, attempts)).await;
                 }

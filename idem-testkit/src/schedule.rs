@@ -254,7 +254,9 @@ impl fmt::Display for Schedule {
 
 /// Where `steps` first deliver `message`, if they do.
 fn first_delivery(steps: &[Step], message: usize) -> Option<usize> {
-    steps.iter().position(|step| step.message() == Some(message))
+    steps
+        .iter()
+        .position(|step| step.message() == Some(message))
 }
 
 /// A step drawn at random, on one of the messages `0..drawn`.
@@ -369,7 +371,11 @@ mod tests {
                 let relay = Step::Relay { crash: Some(crash) };
                 assert!(steps.contains(&relay), "seed {seed}: {crash:?}");
             }
-            assert!(steps.iter().all(|step| step.message().is_none_or(|m| m < 6)));
+            assert!(
+                steps
+                    .iter()
+                    .all(|step| step.message().is_none_or(|m| m < 6))
+            );
         }
     }
 

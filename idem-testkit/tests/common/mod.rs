@@ -51,11 +51,21 @@ pub struct PaymentProvider {
 
 impl PaymentProvider {
     pub fn charge(&self, order_id: &str) {
-        *self.charges.lock().unwrap().entry(order_id.to_owned()).or_default() += 1;
+        *self
+            .charges
+            .lock()
+            .unwrap()
+            .entry(order_id.to_owned())
+            .or_default() += 1;
     }
 
     pub fn charges_of(&self, order_id: &str) -> u64 {
-        self.charges.lock().unwrap().get(order_id).copied().unwrap_or(0)
+        self.charges
+            .lock()
+            .unwrap()
+            .get(order_id)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -71,7 +81,9 @@ impl NotificationProvider {
     pub fn notify(&self, idempotency_key: String, order_id: &str) {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let mut keys = self.keys.lock().unwrap();
-        keys.entry(order_id.to_owned()).or_default().insert(idempotency_key);
+        keys.entry(order_id.to_owned())
+            .or_default()
+            .insert(idempotency_key);
     }
 
     /// The notifications `order_id`'s customer received.
@@ -221,7 +233,12 @@ pub async fn charges_table(db: &TestDb) -> String {
 }
 
 /// A kit on `db`'s fresh tables, with the seed `seed`.
-fn kit<M: 'static>(db: &TestDb, effects: Effects<M>, generate: fn(usize) -> M, seed: u64) -> FaultKit<M> {
+fn kit<M: 'static>(
+    db: &TestDb,
+    effects: Effects<M>,
+    generate: fn(usize) -> M,
+    seed: u64,
+) -> FaultKit<M> {
     FaultKit::new(db.db.clone(), generate, effects)
         .tables(db.table("kit_inbox"), db.table("kit_outbox"))
         .seed(seed)
@@ -310,7 +327,9 @@ pub fn assert_charged_twice(report: &Report) {
     }
     let panicked = std::panic::catch_unwind(|| report.assert_effectively_once())
         .expect_err("a report with findings fails the assertion");
-    let message = panicked.downcast_ref::<String>().expect("a formatted panic");
+    let message = panicked
+        .downcast_ref::<String>()
+        .expect("a formatted panic");
     assert!(message.contains("expected 1"), "{message}");
 }
 
@@ -319,7 +338,10 @@ pub fn assert_charged_twice(report: &Report) {
 pub fn assert_replayed(first: &Report, replay: &Report) {
     assert_eq!(first.seed, replay.seed);
     assert_eq!(first.schedule, replay.schedule);
-    assert_eq!(first.findings, replay.findings, "first:\n{first}\nreplay:\n{replay}");
+    assert_eq!(
+        first.findings, replay.findings,
+        "first:\n{first}\nreplay:\n{replay}"
+    );
 }
 
 /// The seed the planted mistakes are run with. Every schedule crashes after the handler on a
@@ -350,9 +372,7 @@ pub async fn a_key_from_the_delivery_count_processes_a_redelivery_again(backend:
     assert_replayed(&first, &replay);
 }
 
-pub async fn a_handler_committing_its_own_transaction_leaves_its_effects_twice(
-    backend: Backend,
-) {
+pub async fn a_handler_committing_its_own_transaction_leaves_its_effects_twice(backend: Backend) {
     let db = TestDb::connect(backend).await;
     assert_charged_twice(&charge_run(&db, Mistake::CommitsItsOwnTransaction, SEED).await);
     // Copies racing a record such a handler committed half-way each take it over, as many as
