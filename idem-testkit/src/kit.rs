@@ -16,6 +16,9 @@ use crate::rng::seed_from_environment;
 use crate::run::{Run, Setting};
 use crate::schedule::{Schedule, Shape};
 
+/// What a transport gives message `i`.
+type MetadataOf<M> = Box<dyn Fn(usize, &M) -> Metadata>;
+
 /// How many two-phase claims of one key the kit's inbox allows: more than any schedule makes.
 const KIT_MAX_ATTEMPTS: u32 = 1_000;
 
@@ -26,7 +29,7 @@ pub struct FaultKit<M> {
     db: DatabaseConnection,
     generate: Box<dyn Fn(usize) -> M>,
     effects: Effects<M>,
-    metadata: Box<dyn Fn(usize, &M) -> Metadata>,
+    metadata: MetadataOf<M>,
     messages: usize,
     steps: Option<usize>,
     seed: Option<u64>,

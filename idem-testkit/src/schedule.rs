@@ -125,9 +125,9 @@ pub(crate) struct Shape {
     pub(crate) downstream: Option<bool>,
 }
 
-/// A run's steps, drawn from its seed: [`Schedule::draw`] with the same seed and the same
-/// shape (the number of messages and steps, the handlers' modes, a downstream handler or
-/// none) gives the same schedule.
+/// A run's steps, drawn from its seed: the same seed and the same shape (the number of
+/// messages and steps, the handlers' modes, a downstream handler or none) give the same
+/// schedule.
 ///
 /// After its steps every run drains: each message not yet acknowledged is delivered until it
 /// is, the outbox is relayed until nothing is pending, and every published message is
