@@ -49,7 +49,9 @@
 //! crashed two-phase workers left run out, and, with a [`Downstream`] handler, relay the
 //! outbox (crashing before the publish, or after it and before the messages are marked
 //! sent) and deliver what was published downstream (crashing there too). Every schedule
-//! crashes at each boundary at least once. Then the run drains: each message not yet
+//! crashes at each boundary on a message's first delivery, and, with a downstream handler,
+//! opens with a message's delivery followed by each relay crash and a downstream crash at
+//! each boundary. Then the run drains: each message not yet
 //! acknowledged is delivered until it is, the outbox is relayed until nothing is pending, and
 //! every published message is delivered downstream until acknowledged. Last, the kit counts
 //! each message's effects with the [`Effects`] it was given.
@@ -75,17 +77,20 @@
 //! - A handler that commits its own transaction (a `COMMIT` statement) or writes outside it:
 //!   a crash after the handler leaves its effects, and the redelivery adds them again.
 //! - A two-phase handler that does not pass its downstream key (`Context::downstream_key`) to
-//!   a service that deduplicates by it, and what the relay publishes twice reaching a handler
-//!   that does not deduplicate.
+//!   a service that deduplicates by it: a takeover after a crash calls it again.
+//! - A downstream handler that keeps no record (declared naturally idempotent when it is
+//!   not): the relay, crashed after a publish, publishes the message again.
 //!
 //! # Replaying a run
 //!
 //! The report names its seed. [`FaultKit::seed`] with that seed (or `IDEM_TESTKIT_SEED` in
 //! the environment of a kit given none) draws the same schedule; run it on a database without
 //! the first run's effects (the kit refuses to start when a message already has some).
-//! Waits measured by the clock (a lease) can make the trace of a replay differ in its details
-//! when the machine is slower than the lease; the findings of a handler whose effects depend
-//! only on what it is given do not.
+//! Two things are not the seed's: copies delivered at once interleave as the database lets
+//! them, and leases are measured by its clock. A handler whose effects depend on how its
+//! copies interleave (one that commits half-way, racing its copies) can count differently on
+//! a replay, and a machine slower than the lease can change what a step gave; the schedule,
+//! and the findings of a handler whose effects depend only on what it is given, stay.
 //!
 //! # What it does not cover
 //!

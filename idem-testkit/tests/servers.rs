@@ -14,5 +14,6 @@ on_each_backend!([postgres, mysql]:
     a_key_from_the_delivery_count_processes_a_redelivery_again,
     a_handler_committing_its_own_transaction_leaves_its_effects_twice,
     a_two_phase_call_without_its_downstream_key_notifies_twice,
+    a_downstream_handler_keeping_no_record_ships_a_republished_event_twice,
     correct_handlers_have_one_effect_per_message_on_many_seeds,
 );

@@ -222,6 +222,73 @@ impl Handler for Notify {
     }
 }
 
+/// Shipping, declared naturally idempotent (no record kept) when it is not: it inserts a
+/// shipment per `Charged` event, however often the event comes.
+#[derive(Debug)]
+pub struct Ship {
+    pub table: String,
+}
+
+impl Handler for Ship {
+    type Message = Charged;
+    type Output = ();
+    type Error = DbErr;
+
+    fn consumer(&self) -> &str {
+        "shipping.charged"
+    }
+
+    fn key(&self, event: &Charged, _: &Metadata) -> Result<MessageKey, KeyError> {
+        MessageKey::new(event.order_id.as_str())
+    }
+
+    fn fingerprint(
+        &self,
+        _: &Charged,
+        _: &Metadata,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(None)
+    }
+
+    fn mode(&self) -> Mode {
+        Mode::Natural
+    }
+
+    async fn handle(&self, cx: &Context<'_>, event: Charged) -> Result<(), DbErr> {
+        let insert = Query::insert()
+            .into_table(Alias::new(self.table.as_str()))
+            .columns(["order_id", "amount_cents"])
+            .values_panic([event.order_id.into(), 0.into()])
+            .to_owned();
+        cx.transaction()
+            .expect("a transaction")
+            .execute(&insert)
+            .await?;
+        Ok(())
+    }
+}
+
+/// A run of billing's charge (correct, staging `Charged`) with shipping downstream.
+pub async fn charge_and_ship_run(db: &TestDb, seed: u64) -> Report {
+    let charges = charges_table(db).await;
+    let shipments = charges_table(db).await;
+    let handler = Charge {
+        table: charges.clone(),
+        provider: Arc::default(),
+        mistake: Mistake::None,
+        stage: true,
+    };
+    let shipped = Effects::rows(shipments.clone(), "order_id", |event: &Charged| {
+        event.order_id.clone()
+    });
+    let effects = Effects::rows(charges, "order_id", |order: &Order| order.id.clone());
+    kit(db, effects, order, seed)
+        .downstream(Downstream::new(EVENTS, Ship { table: shipments }, shipped))
+        .run(&handler)
+        .await
+        .unwrap()
+}
+
 /// A fresh table of charges on `db`.
 pub async fn charges_table(db: &TestDb) -> String {
     let table = db.table("charges");
@@ -394,6 +461,20 @@ pub async fn a_two_phase_call_without_its_downstream_key_notifies_twice(backend:
         "{first}"
     );
     let (replay, _) = charge_and_notify_run(&db, false, SEED).await;
+    assert_replayed(&first, &replay);
+}
+
+pub async fn a_downstream_handler_keeping_no_record_ships_a_republished_event_twice(
+    backend: Backend,
+) {
+    let db = TestDb::connect(backend).await;
+    let first = charge_and_ship_run(&db, SEED).await;
+    assert_charged_twice(&first);
+    assert!(
+        (first.findings.iter()).all(|finding| finding.consumer == "shipping.charged"),
+        "{first}"
+    );
+    let replay = charge_and_ship_run(&db, SEED).await;
     assert_replayed(&first, &replay);
 }
 
