@@ -69,7 +69,7 @@ impl<M> FaultKit<M> {
             seed: None,
             // Long enough that a schedule's next steps run within it on a loaded machine,
             // short enough that letting it run out costs a run little.
-            lease: Duration::from_secs(1),
+            lease: Duration::from_secs(2),
             inbox_table: Self::DEFAULT_INBOX_TABLE.to_owned(),
             outbox_table: Self::DEFAULT_OUTBOX_TABLE.to_owned(),
             downstream: None,
@@ -96,7 +96,7 @@ impl<M> FaultKit<M> {
         self
     }
 
-    /// The lease of two-phase claims during a run (default 1 s): a crashed worker's claim is
+    /// The lease of two-phase claims during a run (default 2 s): a crashed worker's claim is
     /// taken over once it has run out. Schedules replay exactly when each step takes well
     /// under it.
     pub fn lease(mut self, lease: Duration) -> Self {

@@ -104,6 +104,11 @@ impl Broker {
 
 /// One relay step: takes up to `limit` pending messages, and publishes them and marks them
 /// sent, or crashes at `crash`. Returns what it did, in words.
+///
+/// A crashed relay marks nothing sent, and its row locks go with its connection, whenever the
+/// database notices. The kit releases them at once (a batch marked sent with no message
+/// marked), so that the next steps find the messages as they would once the database has
+/// noticed, however fast it does.
 pub(crate) async fn relay(
     outbox: &Outbox,
     broker: &mut Broker,
@@ -113,7 +118,7 @@ pub(crate) async fn relay(
     let batch = outbox.take_pending(limit).await?;
     let taken = batch.messages().len();
     if crash == Some(RelayCrash::BeforePublish) {
-        drop(batch);
+        batch.mark_sent(&[]).await?;
         return Ok(format!("took {taken}, crashed before publishing"));
     }
     let mut routed = 0;
@@ -122,7 +127,7 @@ pub(crate) async fn relay(
     }
     let published = format!("took {taken}, published {taken} ({routed} to the queue)");
     if crash == Some(RelayCrash::AfterPublish) {
-        drop(batch);
+        batch.mark_sent(&[]).await?;
         return Ok(format!("{published}, crashed before marking them sent"));
     }
     let seqs: Vec<i64> = batch.messages().iter().map(|message| message.seq).collect();
