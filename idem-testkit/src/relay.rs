@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use idem_runtime::outbox::PendingMessage;
+use idem_runtime::outbox::{PendingMessage, Relaying};
 use idem_runtime::sea_orm::DbErr;
 use idem_runtime::{Metadata, Outbox};
 
