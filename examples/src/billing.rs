@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use idem_rabbitmq::QueueTopology;
 use idem_rabbitmq::lapin::ExchangeKind;
+use idem_runtime::admin::ConsumerName;
+use idem_runtime::admin::InboxKey;
+use idem_runtime::outbox::derived_id;
 use idem_runtime::{
-    ConsumerName, InboxKey, MessageKey, Outbound, Outbox, OutboxMessage, SliceContext,
-    StagingError, derived_id, idempotent,
+    MessageKey, Outbound, Outbox, OutboxMessage, SliceContext, StagingError, idempotent,
 };
 use sea_orm::sea_query::{Alias, Asterisk, Expr, ExprTrait, Func, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};

@@ -61,11 +61,11 @@ pub const DELIVERY_LIMIT: u32 = 20;
 
 /// The `Idempotency-Key` the notification of `order_id`'s invoice carries, on every attempt.
 pub fn idempotency_key(order_id: &str) -> Option<String> {
-    let origin = idem_runtime::InboxKey {
-        consumer: idem_runtime::ConsumerName::new(CONSUMER).ok()?,
+    let origin = idem_runtime::admin::InboxKey {
+        consumer: idem_runtime::admin::ConsumerName::new(CONSUMER).ok()?,
         message_key: idem_runtime::MessageKey::new(order_id).ok()?,
     };
-    Some(idem_runtime::derived_id(&origin, 0))
+    Some(idem_runtime::outbox::derived_id(&origin, 0))
 }
 
 /// An invoice was issued: billing publishes it through its outbox.

@@ -787,11 +787,11 @@ async fn chaos(backend: Backend, taking: Taking, cluster: Option<&Cluster>) {
         .orders
         .iter()
         .map(|order| {
-            let origin = idem_runtime::InboxKey {
-                consumer: idem_runtime::ConsumerName::new("notifications.invoice").unwrap(),
+            let origin = idem_runtime::admin::InboxKey {
+                consumer: idem_runtime::admin::ConsumerName::new("notifications.invoice").unwrap(),
                 message_key: idem_runtime::MessageKey::new(order.order_id.as_str()).unwrap(),
             };
-            idem_runtime::derived_id(&origin, 0)
+            idem_runtime::outbox::derived_id(&origin, 0)
         })
         .collect();
     let keys: BTreeSet<String> = provider.keys().into_iter().collect();

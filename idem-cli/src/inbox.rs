@@ -4,10 +4,14 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
-use idem_runtime::transport::InboxRecord;
-use idem_runtime::{
-    ConsumerName, Forgotten, Inbox, InboxKey, KeyError, LiveClaim, MessageKey, Released,
-};
+use idem_runtime::admin::ConsumerName;
+use idem_runtime::admin::Forgotten;
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::admin::InboxKey;
+use idem_runtime::admin::InboxRecord;
+use idem_runtime::admin::LiveClaim;
+use idem_runtime::admin::Released;
+use idem_runtime::{Inbox, KeyError, MessageKey};
 use serde_json::json;
 
 use crate::outcome::Done;

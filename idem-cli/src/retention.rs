@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::Subcommand;
-use idem_runtime::{ConsumerStats, DuplicateSummary};
+use idem_runtime::admin::ConsumerStats;
+use idem_runtime::admin::DuplicateSummary;
+use idem_runtime::admin::InboxAdmin;
 use serde_json::json;
 
 use crate::inbox::Table;

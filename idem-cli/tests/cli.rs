@@ -6,10 +6,9 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::transport::Status;
-use idem_runtime::{
-    ConsumerName, Inbox, InboxKey, MessageKey, Metadata, Outbox, OutboxMessage, RetentionPolicy,
-};
+use idem_runtime::admin::{ConsumerName, InboxAdmin, InboxKey, Status};
+use idem_runtime::outbox::Relaying;
+use idem_runtime::{Inbox, MessageKey, Metadata, Outbox, OutboxMessage, RetentionPolicy};
 use idem_tests::cluster::run_script;
 use idem_tests::db::Reader;
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};

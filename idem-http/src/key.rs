@@ -68,7 +68,7 @@ pub fn request_key(headers: &HeaderMap) -> Result<String, HeaderError> {
 ///
 /// For operators (`idem` looks a record up by it) and for what derives from a request: the
 /// events a transactional endpoint stages get the ids
-/// [`derived_id`](idem_runtime::derived_id) gives for this key under the guard's consumer.
+/// [`derived_id`](idem_runtime::outbox::derived_id) gives for this key under the guard's consumer.
 ///
 /// ```
 /// let key = idem_http::message_key(None, "k-1").unwrap();

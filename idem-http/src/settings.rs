@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use http::header::{CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, LOCATION};
 use http::{HeaderName, StatusCode};
-use idem_runtime::{ConfigError, ConsumerName, Error, Inbox};
+use idem_runtime::admin::ConsumerName;
+use idem_runtime::transport::Processing;
+use idem_runtime::{ConfigError, Error, Inbox};
 
 use crate::inflight::InFlight;
 use crate::principal::Principal;

@@ -86,7 +86,7 @@ impl<H: Handler> Configured<H> {
 
     /// The lease of a two-phase handler's claims; a transactional handler has none, and keeps
     /// none. A zero lease is refused when the handler is bound
-    /// ([`Inbox::check_handler`](crate::Inbox::check_handler)).
+    /// ([`Processing::check_handler`](crate::transport::Processing::check_handler)).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
@@ -104,7 +104,7 @@ impl<H: Handler> Configured<H> {
     }
 }
 
-/// [`Handler::configured`]: wraps any handler for run-time configuration.
+/// [`HandlerExt::configured`]: wraps any handler for run-time configuration.
 #[diagnostic::do_not_recommend]
 impl<H: Handler> Handler for Configured<H> {
     type Message = H::Message;

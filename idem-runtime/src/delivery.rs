@@ -405,8 +405,8 @@ mod tests {
 
     #[test]
     fn errors_map_to_their_retry() {
-        let key = crate::InboxKey {
-            consumer: crate::ConsumerName::new("c").unwrap(),
+        let key = crate::key::InboxKey {
+            consumer: crate::key::ConsumerName::new("c").unwrap(),
             message_key: crate::MessageKey::new("k").unwrap(),
         };
         let held = Error::InProgressElsewhere {

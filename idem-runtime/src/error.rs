@@ -345,7 +345,7 @@ mod tests {
     #[test]
     fn every_error_has_the_settle_the_design_gives() {
         let key = InboxKey {
-            consumer: crate::ConsumerName::new("c").unwrap(),
+            consumer: crate::key::ConsumerName::new("c").unwrap(),
             message_key: crate::MessageKey::new("k").unwrap(),
         };
         let fp = Fingerprint::of_bytes(b"a");

@@ -177,7 +177,7 @@ impl ConsumerName {
     /// (`#[idempotent]` checks its consumer names with it at compile time).
     ///
     /// ```
-    /// use idem_runtime::ConsumerName;
+    /// use idem_runtime::admin::ConsumerName;
     /// const BILLING: () = assert!(ConsumerName::check("billing").is_ok());
     /// assert!(ConsumerName::check("").is_err());
     /// ```

@@ -104,6 +104,8 @@
 //! errors, keys and fingerprints, and the outbox a handler stages into. The rest is grouped by
 //! who needs it:
 //!
+//! - [`admin`]: for operators and their tools (the `idem` command): counts, lookups, claims
+//!   ended, records forgotten, held runs lifted;
 //! - [`transport`]: for adapters between a broker and the inbox (settle decisions, dead-letter
 //!   reasons, the delivery policy, batch items);
 //! - [`outbox`]: for relays that publish what handlers staged;
@@ -193,6 +195,7 @@
 //! Leases and expiries are written and compared by the database's clock, in the statements
 //! themselves: the processes sharing an inbox agree on them whatever their hosts' clocks say.
 
+pub mod admin;
 #[cfg(test)]
 mod catalogue;
 mod clock;
@@ -234,15 +237,13 @@ pub use context::Context;
 pub use error::{ConfigError, Error, Result};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use handler::{Handler, Mode, Outcome};
-pub use inbox::{BatchChecks, ConsumerStats, Forgotten, Inbox, InboxBuilder, Released};
-pub use key::{ConsumerName, InboxKey, KeyError, MessageKey};
+pub use inbox::{Inbox, InboxBuilder};
+pub use key::{KeyError, MessageKey};
 pub use metadata::Metadata;
-pub use outbox::{Outbound, Outbox, OutboxBuilder, OutboxMessage, StagingError, derived_id};
+pub use outbox::{Outbound, Outbox, OutboxBuilder, OutboxMessage, StagingError};
 pub use report::Report;
 pub use retention::{RedeliveryWindow, RetentionPolicy};
 pub use slice::{SliceContext, SliceHandler};
-pub use store::LiveClaim;
-pub use telemetry::DuplicateSummary;
 
 #[cfg(feature = "macros")]
 pub use idem_macros::idempotent;

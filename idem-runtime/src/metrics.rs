@@ -46,7 +46,7 @@ pub const BATCH_DURATION_SECONDS: &str = "idem_batch_duration_seconds";
 
 /// The counter of late duplicates (copies processed again because their key's record had
 /// expired or been deleted), by consumer; registered at 0 as soon as the consumer is known
-/// ([`Inbox::check_handler`](crate::Inbox::check_handler), or its first message), so that a
+/// ([`Processing::check_handler`](crate::transport::Processing::check_handler), or its first message), so that a
 /// rate or `increase()` sees the first one.
 pub const LATE_DUPLICATES_TOTAL: &str = "idem_late_duplicates_total";
 

@@ -36,8 +36,7 @@
 
 pub use crate::delivery::{Backoff, Decision, DeliveryPolicy, Retry, RetryMemory};
 pub use crate::error::{BoxError, DeadLetterReason, Settle};
-pub use crate::inbox::{BatchChecks, BatchItem, InboxRecord, MAX_BATCH, panic_message};
-pub use crate::key::{ConsumerName, InboxKey, KeySource};
+pub use crate::inbox::{BatchChecks, BatchItem, MAX_BATCH, Processing, panic_message};
+pub use crate::key::KeySource;
 pub use crate::metadata::CloudEvent;
 pub use crate::report::ReportSource;
-pub use crate::store::Status;

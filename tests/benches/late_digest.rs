@@ -14,8 +14,11 @@
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::transport::BatchChecks;
 use idem_runtime::transport::BatchItem;
-use idem_runtime::{BatchChecks, Inbox, MessageKey, Metadata, RetentionPolicy};
+use idem_runtime::transport::Processing;
+use idem_runtime::{Inbox, MessageKey, Metadata, RetentionPolicy};
 use idem_tests::bench::seed::insert_expired_of;
 use idem_tests::bench::{Charge, Order, Rates, Tables, orders};
 use idem_tests::{Backend, TestDb};

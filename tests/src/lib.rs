@@ -67,9 +67,9 @@ pub async fn one_connection_inbox(
 }
 
 /// The inbox key of `consumer` and `key`, both valid.
-pub fn inbox_key(consumer: &str, key: &str) -> idem_runtime::InboxKey {
-    idem_runtime::InboxKey {
-        consumer: idem_runtime::ConsumerName::new(consumer).expect("a valid consumer name"),
+pub fn inbox_key(consumer: &str, key: &str) -> idem_runtime::admin::InboxKey {
+    idem_runtime::admin::InboxKey {
+        consumer: idem_runtime::admin::ConsumerName::new(consumer).expect("a valid consumer name"),
         message_key: idem_runtime::MessageKey::new(key).expect("a valid key"),
     }
 }

@@ -6,11 +6,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::admin::Status;
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
+use idem_runtime::transport::BatchChecks;
+use idem_runtime::transport::Processing;
 use idem_runtime::{
-    BatchChecks, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError,
-    MessageKey, Metadata, Outcome,
-    transport::{BatchItem, Settle, Status},
+    Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
+    Outcome,
+    transport::{BatchItem, Settle},
 };
 use idem_tests::proxy::behind_proxy;
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_key, on_each_backend};

@@ -7,8 +7,10 @@
 //! README).
 
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+use idem_runtime::transport::BatchChecks;
+use idem_runtime::transport::Processing;
 use idem_runtime::transport::Retry;
-use idem_runtime::{BatchChecks, MessageKey, Metadata, Outcome, transport::BatchItem};
+use idem_runtime::{MessageKey, Metadata, Outcome, transport::BatchItem};
 use idem_tests::script::{Script, another_database_that_is_down};
 use idem_tests::{Backend, Msg, TestDb, inbox_and_effects as setup, on_each_backend};
 

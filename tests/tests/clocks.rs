@@ -9,7 +9,9 @@
 use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::{Error, Inbox, Metadata, transport::Status};
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::admin::Status;
+use idem_runtime::{Error, Inbox, Metadata};
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_and_effects as setup, inbox_key};
 
 const CHILD_URL: &str = "IDEM_CLOCK_CHILD_URL";

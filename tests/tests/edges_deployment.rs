@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use idem_runtime::admin::InboxAdmin;
 use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
 use idem_runtime::{
     Error, Fingerprint, Inbox, InboxBuilder, Metadata, Outbox, Outcome, RetentionPolicy, idempotent,

@@ -8,12 +8,13 @@
 
 use std::time::{Duration, Instant};
 
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::admin::Status;
 use idem_runtime::sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
 use idem_runtime::{
     Context, Error, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata,
-    Outcome,
-    transport::{Settle, Status},
+    Outcome, transport::Settle,
 };
 use idem_tests::{Backend, Msg, Recorder, inbox_key, on_each_backend};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};

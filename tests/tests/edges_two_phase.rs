@@ -11,11 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::admin::Status;
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionTrait};
 use idem_runtime::{
     Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
-    Outcome,
-    transport::{Settle, Status},
+    Outcome, transport::Settle,
 };
 use idem_tests::inbox_and_effects as setup;
 use idem_tests::proxy::behind_proxy;

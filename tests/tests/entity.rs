@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_runtime::admin::InboxAdmin;
 use idem_runtime::entity::{Created, Marker};
 use idem_runtime::transport::Settle;
 use idem_runtime::{

@@ -7,7 +7,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::{DuplicateSummary, Inbox, Metadata, RedeliveryWindow, RetentionPolicy};
+use idem_runtime::admin::DuplicateSummary;
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::transport::Processing;
+use idem_runtime::{Inbox, Metadata, RedeliveryWindow, RetentionPolicy};
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use sea_orm::{ConnectionTrait, Statement};

@@ -9,12 +9,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::admin::Status;
 use idem_runtime::sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait,
 };
 use idem_runtime::{
     Context, Error, Handler, HandlerExt, MessageKey, Metadata, Mode, Outcome, idempotent,
-    transport::{Settle, Status},
+    transport::Settle,
 };
 use idem_tests::db::insert_effect;
 use idem_tests::inbox_and_effects as setup;

@@ -8,11 +8,18 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_runtime::admin::Forgotten;
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::admin::LiveClaim;
+use idem_runtime::outbox::Relaying;
+use idem_runtime::outbox::derived_id;
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
+use idem_runtime::transport::BatchChecks;
+use idem_runtime::transport::Processing;
 use idem_runtime::{
-    BatchChecks, ConfigError, Context, Error, Fingerprint, FingerprintError, Forgotten, Handler,
-    Inbox, KeyError, LiveClaim, MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage,
-    Outcome, StagingError, derived_id, idempotent, transport::BatchItem,
+    ConfigError, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError,
+    MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, StagingError, idempotent,
+    transport::BatchItem,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
 

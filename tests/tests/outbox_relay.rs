@@ -16,11 +16,14 @@ use std::time::Duration;
 
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Relay, RelayBuilder, RelayHandle};
+use idem_runtime::admin::OutboxAdmin;
 use idem_runtime::outbox::HeldSubject;
+use idem_runtime::outbox::Relaying;
+use idem_runtime::outbox::derived_id;
 use idem_runtime::sea_orm::{DbErr, TransactionTrait};
 use idem_runtime::{
     Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
-    OutboxMessage, derived_id,
+    OutboxMessage,
 };
 use idem_tests::proxy::{Proxy, behind_proxy};
 use idem_tests::rabbit::{DeadLetter, amqp_addr, amqp_url, amqp_url_through, close_connections};
@@ -194,7 +197,7 @@ async fn fixture(backend: Backend) -> Fixture {
 }
 
 /// What the tests here do with their fixture.
-trait Relaying {
+trait RelayFixture {
     /// A stager of `count` messages to the fixture's exchange.
     fn stager(&self, count: u32) -> Stager;
     /// Runs the stager for message `run` and commits.
@@ -209,7 +212,7 @@ trait Relaying {
     async fn unsent(&self) -> i64;
 }
 
-impl Relaying for Fixture {
+impl RelayFixture for Fixture {
     fn stager(&self, count: u32) -> Stager {
         Stager {
             exchange: self.exchange().to_owned(),

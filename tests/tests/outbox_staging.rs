@@ -10,13 +10,18 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use idem_runtime::admin::Forgotten;
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::admin::LiveClaim;
+use idem_runtime::outbox::Relaying;
+use idem_runtime::outbox::derived_id;
 use idem_runtime::sea_orm::{
     ConnAcquireErr, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, ExecResult, QueryResult,
     Statement, TransactionTrait,
 };
 use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Forgotten, Handler, Inbox, KeyError, LiveClaim,
-    MessageKey, Metadata, Outbox, OutboxMessage, StagingError, derived_id,
+    Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
+    OutboxMessage, StagingError,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend};
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use idem_rabbitmq::{Binding, Consumer, SettingError};
 use idem_runtime::sea_orm::{ConnectionTrait, Statement};
-use idem_runtime::{BatchChecks, MessageKey, Metadata, Outcome, transport::BatchItem};
+use idem_runtime::transport::BatchChecks;
+use idem_runtime::{MessageKey, Metadata, Outcome, transport::BatchItem};
 use idem_tests::rabbit::with_id;
 use idem_tests::recorder::{PANICS_IN_FINGERPRINT, PANICS_IN_KEY};
 use idem_tests::script::{Script, another_database_that_is_down};

@@ -144,13 +144,14 @@ mod tests {
     use super::*;
 
     /// The library crates, by folder and name.
-    const CRATES: [(&str, &str); 6] = [
+    const CRATES: [(&str, &str); 7] = [
         ("idem", "idem"),
         ("idem-runtime", "idem-runtime"),
         ("idem-macros", "idem-macros"),
         ("idem-rabbitmq", "idem-rabbitmq"),
         ("idem-http", "idem-http"),
         ("idem-cli", "idem-cli"),
+        ("idem-testkit", "idem-testkit"),
     ];
 
     /// What is not yet as drawn, and is being rebuilt: each line a finding of

@@ -28,9 +28,8 @@ use idem_examples::notifications;
 use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{AmqpUrl, Binding, Consumer, ConsumerStats, Relay, RelayHandle};
-use idem_runtime::{
-    BatchChecks, Inbox, Outbox, RedeliveryWindow, RetentionPolicy, transport::MAX_BATCH,
-};
+use idem_runtime::transport::BatchChecks;
+use idem_runtime::{Inbox, Outbox, RedeliveryWindow, RetentionPolicy, transport::MAX_BATCH};
 use sea_orm::DatabaseConnection;
 
 /// Consumes orders from RabbitMQ into the database and charges each one exactly once, whatever

@@ -9,8 +9,11 @@ use idem_rabbitmq::lapin;
 use idem_rabbitmq::lapin::Confirmation;
 use idem_rabbitmq::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
-use idem_runtime::transport::{InboxRecord, Status};
-use idem_runtime::{ConsumerName, Inbox, InboxKey, MessageKey};
+use idem_runtime::admin::ConsumerName;
+use idem_runtime::admin::InboxAdmin;
+use idem_runtime::admin::InboxKey;
+use idem_runtime::admin::{InboxRecord, Status};
+use idem_runtime::{Inbox, MessageKey};
 use serde_json::json;
 
 use super::browse::{Browse, Letter, message_count, no_queue};

@@ -3,6 +3,7 @@
 
 use clap::Args as ClapArgs;
 use idem_runtime::Outbox;
+use idem_runtime::admin::OutboxAdmin;
 use idem_runtime::outbox::{HeldRun, HeldSubject};
 use serde_json::json;
 

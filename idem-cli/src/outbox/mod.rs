@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Subcommand;
 use idem_runtime::Outbox;
+use idem_runtime::admin::OutboxAdmin;
 use serde_json::json;
 
 use crate::outcome::Done;

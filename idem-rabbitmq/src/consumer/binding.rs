@@ -9,8 +9,8 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use idem_runtime::{
-    BatchChecks, Handler, Inbox, Metadata, Mode, Outcome, SliceHandler,
-    transport::{BatchItem, MAX_BATCH, Settle},
+    Handler, Inbox, Metadata, Mode, Outcome, SliceHandler,
+    transport::{BatchChecks, BatchItem, MAX_BATCH, Processing, Settle},
 };
 use lapin::message::Delivery;
 use serde::de::DeserializeOwned;

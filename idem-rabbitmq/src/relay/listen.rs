@@ -52,6 +52,7 @@ mod postgres {
     use std::sync::Arc;
 
     use idem_runtime::Outbox;
+    use idem_runtime::outbox::Relaying;
     use idem_runtime::sea_orm::sqlx::postgres::PgListener;
     use idem_runtime::sea_orm::{DbErr, RuntimeErr};
     use idem_runtime::transport::Backoff;

@@ -39,7 +39,7 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Handlers stage messages in their own transaction
 /// ([`Context::stage`](idem_runtime::Context::stage)); they commit with the handler's effects and
 /// its inbox record, or not at all. A relay takes committed, unsent messages in batches
-/// ([`Outbox::take_pending`]), publishes each one with the message id it was staged with, its
+/// ([`Relaying::take_pending`](idem_runtime::outbox::Relaying::take_pending)), publishes each one with the message id it was staged with, its
 /// headers and content type, persistent and `mandatory`, waits for the broker's confirms, and
 /// marks the confirmed ones sent in the batch's transaction.
 ///
@@ -74,10 +74,10 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 ///   recognises it.
 /// - **Wake-ups.** The relay takes messages as soon as a transaction that staged some commits:
 ///   at once in this process ([`Outbox::notify_staged`], which the inbox calls), through
-///   PostgreSQL `LISTEN` on [`Outbox::channel`] across processes (with this crate's `postgres`
+///   PostgreSQL `LISTEN` on [`Relaying::channel`](idem_runtime::outbox::Relaying::channel) across processes (with this crate's `postgres`
 ///   feature; the listening connection is reconnected when it drops), and every
 ///   [`poll_interval`](RelayBuilder::poll_interval) whatever happens. While it runs, handlers
-///   in its process leave the announcement out ([`Outbox::local_relay`]): it is woken
+///   in its process leave the announcement out ([`Relaying::local_relay`](idem_runtime::outbox::Relaying::local_relay)): it is woken
 ///   in-process, and the announcement would cost every handler's commit its turn behind the
 ///   others'.
 /// - **Several relays.** Relays in several processes can share one table on PostgreSQL and

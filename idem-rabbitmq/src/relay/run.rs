@@ -7,7 +7,7 @@ use std::time::Duration;
 use idem_runtime::sea_orm::DbErr;
 use idem_runtime::{
     Outbox,
-    outbox::{LocalRelay, PendingBatch, PendingMessage},
+    outbox::{LocalRelay, PendingBatch, PendingMessage, Relaying},
 };
 use tokio::sync::Notify;
 

@@ -15,7 +15,7 @@ use crate::store::startup::{dialect_of, enable_wal, starting};
 use crate::store::table::TableName;
 use crate::telemetry::Telemetry;
 
-/// Configures an [`Inbox`]; [`InboxBuilder::build`] validates everything and creates the table.
+/// Configures an [`Inbox`](crate::Inbox); [`InboxBuilder::build`] validates everything and creates the table.
 ///
 /// ```no_run
 /// # async fn demo(db: sea_orm::DatabaseConnection) -> Result<(), idem_runtime::Error> {
@@ -84,7 +84,7 @@ impl InboxBuilder {
     }
 
     /// The broker's redelivery window: every retention must cover it, checked by
-    /// [`InboxBuilder::build`] and [`Inbox::check_handler`].
+    /// [`InboxBuilder::build`] and [`Processing::check_handler`](crate::transport::Processing::check_handler).
     pub fn redelivery_window(mut self, window: RedeliveryWindow) -> Self {
         self.window = Some(window);
         self
@@ -129,8 +129,8 @@ impl InboxBuilder {
     /// Whether the inbox is only read through (default `false`): [`InboxBuilder::build`] then
     /// creates nothing and checks the table's columns with a query that writes nothing, so that
     /// a user that may only read, or a hot standby, can open it. For operators' tools that
-    /// count and look records up ([`Inbox::stats`], [`Inbox::lookup`],
-    /// [`Inbox::duplicate_summaries`]); its cleaner must not be run, and processing through it
+    /// count and look records up ([`InboxAdmin::stats`](crate::admin::InboxAdmin::stats), [`InboxAdmin::lookup`](crate::admin::InboxAdmin::lookup),
+    /// [`InboxAdmin::duplicate_summaries`](crate::admin::InboxAdmin::duplicate_summaries)); its cleaner must not be run, and processing through it
     /// fails where the database refuses the writes.
     pub fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;

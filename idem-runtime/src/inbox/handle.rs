@@ -2,25 +2,18 @@
 //! each handing the work to the room that does it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use sea_orm::DatabaseConnection;
 
-use super::batch::{BatchChecks, BatchItem};
+use super::batch::BatchItem;
 use super::builder::InboxBuilder;
 use super::inner::Inner;
-use super::operate::{ConsumerStats, Forgotten, Released};
-use super::record::InboxRecord;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::handler::{Handler, Outcome};
-use crate::key::{InboxKey, KeyError, MessageKey};
 use crate::metadata::Metadata;
 use crate::retention::{Cleaner, RetentionPolicy};
-use crate::slice::SliceHandler;
-use crate::store::LiveClaim;
 use crate::store::table::TableName;
-use crate::telemetry::DuplicateSummary;
 
 /// The inbox of processed messages, kept in the application's database.
 ///
@@ -57,6 +50,11 @@ pub struct Inbox {
 }
 
 impl Inbox {
+    /// The state of this inbox, for the traits of other audiences (`admin`, `transport`).
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
     /// An inbox of `inner`, built and checked.
     pub(crate) fn of(inner: Inner) -> Self {
         Self {
@@ -69,25 +67,11 @@ impl Inbox {
         InboxBuilder::new(db)
     }
 
-    /// This inbox (its pool, table, settings and outbox) with claims that do not wait for
-    /// another transaction holding their key: such a claim is
-    /// [`Error::InProgressElsewhere`] at once, and its connection goes back to the pool. For
-    /// callers that answer a busy key themselves, as an HTTP guard answers a retry 409, rather
-    /// than hold a pooled connection waiting for it.
-    ///
-    /// PostgreSQL bounds the claim's lock waits to a millisecond (`lock_timeout`), MariaDB to
-    /// none (`innodb_lock_wait_timeout = 0`, for the claim's statements only). SQLite, which
-    /// locks the whole file, still waits up to the connection's busy timeout, and MySQL the
-    /// server's `innodb_lock_wait_timeout`.
-    pub fn without_claim_wait(&self) -> Inbox {
-        Self::of(self.inner.without_claim_wait())
-    }
-
     /// Processes `message` with `handler`, at most once per key.
     ///
     /// Returns [`Outcome::Processed`] with the handler's output, or [`Outcome::Duplicate`] with
     /// the output recorded the first time. Every error says how to settle the delivery
-    /// ([`Error::settle`]).
+    /// ([`Error::settle`](crate::Error::settle)).
     ///
     /// # Cancel safety
     ///
@@ -115,21 +99,6 @@ impl Inbox {
         })
     }
 
-    /// [`Inbox::process`] with the key [`Handler::key`] gave for this message, for a caller that
-    /// needs the key itself (a transport puts it in its logs and dead-letter headers) and should
-    /// not compute it twice.
-    pub async fn process_with_key<H: Handler>(
-        &self,
-        handler: &H,
-        key: Result<MessageKey, KeyError>,
-        message: H::Message,
-        metadata: &Metadata,
-    ) -> Result<Outcome<H::Output>> {
-        self.inner
-            .process_with_key(handler, key, message, metadata)
-            .await
-    }
-
     /// Processes `items` with `handler` in one transaction, returning one result per item, in
     /// order, each what [`Inbox::process`] would have returned for that message.
     ///
@@ -153,18 +122,18 @@ impl Inbox {
     ///   others run again under savepoints. A handler may thus run twice, its effects committed
     ///   once; messages are cloned for it.
     /// - Handlers that return every failed statement's error and never end their transaction can
-    ///   save that round trip per message: see [`Inbox::process_batch_with`].
+    ///   save that round trip per message: see [`Processing::process_batch_with`](crate::transport::Processing::process_batch_with).
     /// - A handler that carries on after a failed statement breaks the transaction on
-    ///   PostgreSQL ([`Error::TransactionAborted`] for it, the others unharmed). Where the
+    ///   PostgreSQL ([`Error::TransactionAborted`](crate::Error::TransactionAborted) for it, the others unharmed). Where the
     ///   database rolls back the whole transaction instead (a MySQL/MariaDB deadlock), or the
     ///   handler ends it itself, that message gets its own error and every other message the
-    ///   transaction held gets [`Error::BatchRolledBack`], which does not count as an attempt.
+    ///   transaction held gets [`Error::BatchRolledBack`](crate::Error::BatchRolledBack), which does not count as an attempt.
     ///   A handler must not commit the transaction it is given: what it commits by itself
     ///   (other messages' claims and writes included) is outside these guarantees.
     ///
     /// A batch trades latency for throughput: its messages are committed together, after the
     /// slowest of them. A two-phase handler's messages are processed one by one. At most
-    /// [`MAX_BATCH`] messages share a transaction; larger batches are split. On SQLite, which
+    /// [`MAX_BATCH`](crate::transport::MAX_BATCH) messages share a transaction; larger batches are split. On SQLite, which
     /// writes one transaction at a time, an inbox's batches take turns.
     ///
     /// # Cancel safety
@@ -179,112 +148,6 @@ impl Inbox {
         H::Message: Clone,
     {
         self.inner.process_batch(handler, items).await
-    }
-
-    /// [`Inbox::process_batch`], checking the handlers as `checks` says: after each of them (the
-    /// default), or once before the commit for handlers trusted to leave the transaction whole
-    /// ([`BatchChecks::BeforeCommit`], one round trip less per message).
-    pub async fn process_batch_with<H: Handler>(
-        &self,
-        handler: &H,
-        items: Vec<BatchItem<H::Message>>,
-        checks: BatchChecks,
-    ) -> Vec<Result<Outcome<H::Output>>>
-    where
-        H::Message: Clone,
-    {
-        self.inner.process_batch_with(handler, items, checks).await
-    }
-
-    /// Processes `items` with a slice handler in one transaction, returning one result per item,
-    /// in order, each what [`Inbox::process`] would have returned for that message: as
-    /// [`Inbox::process_batch`] does, but with the fresh messages handled in one call of
-    /// [`SliceHandler::handle_slice`].
-    ///
-    /// The call runs under a savepoint. When it fails (an error, a panic, an output count that
-    /// is not the slice's, an output the database would not store), it is rolled back and each
-    /// half of the slice runs again under a savepoint of its own, down to single messages:
-    /// a message that fails alone gets its error, and the others commit. A handler whose
-    /// failure says the database is unreachable loses the batch when the batch's own
-    /// transaction no longer reaches it, as in [`Inbox::process_batch`]. A slice handler that
-    /// ends its transaction (or carries on after a MySQL/MariaDB deadlock rolled it back) fails
-    /// every message of that slice with [`Error::TransactionAborted`].
-    ///
-    /// A slice handler that is not transactional processes its messages one by one.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future rolls the batch's transaction back: nothing of it is recorded.
-    pub async fn process_slices<S: SliceHandler>(
-        &self,
-        handler: &S,
-        items: Vec<BatchItem<S::Message>>,
-    ) -> Vec<Result<Outcome<S::Output>>>
-    where
-        S::Message: Clone,
-    {
-        self.inner.process_slices(handler, items).await
-    }
-
-    /// Checks a handler against this inbox's configuration before it processes anything: its
-    /// consumer name, and its retention against the redelivery window if one was given. Its
-    /// consumer's `idem_late_duplicates_total` is registered at zero then.
-    pub fn check_handler<H: Handler>(&self, handler: &H) -> Result<(), Error> {
-        self.inner.check_handler(handler)
-    }
-
-    /// Reads the record of `key` as committed, if any, without waiting for a claim still in
-    /// its transaction (for operators and tests).
-    pub async fn lookup(&self, key: &InboxKey) -> Result<Option<InboxRecord>> {
-        self.inner.lookup(key).await
-    }
-
-    /// Counts the records of each consumer, or of `consumer` only, by the database's clock.
-    pub async fn stats(&self, consumer: Option<&str>) -> Result<Vec<ConsumerStats>> {
-        self.inner.stats(consumer).await
-    }
-
-    /// Ends the claim held on `key` now, as a lease running out would, and takes its token away:
-    /// the record and its attempts stay, the next delivery takes the key over under a new
-    /// claim token, and the worker that held it can neither renew nor complete it. For a worker
-    /// known dead, or stuck past any use. A claim whose lease still runs is left alone unless
-    /// `live` overrides it ([`Released::Live`]); one that changes while this runs is left alone
-    /// too ([`Released::Changed`]): it is not the one the caller meant to end.
-    pub async fn release(&self, key: &InboxKey, live: LiveClaim) -> Result<Released> {
-        self.inner.release(key, live).await
-    }
-
-    /// Deletes the record of `key`, so the next delivery of the message is processed again: an
-    /// operator's tool after reconciling a message that needed intervention. A claim whose lease
-    /// still runs is left alone unless `live` overrides it ([`Forgotten::Live`]).
-    pub async fn forget(&self, key: &InboxKey, live: LiveClaim) -> Result<Forgotten> {
-        self.inner.forget(key, live).await
-    }
-
-    /// Each consumer's duplicates as every process that ran it wrote them (each adds its counts
-    /// to the consumer's row of the day when its cleaner task looks at the table), summed over
-    /// every day kept (90): their ages and the late duplicates. Reads only.
-    ///
-    /// # Errors
-    ///
-    /// The database failed, or the table of summaries is missing (an inbox table created
-    /// before it came: see the migration `UpgradeInboxCompanions`, feature `migration`).
-    pub async fn duplicate_summaries(&self) -> Result<Vec<DuplicateSummary>> {
-        self.inner.duplicate_summaries().await
-    }
-
-    /// Like [`duplicate_summaries`](Inbox::duplicate_summaries), over the days that end within
-    /// `window` of now (`7d`: the last seven days and today); the retention in force is read
-    /// whatever the window.
-    ///
-    /// # Errors
-    ///
-    /// As [`duplicate_summaries`](Inbox::duplicate_summaries).
-    pub async fn duplicate_summaries_since(
-        &self,
-        window: Duration,
-    ) -> Result<Vec<DuplicateSummary>> {
-        self.inner.duplicate_summaries_since(window).await
     }
 
     /// The cleaner of this inbox's table.

@@ -39,7 +39,7 @@ pub struct ConsumerStats {
     pub retention: Option<Duration>,
 }
 
-/// What [`Inbox::release`] did.
+/// What [`InboxAdmin::release`](crate::admin::InboxAdmin::release) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Released {
@@ -47,12 +47,12 @@ pub enum Released {
     /// key over, and the worker that held it can neither renew nor complete it. `attempts` is
     /// the number of claims the key has had: once it reaches the inbox's `max_attempts`, the
     /// next delivery is dead-lettered (`needs-intervention`) instead, and
-    /// [`Inbox::forget`] is what lets it be processed again.
+    /// [`InboxAdmin::forget`](crate::admin::InboxAdmin::forget) is what lets it be processed again.
     Released {
         /// Claims the key has had, the released one included.
         attempts: u32,
     },
-    /// The key was processed: there is no claim to end ([`Inbox::forget`] deletes the record).
+    /// The key was processed: there is no claim to end ([`InboxAdmin::forget`](crate::admin::InboxAdmin::forget) deletes the record).
     Completed,
     /// The claim changed between the read and the release (completed, or taken over by another
     /// worker): nothing was done, look again.
@@ -67,7 +67,7 @@ pub enum Released {
     },
 }
 
-/// What [`Inbox::forget`] did.
+/// What [`InboxAdmin::forget`](crate::admin::InboxAdmin::forget) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Forgotten {

@@ -6,7 +6,7 @@ use crate::clock::from_epoch_ms;
 use crate::fingerprint::Fingerprint;
 use crate::store::{Row, Status};
 
-/// An inbox record, read with [`Inbox::lookup`](crate::Inbox::lookup).
+/// An inbox record, read with [`InboxAdmin::lookup`](crate::admin::InboxAdmin::lookup).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct InboxRecord {

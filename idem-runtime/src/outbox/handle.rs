@@ -9,15 +9,12 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 use tokio::sync::Notify;
 
 use super::error::StagingError;
-use super::holds::{self, HeldRun, HeldSubject, PendingRow};
 use super::message::OutboxMessage;
-use super::pending::{self, PendingBatch};
 use super::run_order::SentThrough;
 use super::setup;
 use super::shared::Shared;
 use super::staging::{self, RunClaim};
 use super::statements::{RunStatements, Statements};
-use super::stats::{self, OutboxStats, Pending};
 use crate::clock::duration_ms;
 use crate::error::{ConfigError, Error, Result};
 use crate::key::InboxKey;
@@ -37,11 +34,19 @@ pub struct Outbox {
 }
 
 /// A relay of an [`Outbox`] running in this process, until dropped: see
-/// [`Outbox::local_relay`].
+/// [`Relaying::local_relay`](crate::outbox::Relaying::local_relay).
 #[derive(Debug)]
 #[must_use = "the relay counts as running only while the guard lives"]
 pub struct LocalRelay {
     shared: Arc<Shared>,
+}
+
+impl LocalRelay {
+    /// Counts a relay of `shared` running in this process until the guard is dropped.
+    pub(super) fn start(shared: Arc<Shared>) -> Self {
+        shared.local_relays.fetch_add(1, Ordering::SeqCst);
+        Self { shared }
+    }
 }
 
 impl Drop for LocalRelay {
@@ -60,6 +65,11 @@ pub struct OutboxBuilder {
 }
 
 impl Outbox {
+    /// The state of this outbox, for the traits of other audiences (`admin`, relays).
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// The table name used when none is configured.
     pub const DEFAULT_TABLE: &'static str = "idem_outbox";
 
@@ -129,37 +139,9 @@ impl Outbox {
         self.shared.staged.notify_one();
     }
 
-    /// Resolves at the next [`Outbox::notify_staged`] in this process.
-    pub async fn staged(&self) {
-        self.shared.staged.notified().await;
-    }
-
-    /// Says that a relay of this outbox (this value or a clone) runs in this process, until the
-    /// returned guard is dropped; a relay calls it when it starts.
-    ///
-    /// Meanwhile handler runs in this process do not announce their stagings on PostgreSQL
-    /// (`pg_notify` on [`Outbox::channel`]): the inbox wakes the local relay after each commit,
-    /// and an announcement would only send relays in other processes after the same rows, at a
-    /// price every handler pays: PostgreSQL serializes the commits of transactions that notify,
-    /// one flush after another. Relays elsewhere still find these rows when they poll, should
-    /// this process's relay fail. [`Outbox::stage`] announces whatever runs here (the wake-up
-    /// in this process is up to its caller).
-    pub fn local_relay(&self) -> LocalRelay {
-        self.shared.local_relays.fetch_add(1, Ordering::SeqCst);
-        LocalRelay {
-            shared: Arc::clone(&self.shared),
-        }
-    }
-
     /// Whether a relay of this outbox runs in this process.
     pub(crate) fn has_local_relay(&self) -> bool {
         self.shared.local_relays.load(Ordering::SeqCst) > 0
-    }
-
-    /// The PostgreSQL channel on which committed stagings are announced (`LISTEN` on it to wake
-    /// a relay in another process).
-    pub fn channel(&self) -> String {
-        self.shared.channel()
     }
 
     /// The table's name.
@@ -192,97 +174,6 @@ impl Outbox {
         ];
         let delete = shared.statement(&shared.statements.delete_sent, values);
         Ok(shared.db.execute_raw(delete).await?.rows_affected())
-    }
-
-    /// Takes up to `limit` committed, unsent messages ready to publish, oldest first, skipping
-    /// those another relay holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB) and
-    /// those held back ([`PendingBatch::hold`]). Messages of one run go out in their order: a
-    /// run whose earlier message another relay has in hand is left for later, and one whose
-    /// earlier message is held back is held back with it.
-    ///
-    /// SQLite serves one process, whose relays of this outbox (this value and its clones) take
-    /// turns: a batch waits for the one in hand to be marked sent or dropped. No transaction is
-    /// held meanwhile, so handlers can write while the batch is published: a write lock held
-    /// across the broker's confirms would stop every handler for as long.
-    pub async fn take_pending(&self, limit: u32) -> Result<PendingBatch, DbErr> {
-        self.take_pending_after(limit, None).await
-    }
-
-    /// [`Outbox::take_pending`] from the message after seq `after` on: a relay whose whole
-    /// batch waited for earlier messages takes the next ones.
-    pub async fn take_pending_after(
-        &self,
-        limit: u32,
-        after: Option<i64>,
-    ) -> Result<PendingBatch, DbErr> {
-        pending::take_pending_after(&self.shared, limit, after).await
-    }
-
-    /// Releases the holds that ran out, whoever set them (a relay that stopped meanwhile);
-    /// returns how many messages it released.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn release_holds(&self) -> Result<u64, DbErr> {
-        pending::release_holds(&self.shared).await
-    }
-
-    /// Counts the table's messages by the database's clock: two scans of the table, for an
-    /// operator (the `idem` command), not for a service's hot path.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn stats(&self) -> Result<OutboxStats, DbErr> {
-        stats::stats(&self.shared).await
-    }
-
-    /// The messages not published yet, held ones included: how many, and how long the oldest
-    /// has waited, by the database's clock. One range of the table's pending index, cheap enough
-    /// for a relay to gauge now and then, whether or not it reaches the broker.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn pending(&self) -> Result<Pending, DbErr> {
-        stats::pending(&self.shared).await
-    }
-
-    /// The runs and messages of no run the relays hold back, the oldest first, at most `limit`
-    /// of each kind.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn held_runs(&self, limit: u32) -> Result<Vec<HeldRun>, DbErr> {
-        holds::held_runs(&self.shared, limit).await
-    }
-
-    /// The pending messages of `subject` in the table's order (a run's, from its first unsent
-    /// one), at most `limit`.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn pending_of(
-        &self,
-        subject: &HeldSubject,
-        limit: u32,
-    ) -> Result<Vec<PendingRow>, DbErr> {
-        holds::pending_of(&self.shared, subject, limit).await
-    }
-
-    /// Lifts the holds of `subject` now: the relays take its messages at their next look at
-    /// the table (woken at once on PostgreSQL, within their poll interval elsewhere). Returns
-    /// how many messages were held. A relay that found the messages' exchange itself missing
-    /// also holds messages to it on sight, until its own hold of the exchange runs out.
-    ///
-    /// # Errors
-    ///
-    /// The database failed.
-    pub async fn lift_holds(&self, subject: &HeldSubject) -> Result<u64, DbErr> {
-        holds::lift_holds(&self.shared, subject).await
     }
 }
 

@@ -3,13 +3,14 @@
 //! RabbitMQ adapter's `Relay`) with ids that every re-execution derives identically.
 //!
 //! Handler authors need [`Outbox`], [`OutboxMessage`] and [`Outbound`] (also at the crate's
-//! root). A relay of another broker takes committed messages in batches
-//! ([`Outbox::take_pending`], a [`PendingBatch`] of [`PendingMessage`]s, locked while it holds
+//! root). A relay, with the trait [`Relaying`] in scope, of another broker takes committed messages in batches
+//! ([`Relaying::take_pending`], a [`PendingBatch`] of [`PendingMessage`]s, locked while it holds
 //! them), publishes them, holds back what the broker did not take ([`PendingBatch::hold`],
-//! [`PendingBatch::hold_exchange`], released by [`Outbox::release_holds`]) and marks the rest
+//! [`PendingBatch::hold_exchange`], released by [`Relaying::release_holds`]) and marks the rest
 //! sent ([`PendingBatch::mark_sent`]); it keeps each run's order ([`PendingMessage::run`]) and
-//! is woken by commits ([`Outbox::staged`], [`Outbox::local_relay`]).
+//! is woken by commits ([`Relaying::staged`], [`Relaying::local_relay`]).
 
+mod admin;
 mod error;
 mod handle;
 mod holds;
@@ -17,6 +18,7 @@ mod message;
 mod outbound;
 mod pending;
 mod pending_message;
+mod relaying;
 mod run_order;
 mod setup;
 mod shared;
@@ -25,6 +27,7 @@ mod statements;
 mod stats;
 mod table;
 
+pub use admin::OutboxAdmin;
 pub use error::StagingError;
 pub use handle::{LocalRelay, Outbox, OutboxBuilder};
 pub use holds::{HeldRun, HeldSubject, PendingRow};
@@ -32,6 +35,7 @@ pub use message::{OutboxMessage, derived_id};
 pub use outbound::Outbound;
 pub use pending::PendingBatch;
 pub use pending_message::PendingMessage;
+pub use relaying::Relaying;
 pub(crate) use staging::RunClaim;
 pub(crate) use statements::RunStatements;
 pub use stats::{HeldExchange, OutboxStats, Pending};

@@ -36,7 +36,7 @@ pub struct PendingBatch {
     shared: Arc<Shared>,
 }
 
-/// [`Outbox::take_pending`] from the message after seq `after` on: a relay whose whole
+/// [`Relaying::take_pending`](crate::outbox::Relaying::take_pending) from the message after seq `after` on: a relay whose whole
 /// batch waited for earlier messages takes the next ones.
 pub(super) async fn take_pending_after(
     shared: &Arc<Shared>,
@@ -251,7 +251,7 @@ impl PendingBatch {
 
     /// Holds `message` back for `pause`, by the database's clock, and the rest of its run with
     /// it (from it on): no relay takes them until the hold runs out
-    /// ([`Outbox::release_holds`]), and messages the run stages meanwhile are held back with
+    /// ([`Relaying::release_holds`](crate::outbox::Relaying::release_holds)), and messages the run stages meanwhile are held back with
     /// them. A message of no run is held back alone. Written with the batch
     /// ([`PendingBatch::mark_sent`]).
     ///

@@ -15,40 +15,40 @@ use crate::store::table::TableName;
 
 /// An outbox's state, shared by its clones, its batches and its stagings.
 #[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) db: DatabaseConnection,
-    pub(crate) dialect: Dialect,
-    pub(crate) table: TableName,
-    pub(crate) statements: Statements,
+pub(super) struct Shared {
+    pub(super) db: DatabaseConnection,
+    pub(super) dialect: Dialect,
+    pub(super) table: TableName,
+    pub(super) statements: Statements,
     /// How long sent rows are kept before the cleaner deletes them.
-    pub(crate) retention: Duration,
+    pub(super) retention: Duration,
     /// Wakes relays in this process after a commit that staged messages.
-    pub(crate) staged: Notify,
-    /// Relays of this outbox running in this process (`Outbox::local_relay`).
-    pub(crate) local_relays: AtomicUsize,
+    pub(super) staged: Notify,
+    /// Relays of this outbox running in this process (`Relaying::local_relay`).
+    pub(super) local_relays: AtomicUsize,
     /// On SQLite, held by the relay of this process that has a batch in hand.
-    pub(crate) relay_turn: Arc<tokio::sync::Mutex<()>>,
+    pub(super) relay_turn: Arc<tokio::sync::Mutex<()>>,
     /// How far each run is known to be sent, from this process's relays.
-    pub(crate) sent_through: SentThrough,
+    pub(super) sent_through: SentThrough,
 }
 
 impl Shared {
-    pub(crate) fn backend(&self) -> DbBackend {
+    pub(super) fn backend(&self) -> DbBackend {
         self.dialect.backend()
     }
 
     /// A statement of the outbox's, whose text is in the backend's placeholders already.
-    pub(crate) fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
+    pub(super) fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
         Statement::from_sql_and_values(self.backend(), sql, values)
     }
 
     /// The PostgreSQL channel on which committed stagings are announced.
-    pub(crate) fn channel(&self) -> String {
+    pub(super) fn channel(&self) -> String {
         format!("idem_outbox_{}", self.table.as_str())
     }
 
     /// A text column, which MySQL/MariaDB hands over as bytes when it is binary.
-    pub(crate) fn read_text(
+    pub(super) fn read_text(
         &self,
         row: &QueryResult,
         index: usize,

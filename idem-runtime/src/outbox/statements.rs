@@ -16,7 +16,7 @@ use crate::store::table::TableName;
 const PENDING_COLUMNS: &str =
     "seq, message_id, exchange, routing_key, content_type, headers, payload, origin, staged_at";
 
-/// The most holds one statement releases; `Outbox::release_holds` runs it again while it
+/// The most holds one statement releases; `Relaying::release_holds` runs it again while it
 /// releases as many.
 pub(super) const RELEASE_BATCH: u64 = 10_000;
 

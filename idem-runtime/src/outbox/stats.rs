@@ -39,7 +39,7 @@ pub struct HeldExchange {
     pub longest_hold: Duration,
 }
 
-/// The messages of an outbox not published yet ([`Outbox::pending`]).
+/// The messages of an outbox not published yet ([`Relaying::pending`](crate::outbox::Relaying::pending)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Pending {

@@ -92,7 +92,7 @@ pub(crate) enum Mode {
     HandBatch,
     HandBatchMultirow,
     IdemBatch,
-    /// `idem-batch` with [`idem_runtime::BatchChecks::BeforeCommit`].
+    /// `idem-batch` with [`idem_runtime::transport::BatchChecks::BeforeCommit`].
     IdemBatchTrusted,
     /// idem's batches with a slice handler: the fresh orders in one multi-row insert.
     IdemBatchSlice,

@@ -6,7 +6,7 @@ use tracing::Instrument;
 use crate::key::{KeyError, MessageKey};
 use crate::metadata::Metadata;
 
-/// One message of a batch: the key [`Handler::key`] gave for it, the message, and what the
+/// One message of a batch: the key [`Handler::key`](crate::Handler::key) gave for it, the message, and what the
 /// transport knows about its delivery.
 #[derive(Debug)]
 pub struct BatchItem<M> {
