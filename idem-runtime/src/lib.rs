@@ -196,8 +196,6 @@
 //! themselves: the processes sharing an inbox agree on them whatever their hosts' clocks say.
 
 pub mod admin;
-#[cfg(test)]
-mod catalogue;
 mod clock;
 mod configured;
 mod context;

@@ -27,7 +27,7 @@
 use sea_orm_migration::prelude::*;
 
 use crate::outbox::{create_outbox_statements, drop_outbox_statement};
-use crate::store::table::{TableName, create_table_statements, drop_table_statements};
+use crate::schema::{TableName, create_table_statements, drop_table_statements};
 
 /// Creates the inbox table, its expiry index and the tables beside it (`up`) or drops them
 /// (`down`).

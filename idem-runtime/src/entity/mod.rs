@@ -46,6 +46,7 @@ use sea_orm::{
 
 use crate::context::Context;
 use crate::fingerprint::Fingerprint;
+use crate::store::dialect::Dialect;
 use slot::{Marked, MarkerWait, Verdict};
 
 /// An entity that marks the message it was created from as processed (entity mode): how its
@@ -149,7 +150,7 @@ impl Context<'_> {
                     // Another unique key of the entity conflicted, not its primary key.
                     return Err(conflict.unwrap_or_else(|| missing(backend, &find)));
                 };
-                if backend == DbBackend::MySql {
+                if Dialect::new(backend).collations_merge_keys() {
                     same_key(&model, &key).map_err(refuse)?;
                 }
                 let verdict = compare(model.fingerprint(), self.fingerprint());
@@ -224,33 +225,39 @@ where
     ModelOf<A>: IntoActiveModel<A>,
 {
     let backend = tx.get_database_backend();
+    // Where a taken key is met with the duplicate-key error, which leaves the transaction
+    // usable, the insert is plain.
+    let as_errors = Dialect::new(backend).conflicts_as_errors();
     let mut statement = Insert::one(entity).into_query();
-    if backend != DbBackend::MySql {
+    if !as_errors {
         let keys =
             <A::Entity as EntityTrait>::PrimaryKey::iter().map(PrimaryKeyToColumn::into_column);
         statement.on_conflict(OnConflict::columns(keys).do_nothing().to_owned());
     }
     let mut statement = backend.build(&statement);
+    // Where lock waits are bounded for the transaction rather than per statement, the bound
+    // is set before the insert and restored after it.
+    let bound = wait.and_then(|wait| Some((wait, wait.dialect.set_lock_timeout()?)));
     if let Some(wait) = wait {
         statement.sql = wait.dialect.with_lock_wait(&statement.sql, wait.wait);
-        if backend == DbBackend::Postgres {
-            bound_lock_wait(tx, &wait.wait.as_millis().max(1).to_string()).await?;
-        }
+    }
+    if let Some((wait, set)) = bound {
+        let millis = wait.wait.as_millis().max(1).to_string();
+        bound_lock_wait(tx, wait.dialect, set, &millis).await?;
     }
     let result = tx.execute_raw(statement).await;
-    if let Some(wait) = wait
-        && backend == DbBackend::Postgres
+    if let Some((wait, set)) = bound
         && result.is_ok()
     {
-        bound_lock_wait(tx, &wait.restore).await?;
+        bound_lock_wait(tx, wait.dialect, set, &wait.restore).await?;
     }
     match result {
-        Ok(done) if backend == DbBackend::MySql || done.rows_affected() == 1 => Ok(Ok(())),
+        Ok(done) if as_errors || done.rows_affected() == 1 => Ok(Ok(())),
         Ok(_) => Ok(Err(None)),
         // `ON DUPLICATE KEY UPDATE` cannot tell a conflict from an insert under
         // CLIENT_FOUND_ROWS; the duplicate-key error can, and leaves the transaction usable.
         Err(error)
-            if backend == DbBackend::MySql
+            if as_errors
                 && matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) =>
         {
             Ok(Err(Some(error)))
@@ -259,11 +266,16 @@ where
     }
 }
 
-/// Sets PostgreSQL's `lock_timeout` for the rest of the transaction.
-async fn bound_lock_wait(tx: &DatabaseTransaction, timeout: &str) -> Result<(), DbErr> {
+/// Bounds lock waits for the rest of the transaction with `set` (PostgreSQL's `lock_timeout`).
+async fn bound_lock_wait(
+    tx: &DatabaseTransaction,
+    dialect: Dialect,
+    set: &str,
+    timeout: &str,
+) -> Result<(), DbErr> {
     let set = Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "SELECT set_config('lock_timeout', $1, true)",
+        dialect.backend(),
+        dialect.placeholders(set),
         [Value::from(timeout.to_owned())],
     );
     tx.query_one_raw(set).await.map(drop)
@@ -287,11 +299,12 @@ async fn read_existing<E: EntityTrait>(
     backend: DbBackend,
     find: &Select<E>,
 ) -> Result<Option<E::Model>, DbErr> {
-    if backend != DbBackend::MySql {
+    let locking = Dialect::new(backend).locking_read();
+    if locking.is_empty() {
         return find.clone().one(tx).await;
     }
     let mut statement = find.build(backend);
-    statement.sql.push_str(" LOCK IN SHARE MODE");
+    statement.sql.push_str(locking);
     find.clone().from_raw_sql(statement).one(tx).await
 }
 

@@ -4,14 +4,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sea_orm::{DatabaseConnection, DbBackend};
+use sea_orm::DatabaseConnection;
 
 use super::inner::{DEFAULT_MAX_ATTEMPTS, Inner};
 use crate::error::{ConfigError, Error, Result};
 use crate::outbox::Outbox;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
 use crate::store::Store;
-use crate::store::startup::{dialect_of, enable_wal, starting};
+use crate::store::startup::{dialect_of, on_open, starting};
 use crate::store::table::TableName;
 use crate::telemetry::Telemetry;
 
@@ -157,8 +157,8 @@ impl InboxBuilder {
         }
         let dialect = dialect_of(&self.db).await?;
         let mut store = Store::new(dialect, table, self.claim_wait);
-        if dialect.backend() == DbBackend::Sqlite && !self.read_only {
-            enable_wal(&self.db).await;
+        if !self.read_only {
+            on_open(dialect, &self.db).await;
         }
         if self.create_table && !self.read_only {
             starting(|| store.create_table(&self.db)).await?;

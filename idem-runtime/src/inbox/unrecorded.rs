@@ -126,11 +126,7 @@ impl Inner {
     /// statement in a transaction it aborted (whose commit would roll back while reporting
     /// success); MariaDB tells whether a deadlock rolled it back.
     async fn still_open(&self, tx: &DatabaseTransaction, key: &InboxKey) -> Result<()> {
-        let sql = if self.store.dialect().tells_open_transaction() {
-            "SELECT 1 FROM DUAL WHERE @@in_transaction = 1"
-        } else {
-            "SELECT 1"
-        };
+        let sql = self.store.dialect().still_open();
         let backend = tx.get_database_backend();
         match tx.query_one_raw(Statement::from_string(backend, sql)).await {
             Ok(Some(_)) => Ok(()),

@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DbBackend, DbErr, QueryResult, Value};
+use sea_orm::{ConnectionTrait, DbErr, QueryResult, Value};
 
 use super::shared::Shared;
-use super::statements::origin_bytes;
 
 /// A run the relays hold back (or a message of no run).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,11 +60,11 @@ pub struct PendingRow {
 /// The database failed.
 pub(super) async fn held_runs(shared: &Shared, limit: u32) -> Result<Vec<HeldRun>, DbErr> {
     let dialect = shared.dialect;
-    let (now, t) = (dialect.now_ms(), shared.table.quoted(shared.backend()));
+    let (now, t) = (dialect.now_ms(), dialect.quote(shared.table.as_str()));
     let held = "sent_at IS NULL AND held_until IS NOT NULL";
     // Runs are told apart by their bytes, as the relay tells them (MySQL's collation would
     // merge `a` and `A`).
-    let run = origin_bytes(shared.backend());
+    let run = dialect.origin_bytes();
     let runs = format!(
         "SELECT MIN(origin), MIN(exchange), COUNT(*), MIN(staged_at), MAX(held_until), \
          {now} FROM {t} WHERE {held} AND origin IS NOT NULL GROUP BY {run} \
@@ -123,7 +122,7 @@ pub(super) async fn pending_of(
     limit: u32,
 ) -> Result<Vec<PendingRow>, DbErr> {
     let dialect = shared.dialect;
-    let (now, t) = (dialect.now_ms(), shared.table.quoted(shared.backend()));
+    let (now, t) = (dialect.now_ms(), dialect.quote(shared.table.as_str()));
     let (which, values) = subject_filter(shared, subject);
     let sql = dialect.placeholders(&format!(
         "SELECT seq, message_id, exchange, routing_key, staged_at, held_until, {now} \
@@ -161,7 +160,7 @@ pub(super) async fn pending_of(
 /// The database failed.
 pub(super) async fn lift_holds(shared: &Shared, subject: &HeldSubject) -> Result<u64, DbErr> {
     let dialect = shared.dialect;
-    let t = shared.table.quoted(shared.backend());
+    let t = dialect.quote(shared.table.as_str());
     let (which, values) = subject_filter(shared, subject);
     let sql = dialect.placeholders(&format!(
         "UPDATE {t} SET held_until = NULL \
@@ -171,11 +170,12 @@ pub(super) async fn lift_holds(shared: &Shared, subject: &HeldSubject) -> Result
         .execute_raw(shared.statement(&sql, values))
         .await?
         .rows_affected();
-    if lifted > 0 && shared.backend() == DbBackend::Postgres {
-        let wake = dialect.placeholders("SELECT pg_notify(?, '')");
+    if lifted > 0
+        && let Some(wake) = dialect.notify()
+    {
         let channel = vec![Value::from(shared.channel())];
         (shared.db)
-            .execute_raw(shared.statement(&wake, channel))
+            .execute_raw(shared.statement(wake, channel))
             .await?;
     }
     Ok(lifted)
@@ -184,12 +184,14 @@ pub(super) async fn lift_holds(shared: &Shared, subject: &HeldSubject) -> Result
 /// The condition on the rows of `subject`, and its values.
 fn subject_filter(shared: &Shared, subject: &HeldSubject) -> (String, Vec<Value>) {
     match subject {
-        HeldSubject::Run(run) if shared.backend() == DbBackend::MySql => (
-            // By the column's collation (through its index), then by its bytes.
-            format!("origin = ? AND {} = ?", origin_bytes(DbBackend::MySql)),
-            vec![Value::from(run.clone()), Value::from(run.clone())],
-        ),
-        HeldSubject::Run(run) => ("origin = ?".into(), vec![Value::from(run.clone())]),
+        // Where the backend compares by the column's collation (through its index), then by
+        // its bytes, the run is bound twice.
+        HeldSubject::Run(run) => {
+            let same_run = shared.dialect.same_run();
+            let binds = same_run.matches('?').count();
+            let values = (0..binds).map(|_| Value::from(run.clone())).collect();
+            (same_run.to_owned(), values)
+        }
         HeldSubject::Message(id) => (
             "message_id = ? AND origin IS NULL".into(),
             vec![Value::from(id.clone())],

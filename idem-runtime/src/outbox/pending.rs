@@ -6,18 +6,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(feature = "postgres")]
-use sea_orm::sea_query::ArrayType;
-use sea_orm::{
-    ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult,
-    TransactionOptions, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, QueryResult, Value};
 use tokio::sync::OwnedMutexGuard;
 
 use super::pending_message::PendingMessage;
 use super::run_order::{Unsent, wait_of};
 use super::shared::Shared;
-use super::statements::{Bound, RELEASE_BATCH, rows_for};
+use super::statements::{Bound, RELEASE_BATCH};
 use crate::clock::duration_ms;
 use crate::store::dialect::begin_detached;
 
@@ -48,22 +43,14 @@ pub(super) async fn take_pending_after(
         Value::from(i64::from(limit)),
     ];
     let statements = &shared.statements;
-    let (tx, turn) = match shared.backend() {
-        DbBackend::Sqlite => (
+    // Where one process owns the database, its relays take turns here; elsewhere a
+    // transaction's row locks hold the batch.
+    let (tx, turn) = match shared.dialect.relay_transaction() {
+        None => (
             None,
             Some(Arc::clone(&shared.relay_turn).lock_owned().await),
         ),
-        // Without gap locks: under REPEATABLE READ, marking rows sent would wait for the
-        // gaps another relay's skip-locked scan holds.
-        DbBackend::MySql => {
-            let options = TransactionOptions {
-                isolation_level: Some(IsolationLevel::ReadCommitted),
-                ..TransactionOptions::default()
-            };
-            let tx = begin_detached(&shared.db, options).await?;
-            (Some(tx), None)
-        }
-        _ => (Some(shared.dialect.begin(&shared.db).await?), None),
+        Some(options) => (Some(begin_detached(&shared.db, options).await?), None),
     };
     let rows = match &tx {
         Some(tx) => {
@@ -178,32 +165,10 @@ impl PendingBatch {
         let bounds: HashMap<&str, (i64, i64)> = (runs.iter())
             .map(|(run, seqs)| (*run, (known.of(run), seqs.last().copied().unwrap_or(0))))
             .collect();
-        let statements = &outbox.statements;
-        let (sql, values) = match outbox.backend() {
-            #[cfg(feature = "postgres")]
-            DbBackend::Postgres => {
-                let names = bounds.keys().map(|run| Value::from((*run).to_owned()));
-                let names = Value::Array(ArrayType::String, Some(Box::new(names.collect())));
-                let after = bounds.values().map(|(after, _)| *after).min();
-                let upto = bounds.values().map(|(_, upto)| *upto).max();
-                let values = vec![names, after.into(), upto.into()];
-                (statements.run_unsent(1), values)
-            }
-            // Padded with an empty range of a run no message has.
-            _ => {
-                let padding = rows_for(bounds.len()) - bounds.len();
-                let ranges = (bounds
-                    .iter()
-                    .map(|(run, (after, upto))| (*run, *after, *upto)))
-                .chain(std::iter::repeat_n(("", 0, 0), padding));
-                let values = ranges
-                    .flat_map(|(run, after, upto)| {
-                        [Value::from(run.to_owned()), after.into(), upto.into()]
-                    })
-                    .collect();
-                (statements.run_unsent(bounds.len()), values)
-            }
-        };
+        let ranges: Vec<(&str, i64, i64)> = (bounds.iter())
+            .map(|(run, (after, upto))| (*run, *after, *upto))
+            .collect();
+        let (sql, values) = outbox.statements.unsent_of_runs(&ranges);
         let rows = self.query(&sql, values).await?;
         let mut unsent: HashMap<String, Vec<Unsent>> = HashMap::new();
         for row in rows {
@@ -271,12 +236,8 @@ impl PendingBatch {
 
     /// Holds back the messages of `run` from `seq` on.
     async fn hold_run(&self, run: &str, seq: i64, pause: Duration) -> Result<(), DbErr> {
-        let mut values = vec![Value::from(pause_ms(pause)), Value::from(run.to_owned())];
-        if self.shared.backend() == DbBackend::MySql {
-            // Compared by the column's collation for its index, then by its bytes.
-            values.push(Value::from(run.to_owned()));
-        }
-        values.push(Value::from(seq));
+        let statements = &self.shared.statements;
+        let values = statements.hold_run_values(pause_ms(pause), run, seq);
         let sql = &self.shared.statements.hold_run;
         self.execute(sql, values).await.map(drop)
     }
@@ -308,24 +269,7 @@ impl PendingBatch {
     /// all published again later, with the same ids: the next hop's inbox recognises them.
     pub async fn mark_sent(self, seqs: &[i64]) -> Result<(), DbErr> {
         if !seqs.is_empty() {
-            let outbox = &self.shared;
-            let (sql, values) = match outbox.backend() {
-                #[cfg(feature = "postgres")]
-                DbBackend::Postgres => {
-                    let seqs = seqs.iter().map(|seq| Value::from(*seq)).collect();
-                    let seqs = Value::Array(ArrayType::BigInt, Some(Box::new(seqs)));
-                    (outbox.statements.mark_sent(1), vec![seqs])
-                }
-                // Padded with a seq no message has.
-                _ => {
-                    let padding = rows_for(seqs.len()) - seqs.len();
-                    let values = (seqs.iter().copied())
-                        .chain(std::iter::repeat_n(0, padding))
-                        .map(Value::from)
-                        .collect();
-                    (outbox.statements.mark_sent(seqs.len()), values)
-                }
-            };
+            let (sql, values) = self.shared.statements.mark_sent(seqs);
             self.execute(&sql, values).await?;
         }
         if let Some(tx) = self.tx {

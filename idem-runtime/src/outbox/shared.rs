@@ -54,7 +54,7 @@ impl Shared {
         index: usize,
         what: &str,
     ) -> Result<String, DbErr> {
-        if self.backend() != DbBackend::MySql {
+        if !self.dialect.binary_keys() {
             return row.try_get_by_index(index);
         }
         let bytes: Vec<u8> = row.try_get_by_index(index)?;

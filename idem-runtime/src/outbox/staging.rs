@@ -1,7 +1,7 @@
 //! Staging: a message written to the outbox in the caller's transaction, once per id, and for a
 //! handler's run only while the run's claim holds.
 
-use sea_orm::{ConnectionTrait, DbBackend, Value};
+use sea_orm::{ConnectionTrait, Value};
 
 use super::error::StagingError;
 use super::message::{OutboxMessage, handler_run, named_run};
@@ -148,12 +148,12 @@ async fn insert(
         Value::from(staging.run.map(str::to_owned)),
     ];
     values.extend(guard);
-    let announce = staging.announce && shared.backend() == DbBackend::Postgres;
+    let announce = staging.announce && statement.announces();
     if announce {
         values.push(Value::from(shared.channel()));
     }
     let sql = statement.sql(announce);
-    if shared.backend() == DbBackend::Postgres {
+    if statement.returns_rows {
         let rows = conn.query_all_raw(shared.statement(sql, values)).await?;
         return Ok(rows.len() as u64);
     }

@@ -57,7 +57,10 @@ pub struct Pending {
 /// The database failed.
 pub(super) async fn stats(shared: &Shared) -> Result<OutboxStats, DbErr> {
     let dialect = shared.dialect;
-    let (now, t) = (dialect.now_ms(), shared.table.quoted(shared.backend()));
+    let (now, t) = (
+        dialect.now_ms(),
+        shared.dialect.quote(shared.table.as_str()),
+    );
     let totals = dialect.placeholders(&format!(
         "SELECT COUNT(CASE WHEN sent_at IS NULL THEN 1 END), \
          MIN(CASE WHEN sent_at IS NULL THEN staged_at END), \
@@ -100,7 +103,7 @@ pub(super) async fn stats(shared: &Shared) -> Result<OutboxStats, DbErr> {
 pub(super) async fn pending(shared: &Shared) -> Result<Pending, DbErr> {
     let (now, t) = (
         shared.dialect.now_ms(),
-        shared.table.quoted(shared.backend()),
+        shared.dialect.quote(shared.table.as_str()),
     );
     let sql = format!("SELECT COUNT(*), MIN(staged_at), {now} FROM {t} WHERE sent_at IS NULL");
     let row = (shared.db)

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sea_orm::{DbBackend, TransactionOptions};
+use sea_orm::TransactionOptions;
 
 use crate::store::dialect::begin_detached;
 use tokio::sync::watch;
@@ -156,9 +156,10 @@ impl Cleaner {
     /// How many connections of the inbox's pool a cleanup run holds at once: two on PostgreSQL
     /// and MySQL/MariaDB (the lock's transaction and a batch's), one on SQLite.
     pub fn connections_needed(&self) -> u32 {
-        match self.inner.db.get_database_backend() {
-            DbBackend::Sqlite => 1,
-            _ => 2,
+        if self.inner.store.dialect().one_process() {
+            1
+        } else {
+            2
         }
     }
 
@@ -227,7 +228,7 @@ impl Cleaner {
     async fn run_locked(&self, stop: &watch::Receiver<bool>) -> Result<CleanupReport> {
         let store = &self.inner.store;
         let db = &self.inner.db;
-        if store.backend() == DbBackend::Sqlite {
+        if store.dialect().one_process() {
             let database = match store.sqlite_file(db).await? {
                 Some(file) => file,
                 // In memory: a database of this inbox's own pool.

@@ -1,21 +1,12 @@
 //! The cleaner's statements: the database's clock, expired records deleted in bounded batches,
 //! and the lock that lets one cleaner run at a time.
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult, Value};
 
-use super::Status;
 use super::Store;
-
-/// A record the cleaner deleted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Deleted {
-    pub(crate) consumer: String,
-    pub(crate) key: String,
-    /// Whether its message had been processed (not an abandoned claim).
-    pub(crate) completed: bool,
-    /// When its message was processed (epoch ms, the database's clock).
-    pub(crate) completed_at: Option<i64>,
-}
+use super::dialect::lock_name;
+use super::sql::ExpiredDelete;
+use super::values::{Deleted, Status};
 
 impl Store {
     /// The database's clock, in milliseconds since the Unix epoch.
@@ -36,12 +27,16 @@ impl Store {
         limit: u32,
     ) -> Result<Vec<Deleted>, DbErr> {
         let values = vec![Value::from(before), Value::from(i64::from(limit))];
-        let statement = self.statement(&self.sql.delete_expired, values);
-        if self.backend() == DbBackend::MySql {
-            return self.delete_unheld(db, statement).await;
+        match &self.sql.delete_expired {
+            ExpiredDelete::Returning(sql) => {
+                let rows = db.query_all_raw(self.statement(sql, values)).await?;
+                rows.iter().map(|row| self.read_deleted(row)).collect()
+            }
+            ExpiredDelete::SelectThenDelete { select, delete } => {
+                let select = self.statement(select, values);
+                self.delete_unheld(db, select, *delete).await
+            }
         }
-        let rows = db.query_all_raw(statement).await?;
-        rows.iter().map(|row| self.read_deleted(row)).collect()
     }
 
     /// A deleted record, from its `consumer, message_key, status, completed_at` columns.
@@ -61,13 +56,10 @@ impl Store {
         &self,
         conn: &impl ConnectionTrait,
     ) -> Result<bool, DbErr> {
-        let (sql, values) = self.dialect.try_lock("cleaner", self.table.as_str());
+        let (sql, values) = (self.dialect).try_lock(&lock_name("cleaner", self.table.as_str()));
         let row = conn.query_one_raw(self.statement(&sql, values)).await?;
         let Some(row) = row else { return Ok(false) };
-        Ok(match self.backend() {
-            DbBackend::Postgres => row.try_get_by_index::<bool>(0)?,
-            _ => row.try_get_by_index::<Option<i64>>(0)? == Some(1),
-        })
+        self.dialect.lock_taken(&row)
     }
 
     /// The file of a SQLite connection's main database, as SQLite resolved it; `None` for an
@@ -87,7 +79,9 @@ impl Store {
 
     /// Releases a MySQL/MariaDB cleaner lock (PostgreSQL's goes with its transaction).
     pub(crate) async fn unlock_cleaner(&self, conn: &impl ConnectionTrait) -> Result<(), DbErr> {
-        if let Some((sql, values)) = self.dialect.unlock("cleaner", self.table.as_str()) {
+        if let Some((sql, values)) =
+            (self.dialect).unlock(&lock_name("cleaner", self.table.as_str()))
+        {
             conn.query_one_raw(self.statement(&sql, values)).await?;
         }
         Ok(())

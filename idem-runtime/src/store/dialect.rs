@@ -4,7 +4,9 @@
 
 use std::ops::Deref;
 
-use sea_orm::{DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, TransactionOptions, TransactionTrait};
+use sea_orm::{
+    DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, TransactionOptions, TransactionTrait,
+};
 
 pub(crate) use super::failure::Failure;
 use super::sql::{self, Sql};
@@ -147,7 +149,9 @@ fn sqlx_refuses_value(error: &sea_orm::sqlx::Error) -> bool {
     {
         return sql::codes::sqlite_refuses_value(sqlite_code(error.as_ref()));
     }
-    error.code().is_some_and(|code| sql::codes::sqlstate_refuses_value(&code))
+    error
+        .code()
+        .is_some_and(|code| sql::codes::sqlstate_refuses_value(&code))
 }
 
 /// The SQL of one backend: a handle on its room (see [`sql`](super::sql)), whose every kind of

@@ -3,14 +3,15 @@
 
 mod cleanup;
 pub(crate) mod dialect;
+mod failure;
 mod many;
-#[cfg(feature = "postgres")]
-mod many_pg;
 mod setup;
+pub(crate) mod sql;
 pub(crate) mod startup;
 mod statements;
 mod stats;
 pub(crate) mod table;
+pub(crate) mod values;
 
 use std::time::Duration;
 
@@ -18,157 +19,16 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr, Statement, Value};
 
 use crate::clock::duration_ms;
 use crate::key::{ConsumerName, InboxKey, MessageKey};
-pub(crate) use cleanup::Deleted;
 use dialect::Dialect;
-pub(crate) use many::{BatchClaim, Claims};
+pub(crate) use values::{BatchClaim, ClaimValues, Claims, Deleted, Row};
+pub use values::{LiveClaim, Status};
+use values::{opt_text, text};
 
 /// The most messages one batch transaction carries: its statements bind a few values per
 /// message, and every backend limits how many one statement may have. Larger batches are split.
 pub const MAX_BATCH: usize = 1000;
 use statements::Statements;
 use table::TableName;
-
-/// A record's status column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// Claimed by a two-phase handler that has not completed.
-    InProgress,
-    /// Processed; the output is stored.
-    Completed,
-}
-
-impl Status {
-    /// The status as the table stores it: `in_progress` or `completed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::InProgress => "in_progress",
-            Status::Completed => "completed",
-        }
-    }
-
-    /// The status a column holds; `None` for text no version of idem writes.
-    pub(crate) fn parse(text: &str) -> Option<Self> {
-        match text {
-            "in_progress" => Some(Status::InProgress),
-            "completed" => Some(Status::Completed),
-            _ => None,
-        }
-    }
-}
-
-/// What an operator's release or forget does with a claim whose lease still runs by the
-/// database's clock: its worker may still be running the handler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LiveClaim {
-    /// Leaves it alone and says how long its lease still runs.
-    Refuse,
-    /// Acts on it anyway, for a worker known dead: a worker still running may then repeat its
-    /// external effect beside the one that takes the key next.
-    Override,
-}
-
-/// An inbox row as read back, with the database's clock at the time of reading.
-#[derive(Debug, Clone)]
-pub(crate) struct Row {
-    /// The status column as stored; [`Status::parse`] reads it.
-    pub(crate) status: String,
-    pub(crate) fingerprint: Option<Vec<u8>>,
-    pub(crate) output: Option<String>,
-    pub(crate) attempts: i64,
-    pub(crate) claim_token: i64,
-    pub(crate) created_at: i64,
-    pub(crate) claimed_at: i64,
-    pub(crate) lease_until: Option<i64>,
-    pub(crate) completed_at: Option<i64>,
-    pub(crate) expires_at: i64,
-    /// The database's clock when the row was read.
-    pub(crate) now: i64,
-}
-
-impl Row {
-    /// How long before the read the record was completed, by the database's clock.
-    pub(crate) fn completed_age(&self) -> Option<Duration> {
-        let completed_at = self.completed_at?;
-        Some(Duration::from_millis(
-            u64::try_from(self.now - completed_at).unwrap_or(0),
-        ))
-    }
-
-    /// Reads [`statements::READ_COLUMNS`] and the database's clock from `row`, starting at
-    /// column `first`.
-    fn read(row: &sea_orm::QueryResult, first: usize) -> Result<Self, DbErr> {
-        let column = |n: usize| first + n;
-        Ok(Row {
-            status: row.try_get_by_index(column(0))?,
-            fingerprint: row.try_get_by_index(column(1))?,
-            output: row.try_get_by_index(column(2))?,
-            attempts: row.try_get_by_index(column(3))?,
-            claim_token: row.try_get_by_index(column(4))?,
-            created_at: row.try_get_by_index(column(5))?,
-            claimed_at: row.try_get_by_index(column(6))?,
-            lease_until: row.try_get_by_index(column(7))?,
-            completed_at: row.try_get_by_index(column(8))?,
-            expires_at: row.try_get_by_index(column(9))?,
-            now: row.try_get_by_index(column(10))?,
-        })
-    }
-}
-
-/// The values a claim writes, by insert or by takeover. Times are the database's: a claim gives
-/// durations from its clock.
-#[derive(Debug, Clone)]
-pub(crate) struct ClaimValues<'a> {
-    pub(crate) fingerprint: Option<&'a [u8; 32]>,
-    pub(crate) attempts: i64,
-    pub(crate) claim_token: i64,
-    /// When the key was first claimed; `None` for now.
-    pub(crate) created_at: Option<i64>,
-    /// How long the claim is held before another worker may take it over; `None` for a claim
-    /// inside the handler's transaction, which no other worker sees before it completes.
-    pub(crate) lease: Option<Duration>,
-    /// How long the record is kept after its lease.
-    pub(crate) retention: Duration,
-}
-
-/// What a probe claim of start-up's schema check did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Probed {
-    /// It stored its row.
-    Stored,
-    /// A row with an equal key was there.
-    Duplicate,
-    /// The table dropped its row (MySQL/MariaDB's `INSERT IGNORE` on a refused value).
-    Dropped,
-}
-
-impl ClaimValues<'_> {
-    /// Every claim is recorded in progress; the handler's completion marks it completed, in
-    /// the same transaction (transactional mode) or after the handler (two-phase mode).
-    fn values(&self) -> [Value; 5] {
-        [
-            text(Status::InProgress.as_str()),
-            Value::from(self.fingerprint.map(|bytes| bytes.to_vec())),
-            Value::from(self.attempts),
-            Value::from(self.claim_token),
-            Value::from(self.created_at),
-        ]
-    }
-
-    /// The lease and the expiry, in milliseconds from the database's now. A record in progress
-    /// is kept for the retention after its lease, however short the retention: a live claim
-    /// never counts as expired.
-    fn times(&self) -> [Value; 2] {
-        let lease = self.lease.map(duration_ms);
-        [
-            Value::from(lease),
-            Value::from(
-                lease
-                    .unwrap_or(0)
-                    .saturating_add(duration_ms(self.retention)),
-            ),
-        ]
-    }
-}
 
 /// The inbox table on one backend.
 #[derive(Debug)]
@@ -204,14 +64,6 @@ pub(crate) struct OutputTooLarge {
 
 /// What a completion's packet carries besides its output, key and consumer, at most.
 pub(super) const PACKET_ROOM: usize = 4096;
-
-fn text(value: &str) -> Value {
-    Value::from(value.to_owned())
-}
-
-fn opt_text(value: Option<&str>) -> Value {
-    Value::from(value.map(str::to_owned))
-}
 
 impl Store {
     pub(crate) fn new(dialect: Dialect, table: TableName, claim_wait: Duration) -> Self {
@@ -289,6 +141,11 @@ impl Store {
         &self.quoted
     }
 
+    /// The table `<table>_<suffix>` beside the inbox, quoted.
+    pub(crate) fn companion(&self, suffix: &str) -> String {
+        (self.dialect).quote(&format!("{}_{suffix}", self.table.as_str()))
+    }
+
     pub(crate) fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
         Statement::from_sql_and_values(self.backend(), sql, values)
     }
@@ -315,7 +172,9 @@ impl Store {
         claim: &ClaimValues<'_>,
     ) -> Result<bool, DbErr> {
         let mut values = self.claim_values(key, claim);
-        if self.backend() == DbBackend::Postgres {
+        // Where the claim bounds its wait for the transaction, it binds the bound to restore
+        // and returns a row when it inserted.
+        if self.dialect.set_lock_timeout().is_some() {
             values.push(text(&self.lock_timeout));
             let row = conn
                 .query_one_raw(self.statement(&self.sql.insert_claim, values))
@@ -345,8 +204,10 @@ impl Store {
         &self,
         conn: &impl ConnectionTrait,
     ) -> Result<Option<i64>, DbErr> {
-        self.first_column(conn, "SELECT txid_current_if_assigned()", Vec::new())
-            .await
+        let Some(sql) = self.dialect.transaction_id() else {
+            return Ok(None);
+        };
+        self.first_column(conn, sql, Vec::new()).await
     }
 
     /// The first column of the one row `sql` returns.

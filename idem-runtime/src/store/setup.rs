@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionOptions, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionOptions, Value};
 
-use super::dialect::begin_detached;
-
-use super::dialect::{Failure, classify};
-use super::{ClaimValues, Probed, Status, Store, table, text};
+use super::Store;
+use super::dialect::{Failure, begin_detached, classify, lock_name};
+use super::values::{ClaimValues, Probed, Status, text};
 use crate::key::{ConsumerName, InboxKey, MessageKey};
 
 impl Store {
@@ -19,16 +18,9 @@ impl Store {
     /// Batch statements that look many keys up name it, so that the server looks each key up
     /// and locks only its record, where a plan that scans would lock every record it reads.
     pub(crate) async fn read_key_index(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
-        if self.backend() != DbBackend::MySql {
+        let Some(sql) = self.dialect.key_index_query() else {
             return Ok(());
-        }
-        // Column names compare without case; an index on a prefix of a column does not count.
-        let sql = "SELECT CAST(index_name AS CHAR), \
-                   CAST(GROUP_CONCAT(LOWER(column_name) ORDER BY seq_in_index) AS CHAR), \
-                   CAST(MAX(sub_part IS NOT NULL) AS SIGNED) \
-                   FROM information_schema.statistics \
-                   WHERE table_schema = DATABASE() AND table_name = ? AND non_unique = 0 \
-                   GROUP BY index_name ORDER BY index_name <> 'PRIMARY', index_name";
+        };
         let rows = db
             .query_all_raw(self.statement(sql, vec![text(self.table.as_str())]))
             .await?;
@@ -37,7 +29,7 @@ impl Store {
             let columns: String = row.try_get_by_index(1)?;
             let prefixed: i64 = row.try_get_by_index(2)?;
             if columns == "consumer,message_key" && prefixed == 0 {
-                self.key_index = Some(format!(" FORCE INDEX (`{}`)", name.replace('`', "``")));
+                self.key_index = Some(self.dialect.key_index_hint(&name));
                 break;
             }
         }
@@ -47,8 +39,7 @@ impl Store {
     /// Reads the largest packet a MySQL/MariaDB server takes, which an output must leave room
     /// under (see [`Store::check_output`]).
     pub(crate) async fn read_packet_limit(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
-        if self.backend() == DbBackend::MySql {
-            let sql = "SELECT CAST(@@max_allowed_packet AS SIGNED)";
+        if let Some(sql) = self.dialect.packet_limit_query() {
             let limit: i64 = self.first_column(db, sql, Vec::new()).await?;
             self.packet_limit = usize::try_from(limit).ok();
         }
@@ -58,11 +49,10 @@ impl Store {
     /// Reads the `lock_timeout` PostgreSQL sessions have, which claims restore after bounding
     /// their own wait.
     pub(crate) async fn read_lock_timeout(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
-        if self.backend() == DbBackend::Postgres {
-            let sql = "SELECT current_setting('lock_timeout')";
-            if let Some(row) = db.query_one_raw(self.statement(sql, Vec::new())).await? {
-                self.lock_timeout = row.try_get_by_index(0)?;
-            }
+        if let Some(sql) = self.dialect.read_lock_timeout()
+            && let Some(row) = db.query_one_raw(self.statement(sql, Vec::new())).await?
+        {
+            self.lock_timeout = row.try_get_by_index(0)?;
         }
         Ok(())
     }
@@ -71,10 +61,12 @@ impl Store {
     /// `CREATE ... IF NOT EXISTS` races between sessions, creators take turns under a lock.
     pub(crate) async fn create_table(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
         let tx = begin_detached(db, TransactionOptions::default()).await?;
-        if let Some((sql, values)) = self.dialect.schema_lock(self.table.as_str()) {
+        if let Some((sql, values)) =
+            (self.dialect).schema_lock(&lock_name("schema", self.table.as_str()))
+        {
             tx.query_one_raw(self.statement(&sql, values)).await?;
         }
-        for sql in table::create_table_statements(self.backend(), &self.table) {
+        for sql in self.dialect.inbox_tables(&self.table) {
             tx.execute_unprepared(&sql).await?;
         }
         tx.commit().await
@@ -256,17 +248,13 @@ impl Store {
         key: &InboxKey,
         claim: &ClaimValues<'_>,
     ) -> Result<Probed, DbErr> {
-        if self.backend() != DbBackend::MySql {
+        let Some(sql) = self.dialect.counting_probe(&self.sql.insert_claim) else {
             // Elsewhere a refused row is an error.
             return Ok(match self.insert_claim(conn, key, claim).await? {
                 true => Probed::Stored,
                 false => Probed::Duplicate,
             });
-        }
-        let sql = format!(
-            "{} ON DUPLICATE KEY UPDATE claim_token = claim_token + 1",
-            self.sql.insert_claim
-        );
+        };
         let result = conn
             .execute_raw(self.statement(&sql, self.claim_values(key, claim)))
             .await?;

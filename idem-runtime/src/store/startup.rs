@@ -4,9 +4,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sea_orm::{DatabaseConnection, DbBackend, DbErr};
+use sea_orm::{DatabaseConnection, DbErr};
 
 use super::dialect::Dialect;
+use super::sql;
 use crate::delivery::Backoff;
 use crate::error::{ConfigError, Error, Result};
 
@@ -41,30 +42,27 @@ const STARTUP_BACKOFF: Backoff =
 pub(crate) async fn dialect_of(db: &DatabaseConnection) -> Result<Dialect> {
     use sea_orm::ConnectionTrait;
     let backend = db.get_database_backend();
-    let dialect = Dialect::new(backend);
-    match backend {
-        DbBackend::Sqlite | DbBackend::Postgres => Ok(dialect),
-        DbBackend::MySql => {
-            let sql = sea_orm::Statement::from_string(backend, "SELECT VERSION()");
-            let version: String = match db.query_one_raw(sql).await? {
-                Some(row) => row.try_get_by_index(0)?,
-                None => String::new(),
-            };
-            Ok(if version.contains("MariaDB") {
-                dialect
-            } else {
-                dialect.mysql_proper()
-            })
-        }
-        other => Err(ConfigError::UnsupportedBackend(format!("{other:?}")).into()),
-    }
+    let unsupported = || ConfigError::UnsupportedBackend(format!("{backend:?}")).into();
+    let Some(query) = sql::version_query(backend) else {
+        return Dialect::of(backend).ok_or_else(unsupported);
+    };
+    let statement = sea_orm::Statement::from_string(backend, query);
+    let version: String = match db.query_one_raw(statement).await? {
+        Some(row) => row.try_get_by_index(0)?,
+        None => String::new(),
+    };
+    Dialect::of_server(backend, &version).ok_or_else(unsupported)
 }
 
-/// Switches a SQLite database to write-ahead logging, so readers do not block the writer. The
-/// setting is stored in the database file; an in-memory database keeps its own journal.
-pub(crate) async fn enable_wal(db: &DatabaseConnection) {
+/// Runs what the backend runs once on opening the database: on SQLite, write-ahead logging, so
+/// readers do not block the writer (the setting is stored in the database file; an in-memory
+/// database keeps its own journal).
+pub(crate) async fn on_open(dialect: Dialect, db: &DatabaseConnection) {
     use sea_orm::ConnectionTrait;
-    if let Err(error) = db.execute_unprepared("PRAGMA journal_mode = WAL").await {
+    let Some(sql) = dialect.on_open() else {
+        return;
+    };
+    if let Err(error) = db.execute_unprepared(sql).await {
         tracing::warn!(%error, "could not switch SQLite to WAL; concurrent claims will wait longer");
     }
 }

@@ -6,17 +6,12 @@
 
 use std::time::Duration;
 
-use sea_orm::DbBackend;
-
 use super::dialect::Dialect;
+use super::sql::ExpiredDelete;
 use super::table::TableName;
+use super::values::{CLAIM_COLUMNS, READ_COLUMNS};
 
 const KEY: &str = "consumer = ? AND message_key = ?";
-
-/// The columns a record is read with, in the order `Store::find` reads them; the database's
-/// clock comes last.
-pub(super) const READ_COLUMNS: &str = "status, fingerprint, output, attempts, claim_token, created_at, \
-                            claimed_at, lease_until, completed_at, expires_at";
 
 #[derive(Debug)]
 pub(super) struct Statements {
@@ -52,9 +47,8 @@ pub(super) struct Statements {
     pub(super) delete: String,
     /// As `delete`, sparing a claim whose lease still runs by the database's clock.
     pub(super) delete_unless_live: String,
-    /// Binds the time before which records expired and the batch size. On MySQL/MariaDB it
-    /// selects their keys, skipping records other transactions hold, for a delete by key.
-    pub(super) delete_expired: String,
+    /// Binds the time before which records expired and the batch size.
+    pub(super) delete_expired: ExpiredDelete,
     /// Reads the database's clock.
     pub(super) now: String,
     /// Restores PostgreSQL's `lock_timeout` after a claim that did not insert; binds its value.
@@ -64,123 +58,128 @@ pub(super) struct Statements {
 impl Statements {
     pub(super) fn new(dialect: Dialect, table: &TableName, claim_wait: Duration) -> Self {
         let t = dialect.quote(table.as_str());
+        let (claims, records) = (
+            Claims::new(dialect, &t, claim_wait),
+            Records::new(dialect, &t),
+        );
+        let sql = |text: String| dialect.placeholders(&text);
+        Self {
+            insert_claim: sql(claims.insert_claim),
+            insert_probe: sql(claims.insert_probe),
+            select: sql(claims.select),
+            check_columns: records.check_columns,
+            peek: sql(records.peek),
+            take_over: sql(claims.take_over),
+            complete: sql(claims.complete),
+            renew: sql(claims.renew),
+            release: sql(claims.release),
+            hand_on: sql(claims.hand_on),
+            revoke: sql(claims.revoke),
+            revoke_expired: sql(claims.revoke_expired),
+            delete: sql(records.delete),
+            delete_unless_live: sql(records.delete_unless_live),
+            delete_expired: dialect.delete_expired(&t).map(sql),
+            now: format!("SELECT {}", dialect.now_ms()),
+            restore_lock_timeout: dialect.set_lock_timeout().map(|text| sql(text.to_owned())),
+        }
+    }
+}
+
+/// The statements of a claim's life, `?` placeholders.
+struct Claims {
+    insert_claim: String,
+    insert_probe: String,
+    select: String,
+    take_over: String,
+    complete: String,
+    renew: String,
+    release: String,
+    hand_on: String,
+    revoke: String,
+    revoke_expired: String,
+}
+
+impl Claims {
+    fn new(dialect: Dialect, t: &str, claim_wait: Duration) -> Self {
         let now = dialect.now_ms();
         let bounded = |sql: String| dialect.with_lock_wait(&sql, claim_wait);
-        let columns = "consumer, message_key, status, fingerprint, attempts, claim_token, \
-                       created_at, claimed_at, lease_until, completed_at, expires_at";
         let claim_values = format!("?, ?, ?, ?, ?, ?, {now}, {now}, {now} + ?, NULL, {now} + ?");
-        let insert_claim = match dialect.backend() {
-            // `INSERT IGNORE` reports 0 rows for a duplicate whatever the client flags; the
-            // `ON DUPLICATE KEY UPDATE` no-op counts as a found row under CLIENT_FOUND_ROWS.
-            DbBackend::MySql => bounded(format!(
-                "INSERT IGNORE INTO {t} ({columns}) VALUES ({claim_values})"
-            )),
-            // PostgreSQL has no per-statement lock wait: the claim sets `lock_timeout` for its
-            // transaction before it may wait for a concurrent insert of the key, and restores it
-            // once it has inserted, so the handler's own statements are not bounded by it. A
-            // claim that did not insert keeps it for the takeover that may follow, and restores
-            // it with `restore_lock_timeout`.
-            DbBackend::Postgres => format!(
-                "INSERT INTO {t} ({columns}) SELECT {claim_values} \
-                 FROM (SELECT set_config('lock_timeout', '{}', true)) AS bounded WHERE true \
-                 ON CONFLICT (consumer, message_key) DO NOTHING \
-                 RETURNING set_config('lock_timeout', ?, true)",
-                claim_wait.as_millis().max(1)
-            ),
-            _ => format!(
-                "INSERT INTO {t} ({columns}) VALUES ({claim_values}) \
-                 ON CONFLICT (consumer, message_key) DO NOTHING"
-            ),
-        };
-        // A plain insert: MySQL's `INSERT IGNORE` would turn a value that does not fit the
-        // column into a warning and store it truncated.
-        let insert_probe = format!(
-            "INSERT INTO {t} ({columns}, output) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        );
         // A locking read on MySQL/MariaDB sees the latest committed row even inside a
         // REPEATABLE READ transaction; PostgreSQL and SQLite read it anyway.
-        let lock = if dialect.backend() == DbBackend::MySql {
-            " LOCK IN SHARE MODE"
-        } else {
-            ""
-        };
-        let select = bounded(format!(
-            "SELECT {READ_COLUMNS}, {now} FROM {t} WHERE {KEY}{lock}"
-        ));
-        let check_columns =
-            format!("SELECT consumer, message_key, {READ_COLUMNS} FROM {t} WHERE 1 = 0");
-        let peek = format!("SELECT {READ_COLUMNS}, {now} FROM {t} WHERE {KEY}");
-        let take_over = bounded(format!(
-            "UPDATE {t} SET status = ?, fingerprint = ?, attempts = ?, claim_token = ?, \
-             created_at = COALESCE(?, {now}), claimed_at = {now}, lease_until = {now} + ?, \
-             completed_at = NULL, expires_at = {now} + ?, output = NULL \
-             WHERE {KEY} AND claim_token = ? AND (expires_at <= {now} \
-             OR status = 'in_progress' AND COALESCE(lease_until, 0) <= {now})"
-        ));
-        let complete = format!(
-            "UPDATE {t} SET status = 'completed', output = ?, completed_at = {now}, \
-             expires_at = {now} + ?, lease_until = NULL \
-             WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
-        );
-        // A renewal extends the lease of a claim only while its token holds it in progress, and
-        // keeps the record for the retention after the new lease, as a claim does.
-        let renew = format!(
-            "UPDATE {t} SET lease_until = {now} + ?, expires_at = {now} + ? \
-             WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
-        );
-        let release = format!("DELETE FROM {t} WHERE {KEY} AND claim_token = ?");
-        // The lease ended now: the next claim takes the record over at once.
-        let hand_on = format!(
-            "UPDATE {t} SET lease_until = {now} \
-             WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
-        );
+        let lock = dialect.locking_read();
         let revoke = format!(
             "UPDATE {t} SET lease_until = {now}, claim_token = ? \
              WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
         );
-        let expired_lease = format!("COALESCE(lease_until, 0) <= {now}");
-        let revoke_expired = format!("{revoke} AND {expired_lease}");
-        let delete = format!("DELETE FROM {t} WHERE {KEY}");
-        let delete_unless_live =
-            format!("{delete} AND (status <> 'in_progress' OR {expired_lease})");
-        let delete_expired = match dialect.backend() {
-            // A delete waits for every record it meets that another transaction holds.
-            DbBackend::MySql => format!(
-                "SELECT consumer, message_key, status, completed_at FROM {t} WHERE expires_at < ? \
-                 ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED"
-            ),
-            // Rows a claim is taking over right now are skipped, not waited for.
-            DbBackend::Postgres => format!(
-                "DELETE FROM {t} WHERE (consumer, message_key) IN (SELECT consumer, message_key \
-                 FROM {t} WHERE expires_at < ? LIMIT ? FOR UPDATE SKIP LOCKED) \
-                 RETURNING consumer, message_key, status, completed_at"
-            ),
-            _ => format!(
-                "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE expires_at < ? LIMIT ?) \
-                 RETURNING consumer, message_key, status, completed_at"
-            ),
-        };
-        let restore_lock_timeout = (dialect.backend() == DbBackend::Postgres)
-            .then(|| "SELECT set_config('lock_timeout', ?, true)".to_owned());
-        let sql = |text: String| dialect.placeholders(&text);
         Self {
-            insert_claim: sql(insert_claim),
-            insert_probe: sql(insert_probe),
-            select: sql(select),
-            check_columns,
-            peek: sql(peek),
-            take_over: sql(take_over),
-            complete: sql(complete),
-            renew: sql(renew),
-            release: sql(release),
-            hand_on: sql(hand_on),
-            revoke: sql(revoke),
-            revoke_expired: sql(revoke_expired),
-            delete: sql(delete),
-            delete_unless_live: sql(delete_unless_live),
-            delete_expired: sql(delete_expired),
-            now: format!("SELECT {now}"),
-            restore_lock_timeout: restore_lock_timeout.map(sql),
+            insert_claim: dialect.insert_claim(t, &claim_values, claim_wait),
+            // A plain insert: MySQL's `INSERT IGNORE` would turn a value that does not fit the
+            // column into a warning and store it truncated.
+            insert_probe: format!(
+                "INSERT INTO {t} ({CLAIM_COLUMNS}, output) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ),
+            select: bounded(format!(
+                "SELECT {READ_COLUMNS}, {now} FROM {t} WHERE {KEY}{lock}"
+            )),
+            take_over: bounded(format!(
+                "UPDATE {t} SET status = ?, fingerprint = ?, attempts = ?, claim_token = ?, \
+                 created_at = COALESCE(?, {now}), claimed_at = {now}, lease_until = {now} + ?, \
+                 completed_at = NULL, expires_at = {now} + ?, output = NULL \
+                 WHERE {KEY} AND claim_token = ? AND (expires_at <= {now} \
+                 OR status = 'in_progress' AND COALESCE(lease_until, 0) <= {now})"
+            )),
+            complete: format!(
+                "UPDATE {t} SET status = 'completed', output = ?, completed_at = {now}, \
+                 expires_at = {now} + ?, lease_until = NULL \
+                 WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
+            ),
+            // A renewal extends the lease of a claim only while its token holds it in
+            // progress, and keeps the record for the retention after the new lease, as a
+            // claim does.
+            renew: format!(
+                "UPDATE {t} SET lease_until = {now} + ?, expires_at = {now} + ? \
+                 WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
+            ),
+            release: format!("DELETE FROM {t} WHERE {KEY} AND claim_token = ?"),
+            // The lease ended now: the next claim takes the record over at once.
+            hand_on: format!(
+                "UPDATE {t} SET lease_until = {now} \
+                 WHERE {KEY} AND claim_token = ? AND status = 'in_progress'"
+            ),
+            revoke_expired: format!("{revoke} AND {}", expired_lease(now)),
+            revoke,
+        }
+    }
+}
+
+/// A claim's lease has run out by the database's clock.
+fn expired_lease(now: &str) -> String {
+    format!("COALESCE(lease_until, 0) <= {now}")
+}
+
+/// The statements an operator's look and reset run, `?` placeholders.
+struct Records {
+    check_columns: String,
+    peek: String,
+    delete: String,
+    delete_unless_live: String,
+}
+
+impl Records {
+    fn new(dialect: Dialect, t: &str) -> Self {
+        let now = dialect.now_ms();
+        let delete = format!("DELETE FROM {t} WHERE {KEY}");
+        Self {
+            check_columns: format!(
+                "SELECT consumer, message_key, {READ_COLUMNS} FROM {t} WHERE 1 = 0"
+            ),
+            peek: format!("SELECT {READ_COLUMNS}, {now} FROM {t} WHERE {KEY}"),
+            delete_unless_live: format!(
+                "{delete} AND (status <> 'in_progress' OR {})",
+                expired_lease(now)
+            ),
+            delete,
         }
     }
 }
@@ -189,9 +188,9 @@ impl Statements {
 mod tests {
     use super::*;
 
-    fn statements(backend: DbBackend) -> Statements {
+    fn statements(backend: &str) -> Statements {
         Statements::new(
-            Dialect::new(backend),
+            Dialect::named(backend),
             &TableName::default(),
             Duration::from_secs(5),
         )
@@ -199,7 +198,7 @@ mod tests {
 
     #[test]
     fn postgres_placeholders_are_numbered() {
-        let s = statements(DbBackend::Postgres);
+        let s = statements("postgres");
         assert!(s.release.ends_with("claim_token = $3"), "{}", s.release);
         assert!(
             s.renew
@@ -217,7 +216,7 @@ mod tests {
 
     #[test]
     fn mariadb_claims_with_insert_ignore_and_a_bounded_wait() {
-        let s = statements(DbBackend::MySql);
+        let s = statements("mariadb");
         assert!(
             s.insert_claim.starts_with(
                 "SET STATEMENT innodb_lock_wait_timeout = 5 FOR INSERT IGNORE INTO `idem_inbox`"
@@ -230,9 +229,14 @@ mod tests {
 
     #[test]
     fn claims_without_a_wait_fail_at_once_when_the_key_is_held() {
-        let none =
-            |backend| Statements::new(Dialect::new(backend), &TableName::default(), Duration::ZERO);
-        let mariadb = none(DbBackend::MySql);
+        let none = |backend| {
+            Statements::new(
+                Dialect::named(backend),
+                &TableName::default(),
+                Duration::ZERO,
+            )
+        };
+        let mariadb = none("mariadb");
         for statement in [&mariadb.insert_claim, &mariadb.select, &mariadb.take_over] {
             assert!(
                 statement.starts_with("SET STATEMENT innodb_lock_wait_timeout = 0 FOR"),
@@ -240,13 +244,13 @@ mod tests {
             );
         }
         // PostgreSQL's zero turns the bound off: the least is a millisecond.
-        let postgres = none(DbBackend::Postgres);
+        let postgres = none("postgres");
         assert!(
             postgres
                 .insert_claim
                 .contains("set_config('lock_timeout', '1', true)")
         );
-        let waiting = statements(DbBackend::MySql);
+        let waiting = statements("mariadb");
         assert!(
             waiting
                 .insert_claim

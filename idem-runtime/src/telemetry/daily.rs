@@ -11,7 +11,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, SqlErr, Value};
 
 use super::counting::{AGE_BUCKETS, AGE_COLUMNS, DAY_MS, now_ms};
 use crate::store::Store;
-use crate::store::table::{DUP_DAILY, companion};
+use crate::store::table::DUP_DAILY;
 
 /// How long a day's row is kept: 90 days.
 const HORIZON_MS: i64 = 90 * DAY_MS;
@@ -307,5 +307,5 @@ fn ms(duration: Duration) -> i64 {
 }
 
 fn table(store: &Store) -> String {
-    companion(store.backend(), store.table(), DUP_DAILY)
+    store.companion(DUP_DAILY)
 }

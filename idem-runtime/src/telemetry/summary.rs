@@ -8,7 +8,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult};
 
 use super::counting::{AGE_BUCKETS, AGE_COLUMNS, DAY_MS, now_ms};
 use crate::store::Store;
-use crate::store::table::{DUP_DAILY, companion};
+use crate::store::table::DUP_DAILY;
 
 /// One consumer's duplicates, as every process that ran it wrote them, over the days read.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -98,7 +98,7 @@ pub(crate) async fn read_all(
     db: &DatabaseConnection,
     since: Option<Duration>,
 ) -> Result<Vec<DuplicateSummary>, DbErr> {
-    let table = companion(store.backend(), store.table(), DUP_DAILY);
+    let table = store.companion(DUP_DAILY);
     let sql = format!(
         "SELECT consumer, day_ms, since_ms, updated_ms, duplicates, {AGE_COLUMNS}, max_age_ms, \
          late_expired, late_expired_max_age_ms, late_deleted, late_deleted_max_age_ms, \

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use sea_orm::DbBackend;
-
 use super::fates::Lead;
 use super::guard::{Guard, Run, Savepoints, Staging, Step, Unguarded};
 use super::item::BatchChecks;
@@ -78,9 +76,10 @@ impl Inner {
     where
         H::Message: Clone,
     {
-        let _turn = match self.store.backend() {
-            DbBackend::Sqlite => Some(self.sqlite_batches.lock().await),
-            _ => None,
+        // One process owns the database: its batches take turns here.
+        let _turn = match self.store.dialect().one_process() {
+            true => Some(self.sqlite_batches.lock().await),
+            false => None,
         };
         let mut keeping = match batch.checks {
             BatchChecks::BeforeCommit => Keeping::Trusted,

@@ -4,7 +4,7 @@
 use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
-use sea_orm::{ConnectionTrait, DbBackend, DbErr};
+use sea_orm::{ConnectionTrait, DbErr};
 
 use super::attempt::{Batch, Finishing, Tried};
 use super::fates::{Handled, Lead};
@@ -88,9 +88,10 @@ impl Inner {
     where
         S::Message: Clone,
     {
-        let _turn = match self.store.backend() {
-            DbBackend::Sqlite => Some(self.sqlite_batches.lock().await),
-            _ => None,
+        // One process owns the database: its batches take turns here.
+        let _turn = match self.store.dialect().one_process() {
+            true => Some(self.sqlite_batches.lock().await),
+            false => None,
         };
         let store = &self.store;
         for _ in 0..=leads.len() + 1 {

@@ -87,6 +87,7 @@ pub(crate) struct Completion<'a> {
     pub(crate) retention: Duration,
     /// The batch's transaction, where the database tells it: the statement completes nothing
     /// in another (one a handler's own `COMMIT` left it in).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) transaction_id: Option<i64>,
 }
 

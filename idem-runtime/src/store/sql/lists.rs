@@ -135,7 +135,10 @@ pub(crate) fn padded_outputs<'a>(
     let last = outputs
         .last()
         .map(|(key, output)| (*key, if repeat_output { *output } else { None }));
-    let padding = last.into_iter().cycle().take(rows_for(outputs.len()) - outputs.len());
+    let padding = last
+        .into_iter()
+        .cycle()
+        .take(rows_for(outputs.len()) - outputs.len());
     (outputs.iter().copied())
         .chain(padding)
         .map(|(key, output)| (key.as_str(), output))

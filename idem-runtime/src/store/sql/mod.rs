@@ -21,7 +21,7 @@ mod syntax;
 use sea_orm::DbBackend;
 
 pub(crate) use inbox::{ClaimsReturn, Completion, ExpiredDelete, InboxSql, InboxTable};
-pub(crate) use outbox::{Bound, OutboxSql, RunBounds, Staging};
+pub(crate) use outbox::{Bound, OutboxSql, Staging};
 pub(crate) use schema::SchemaSql;
 pub(crate) use syntax::{Syntax, WithValues};
 

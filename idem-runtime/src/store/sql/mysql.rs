@@ -135,10 +135,6 @@ impl Syntax for MySql {
         None
     }
 
-    fn has_insert_returning(&self) -> bool {
-        self.mariadb
-    }
-
     fn conflicts_as_errors(&self) -> bool {
         true
     }

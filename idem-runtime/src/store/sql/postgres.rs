@@ -107,10 +107,6 @@ impl Syntax for Postgres {
         Some("SELECT txid_current_if_assigned()")
     }
 
-    fn has_insert_returning(&self) -> bool {
-        true
-    }
-
     fn conflicts_as_errors(&self) -> bool {
         false
     }

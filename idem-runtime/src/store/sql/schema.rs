@@ -182,7 +182,11 @@ pub(crate) fn create_outbox_indexes(sql: &dyn Syntax, table: &TableName) -> Vec<
 }
 
 /// The outbox table as backends that create indexes apart from their tables write it.
-pub(crate) fn outbox_table(sql: &dyn Syntax, table: &TableName, types: &OutboxTypes) -> Vec<String> {
+pub(crate) fn outbox_table(
+    sql: &dyn Syntax,
+    table: &TableName,
+    types: &OutboxTypes,
+) -> Vec<String> {
     let mut statements = vec![format!(
         "CREATE TABLE IF NOT EXISTS {} ({}, CONSTRAINT {} UNIQUE (message_id))",
         sql.quote(table.as_str()),

@@ -95,10 +95,6 @@ impl Syntax for Sqlite {
         None
     }
 
-    fn has_insert_returning(&self) -> bool {
-        true
-    }
-
     fn conflicts_as_errors(&self) -> bool {
         false
     }

@@ -80,10 +80,6 @@ pub(crate) trait Syntax: std::fmt::Debug + Send + Sync {
     /// (PostgreSQL): one that ended under a handler is told from the batch's own.
     fn transaction_id(&self) -> Option<&'static str>;
 
-    /// Whether `INSERT ... RETURNING` reports the rows a conditional insert wrote: PostgreSQL,
-    /// SQLite and MariaDB; not MySQL.
-    fn has_insert_returning(&self) -> bool;
-
     /// Whether an insert meets a taken key with the duplicate-key error, which leaves the
     /// transaction usable (MySQL/MariaDB, whose `ON DUPLICATE KEY UPDATE` no-op counts as a
     /// found row under `CLIENT_FOUND_ROWS`), rather than with `ON CONFLICT DO NOTHING`.

@@ -8,7 +8,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult, Value};
 
 use super::super::bloom::{PIECES, Piece};
 use crate::store::Store;
-use crate::store::table::{KEY_DIGEST, companion};
+use crate::store::table::KEY_DIGEST;
 
 /// The most filters kept per consumer: 8 × 512 KiB = 4 MiB, a million deleted keys. Past them
 /// the oldest go, and the digest covers less than its window rather than err more: each filter
@@ -215,5 +215,5 @@ pub(super) async fn drop_unwritten_since(
 }
 
 fn table(store: &Store) -> String {
-    companion(store.backend(), store.table(), KEY_DIGEST)
+    store.companion(KEY_DIGEST)
 }
