@@ -86,7 +86,7 @@ pub use codec::{Codec, DecodeError, Json};
 pub use connect::{close_within, connect, connect_once};
 pub use consumer::copy_properties;
 pub use consumer::{
-    Binding, Consumer, ConsumerBuilder, DeliveryStats, DEFAULT_BATCHES_IN_FLIGHT, ShutdownHandle,
+    Binding, Consumer, ConsumerBuilder, DEFAULT_BATCHES_IN_FLIGHT, DeliveryStats, ShutdownHandle,
     ShutdownReport, headers,
 };
 pub use error::{Error, Result, SettingError};

@@ -310,11 +310,7 @@ async fn declare_events_exchange(args: &Args, broker: &AmqpUrl) -> Result<(), Bo
     Ok(declared?)
 }
 
-async fn start_relay(
-    args: &Args,
-    broker: &AmqpUrl,
-    outbox: Outbox,
-) -> Result<Relay, BoxError> {
+async fn start_relay(args: &Args, broker: &AmqpUrl, outbox: Outbox) -> Result<Relay, BoxError> {
     Ok(Relay::builder(broker.clone(), outbox)
         .connection_name(format!("{} relay", args.connection_name))
         .start()
