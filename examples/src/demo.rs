@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use idem_rabbitmq::lapin::options::QueueDeclareOptions;
 use idem_rabbitmq::lapin::types::FieldTable;
-use idem_rabbitmq::{AmqpUrl, Consumer, ConsumerStats, Publisher};
+use idem_rabbitmq::{AmqpUrl, Consumer, DeliveryStats, Publisher};
 use idem_runtime::Outbox;
 use sea_orm::DatabaseConnection;
 use serde::Serialize;
@@ -193,7 +193,7 @@ impl Measured {
 async fn measure(
     services: Services<'_>,
     ids: &RunIds,
-    before: ConsumerStats,
+    before: DeliveryStats,
     due: Due,
 ) -> Result<Measured, sea_orm::DbErr> {
     let invoices = billing::count_invoices(services.db, &ids.prefix).await?;
@@ -216,14 +216,14 @@ async fn measure(
 }
 
 /// Deliveries that left the queue: acknowledged, duplicates, dead-lettered.
-fn settled(stats: &ConsumerStats) -> u64 {
+fn settled(stats: &DeliveryStats) -> u64 {
     stats.acked + stats.duplicates + stats.dead_lettered
 }
 
 async fn wait_until_done(
     services: Services<'_>,
     ids: &RunIds,
-    before: ConsumerStats,
+    before: DeliveryStats,
     due: Due,
     progress: &DemoProgress,
 ) -> Result<Measured, BoxError> {

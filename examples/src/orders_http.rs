@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::lapin::options::QueueDeclareOptions;
 use idem_rabbitmq::lapin::types::FieldTable;
-use idem_rabbitmq::{AmqpUrl, Relay, RelayHandle};
+use idem_rabbitmq::{AmqpUrl, Relay};
 use idem_runtime::sea_orm::DatabaseConnection;
 use idem_runtime::{Inbox, Outbox};
 
@@ -92,7 +92,7 @@ async fn declare_exchange(args: &BrokerArgs, broker: &AmqpUrl) -> Result<(), Box
     Ok(declared?)
 }
 
-async fn stop_relay(relay: RelayHandle) {
+async fn stop_relay(relay: Relay) {
     let relayed = relay.shutdown().await;
     tracing::info!(events_published = relayed.published, "relay stopped");
 }

@@ -86,14 +86,16 @@ pub use codec::{Codec, DecodeError, Json};
 pub use connect::{close_within, connect, connect_once};
 pub use consumer::copy_properties;
 pub use consumer::{
-    Binding, Consumer, ConsumerBuilder, ConsumerStats, DEFAULT_BATCHES_IN_FLIGHT, ShutdownHandle,
+    Binding, Consumer, ConsumerBuilder, DEFAULT_BATCHES_IN_FLIGHT, DeliveryStats, ShutdownHandle,
     ShutdownReport, headers,
 };
 pub use error::{Error, Result, SettingError};
 pub use metadata::metadata_of;
 pub use publisher::{PublishOptions, Publisher, PublisherBuilder};
 pub use queue_kind::QueueKind;
-pub use relay::{MAX_RELAY_BATCH, Relay, RelayBuilder, RelayHandle, RelayStats};
+#[allow(deprecated)]
+pub use relay::RelayHandle;
+pub use relay::{MAX_RELAY_BATCH, Relay, RelayBuilder, RelayStats};
 pub use tls::{TlsError, TlsSettings};
 pub use topology::{ExchangeBinding, QueueTopology, queue_kind};
 pub use url::{AmqpUrl, redact_url};

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_rabbitmq::{Relay, RelayBuilder, RelayHandle};
+use idem_rabbitmq::{Relay, RelayBuilder};
 use idem_runtime::admin::OutboxAdmin;
 use idem_runtime::outbox::HeldSubject;
 use idem_runtime::outbox::Relaying;
@@ -278,7 +278,7 @@ fn relay_of(outbox: &Outbox, name: &str) -> RelayBuilder {
         .retry_backoff(Duration::from_millis(20), Duration::from_millis(300))
 }
 
-async fn start(builder: RelayBuilder) -> RelayHandle {
+async fn start(builder: RelayBuilder) -> Relay {
     let handle = builder.start().await.expect("the relay starts");
     // Let its first look at the table pass, so that what follows is published on a wake-up.
     tokio::time::sleep(Duration::from_millis(300)).await;

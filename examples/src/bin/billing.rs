@@ -27,7 +27,7 @@ use idem_examples::demo::{self, BoxError};
 use idem_examples::notifications;
 use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_rabbitmq::{AmqpUrl, Binding, Consumer, ConsumerStats, Relay, RelayHandle};
+use idem_rabbitmq::{AmqpUrl, Binding, Consumer, DeliveryStats, Relay};
 use idem_runtime::transport::BatchChecks;
 use idem_runtime::{Inbox, Outbox, RedeliveryWindow, RetentionPolicy, transport::MAX_BATCH};
 use sea_orm::DatabaseConnection;
@@ -240,7 +240,7 @@ struct Started {
     db: DatabaseConnection,
     outbox: Outbox,
     broker: AmqpUrl,
-    relay: RelayHandle,
+    relay: Relay,
     consumer: Consumer,
     notifications: NotificationsHop,
 }
@@ -310,11 +310,7 @@ async fn declare_events_exchange(args: &Args, broker: &AmqpUrl) -> Result<(), Bo
     Ok(declared?)
 }
 
-async fn start_relay(
-    args: &Args,
-    broker: &AmqpUrl,
-    outbox: Outbox,
-) -> Result<RelayHandle, BoxError> {
+async fn start_relay(args: &Args, broker: &AmqpUrl, outbox: Outbox) -> Result<Relay, BoxError> {
     Ok(Relay::builder(broker.clone(), outbox)
         .connection_name(format!("{} relay", args.connection_name))
         .start()
@@ -415,7 +411,7 @@ async fn log_stats_until_signal(
     every: Duration,
     mut signal: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) {
-    let mut logged = ConsumerStats::default();
+    let mut logged = DeliveryStats::default();
     let mut ticks = tokio::time::interval(every);
     loop {
         tokio::select! {
@@ -433,7 +429,7 @@ async fn log_stats_until_signal(
 
 /// Stops billing's consumer first (its in-flight charges finish and are settled), then the
 /// notifications service, then the relay, which publishes what they staged until it stops.
-async fn stop(consumer: Consumer, notifications: NotificationsHop, relay: RelayHandle) {
+async fn stop(consumer: Consumer, notifications: NotificationsHop, relay: Relay) {
     let stats = consumer.stats();
     let report = consumer.shutdown().await;
     if let Some(notifier) = notifications.consumer {
@@ -451,7 +447,7 @@ async fn stop(consumer: Consumer, notifications: NotificationsHop, relay: RelayH
 }
 
 /// Logs the consumer's counters in one line of `name=value` fields.
-fn log_stats(stats: &ConsumerStats) {
+fn log_stats(stats: &DeliveryStats) {
     tracing::info!(
         acked = stats.acked,
         duplicates = stats.duplicates,

@@ -4,13 +4,30 @@ use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote_spanned};
 use syn::Ident;
 
-/// `::idem_runtime::__private`, spanned at a user's token: an error in an expression built with
-/// it is reported there.
+/// `::idem::__private` when the handler's crate depends on the umbrella crate `idem` (or is it),
+/// else `::idem_runtime::__private` (under the name the crate gives it), spanned at a user's
+/// token: an error in an expression built with it is reported there.
 pub(super) fn rt_at(span: Span) -> TokenStream {
-    quote_spanned!(span=> ::idem_runtime::__private)
+    let root = Ident::new(&runtime_crate(), span);
+    quote_spanned!(span=> ::#root::__private)
 }
 
-/// `::idem_runtime::__private`.
+/// The name under which the handler's crate reaches the runtime: `idem` first, so that one
+/// dependency line is enough, then `idem-runtime`. A crate's own tests and doc tests reach it by
+/// its name, so the crate itself is named as any other.
+fn runtime_crate() -> String {
+    use proc_macro_crate::{FoundCrate, crate_name};
+    let found = |package: &str, itself: &str| match crate_name(package) {
+        Ok(FoundCrate::Name(name)) => Some(name),
+        Ok(FoundCrate::Itself) => Some(itself.to_owned()),
+        Err(_) => None,
+    };
+    found("idem", "idem")
+        .or_else(|| found("idem-runtime", "idem_runtime"))
+        .unwrap_or_else(|| "idem_runtime".to_owned())
+}
+
+/// `rt_at` at the macro's call site.
 pub(super) fn rt() -> TokenStream {
     rt_at(Span::call_site())
 }

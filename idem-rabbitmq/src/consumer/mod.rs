@@ -39,7 +39,7 @@ pub use binding::{Binding, DEFAULT_BATCHES_IN_FLIGHT};
 use idem_runtime::transport::{Backoff, RetryMemory};
 use settings::ConsumerSettings;
 use stats::ConsumerCounters;
-pub use stats::ConsumerStats;
+pub use stats::DeliveryStats;
 
 /// The properties idem gives a copy of a delivery it publishes again (a dead letter, a letter
 /// moved back): the original's, persistent, with `headers`, without its user id (the broker
@@ -129,7 +129,7 @@ impl Consumer {
     }
 
     /// Counts of settled deliveries so far.
-    pub fn stats(&self) -> ConsumerStats {
+    pub fn stats(&self) -> DeliveryStats {
         self.counters.snapshot()
     }
 

@@ -45,7 +45,7 @@ impl Ending {
 
 /// Counts of settled deliveries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ConsumerStats {
+pub struct DeliveryStats {
     /// Processed and acknowledged.
     pub acked: u64,
     /// Duplicates acknowledged without running the handler.
@@ -100,8 +100,8 @@ impl ConsumerCounters {
     }
 
     /// The counts so far.
-    pub(crate) fn snapshot(&self) -> ConsumerStats {
-        ConsumerStats {
+    pub(crate) fn snapshot(&self) -> DeliveryStats {
+        DeliveryStats {
             acked: self.acked.load(Ordering::Relaxed),
             duplicates: self.duplicates.load(Ordering::Relaxed),
             requeued: self.requeued.load(Ordering::Relaxed),

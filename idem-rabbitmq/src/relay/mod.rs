@@ -34,6 +34,14 @@ pub use stats::RelayStats;
 /// it was replaced is closed: a handshake, seconds at most.
 const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Configures a relay; see [`Relay`].
+#[derive(Debug)]
+#[must_use = "a relay does nothing until it is started"]
+pub struct RelayBuilder {
+    outbox: Outbox,
+    settings: RelaySettings,
+}
+
 /// Publishes the messages committed to an [`Outbox`], and marks them sent.
 ///
 /// Handlers stage messages in their own transaction
@@ -117,23 +125,12 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(60);
 /// println!("published {}", stats.published);
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
-pub struct Relay(());
-
-/// Configures a relay; see [`Relay`].
-#[derive(Debug)]
-#[must_use = "a relay does nothing until it is started"]
-pub struct RelayBuilder {
-    outbox: Outbox,
-    settings: RelaySettings,
-}
-
-/// A running relay: its counts, and its shutdown.
 ///
-/// Dropping the handle stops the relay too, after the batch in hand, without waiting for it.
+/// [`RelayBuilder::start`] returns the running relay: its counts, and its shutdown. Dropping it
+/// stops the relay too, after the batch in hand, without waiting for it.
 #[derive(Debug)]
-#[must_use = "dropping the handle stops the relay"]
-pub struct RelayHandle {
+#[must_use = "dropping the relay stops it"]
+pub struct Relay {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     counters: Arc<RelayCounters>,
@@ -148,6 +145,10 @@ impl Relay {
         }
     }
 }
+
+/// The running relay's former name.
+#[deprecated(note = "`RelayBuilder::start` returns `Relay` itself")]
+pub type RelayHandle = Relay;
 
 /// The most messages a relay batch may take: its statements bind one parameter per message,
 /// and databases bind 32 766 (SQLite) or 65 535 at most.
@@ -200,13 +201,13 @@ impl RelayBuilder {
     }
 
     /// Connects to the broker (and, on PostgreSQL, listens on the outbox's channel), then
-    /// publishes in a task of its own until [`RelayHandle::shutdown`].
+    /// publishes in a task of its own until [`Relay::shutdown`].
     ///
     /// # Errors
     ///
     /// A setting is zero, the broker cannot be reached, or the PostgreSQL listening connection
     /// cannot be opened. Nothing is left running then.
-    pub async fn start(self) -> Result<RelayHandle> {
+    pub async fn start(self) -> Result<Relay> {
         self.validate()?;
         crate::metrics::describe();
         let settings = Arc::new(self.settings);
@@ -246,7 +247,7 @@ impl RelayBuilder {
             stopped,
         );
         tasks.push(tokio::spawn(runner.run()));
-        Ok(RelayHandle {
+        Ok(Relay {
             stop,
             tasks,
             counters,
@@ -285,7 +286,7 @@ impl RelayBuilder {
     }
 }
 
-impl RelayHandle {
+impl Relay {
     /// Counts of the relay's publishes so far.
     pub fn stats(&self) -> RelayStats {
         self.counters.snapshot()
@@ -311,7 +312,7 @@ impl RelayHandle {
     }
 }
 
-impl Drop for RelayHandle {
+impl Drop for Relay {
     fn drop(&mut self) {
         self.stop.send_replace(true);
     }

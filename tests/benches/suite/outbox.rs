@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use idem_rabbitmq::Relay;
 use idem_rabbitmq::lapin::options::ConfirmSelectOptions;
 use idem_rabbitmq::lapin::{Channel, Connection, ConnectionProperties};
-use idem_rabbitmq::{Relay, RelayHandle};
 use idem_runtime::Outbox;
 use idem_tests::bench::hand_outbox::HandOutbox;
 use idem_tests::bench::{Charged, orders};
@@ -65,7 +65,7 @@ impl Downstream {
 
 /// A relay running for a round.
 pub(crate) enum Relaying {
-    Idem(RelayHandle),
+    Idem(Relay),
     Hand(Box<HandRelaying>),
 }
 
