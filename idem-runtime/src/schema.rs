@@ -17,7 +17,7 @@ pub use crate::store::table::TableName;
 /// Timestamps are milliseconds since the Unix epoch (`BIGINT`); fingerprints are the 32 bytes of
 /// a SHA-256 hash.
 pub fn create_table_statements(backend: DbBackend, table: &TableName) -> Vec<String> {
-    Dialect::new(backend).inbox_tables(table)
+    Dialect::new(backend).inbox_tables(table.as_str())
 }
 
 /// The statements that drop the inbox table and those beside it, those of earlier versions

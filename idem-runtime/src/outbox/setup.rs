@@ -19,7 +19,7 @@ pub(super) async fn create_table(shared: &Shared) -> Result<(), DbErr> {
     }
     // The table, a table of an earlier version brought to this one, then the indexes
     // (some of which read columns an earlier version's table lacks).
-    let statements = shared.dialect.outbox_table(&shared.table);
+    let statements = shared.dialect.outbox_table(shared.table.as_str());
     let (table, indexes) = statements.split_first().expect("a table statement");
     tx.execute_unprepared(table).await?;
     upgrade_table(shared, &tx).await?;
@@ -42,7 +42,7 @@ async fn upgrade_table(shared: &Shared, db: &impl ConnectionTrait) -> Result<(),
         return Ok(());
     }
     tracing::info!(table = &shared.table.as_str(), "upgrading the outbox table");
-    for sql in shared.dialect.outbox_upgrade(&shared.table) {
+    for sql in shared.dialect.outbox_upgrade(shared.table.as_str()) {
         if let Err(error) = db.execute_unprepared(&sql).await {
             // Another process starting at the same time upgraded it first.
             if !shared.dialect.aborts_on_error() && upgraded().await? {

@@ -19,7 +19,7 @@ use crate::store::table::TableName;
 /// ready to publish (`<table>_ready`: held ones are not in it, so that a large held backlog
 /// costs no scan), each run's unsent rows (`<table>_runs`), and the holds (`<table>_held`).
 pub fn create_outbox_statements(backend: DbBackend, table: &TableName) -> Vec<String> {
-    Dialect::new(backend).outbox_table(table)
+    Dialect::new(backend).outbox_table(table.as_str())
 }
 
 /// The statements that bring an outbox table of an earlier version (without `held_until` and
@@ -27,7 +27,7 @@ pub fn create_outbox_statements(backend: DbBackend, table: &TableName) -> Vec<St
 /// `held_until` (on PostgreSQL they may run again; MySQL has no `IF NOT EXISTS` for columns,
 /// and MySQL/MariaDB run the whole change as one `ALTER TABLE`).
 pub fn upgrade_outbox_statements(backend: DbBackend, table: &TableName) -> Vec<String> {
-    Dialect::new(backend).outbox_upgrade(table)
+    Dialect::new(backend).outbox_upgrade(table.as_str())
 }
 
 /// The statement that drops the outbox table.
@@ -46,7 +46,9 @@ mod tests {
     #[test]
     fn every_backend_indexes_ready_rows_and_runs() {
         let table = TableName::new("idem_outbox").unwrap();
-        let pg = Dialect::named("postgres").outbox_table(&table).join("\n");
+        let pg = Dialect::named("postgres")
+            .outbox_table(table.as_str())
+            .join("\n");
         assert!(
             pg.contains(
                 "CREATE INDEX IF NOT EXISTS \"idem_outbox_ready\" ON \"idem_outbox\" (seq) \
@@ -54,12 +56,16 @@ mod tests {
             ),
             "{pg}"
         );
-        let my = Dialect::named("mariadb").outbox_table(&table).join("\n");
+        let my = Dialect::named("mariadb")
+            .outbox_table(table.as_str())
+            .join("\n");
         assert!(
             my.contains("KEY `idem_outbox_runs` (origin, sent_at, seq)"),
             "{my}"
         );
-        let upgrade = Dialect::named("mariadb").outbox_upgrade(&table).join("\n");
+        let upgrade = Dialect::named("mariadb")
+            .outbox_upgrade(table.as_str())
+            .join("\n");
         assert!(
             upgrade.contains("ADD INDEX `idem_outbox_ready`"),
             "{upgrade}"

@@ -3,7 +3,7 @@
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult, Value};
 
-use super::Store;
+use super::access::Store;
 use super::dialect::lock_name;
 use super::sql::ExpiredDelete;
 use super::values::{Deleted, Status};

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult, TransactionOptions};
 
+use super::access::{MAX_BATCH, PACKET_ROOM, Store};
 use super::dialect::begin_detached;
 use super::sql::{ClaimsReturn, Completion, InboxTable, WithValues};
 use super::values::{BatchClaim, Claims, Deleted, Row, text};
-use super::{MAX_BATCH, Store};
 use crate::key::{ConsumerName, MessageKey};
 
 /// The most bytes of keys and outputs one completion statement carries: larger outputs are
@@ -157,7 +157,7 @@ impl Store {
     /// within what the server takes in one packet (MySQL/MariaDB), as the room counts them.
     fn completion_limit(&self) -> usize {
         let limit = self.packet_limit.map_or(COMPLETE_BYTES, |packet| {
-            COMPLETE_BYTES.min(packet.saturating_sub(super::PACKET_ROOM))
+            COMPLETE_BYTES.min(packet.saturating_sub(PACKET_ROOM))
         });
         self.dialect.completion_bytes(&self.inbox_table(), limit)
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionOptions, Value};
 
-use super::Store;
+use super::access::Store;
 use super::dialect::{Failure, begin_detached, classify, lock_name};
 use super::values::{ClaimValues, Probed, Status, text};
 use crate::key::{ConsumerName, InboxKey, MessageKey};
@@ -66,7 +66,7 @@ impl Store {
         {
             tx.query_one_raw(self.statement(&sql, values)).await?;
         }
-        for sql in self.dialect.inbox_tables(&self.table) {
+        for sql in self.dialect.inbox_tables(self.table.as_str()) {
             tx.execute_unprepared(&sql).await?;
         }
         tx.commit().await

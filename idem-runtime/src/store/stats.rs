@@ -3,7 +3,8 @@
 
 use sea_orm::{ConnectionTrait, DbErr, QueryResult, Statement, Value};
 
-use super::{Status, Store, text};
+use super::access::Store;
+use super::values::{Status, text};
 
 /// The records of one consumer in one status, as one row of [`Store::stats`] reads them.
 #[derive(Debug, Clone)]

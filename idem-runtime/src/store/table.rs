@@ -54,11 +54,7 @@ impl std::fmt::Display for TableName {
     }
 }
 
-/// The suffix of the table of duplicates' summaries, by consumer and day.
-pub(crate) const DUP_DAILY: &str = "dup_daily";
-
-/// The suffix of the table of deleted keys' digests, by consumer, period and piece.
-pub(crate) const KEY_DIGEST: &str = "key_digest";
+pub(crate) use super::sql::{DUP_DAILY, KEY_DIGEST};
 
 /// The suffixes of the tables earlier versions kept beside the inbox (summaries by process,
 /// digests in one blob a filter), which this version neither reads nor writes.

@@ -22,7 +22,7 @@ use sea_orm::DbBackend;
 
 pub(crate) use inbox::{ClaimsReturn, Completion, ExpiredDelete, InboxSql, InboxTable};
 pub(crate) use outbox::{Bound, OutboxSql, Staging};
-pub(crate) use schema::SchemaSql;
+pub(crate) use schema::{DUP_DAILY, KEY_DIGEST, SchemaSql};
 pub(crate) use syntax::{Syntax, WithValues};
 
 /// Every kind of a backend's SQL.

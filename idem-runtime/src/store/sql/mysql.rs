@@ -14,11 +14,11 @@ use sea_orm::{DbBackend, DbErr, IsolationLevel, QueryResult, TransactionOptions,
 use super::inbox::{ClaimsReturn, Completion, ExpiredDelete, InboxSql, InboxTable};
 use super::lists::{self, key_table, padded_keys, padded_outputs, placeholders, rows_for};
 use super::outbox::{self, Bound, OutboxSql, RunBounds, Staging};
+use super::schema::KEY_DIGEST;
 use super::schema::{self, InboxTypes, OutboxTypes, SchemaSql, derived_name};
 use super::syntax::{Syntax, WithValues};
 use crate::clock::duration_ms;
 use crate::key::{ConsumerName, MessageKey};
-use crate::store::table::{KEY_DIGEST, TableName};
 use crate::store::values::{BatchClaim, CLAIM_COLUMNS, READ_COLUMNS, opt_text, text};
 
 /// MySQL or MariaDB.
@@ -470,7 +470,7 @@ impl MySql {
     /// The outbox's indexes, each declared as `kind`: `KEY` in a table, `ADD INDEX` in a change.
     fn outbox_indexes<'a>(
         &'a self,
-        table: &'a TableName,
+        table: &'a str,
         kind: &'a str,
     ) -> impl Iterator<Item = String> + 'a {
         OUTBOX_INDEXES.iter().map(move |(suffix, definition)| {
@@ -482,7 +482,7 @@ impl MySql {
 
 impl SchemaSql for MySql {
     /// Every index declared in its table's statement.
-    fn inbox_tables(&self, table: &TableName) -> Vec<String> {
+    fn inbox_tables(&self, table: &str) -> Vec<String> {
         let types = InboxTypes {
             key: "VARBINARY(255)",
             consumer: "VARBINARY(128)",
@@ -495,7 +495,7 @@ impl SchemaSql for MySql {
         vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {} ({}, INDEX {} (expires_at)){TABLE_OPTIONS}",
-                self.quote(table.as_str()),
+                self.quote(table),
                 schema::inbox_columns(&types),
                 derived_name(self, table, "expires_at")
             ),
@@ -510,7 +510,7 @@ impl SchemaSql for MySql {
         ]
     }
 
-    fn outbox_table(&self, table: &TableName) -> Vec<String> {
+    fn outbox_table(&self, table: &str) -> Vec<String> {
         let types = OutboxTypes {
             seq: "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
             id: "VARBINARY(255)",
@@ -521,7 +521,7 @@ impl SchemaSql for MySql {
         vec![format!(
             "CREATE TABLE IF NOT EXISTS {} ({}, UNIQUE KEY {} (message_id), \
              {}){TABLE_OPTIONS}",
-            self.quote(table.as_str()),
+            self.quote(table),
             schema::outbox_columns(&types),
             derived_name(self, table, "message_id"),
             keys.join(", ")
@@ -530,12 +530,12 @@ impl SchemaSql for MySql {
 
     /// One `ALTER TABLE`, to run once: MySQL has no `IF NOT EXISTS` for columns. The index of
     /// pending rows is as old as the table.
-    fn outbox_upgrade(&self, table: &TableName) -> Vec<String> {
+    fn outbox_upgrade(&self, table: &str) -> Vec<String> {
         let mut clauses = vec!["ADD COLUMN held_until BIGINT NULL".to_owned()];
         clauses.extend(self.outbox_indexes(table, "ADD INDEX").skip(1));
         vec![format!(
             "ALTER TABLE {} {}",
-            self.quote(table.as_str()),
+            self.quote(table),
             clauses.join(", ")
         )]
     }

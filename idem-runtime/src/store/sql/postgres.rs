@@ -18,7 +18,6 @@ use super::schema::{self, InboxTypes, OutboxTypes, SchemaSql};
 use super::syntax::{Syntax, WithValues};
 use crate::key::{ConsumerName, MessageKey};
 use crate::store::failure::Failure;
-use crate::store::table::TableName;
 use crate::store::values::{BatchClaim, CLAIM_COLUMNS};
 
 /// PostgreSQL.
@@ -526,7 +525,7 @@ impl OutboxSql for Postgres {
 }
 
 impl SchemaSql for Postgres {
-    fn inbox_tables(&self, table: &TableName) -> Vec<String> {
+    fn inbox_tables(&self, table: &str) -> Vec<String> {
         let types = InboxTypes {
             key: "VARCHAR(255)",
             consumer: "VARCHAR(128)",
@@ -538,7 +537,7 @@ impl SchemaSql for Postgres {
         schema::inbox_tables(self, table, &types)
     }
 
-    fn outbox_table(&self, table: &TableName) -> Vec<String> {
+    fn outbox_table(&self, table: &str) -> Vec<String> {
         let types = OutboxTypes {
             seq: "BIGSERIAL PRIMARY KEY",
             id: "VARCHAR(255)",
@@ -549,10 +548,10 @@ impl SchemaSql for Postgres {
     }
 
     /// It may run again: every statement is `IF NOT EXISTS`.
-    fn outbox_upgrade(&self, table: &TableName) -> Vec<String> {
+    fn outbox_upgrade(&self, table: &str) -> Vec<String> {
         let mut statements = vec![format!(
             "ALTER TABLE {} ADD COLUMN IF NOT EXISTS held_until BIGINT NULL",
-            self.quote(table.as_str())
+            self.quote(table)
         )];
         statements.extend(schema::create_outbox_indexes(self, table));
         statements

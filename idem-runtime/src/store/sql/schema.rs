@@ -7,21 +7,26 @@
 //! a SHA-256 hash.
 
 use super::syntax::Syntax;
-use crate::store::table::{DUP_DAILY, KEY_DIGEST, TableName};
+
+/// The suffix of the table of duplicates' summaries, by consumer and day.
+pub(crate) const DUP_DAILY: &str = "dup_daily";
+
+/// The suffix of the table of deleted keys' digests, by consumer, period and piece.
+pub(crate) const KEY_DIGEST: &str = "key_digest";
 
 /// The statements that create each table idem keeps, idempotently.
 pub(crate) trait SchemaSql {
     /// The inbox table and its expiry index, and the tables beside it: what the processes
     /// learnt of each consumer's duplicates (a row per consumer and day), and the digests of the
     /// keys the cleaner deleted (Bloom filters by consumer, period and piece of 4 KiB).
-    fn inbox_tables(&self, table: &TableName) -> Vec<String>;
+    fn inbox_tables(&self, table: &str) -> Vec<String>;
 
     /// The outbox table and its indexes.
-    fn outbox_table(&self, table: &TableName) -> Vec<String>;
+    fn outbox_table(&self, table: &str) -> Vec<String>;
 
     /// What brings an outbox table of an earlier version (without `held_until` and its indexes)
     /// to this version's schema.
-    fn outbox_upgrade(&self, table: &TableName) -> Vec<String>;
+    fn outbox_upgrade(&self, table: &str) -> Vec<String>;
 }
 
 /// The column types of the inbox table and of those beside it.
@@ -45,8 +50,8 @@ pub(crate) struct OutboxTypes {
 }
 
 /// `<table>_<suffix>`, quoted.
-pub(crate) fn derived_name(sql: &dyn Syntax, table: &TableName, suffix: &str) -> String {
-    sql.quote(&format!("{}_{suffix}", table.as_str()))
+pub(crate) fn derived_name(sql: &dyn Syntax, table: &str, suffix: &str) -> String {
+    sql.quote(&format!("{table}_{suffix}"))
 }
 
 /// The inbox table's columns and primary key.
@@ -72,7 +77,7 @@ pub(crate) fn inbox_columns(types: &InboxTypes) -> String {
 /// The statement that creates the table of duplicates' summaries, its options `options`.
 pub(crate) fn daily_table(
     sql: &dyn Syntax,
-    table: &TableName,
+    table: &str,
     types: &InboxTypes,
     options: &str,
 ) -> String {
@@ -106,14 +111,14 @@ pub(crate) fn digest_columns(types: &InboxTypes) -> String {
 
 /// The index of digests by when they were written (every process reads the pieces written
 /// since its last look): its name (unquoted) and columns.
-pub(crate) fn digest_index(table: &TableName) -> (String, &'static str) {
-    (format!("{}_kd_updated", table.as_str()), "(updated_ms)")
+pub(crate) fn digest_index(table: &str) -> (String, &'static str) {
+    (format!("{}_kd_updated", table), "(updated_ms)")
 }
 
 /// The inbox tables as backends that create indexes apart from their tables write them
 /// (PostgreSQL, SQLite).
-pub(crate) fn inbox_tables(sql: &dyn Syntax, table: &TableName, types: &InboxTypes) -> Vec<String> {
-    let name = sql.quote(table.as_str());
+pub(crate) fn inbox_tables(sql: &dyn Syntax, table: &str, types: &InboxTypes) -> Vec<String> {
+    let name = sql.quote(table);
     let index = derived_name(sql, table, "expires_at");
     let digest = derived_name(sql, table, KEY_DIGEST);
     let (digest_index, digest_index_columns) = digest_index(table);
@@ -170,8 +175,8 @@ pub(crate) const PARTIAL_OUTBOX_INDEXES: [(&str, &str); 4] = [
 ];
 
 /// `CREATE INDEX IF NOT EXISTS` for each of the outbox's partial indexes.
-pub(crate) fn create_outbox_indexes(sql: &dyn Syntax, table: &TableName) -> Vec<String> {
-    let name = sql.quote(table.as_str());
+pub(crate) fn create_outbox_indexes(sql: &dyn Syntax, table: &str) -> Vec<String> {
+    let name = sql.quote(table);
     PARTIAL_OUTBOX_INDEXES
         .iter()
         .map(|(suffix, definition)| {
@@ -182,14 +187,10 @@ pub(crate) fn create_outbox_indexes(sql: &dyn Syntax, table: &TableName) -> Vec<
 }
 
 /// The outbox table as backends that create indexes apart from their tables write it.
-pub(crate) fn outbox_table(
-    sql: &dyn Syntax,
-    table: &TableName,
-    types: &OutboxTypes,
-) -> Vec<String> {
+pub(crate) fn outbox_table(sql: &dyn Syntax, table: &str, types: &OutboxTypes) -> Vec<String> {
     let mut statements = vec![format!(
         "CREATE TABLE IF NOT EXISTS {} ({}, CONSTRAINT {} UNIQUE (message_id))",
-        sql.quote(table.as_str()),
+        sql.quote(table),
         outbox_columns(types),
         derived_name(sql, table, "message_id")
     )];

@@ -13,7 +13,6 @@ use super::outbox::{self, Bound, OutboxSql, RunBounds, Staging};
 use super::schema::{self, InboxTypes, OutboxTypes, SchemaSql};
 use super::syntax::{Syntax, WithValues};
 use crate::key::{ConsumerName, MessageKey};
-use crate::store::table::TableName;
 use crate::store::values::{BatchClaim, CLAIM_COLUMNS};
 
 /// SQLite.
@@ -251,7 +250,7 @@ impl OutboxSql for Sqlite {
 }
 
 impl SchemaSql for Sqlite {
-    fn inbox_tables(&self, table: &TableName) -> Vec<String> {
+    fn inbox_tables(&self, table: &str) -> Vec<String> {
         let types = InboxTypes {
             key: "VARCHAR(255)",
             consumer: "VARCHAR(128)",
@@ -263,7 +262,7 @@ impl SchemaSql for Sqlite {
         schema::inbox_tables(self, table, &types)
     }
 
-    fn outbox_table(&self, table: &TableName) -> Vec<String> {
+    fn outbox_table(&self, table: &str) -> Vec<String> {
         let types = OutboxTypes {
             seq: "INTEGER PRIMARY KEY AUTOINCREMENT",
             id: "VARCHAR(255)",
@@ -274,10 +273,10 @@ impl SchemaSql for Sqlite {
     }
 
     /// SQLite adds a column only once: the caller checks that it is missing first.
-    fn outbox_upgrade(&self, table: &TableName) -> Vec<String> {
+    fn outbox_upgrade(&self, table: &str) -> Vec<String> {
         let mut statements = vec![format!(
             "ALTER TABLE {} ADD COLUMN held_until BIGINT NULL",
-            self.quote(table.as_str())
+            self.quote(table)
         )];
         statements.extend(schema::create_outbox_indexes(self, table));
         statements
