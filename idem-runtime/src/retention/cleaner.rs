@@ -229,7 +229,7 @@ impl Cleaner {
         let store = &self.inner.store;
         let db = &self.inner.db;
         if store.dialect().one_process() {
-            let database = match store.sqlite_file(db).await? {
+            let database = match store.database_file(db).await? {
                 Some(file) => file,
                 // In memory: a database of this inbox's own pool.
                 None => format!("in-memory inbox {:p}", Arc::as_ptr(&self.inner)),
@@ -421,7 +421,7 @@ mod tests {
         let (one, two) = (in_memory_inbox(300).await, in_memory_inbox(200).await);
         let (one, two) = (one.cleaner(), two.cleaner());
         let parts = &one.inner;
-        assert_eq!(parts.store.sqlite_file(&parts.db).await.unwrap(), None);
+        assert_eq!(parts.store.database_file(&parts.db).await.unwrap(), None);
         let (a, b) = tokio::join!(one.run_once(), two.run_once());
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!((a.deleted, a.skipped), (300, false), "{a:?}");

@@ -62,13 +62,15 @@ impl Store {
         self.dialect.lock_taken(&row)
     }
 
-    /// The file of a SQLite connection's main database, as SQLite resolved it; `None` for an
-    /// in-memory or temporary database.
-    pub(crate) async fn sqlite_file(
+    /// The file of the connection's main database, as the database resolved it, where one
+    /// process owns it (SQLite); `None` for an in-memory or temporary database, or elsewhere.
+    pub(crate) async fn database_file(
         &self,
         conn: &impl ConnectionTrait,
     ) -> Result<Option<String>, DbErr> {
-        let sql = "SELECT file FROM pragma_database_list WHERE name = 'main'";
+        let Some(sql) = self.dialect.database_file() else {
+            return Ok(None);
+        };
         let row = conn.query_one_raw(self.statement(sql, Vec::new())).await?;
         let file = match row {
             Some(row) => row.try_get_by_index::<Option<String>>(0)?,

@@ -111,6 +111,10 @@ impl Syntax for MySql {
         false
     }
 
+    fn database_file(&self) -> Option<&'static str> {
+        None
+    }
+
     fn on_open(&self) -> Option<&'static str> {
         None
     }

@@ -86,6 +86,10 @@ impl Syntax for Postgres {
         false
     }
 
+    fn database_file(&self) -> Option<&'static str> {
+        None
+    }
+
     fn on_open(&self) -> Option<&'static str> {
         None
     }

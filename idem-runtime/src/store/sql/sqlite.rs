@@ -74,6 +74,10 @@ impl Syntax for Sqlite {
 
     /// The setting is stored in the database file; an in-memory database keeps its own
     /// journal.
+    fn database_file(&self) -> Option<&'static str> {
+        Some("SELECT file FROM pragma_database_list WHERE name = 'main'")
+    }
+
     fn on_open(&self) -> Option<&'static str> {
         Some("PRAGMA journal_mode = WAL")
     }

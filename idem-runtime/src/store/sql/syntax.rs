@@ -57,6 +57,11 @@ pub(crate) trait Syntax: std::fmt::Debug + Send + Sync {
     /// take turns in that process rather than lock rows or take cross-process locks.
     fn one_process(&self) -> bool;
 
+    /// The query that reads the file of the connection's main database (empty or NULL for one
+    /// in memory), where one process owns it ([`Syntax::one_process`]): what names the turns
+    /// its processes take.
+    fn database_file(&self) -> Option<&'static str>;
+
     /// The statement a process runs once on opening the database (SQLite's write-ahead log, so
     /// readers do not block the writer), if any.
     fn on_open(&self) -> Option<&'static str>;
