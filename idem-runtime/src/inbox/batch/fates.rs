@@ -232,8 +232,22 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
         consumer: &ConsumerName,
         telemetry: &Telemetry,
     ) -> Vec<Later<M>> {
-        let mut firsts: HashMap<MessageKey, First> = HashMap::new();
         let mut later = Vec::new();
+        let firsts = self.answer_leads(consumer, telemetry, &mut later);
+        self.answer_repeats(consumer, telemetry, &firsts, &mut later);
+        later.sort_by_key(|later| later.index);
+        later
+    }
+
+    /// Settles every first copy whose fate is known, and leaves the others in `later`; returns
+    /// what their later copies learn from them.
+    fn answer_leads(
+        &mut self,
+        consumer: &ConsumerName,
+        telemetry: &Telemetry,
+        later: &mut Vec<Later<M>>,
+    ) -> HashMap<MessageKey, First> {
+        let mut firsts = HashMap::new();
         for lead in std::mem::take(&mut self.leads) {
             let Lead {
                 index, key, fate, ..
@@ -274,6 +288,18 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
             };
             self.settle(consumer, index, result);
         }
+        firsts
+    }
+
+    /// Answers later copies from their first copy, and leaves those whose first copy was left
+    /// in `later`.
+    fn answer_repeats(
+        &mut self,
+        consumer: &ConsumerName,
+        telemetry: &Telemetry,
+        firsts: &HashMap<MessageKey, First>,
+        later: &mut Vec<Later<M>>,
+    ) {
         for repeat in std::mem::take(&mut self.repeats) {
             let key = InboxKey {
                 consumer: consumer.clone(),
@@ -309,8 +335,6 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
             };
             self.settle(consumer, repeat.index, result);
         }
-        later.sort_by_key(|later| later.index);
-        later
     }
 
     /// Records the result of the message at `index`, counted and logged.
