@@ -24,13 +24,22 @@ pub(super) enum Fate<T> {
     Fresh,
     /// Processed here, to be committed: the output and its JSON as stored.
     Processed(T, Option<String>),
-    /// A completed record: its stored output and fingerprint, and how long ago it was
-    /// completed.
-    Duplicate(Option<String>, Option<Vec<u8>>, Option<Duration>),
+    /// A completed record.
+    Duplicate(Recorded),
     /// Left for the per-message path after the commit.
     Deferred,
     /// Failed with this error; nothing of it is committed.
     Failed(Error),
+}
+
+/// What the inbox holds of a completed key, for its copies.
+pub(super) struct Recorded {
+    /// The output as stored (JSON).
+    output: Option<String>,
+    /// The fingerprint stored with it.
+    fingerprint: Option<Vec<u8>>,
+    /// How long before the batch it was completed (zero when in this batch).
+    age: Option<Duration>,
 }
 
 /// The first copy of a key in the batch.
@@ -109,8 +118,13 @@ pub(super) struct Sorted<M, T> {
     results: Vec<Option<Result<Outcome<T>>>>,
 }
 
-/// A message left for the per-message path: its place in the batch, key and message.
-pub(super) type Later<M> = (usize, MessageKey, M);
+/// A message left for the per-message path.
+pub(super) struct Later<M> {
+    /// Its place in the batch.
+    pub(super) index: usize,
+    pub(super) key: MessageKey,
+    pub(super) message: M,
+}
 
 /// Sorts the items out: their metadata, the results known before any statement (an invalid
 /// key, a message that cannot be fingerprinted), the first copy of each key (sorted by key) and
@@ -191,7 +205,11 @@ pub(super) fn known_fate<M, T>(lead: &Lead<M, T>, row: Row) -> Fate<T> {
     ) {
         Ok(()) => {
             let age = row.completed_age();
-            Fate::Duplicate(row.output, row.fingerprint, age)
+            Fate::Duplicate(Recorded {
+                output: row.output,
+                fingerprint: row.fingerprint,
+                age,
+            })
         }
         Err(error) => Fate::Failed(error),
     }
@@ -199,9 +217,8 @@ pub(super) fn known_fate<M, T>(lead: &Lead<M, T>, row: Row) -> Fate<T> {
 
 /// What a later copy of a key learns from its first copy.
 enum First {
-    /// It is recorded: the output and fingerprint stored, and how long before the batch it
-    /// was completed (zero when in this batch).
-    Stored(Option<String>, Option<Vec<u8>>, Option<Duration>),
+    /// It is recorded.
+    Stored(Recorded),
     /// It failed.
     Failed,
 }
@@ -215,25 +232,43 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
         consumer: &ConsumerName,
         telemetry: &Telemetry,
     ) -> Vec<Later<M>> {
-        let mut firsts: HashMap<MessageKey, First> = HashMap::new();
         let mut later = Vec::new();
+        let firsts = self.answer_leads(consumer, telemetry, &mut later);
+        self.answer_repeats(consumer, telemetry, &firsts, &mut later);
+        later.sort_by_key(|later| later.index);
+        later
+    }
+
+    /// Settles every first copy whose fate is known, and leaves the others in `later`; returns
+    /// what their later copies learn from them.
+    fn answer_leads(
+        &mut self,
+        consumer: &ConsumerName,
+        telemetry: &Telemetry,
+        later: &mut Vec<Later<M>>,
+    ) -> HashMap<MessageKey, First> {
+        let mut firsts = HashMap::new();
         for lead in std::mem::take(&mut self.leads) {
             let Lead {
                 index, key, fate, ..
             } = lead;
             let result = match fate {
                 Fate::Processed(output, json) => {
-                    let stored = lead.fingerprint.map(|print| print.as_bytes().to_vec());
-                    let first = First::Stored(json, stored, Some(Duration::ZERO));
+                    let first = First::Stored(Recorded {
+                        output: json,
+                        fingerprint: lead.fingerprint.map(|print| print.as_bytes().to_vec()),
+                        age: Some(Duration::ZERO),
+                    });
                     firsts.insert(key.message_key.clone(), first);
                     Ok(Outcome::Processed(output))
                 }
-                Fate::Duplicate(output, stored, age) => {
-                    let result = decode_stored(&key, output.clone()).map(Outcome::Duplicate);
+                Fate::Duplicate(recorded) => {
+                    let result =
+                        decode_stored(&key, recorded.output.clone()).map(Outcome::Duplicate);
                     if result.is_ok() {
-                        telemetry.duplicate(consumer.as_str(), age);
+                        telemetry.duplicate(consumer.as_str(), recorded.age);
                     }
-                    firsts.insert(key.message_key.clone(), First::Stored(output, stored, age));
+                    firsts.insert(key.message_key.clone(), First::Stored(recorded));
                     result
                 }
                 Fate::Failed(error) => {
@@ -242,29 +277,45 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
                 }
                 Fate::Deferred => {
                     let message = lead.message.expect("a deferred message was not run");
-                    later.push((index, key.message_key, message));
+                    later.push(Later {
+                        index,
+                        key: key.message_key,
+                        message,
+                    });
                     continue;
                 }
                 Fate::Fresh => unreachable!("a fresh claim either ran or its batch was lost"),
             };
             self.settle(consumer, index, result);
         }
+        firsts
+    }
+
+    /// Answers later copies from their first copy, and leaves those whose first copy was left
+    /// in `later`.
+    fn answer_repeats(
+        &mut self,
+        consumer: &ConsumerName,
+        telemetry: &Telemetry,
+        firsts: &HashMap<MessageKey, First>,
+        later: &mut Vec<Later<M>>,
+    ) {
         for repeat in std::mem::take(&mut self.repeats) {
             let key = InboxKey {
                 consumer: consumer.clone(),
                 message_key: repeat.key,
             };
             let result = match firsts.get(&key.message_key) {
-                Some(First::Stored(output, stored, age)) => {
+                Some(First::Stored(recorded)) => {
                     let result = check_stored_fingerprint(
                         &key,
-                        stored.as_deref(),
+                        recorded.fingerprint.as_deref(),
                         repeat.fingerprint.as_ref(),
                     )
-                    .and_then(|()| decode_stored(&key, output.clone()))
+                    .and_then(|()| decode_stored(&key, recorded.output.clone()))
                     .map(Outcome::Duplicate);
                     if result.is_ok() {
-                        telemetry.duplicate(consumer.as_str(), *age);
+                        telemetry.duplicate(consumer.as_str(), recorded.age);
                     }
                     result
                 }
@@ -274,14 +325,16 @@ impl<M, T: serde::de::DeserializeOwned> Sorted<M, T> {
                     remaining: Duration::ZERO,
                 }),
                 None => {
-                    later.push((repeat.index, key.message_key, repeat.message));
+                    later.push(Later {
+                        index: repeat.index,
+                        key: key.message_key,
+                        message: repeat.message,
+                    });
                     continue;
                 }
             };
             self.settle(consumer, repeat.index, result);
         }
-        later.sort_by_key(|(index, ..)| *index);
-        later
     }
 
     /// Records the result of the message at `index`, counted and logged.

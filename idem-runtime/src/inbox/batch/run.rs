@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::attempt::Batch;
-use super::fates::{Fate, Lead, Sorted, record, sort_out};
+use super::fates::{Fate, Later, Lead, Sorted, record, sort_out};
 use super::item::{BatchChecks, BatchItem, MAX_BATCH, in_chunk};
 use super::lost::Lost;
 use crate::error::{Error, Result};
@@ -143,7 +143,12 @@ impl Inner {
             }
         }
         sorted.leads = leads;
-        for (index, key, message) in sorted.answer(consumer, &self.telemetry) {
+        for Later {
+            index,
+            key,
+            message,
+        } in sorted.answer(consumer, &self.telemetry)
+        {
             let metadata = &sorted.metadata[index];
             let result = self
                 .process_with_key(handler, Ok(key), message, metadata)
