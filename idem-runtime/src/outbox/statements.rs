@@ -1,7 +1,7 @@
 //! The SQL text of every outbox statement, built once per outbox for its dialect and table;
 //! what differs between backends, each backend's room writes (`store/sql/`).
 //!
-//! Times are the database's clock ([`Dialect::now_ms`]), in milliseconds. Statements over a
+//! Times are the database's clock ([`Syntax::now_ms`](crate::store::sql::Syntax::now_ms)), in milliseconds. Statements over a
 //! list of values bind an array on PostgreSQL and, elsewhere, are written for the next power of
 //! two, padded with values no row has, so that a handful of texts serve every batch.
 

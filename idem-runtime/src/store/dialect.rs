@@ -154,7 +154,7 @@ fn sqlx_refuses_value(error: &sea_orm::sqlx::Error) -> bool {
         .is_some_and(|code| sql::codes::sqlstate_refuses_value(&code))
 }
 
-/// The SQL of one backend: a handle on its room (see [`sql`](super::sql)), whose every kind of
+/// The SQL of one backend: a handle on its room (see `store/sql/`), whose every kind of
 /// statement it offers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Dialect(&'static dyn Sql);
@@ -197,7 +197,7 @@ impl Dialect {
         self.open_transaction().is_some()
     }
 
-    /// Begins a transaction as the backend begins one ([`Syntax::transaction_options`]).
+    /// Begins a transaction as the backend begins one ([`Syntax::transaction_options`](sql::Syntax::transaction_options)).
     pub(crate) async fn begin(self, db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
         begin_detached(db, self.transaction_options()).await
     }

@@ -1,6 +1,6 @@
 //! The SQL text of every inbox statement, built once per inbox for its dialect and table.
 //!
-//! Every time a statement compares or writes is the database's clock ([`Dialect::now_ms`]):
+//! Every time a statement compares or writes is the database's clock ([`Syntax::now_ms`](super::sql::Syntax::now_ms)):
 //! leases and expiries mean the same to every process, whatever their hosts' clocks say.
 //! Durations are bound as milliseconds and added to it.
 
