@@ -1,6 +1,6 @@
 //! Effectively-once message consumers, in one dependency: the runtime of idem at the root
-//! ([`Inbox`], [`Handler`], [`idempotent`], the [`Outbox`]...), RabbitMQ as [`rabbitmq`] and
-//! HTTP `Idempotency-Key` as [`http`], each behind its feature.
+//! ([`Inbox`], [`Handler`], [`idempotent`], the [`Outbox`]...), RabbitMQ as `idem::rabbitmq` and
+//! HTTP `Idempotency-Key` as `idem::http`, each behind its feature.
 //!
 //! `#[idempotent]` finds this crate by itself: a handler crate that depends on `idem` alone
 //! needs nothing else.
@@ -38,9 +38,9 @@
 //! | `postgres`, `mysql` | no | PostgreSQL; MySQL and MariaDB |
 //! | `tls-rustls` | no | TLS to the database |
 //! | `migration` | no | `migration` for sea-orm-migration |
-//! | `rabbitmq` | no | [`rabbitmq`]: the consumer, publisher and outbox relay (lapin 4) |
+//! | `rabbitmq` | no | `rabbitmq`: the consumer, publisher and outbox relay (lapin 4) |
 //! | `rabbitmq-tls` | no | `amqps://` URLs |
-//! | `http` | no | [`http`]: `Idempotency-Key` for tower and axum services |
+//! | `http` | no | `http`: `Idempotency-Key` for tower and axum services |
 //! | `otel` | no | W3C Trace Context through `tracing-opentelemetry` |
 
 pub use idem_runtime::*;

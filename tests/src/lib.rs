@@ -91,3 +91,13 @@ where
 }
 pub use rabbit::TestBroker;
 pub use recorder::{Msg, Recorder};
+
+/// The name the test harness gives the test `name` of the module at `module_path` (its
+/// `module_path!()`): the path without the crate's name, as a child process that runs this
+/// test binary again on that one test must pass it to `--exact`.
+pub fn test_named(module_path: &str, name: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, path)) => format!("{path}::{name}"),
+        None => name.to_owned(),
+    }
+}
