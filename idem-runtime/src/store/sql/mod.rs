@@ -75,6 +75,7 @@ pub(crate) fn by_name(name: &str) -> &'static dyn Sql {
 
 /// What each driver's database errors mean, by the room of its backend.
 pub(crate) mod codes {
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     pub(crate) use super::postgres::{
         failure as sqlstate_failure, refuses_value as sqlstate_refuses_value,
         takes_no_writes as sqlstate_takes_no_writes,

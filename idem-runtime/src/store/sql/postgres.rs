@@ -17,6 +17,7 @@ use super::outbox::{self, Bound, OutboxSql, RunBounds, Staging};
 use super::schema::{self, InboxTypes, OutboxTypes, SchemaSql};
 use super::syntax::{Syntax, WithValues};
 use crate::key::{ConsumerName, MessageKey};
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use crate::store::failure::Failure;
 use crate::store::values::{BatchClaim, CLAIM_COLUMNS};
 
@@ -564,6 +565,7 @@ impl SchemaSql for Postgres {
 
 /// What a PostgreSQL error's SQLSTATE means; the classification of any driver that reports
 /// SQLSTATEs only.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn failure(code: &str) -> Failure {
     match code {
         // Serialization failure, deadlock.
@@ -585,6 +587,7 @@ pub(crate) fn failure(code: &str) -> Failure {
 /// Whether an error's SQLSTATE says the server takes no writes for now: a read-only
 /// transaction, no connection slot left. (Other insufficient resources, such as too many locks,
 /// come from the statement itself.)
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn takes_no_writes(code: Option<&str>) -> bool {
     matches!(code, Some("25006" | "53300"))
 }
@@ -592,6 +595,7 @@ pub(crate) fn takes_no_writes(code: Option<&str>) -> bool {
 /// Whether an error's SQLSTATE refuses a value: data exceptions (class 22: too long, invalid or
 /// untranslatable characters), integrity constraints (23), program limits (54: a row or a value
 /// too large).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn refuses_value(code: &str) -> bool {
     code.starts_with("22") || code.starts_with("23") || code.starts_with("54")
 }
