@@ -11,16 +11,7 @@ use std::time::Duration;
 use idem_runtime::outbox::PendingMessage;
 use tokio::time::Instant;
 
-/// How long a message whose publish closed the channel is held back before it is tried again
-/// the first time; the hold doubles at each try, up to [`MAX_HOLD`].
-const HOLD: Duration = Duration::from_secs(30);
-
-/// How long a message the broker did not take is held back before it is tried again the first
-/// time; the hold doubles at each try, up to [`MAX_HOLD`].
-pub(super) const RETRY_NOT_TAKEN: Duration = Duration::from_secs(5);
-
-/// The longest hold of a message the broker keeps refusing.
-const MAX_HOLD: Duration = Duration::from_secs(300);
+use super::settings::HoldTimes;
 
 /// How long the tries of a hold that ran out are remembered: one taken meanwhile is forgotten
 /// then.
@@ -79,6 +70,8 @@ pub(super) enum Refused<'a> {
 /// The holds this relay made, and whether it is looking for a message that closed the channel.
 #[derive(Debug, Default)]
 pub(super) struct HoldMemory {
+    /// How long the holds are.
+    times: HoldTimes,
     holds: HashMap<Subject, SubjectHolds>,
     /// Publishes left to send one at a time, after a channel closed under several in flight:
     /// the next one to close it alone is the culprit.
@@ -86,6 +79,14 @@ pub(super) struct HoldMemory {
 }
 
 impl HoldMemory {
+    /// No holds yet; they will last `times`.
+    pub(super) fn new(times: HoldTimes) -> Self {
+        Self {
+            times,
+            ..Self::default()
+        }
+    }
+
     /// Forgets the holds long run out; the messages of `messages` (a batch, in the order
     /// staged) to publish now, and those to hold on sight (their exchange is held); only the
     /// first to publish while the relay is careful.
@@ -161,7 +162,7 @@ impl HoldMemory {
         message: &'a PendingMessage,
         why: &impl std::fmt::Display,
     ) -> Hold<'a> {
-        let pause = self.note_hold(Subject::of(message), message, RETRY_NOT_TAKEN);
+        let pause = self.note_hold(Subject::of(message), message, self.times.not_taken);
         let tries = self.tries(&Subject::of(message));
         // Said at the first tries and then less and less often, not at every one.
         if tries.is_power_of_two() {
@@ -207,11 +208,12 @@ impl HoldMemory {
         };
         let exchange_refused = refused.is_some();
         self.careful = 0;
-        let mut pause = self.note_hold(Subject::of(culprit), culprit, HOLD);
+        let first = self.times.channel_closed;
+        let mut pause = self.note_hold(Subject::of(culprit), culprit, first);
         if exchange_refused {
             // The exchange's holds grow apart from the run's; both last the longer of the two.
             let exchange = Subject::Exchange(culprit.exchange.clone());
-            pause = pause.max(self.note_hold(exchange.clone(), culprit, HOLD));
+            pause = pause.max(self.note_hold(exchange.clone(), culprit, first));
             for subject in [Subject::of(culprit), exchange] {
                 if let Some(holds) = self.holds.get_mut(&subject) {
                     holds.until = Instant::now() + pause;
@@ -250,7 +252,7 @@ impl HoldMemory {
     }
 
     /// Notes one more hold of `subject`, for `message`: `base` at first, doubling at each try
-    /// after, up to [`MAX_HOLD`]; returns its length.
+    /// after, up to the longest hold; returns its length.
     fn note_hold(
         &mut self,
         subject: Subject,
@@ -267,7 +269,7 @@ impl HoldMemory {
         holds.tries += 1;
         let pause = base
             .saturating_mul(1 << holds.tries.saturating_sub(1).min(16))
-            .min(MAX_HOLD);
+            .min(self.times.max);
         holds.until = now + pause;
         holds.staged = holds.staged.min(staged);
         pause

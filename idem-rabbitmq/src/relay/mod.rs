@@ -26,7 +26,7 @@ use crate::url::AmqpUrl;
 
 use run::Runner;
 use session::RelaySession;
-use settings::RelaySettings;
+use settings::{HoldTimes, RelaySettings};
 use stats::RelayCounters;
 pub use stats::RelayStats;
 
@@ -63,7 +63,7 @@ pub struct RelayBuilder {
 /// - **Holds.** A message the broker does not take (unroutable: no queue bound for its routing
 ///   key; refused) stops its run for the rest of the batch, so no later message of its run
 ///   overtakes it, and is held back with the rest of its run (5 s, doubling at each try up to
-///   5 min), while every other run goes on; it is counted
+///   5 min: [`hold_backoff`](RelayBuilder::hold_backoff)), while every other run goes on; it is counted
 ///   (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every try. Holds are
 ///   written in the table (`held_until`), so a relay restarted, or another relay, keeps them;
 ///   held messages are in no batch a relay takes, so a large held backlog costs the others
@@ -200,6 +200,17 @@ impl RelayBuilder {
         self
     }
 
+    /// How long a message the broker refused is held back, with the rest of its run, before
+    /// it is tried again: `first` for a message the broker did not take (unroutable, negatively
+    /// confirmed), six times as long for one whose publish closed the channel (its exchange
+    /// missing or forbidden), each hold doubling the one before, at most `max` (defaults 5 s,
+    /// 30 s and 300 s). An operator who fixed the cause lifts a hold at once with
+    /// `idem outbox retry`.
+    pub fn hold_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.settings.holds = HoldTimes::new(first, max);
+        self
+    }
+
     /// Connects to the broker (and, on PostgreSQL, listens on the outbox's channel), then
     /// publishes in a task of its own until [`Relay::shutdown`].
     ///
@@ -265,6 +276,10 @@ impl RelayBuilder {
             (
                 "the relay retry back-off",
                 settings.backoff.base().is_zero(),
+            ),
+            (
+                "the relay hold back-off",
+                settings.holds.not_taken.is_zero(),
             ),
         ];
         let mut problems: Vec<SettingError> = zeros

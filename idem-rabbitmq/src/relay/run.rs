@@ -112,6 +112,7 @@ impl Runner {
     ) -> Self {
         let table = outbox.table().as_str().to_owned();
         let local = outbox.local_relay();
+        let held = HoldMemory::new(settings.holds);
         Self {
             outbox,
             settings,
@@ -121,7 +122,7 @@ impl Runner {
             wake,
             stop,
             table,
-            held: HoldMemory::default(),
+            held,
             released: tokio::time::Instant::now(),
             pending_counted: None,
             pass_after: None,

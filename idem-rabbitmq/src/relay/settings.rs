@@ -18,6 +18,38 @@ pub(crate) struct RelaySettings {
     pub(super) open_timeout: Duration,
     /// `retry_backoff`.
     pub(super) backoff: Backoff,
+    /// `hold_backoff`.
+    pub(super) holds: HoldTimes,
+}
+
+/// How long the relay holds back a message the broker refused, with the rest of its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HoldTimes {
+    /// The first hold of a message the broker did not take (unroutable, negatively confirmed).
+    pub(crate) not_taken: Duration,
+    /// The first hold of a message whose publish closed the channel (its exchange missing or
+    /// forbidden): longer, since an operator must act.
+    pub(crate) channel_closed: Duration,
+    /// The longest hold; each doubles the one before.
+    pub(crate) max: Duration,
+}
+
+impl HoldTimes {
+    /// Holds starting at `first` (a closed channel's at six times as long), at most `max`.
+    pub(crate) fn new(first: Duration, max: Duration) -> Self {
+        Self {
+            not_taken: first.min(max),
+            channel_closed: first.saturating_mul(6).min(max),
+            max,
+        }
+    }
+}
+
+impl Default for HoldTimes {
+    /// 5 s at first (30 s for a closed channel), doubling, at most 5 minutes.
+    fn default() -> Self {
+        Self::new(Duration::from_secs(5), Duration::from_secs(300))
+    }
 }
 
 impl RelaySettings {
@@ -40,6 +72,7 @@ impl RelaySettings {
             // The consumer's retry back-off: quick for a passing failure, at most 10 s between
             // tries during an outage.
             backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
+            holds: HoldTimes::default(),
         }
     }
 }

@@ -1,5 +1,5 @@
-//! A relay killed (SIGKILL) in the middle of a backlog of 100 000 messages, on PostgreSQL and
-//! MariaDB: the relay started after it publishes the rest; every message arrives, each id once
+//! A relay killed (SIGKILL) in the middle of a backlog of 20 000 messages (100 000 with
+//! `IDEM_BACKLOG_RUNS=1000`), on PostgreSQL and MariaDB: the relay started after it publishes the rest; every message arrives, each id once
 //! after deduplication by message id, and each run's messages in the order they were staged.
 //! Copies of what the killed relay published but had not marked sent are allowed: the id is
 //! what a consumer deduplicates by.
@@ -26,14 +26,23 @@ on_each_backend!([postgres, mysql]: a_relay_killed_mid_backlog_loses_nothing_and
 
 /// The routing key the test queue is bound with.
 const ROUTED: &str = "routed";
-/// The backlog: [`RUNS`] runs of [`PER_RUN`] messages, interleaved.
-const RUNS: u64 = 1000;
+/// The backlog: [`runs`] runs of [`PER_RUN`] messages, interleaved.
 const PER_RUN: u64 = 100;
+
+/// How many runs the backlog has: `IDEM_BACKLOG_RUNS`, 200 by default.
+fn runs() -> u64 {
+    std::env::var("IDEM_BACKLOG_RUNS").ok().map_or(200, |runs| {
+        runs.parse().expect("IDEM_BACKLOG_RUNS is a number")
+    })
+}
+
 /// How many messages the child's relay marks sent before it is killed: a fifth of the backlog,
-/// which leaves it half a minute or more of work at the rates of a debug build (some 2 500
-/// messages a second on PostgreSQL, 600 on MariaDB, on two cores).
-const KILL_AFTER: i64 = 20_000;
-/// How long the child's relay may take to reach [`KILL_AFTER`].
+/// which leaves it several seconds of work at the rates of a debug build (some 2 500 messages a
+/// second on PostgreSQL, 600 on MariaDB, on two cores).
+fn kill_after() -> i64 {
+    (runs() * PER_RUN / 5) as i64
+}
+/// How long the child's relay may take to reach [`kill_after`].
 const KILL_WAIT: Duration = Duration::from_secs(120);
 /// How long the relay started after the kill may take to publish the rest.
 const FINISH_WAIT: Duration = Duration::from_secs(300);
@@ -79,7 +88,7 @@ async fn a_relay_killed_mid_backlog_loses_nothing_and_keeps_runs_in_order(backen
         prefix: "b",
         exchange: f.exchange(),
         routing_key: ROUTED,
-        runs: RUNS,
+        runs: runs(),
         per_run: PER_RUN,
     };
     backlog.write(&f.db.db, f.table(), false).await;
@@ -93,7 +102,8 @@ async fn a_relay_killed_mid_backlog_loses_nothing_and_keeps_runs_in_order(backen
     assert!(
         sent_at_kill < total,
         "the child's relay had sent the whole backlog before it was killed: kill sooner than \
-         {KILL_AFTER} messages"
+         {} messages",
+        kill_after()
     );
 
     let relay = Relay::builder(amqp_url(), f.outbox().clone())
@@ -143,13 +153,14 @@ async fn start_child_relay(f: &Fixture) -> Child {
         .expect("the child process starts")
 }
 
-/// Waits until the child's relay marked [`KILL_AFTER`] messages sent; fails the test if the
+/// Waits until the child's relay marked [`kill_after`] messages sent; fails the test if the
 /// child exits or takes longer than [`KILL_WAIT`].
 async fn wait_for_kill_point(f: &Fixture, child: &mut Child) {
     let deadline = Instant::now() + KILL_WAIT;
+    let kill_after = kill_after();
     loop {
         let sent = f.sent().await;
-        if sent >= KILL_AFTER {
+        if sent >= kill_after {
             return;
         }
         if let Some(status) = child.try_wait().expect("the child's status") {
@@ -157,7 +168,7 @@ async fn wait_for_kill_point(f: &Fixture, child: &mut Child) {
         }
         assert!(
             Instant::now() < deadline,
-            "the child's relay sent {sent} of {KILL_AFTER} messages within {KILL_WAIT:?}"
+            "the child's relay sent {sent} of {kill_after} messages within {KILL_WAIT:?}"
         );
         tokio::time::sleep(COUNT_EVERY).await;
     }
