@@ -147,6 +147,17 @@ struct Args {
     )]
     notifications_queue: String,
 
+    /// How long a notification's claim stays the claimer's while it calls the provider, in
+    /// milliseconds; the handler's own (30 s) without it. A process killed in the call holds
+    /// that notification for as long
+    #[arg(
+        long = "notifications-lease-ms",
+        value_name = "MS",
+        env = "NOTIFICATIONS_LEASE_MS",
+        value_parser = parse_millis,
+    )]
+    notifications_lease: Option<Duration>,
+
     /// With --demo: print the report as one JSON object on standard output
     #[arg(long, requires = "demo")]
     json: bool,
@@ -249,7 +260,7 @@ struct Started {
 async fn start(args: &Args) -> Result<Started, BoxError> {
     let db = idem_examples::cli::connect_database(&args.database_url).await?;
     billing::create_tables(&db).await?;
-    let (inbox, outbox) = open_inbox(&db).await?;
+    let (inbox, outbox) = open_inbox(&db, args.notifications_lease).await?;
     let broker = args.broker.url()?;
     declare_events_exchange(args, &broker).await?;
     let relay = start_relay(args, &broker, outbox.clone()).await?;
@@ -282,18 +293,23 @@ fn log_settings(args: &Args) {
 
 /// The inbox, with the outbox beside it: events are staged in the outbox with the invoices,
 /// and the relay publishes them.
-async fn open_inbox(db: &DatabaseConnection) -> Result<(Inbox, Outbox), BoxError> {
+async fn open_inbox(
+    db: &DatabaseConnection,
+    notifications_lease: Option<Duration>,
+) -> Result<(Inbox, Outbox), BoxError> {
     // Records must outlive every redelivery: the broker's delivery limit times its consumer
     // timeout, plus three days in which an operator may resubmit from the dead-letter queue.
     let window = RedeliveryWindow::new(DELIVERY_LIMIT, CONSUMER_TIMEOUT)
         .with_dead_letter_resubmission(Duration::from_secs(3 * 24 * 3600));
     let outbox = Outbox::builder(db.clone()).build().await?;
-    let inbox = Inbox::builder(db.clone())
+    let mut inbox = Inbox::builder(db.clone())
         .retention(RetentionPolicy::default())
         .redelivery_window(window)
-        .outbox(outbox.clone())
-        .build()
-        .await?;
+        .outbox(outbox.clone());
+    if let Some(lease) = notifications_lease {
+        inbox = inbox.lease(notifications::CONSUMER, lease);
+    }
+    let inbox = inbox.build().await?;
     Ok((inbox, outbox))
 }
 
