@@ -625,12 +625,61 @@ async fn concurrent_replays_never_end_in_part_saying_done() {
     for reason in unfinished {
         let again = run_within(&mut replay(reason), Duration::from_secs(120)).await;
         assert!(again.status.success(), "{reason} again: {again:?}");
+        // Run right after the other ended: what that one gave back is read too.
+        let done = json(&again);
+        assert_eq!(
+            done["moved"], LETTERS,
+            "exit 0 means all of {reason}: {done}"
+        );
     }
     wait_for_depth(&broker, &dlq, 0).await;
     let mut moved = ids(&broker.drain(&target).await);
     moved.sort();
     moved.dedup();
     assert_eq!(moved.len(), 2 * LETTERS, "every letter moved");
+}
+
+/// Letters another client held when a replay counted the queue (a listing, or a replay that
+/// just ended and whose returns the broker counts a moment later) and gave back while it ran
+/// are moved too: a replay that exits 0 left none of its reason behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_moves_what_another_client_gave_back_while_it_ran() {
+    const LETTERS: usize = 1_000;
+    const HELD: usize = 200;
+    ensure_management().await;
+    let broker = TestBroker::connect().await;
+    let dlq = unique("dlq_given_back");
+    let target = unique("dlq_given_back_target");
+    broker.declare_queue(&dlq, &[]).await;
+    broker.declare_queue(&target, &[]).await;
+    publish_letters_of(&confirming_channel().await, &dlq, "g", LETTERS, |_| "a").await;
+    // Another client holds the first letters, unacknowledged.
+    let holder = setup_channel().await;
+    for _ in 0..HELD {
+        let options = idem_rabbitmq::lapin::options::BasicGetOptions { no_ack: false };
+        let got = holder
+            .basic_get(dlq.as_str().into(), options)
+            .await
+            .unwrap();
+        assert!(got.is_some(), "a letter to hold");
+    }
+    let mut replay = Command::new(env!("CARGO_BIN_EXE_idem"));
+    replay
+        .args(["dlq", "replay", &dlq, "--to", &target, "--json"])
+        .env("AMQP_URL", amqp_url());
+    let giving_back = async {
+        // Once the replay counted the queue without them, the holder goes.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.close(200, "done".into()).await.unwrap();
+    };
+    let (done, ()) = tokio::join!(
+        run_within(&mut replay, Duration::from_secs(120)),
+        giving_back
+    );
+    let done = json(&done);
+    assert_eq!(done["moved"], LETTERS, "exit 0 means every letter: {done}");
+    assert_eq!(broker.depth(&dlq).await, 0);
+    assert_eq!(broker.drain(&target).await.len(), LETTERS);
 }
 
 /// A letter whose `x-idem-queue` names another queue than the replay's target is moved as asked,

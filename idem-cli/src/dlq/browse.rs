@@ -20,6 +20,10 @@ use crate::output::note;
 /// How long closing the channel, then the connection, is waited for.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How many times a browse reads the queue's depth again after reading every letter it
+/// counted; a queue still fed after that many is left, its letters said unread.
+const RECOUNTS: u8 = 5;
+
 /// How many characters of a body a sample shows.
 const SAMPLE_CHARS: usize = 200;
 
@@ -100,6 +104,8 @@ pub(super) struct Browse {
     /// Letters that were in the queue at its opening and could not be read: another client
     /// held them (a concurrent look or replay), or they went meanwhile.
     pub(super) unread: u32,
+    /// How many more times the queue's depth is read once every counted letter was read.
+    recounts_left: u8,
 }
 
 impl Browse {
@@ -126,13 +132,14 @@ impl Browse {
             held: None,
             returned: None,
             unread: 0,
+            recounts_left: RECOUNTS,
         })
     }
 
     /// The next message that was in the queue when it was opened, of the asked reason; skipped
     /// ones stay unacknowledged.
     pub(super) async fn next(&mut self) -> Result<Option<(Delivery, Letter)>> {
-        while self.count > 0 {
+        while self.count > 0 || self.recounted().await? {
             self.count -= 1;
             let options = BasicGetOptions { no_ack: false };
             let getting = self.channel.basic_get(self.queue.as_str().into(), options);
@@ -153,6 +160,29 @@ impl Browse {
             self.held = Some(delivery.delivery_tag);
         }
         Ok(None)
+    }
+
+    /// Whether letters are ready that this browse has not read, once it read as many as it
+    /// counted: every letter it read it holds or moved, so what is ready now it never saw,
+    /// such as letters another client held at the opening (a replay that just ended, whose
+    /// returns the broker may count a moment later). Read too, for at most [`RECOUNTS`] more
+    /// counts; what is still ready after the last is unread.
+    async fn recounted(&mut self) -> Result<bool> {
+        if self.unread > 0 {
+            return Ok(false);
+        }
+        let counting = message_count(&self.channel, &self.queue);
+        let ready = answered(self.limit, "reading the queue's depth", counting).await?;
+        if ready == 0 {
+            return Ok(false);
+        }
+        if self.recounts_left == 0 {
+            self.unread = ready;
+            return Ok(false);
+        }
+        self.recounts_left -= 1;
+        self.count = ready;
+        Ok(true)
     }
 
     /// Reads up to `limit` letters (all without one).

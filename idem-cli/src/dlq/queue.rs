@@ -75,7 +75,8 @@ pub(crate) fn said_unread(unread: u32) -> Done {
     }
     note!(
         "idem: {unread} messages the queue held at the start could not be read: another \
-         client (a replay, a listing, a consumer) held them. Run the command again once it is done"
+         client (a replay, a listing, a consumer) held them, or more kept coming. Run the command \
+         again once it is done"
     );
     Done::Partly
 }
