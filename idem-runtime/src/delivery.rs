@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -191,12 +191,16 @@ impl DeliveryPolicy {
         detail: &str,
     ) -> Decision {
         let retry = match retry {
-            // Other deliveries reached the database since this message last found it
-            // unreachable: the error is the message's own (a statement the server kills, say),
-            // which must not be requeued unbounded.
+            // Since this message last found the database unreachable, other deliveries reached
+            // it, the last one just before this one: the error is the message's own (a
+            // statement the server kills, say), which must not be requeued unbounded.
             Retry::StoreUnavailable if memory.unreachable_only_for(identity) => Retry::Failed,
             Retry::Claimed(_) => {
                 memory.store_reached();
+                retry
+            }
+            Retry::NoConnection | Retry::NoWrites => {
+                memory.last_reached.store(false, Ordering::Relaxed);
                 retry
             }
             _ => retry,
@@ -228,7 +232,8 @@ impl DeliveryPolicy {
 
 /// What a consumer remembers between deliveries to pace its retries: per requeued message, its
 /// failed deliveries (for a broker that does not count them) and when it last found the database
-/// unreachable; and how long the database has been unreachable.
+/// unreachable; how long the database has been unreachable; how many deliveries reached it,
+/// ever, and whether the last delivery did.
 #[derive(Debug, Default)]
 pub struct RetryMemory {
     /// Per message. Bounded: a process that sees too many forgets them all.
@@ -239,6 +244,8 @@ pub struct RetryMemory {
     /// Deliveries that reached the database, ever: the clock that tells an outage from an error
     /// only one message meets.
     reached: AtomicU64,
+    /// Whether the last delivery that reached the database or found it unreachable reached it.
+    last_reached: AtomicBool,
 }
 
 /// What is remembered of one requeued message.
@@ -291,17 +298,21 @@ impl RetryMemory {
     /// Notes a delivery that reached the database (processed, a duplicate, held elsewhere).
     pub fn store_reached(&self) {
         self.reached.fetch_add(1, Ordering::Relaxed);
+        self.last_reached.store(true, Ordering::Relaxed);
         if self.outage.load(Ordering::Relaxed) != 0 {
             self.outage.store(0, Ordering::Relaxed);
         }
     }
 
     /// Notes that the message found the database unreachable; returns whether other deliveries
-    /// reached it since the message last did so, which makes the error the message's own.
+    /// reached it since the message last did so, the last delivery before this one included,
+    /// which makes the error the message's own. A database that comes and goes is found
+    /// unreachable by the deliveries just before this one too, and does not count against it.
     fn unreachable_only_for(&self, identity: &str) -> bool {
         let now = self.reached.load(Ordering::Relaxed);
+        let just_reached = self.last_reached.swap(false, Ordering::Relaxed);
         let before = self.update(identity, |message| message.unreachable_at.replace(now));
-        before.is_some_and(|before| before != now)
+        just_reached && before.is_some_and(|before| before != now)
     }
 
     /// Notes one more delivery requeued for an unreachable database; returns how many in a row.
@@ -390,6 +401,28 @@ mod tests {
     }
 
     #[test]
+    fn a_database_that_comes_back_and_goes_again_is_not_counted_against_the_message() {
+        let memory = RetryMemory::default();
+        let decide =
+            |identity| policy().decide(&memory, identity, Retry::StoreUnavailable, 5, "c", "d");
+        assert!(matches!(
+            decide("m"),
+            Decision::Requeue { counted: false, .. }
+        ));
+        // The database came back, then went again: the delivery just before this one found it
+        // unreachable too. Found by the delivery simulation below: counted, and at its limit.
+        memory.store_reached();
+        assert!(matches!(
+            decide("other"),
+            Decision::Requeue { counted: false, .. }
+        ));
+        assert!(matches!(
+            decide("m"),
+            Decision::Requeue { counted: false, .. }
+        ));
+    }
+
+    #[test]
     fn no_pooled_connection_is_never_counted_even_while_others_reach_the_database() {
         let memory = RetryMemory::default();
         let decide = || policy().decide(&memory, "m", Retry::NoConnection, 5, "c", "d");
@@ -423,5 +456,212 @@ mod tests {
             permanent: false,
         };
         assert_eq!(Retry::of(&failed), Retry::Failed);
+    }
+}
+
+/// The delivery policy as a consumer applies it, over a queue of simulated messages: healthy
+/// ones arriving all along, some that fail a few times, some whose own statement the database
+/// kills every time (it looks like an outage), and the database down in seeded windows (see
+/// `crate::sim`).
+#[cfg(test)]
+mod simulation {
+    use std::collections::BTreeMap;
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use idem_sim::{self as sim, Rng, Trace};
+
+    const MAX_DELIVERIES: u32 = 5;
+
+    /// What a simulated message does when it is delivered.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Kind {
+        /// Its handler fails this many more times, then succeeds.
+        Fails(u32),
+        /// The database kills its statement every time, as an unreachable database would look.
+        Poison,
+    }
+
+    /// Where a message ended.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum End {
+        Processed,
+        DeadLettered,
+    }
+
+    struct Message {
+        kind: Kind,
+        /// Failures its handler had planned from the start.
+        planned: u32,
+        /// Outages it was the first delivery to meet, right after one that reached the
+        /// database: the policy cannot tell those from its own error, and counts them.
+        first_in_outage: u32,
+        end: Option<End>,
+    }
+
+    /// The database's outages: down from each window's start to its end (in ms of the run).
+    fn outages(rng: &mut Rng, flapping: bool) -> Vec<(u64, u64)> {
+        if flapping {
+            let mut at = 0;
+            (0..1 + rng.below(8))
+                .map(|_| {
+                    at += 500 + rng.below(8_000);
+                    let window = (at, at + 100 + rng.below(3_000));
+                    at = window.1;
+                    window
+                })
+                .collect()
+        } else {
+            let start = rng.below(20_000);
+            vec![(start, start + rng.below(60_000))]
+        }
+    }
+
+    /// One run: 20 s of arrivals, then the queue drained; fails if a message is dead-lettered
+    /// without having failed on its own as often as the limit allows, or if one never ends.
+    async fn run(mut rng: Rng, flapping: bool) -> Result<String, String> {
+        let policy = DeliveryPolicy::new(
+            MAX_DELIVERIES,
+            Backoff::new(Duration::from_millis(50), Duration::from_secs(2)),
+        );
+        let memory = RetryMemory::default();
+        let mut trace = Trace::new();
+        let start = Instant::now();
+        let down = outages(&mut rng, flapping);
+        let outage_at = |at: Instant| {
+            let ms = u64::try_from((at - start).as_millis()).unwrap_or(u64::MAX);
+            down.iter()
+                .position(|(from, to)| (*from..*to).contains(&ms))
+        };
+        let mut outages_met = vec![false; down.len()];
+        // Ready messages by when they are ready, then by id.
+        let mut queue: BTreeMap<(Instant, usize), ()> = BTreeMap::new();
+        let mut messages = Vec::new();
+        let mut arrival = start;
+        while arrival < start + Duration::from_secs(20) {
+            let kind = match rng.below(20) {
+                0 => Kind::Poison,
+                1..=3 => Kind::Fails(1 + u32::try_from(rng.below(6)).expect("small")),
+                _ => Kind::Fails(0),
+            };
+            let planned = match kind {
+                Kind::Fails(n) => n,
+                Kind::Poison => u32::MAX,
+            };
+            queue.insert((arrival, messages.len()), ());
+            messages.push(Message {
+                kind,
+                planned,
+                first_in_outage: 0,
+                end: None,
+            });
+            arrival += rng.up_to(Duration::from_millis(300));
+        }
+        let deadline = start + Duration::from_secs(600);
+        while let Some(((ready, id), ())) = queue.pop_first() {
+            if ready > deadline {
+                break;
+            }
+            // Past the arrivals, a healthy message a second keeps reaching the database while
+            // others are left, as traffic would: without any, a message whose own statement
+            // fails cannot be told from an outage.
+            while arrival < ready && messages.iter().any(|m| m.end.is_none()) {
+                queue.insert((arrival, messages.len()), ());
+                messages.push(Message {
+                    kind: Kind::Fails(0),
+                    planned: 0,
+                    first_in_outage: 0,
+                    end: None,
+                });
+                arrival += Duration::from_secs(1);
+            }
+            if queue
+                .first_key_value()
+                .is_some_and(|(next, ())| *next < (ready, id))
+            {
+                queue.insert((ready, id), ());
+                continue;
+            }
+            tokio::time::sleep_until(ready).await;
+            // The handler's time, then the outcome.
+            tokio::time::sleep(rng.up_to(Duration::from_millis(20))).await;
+            let identity = id.to_string();
+            let message = &mut messages[id];
+            let outage = outage_at(Instant::now());
+            if let Some(outage) = outage
+                && !std::mem::replace(&mut outages_met[outage], true)
+            {
+                message.first_in_outage += 1;
+            }
+            let retry = if outage.is_some() || message.kind == Kind::Poison {
+                Retry::StoreUnavailable
+            } else if let Kind::Fails(n @ 1..) = message.kind {
+                message.kind = Kind::Fails(n - 1);
+                memory.store_reached();
+                Retry::Failed
+            } else {
+                memory.store_reached();
+                memory.forget(|| identity.clone());
+                message.end = Some(End::Processed);
+                continue;
+            };
+            let deliveries = memory.failed(&identity) + 1;
+            match policy.decide(&memory, &identity, retry, deliveries, "code", "detail") {
+                Decision::GiveUp(_) => {
+                    trace.note(format_args!(
+                        "{id}: dead-lettered ({retry:?}, delivery {deliveries})"
+                    ));
+                    memory.forget(|| identity.clone());
+                    message.end = Some(End::DeadLettered);
+                }
+                Decision::Requeue { after, .. } => {
+                    queue.insert((Instant::now() + after, id), ());
+                }
+            }
+        }
+        let mut broken = Vec::new();
+        for (id, message) in messages.iter().enumerate() {
+            match message.end {
+                None => broken.push(format!("message {id} ({:?}) never ended", message.kind)),
+                Some(End::DeadLettered)
+                    if message.planned.saturating_add(message.first_in_outage) < MAX_DELIVERIES =>
+                {
+                    broken.push(format!(
+                        "message {id} was dead-lettered though its handler was to fail {} times \
+                         and it was the first to meet {} outages",
+                        message.planned, message.first_in_outage
+                    ))
+                }
+                Some(End::Processed) if message.planned >= MAX_DELIVERIES => broken.push(format!(
+                    "message {id} was processed though it was to fail {} times",
+                    message.planned
+                )),
+                _ => {}
+            }
+        }
+        if broken.is_empty() {
+            let dead = messages
+                .iter()
+                .filter(|m| m.end == Some(End::DeadLettered))
+                .count();
+            Ok(format!("{} messages, {dead} dead-lettered", messages.len()))
+        } else {
+            Err(format!(
+                "outages (ms): {down:?}\n{}\n{}",
+                broken.join("\n"),
+                trace.events()
+            ))
+        }
+    }
+
+    #[test]
+    fn one_outage_of_any_length_dead_letters_only_messages_at_fault() {
+        sim::check("delivery policy, one outage", 120, |rng| run(rng, false));
+    }
+
+    #[test]
+    fn a_flapping_database_dead_letters_only_messages_at_fault() {
+        sim::check("delivery policy, flapping", 200, |rng| run(rng, true));
     }
 }

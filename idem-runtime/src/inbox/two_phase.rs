@@ -9,7 +9,7 @@ use super::claim::{self, ClaimRequest, Claimed};
 use super::completion;
 use super::handling::{beside, decode_stored, run};
 use super::inner::Inner;
-use super::renewal::{Held, renew_until_lost};
+use super::renewal::{Held, confirm_held, renew_until_lost};
 use crate::clock::from_epoch_ms;
 use crate::context::{ClaimWatch, Context};
 use crate::error::{BoxError, Error, Result};
@@ -46,6 +46,14 @@ impl Inner {
                 (token, attempt, previous_claim_at)
             }
         };
+        let lease = request.lease.unwrap_or(Mode::DEFAULT_LEASE);
+        let renew = || store.renew(db, request.key, token, lease, request.retention);
+        let Some(claim_sent) = confirm_held(renew, lease, claim_sent).await else {
+            self.give_up(request.key, token, attempt).await;
+            return Err(Error::ClaimLost {
+                key: request.key.clone(),
+            });
+        };
         let watch = ClaimWatch::default();
         let cx = Context::new(&request.key.message_key, metadata, None)
             .with_attempt(attempt, previous_claim_at.map(from_epoch_ms))
@@ -54,7 +62,7 @@ impl Inner {
         let held = Held {
             request,
             token,
-            lease: request.lease.unwrap_or(Mode::DEFAULT_LEASE),
+            lease,
             claim_sent,
         };
         // The renewal runs beside the handler and its completion, in this task: dropping this

@@ -19,7 +19,7 @@ use idem_runtime::{
     Outcome, transport::Settle,
 };
 use idem_tests::inbox_and_effects as setup;
-use idem_tests::proxy::behind_proxy;
+use idem_tests::proxy::{Proxy, behind_proxy};
 use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend};
 
 on_each_backend!(
@@ -31,6 +31,7 @@ on_each_backend!(
 mod servers {
     use super::*;
     on_each_backend!([postgres, mysql]: a_handler_whose_renewals_are_cut_sees_the_loss_and_one_worker_takes_over);
+    on_each_backend!([postgres, mysql]: a_claim_that_answers_after_its_lease_does_not_run_its_handler);
 }
 
 fn meta() -> Metadata {
@@ -503,5 +504,70 @@ async fn a_two_phase_completion_refused_once_is_tried_again_with_its_output() {
         .unwrap();
     assert_eq!(record.status, Status::Completed);
     assert!(record.output.is_some());
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+/// A claim whose answer comes after its lease ran out (every answer of the database takes
+/// longer than the lease) does not start its handler: another worker may have taken the claim
+/// over meanwhile, and here one did. Found by the lease simulation (`inbox::renewal`): the
+/// handler ran, and its external call with the other worker's.
+async fn a_claim_that_answers_after_its_lease_does_not_run_its_handler(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let lease = Duration::from_millis(300);
+    let handler = Recorder::new(&db, &effects, "slow").two_phase(lease);
+    let (target, url) = match backend {
+        Backend::Postgres => (
+            "127.0.0.1:5432",
+            "postgres://postgres@127.0.0.1:{port}/test",
+        ),
+        _ => ("127.0.0.1:3306", "mysql://root@127.0.0.1:{port}/test"),
+    };
+    let proxy = Proxy::start_with_delay(target, Duration::from_millis(500)).await;
+    let url = url.replace("{port}", &proxy.port().to_string());
+    let slow_pool = idem_tests::db::connect_with(&url, 2, Duration::from_secs(30))
+        .await
+        .expect("the database through the proxy");
+    let slow = Inbox::builder(slow_pool)
+        .table(inbox.table().as_str())
+        .create_table(false)
+        .build()
+        .await
+        .expect("the inbox builds");
+    let msg = Msg::new("m-1", "hello");
+    let slow_run = {
+        let (handler, msg) = (handler.clone(), msg.clone());
+        tokio::spawn(async move { slow.process(&handler, msg, &Metadata::default()).await })
+    };
+    // The slow worker's claim is in the database; its answer is still on the way.
+    let key = inbox_key("slow", "m-1");
+    let started = Instant::now();
+    while inbox.lookup(&key).await.unwrap().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never claimed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Another worker takes it over once its lease ran out.
+    let taken = loop {
+        match inbox.process(&handler, msg.clone(), &meta()).await {
+            Err(Error::InProgressElsewhere { .. }) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "never taken over"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(taken.unwrap(), Outcome::Processed("run:hello".into()));
+    let slow_outcome = slow_run.await.unwrap();
+    assert!(
+        matches!(slow_outcome, Err(Error::ClaimLost { .. })),
+        "{slow_outcome:?}"
+    );
+    assert_eq!(
+        handler.attempts(),
+        vec![2],
+        "the slow worker ran its handler"
+    );
     assert_eq!(db.count(&effects, "1=1").await, 1);
 }
