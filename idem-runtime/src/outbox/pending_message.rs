@@ -28,3 +28,22 @@ pub struct PendingMessage {
     /// of no run, ordered with no other.
     pub run: Option<String>,
 }
+
+impl PendingMessage {
+    /// A message as a relay's own tests stage one: `seq` in the order of staging (its id too),
+    /// to `exchange`, in `run` or none, with no routing key, headers or payload, staged just
+    /// now. The fields are public, to set the others.
+    pub fn new(seq: i64, exchange: impl Into<String>, run: Option<String>) -> Self {
+        Self {
+            seq,
+            message_id: seq.to_string(),
+            exchange: exchange.into(),
+            routing_key: String::new(),
+            content_type: None,
+            headers: BTreeMap::new(),
+            payload: Vec::new(),
+            age: Duration::ZERO,
+            run,
+        }
+    }
+}
