@@ -2,13 +2,14 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sea_orm::TransactionOptions;
 
 use crate::store::dialect::begin_detached;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::RetentionPolicy;
 use crate::error::{Error, Result};
@@ -40,27 +41,53 @@ impl CleanupReport {
     }
 }
 
-/// Watches one table's cleanup run for falling behind: still finding full batches after one
-/// cleanup interval. Warns once per run.
-struct Pace<'a> {
+/// The cadence of one table's cleanup run: batches until one is not full, a rest after each
+/// full one so that deleting takes at most the policy's busy share of the time, and a warning,
+/// once per run, when the run still finds full batches after one cleanup interval.
+struct Batching<'a> {
     table: String,
     policy: &'a RetentionPolicy,
     started: Instant,
+    /// When the batch under way was sent.
+    sent: Instant,
+    deleted: u64,
+    batches: u32,
     fell_behind: bool,
 }
 
-impl<'a> Pace<'a> {
+impl<'a> Batching<'a> {
     fn start(table: String, policy: &'a RetentionPolicy) -> Self {
-        Pace {
+        Batching {
             table,
             policy,
             started: Instant::now(),
+            sent: Instant::now(),
+            deleted: 0,
+            batches: 0,
             fell_behind: false,
         }
     }
 
-    /// After a full batch, with `deleted` rows deleted so far in this run.
-    fn full_batch(&mut self, deleted: u64) {
+    /// Notes that a batch is sent now.
+    fn sending(&mut self) {
+        self.sent = Instant::now();
+    }
+
+    /// After a batch that deleted `deleted` rows: whether to run another (the batch was full
+    /// and the cleaner is not asked to stop), having rested first.
+    async fn another(&mut self, deleted: u64, stop: &watch::Receiver<bool>) -> bool {
+        self.deleted += deleted;
+        self.batches += 1;
+        if deleted < u64::from(self.policy.batch_size()) || *stop.borrow() {
+            return false;
+        }
+        self.full_batch();
+        pause(self.policy.rest_after(self.sent.elapsed())).await;
+        true
+    }
+
+    /// Warns, once, when a full batch comes after one cleanup interval.
+    fn full_batch(&mut self) {
         let elapsed = self.started.elapsed();
         if self.fell_behind || elapsed <= self.policy.cleanup_interval() {
             return;
@@ -68,8 +95,8 @@ impl<'a> Pace<'a> {
         self.fell_behind = true;
         tracing::warn!(
             table = %self.table,
-            deleted,
-            rows_per_second = (deleted as f64 / elapsed.as_secs_f64()).round(),
+            deleted = self.deleted,
+            rows_per_second = (self.deleted as f64 / elapsed.as_secs_f64()).round(),
             max_busy_percent = self.policy.max_busy_percent(),
             batch_size = self.policy.batch_size(),
             "the cleaner is falling behind: its run outlasted the cleanup interval; if rows \
@@ -257,12 +284,12 @@ impl Cleaner {
         // Records are expired by the database's clock, as claims read them.
         let now = store.now(&self.inner.db).await?;
         let mut report = CleanupReport::default();
-        let mut pace = Pace::start(store.table().to_string(), policy);
+        let mut batching = Batching::start(store.table().to_string(), policy);
         let mut digest = DigestRun::default();
         let mut digested = true;
         let deleting = async {
             loop {
-                let started = Instant::now();
+                batching.sending();
                 let deleted = store
                     .delete_expired(&self.inner.db, now, policy.batch_size())
                     .await?;
@@ -270,16 +297,10 @@ impl Cleaner {
                 if digested {
                     digested = digest.add(store, &self.inner.db, &deleted).await.is_ok();
                 }
-                let deleted = deleted.len() as u64;
-                report.deleted += deleted;
-                report.batches += 1;
-                if deleted < u64::from(policy.batch_size()) || *stop.borrow() {
-                    break;
+                if !batching.another(deleted.len() as u64, stop).await {
+                    return Ok::<_, Error>(());
                 }
-                pace.full_batch(report.deleted);
-                pause(policy.rest_after(started.elapsed())).await;
             }
-            Ok::<_, Error>(())
         }
         .await;
         // What was deleted before a failure is digested too.
@@ -287,7 +308,9 @@ impl Cleaner {
             .record_deleted(digest, store, &self.inner.db)
             .await;
         deleting?;
-        report.fell_behind = pace.fell_behind;
+        report.deleted = batching.deleted;
+        report.batches = batching.batches;
+        report.fell_behind = batching.fell_behind;
         metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => store.table().to_string())
             .increment(report.deleted);
         if let Some(outbox) = &self.inner.outbox {
@@ -310,24 +333,21 @@ impl Cleaner {
     /// returns whether it fell behind.
     async fn delete_sent(&self, outbox: &Outbox, stop: &watch::Receiver<bool>) -> Result<bool> {
         let policy = &self.inner.retention;
-        let mut deleted = 0;
-        let mut pace = Pace::start(outbox.table().to_string(), policy);
+        let mut batching = Batching::start(outbox.table().to_string(), policy);
         loop {
-            let started = Instant::now();
+            batching.sending();
             let batch = outbox.delete_sent(policy.batch_size()).await?;
-            deleted += batch;
-            if batch < u64::from(policy.batch_size()) || *stop.borrow() {
+            if !batching.another(batch, stop).await {
                 break;
             }
-            pace.full_batch(deleted);
-            pause(policy.rest_after(started.elapsed())).await;
         }
+        let deleted = batching.deleted;
         metrics::counter!(CLEANUP_DELETED_TOTAL, "table" => outbox.table().to_string())
             .increment(deleted);
         if deleted > 0 {
             tracing::info!(table = %outbox.table(), deleted, "deleted sent outbox messages");
         }
-        Ok(pace.fell_behind)
+        Ok(batching.fell_behind)
     }
 }
 
@@ -446,5 +466,128 @@ mod tests {
             (1_000, false),
             "{report:?}"
         );
+    }
+}
+
+/// A cleaner's runs, their batches paced by the real [`Batching`], against a simulated table
+/// whose rows expire at a steady rate, with seeded policies and statement costs (see
+/// `idem_sim`).
+#[cfg(test)]
+mod simulation {
+    use idem_sim::{self as sim, Rng};
+
+    use super::*;
+
+    /// What a simulated cleaner met.
+    struct Seen {
+        /// The most expired rows waiting at a run's start.
+        backlog: u64,
+        /// Whether a run said it fell behind.
+        fell_behind: bool,
+        runs: u32,
+    }
+
+    /// One run of 12 cleanup intervals: rows expiring at `factor` times what the cleaner can
+    /// delete at its busy share. Fails if a run's batches took more than the busy share of its
+    /// time; if the cleaner kept up (`factor` at most 0.3) but said it fell behind or let the
+    /// expired rows pile up; or if it could not keep up (`factor` from 1.2) and never said so.
+    async fn run(mut rng: Rng) -> Result<String, String> {
+        let interval = Duration::from_secs(1 + rng.below(10));
+        let batch = 100 + rng.below(900);
+        let percent = u8::try_from(5 + rng.below(46)).expect("small");
+        let least_rest = Duration::from_millis(rng.below(50));
+        let policy = RetentionPolicy::new(Duration::from_secs(3_600))
+            .with_cleanup_interval(interval)
+            .with_batch_size(u32::try_from(batch).expect("small"))
+            .with_pause_between_batches(least_rest)
+            .with_max_busy_percent(percent);
+        // A DELETE of `n` rows takes a fixed part and a part per row, in whole milliseconds.
+        let (fixed_ms, per_row_us) = (1 + rng.below(20), 10 + rng.below(190));
+        let busy = |n: u64| Duration::from_millis(fixed_ms + (n * per_row_us).div_ceil(1_000));
+        let full = busy(batch).as_secs_f64();
+        let rest =
+            (full * f64::from(100 - percent) / f64::from(percent)).max(least_rest.as_secs_f64());
+        let capacity = batch as f64 / (full + rest);
+        let factor =
+            [0.1, 0.2, 0.3, 1.2, 1.5, 2.0, 3.0][usize::try_from(rng.below(7)).expect("small")];
+        let rate = capacity * factor;
+
+        let start = Instant::now();
+        let deadline = start + interval * 12;
+        let mut deleted = 0u64;
+        let expired = |deleted: u64| {
+            let arrived = (rate * start.elapsed().as_secs_f64()) as u64;
+            arrived.saturating_sub(deleted)
+        };
+        let (_stop_tx, stop) = watch::channel(false);
+        let mut seen = Seen {
+            backlog: 0,
+            fell_behind: false,
+            runs: 0,
+        };
+        let policy_said = format!(
+            "every {interval:?}, batches of {batch}, {percent} % busy, rests of at least \
+             {least_rest:?}; a full batch takes {full:.3} s; rows expire at {rate:.0}/s, \
+             {factor} × the {capacity:.0}/s it can delete"
+        );
+        while Instant::now() < deadline {
+            seen.runs += 1;
+            seen.backlog = seen.backlog.max(expired(deleted));
+            let mut batching = Batching::start("simulated".to_owned(), &policy);
+            let mut busy_total = Duration::ZERO;
+            let mut last_busy;
+            loop {
+                batching.sending();
+                let rows = expired(deleted).min(batch);
+                last_busy = busy(rows);
+                tokio::time::sleep(last_busy).await;
+                busy_total += last_busy;
+                deleted += rows;
+                if Instant::now() >= deadline || !batching.another(rows, &stop).await {
+                    break;
+                }
+            }
+            seen.fell_behind |= batching.fell_behind;
+            let elapsed = batching.started.elapsed();
+            // Every batch but the last was followed by its rest.
+            let share = f64::from(percent) / 100.0;
+            let allowed =
+                share * (elapsed - last_busy).as_secs_f64() + 0.001 * f64::from(batching.batches);
+            if (busy_total - last_busy).as_secs_f64() > allowed {
+                return Err(format!(
+                    "{policy_said}\nrun {}: busy {busy_total:?} of {elapsed:?} in {} batches, \
+                     more than {percent} %",
+                    seen.runs, batching.batches
+                ));
+            }
+            tokio::time::sleep(interval).await;
+        }
+        let pile = (rate * interval.as_secs_f64() * 1.5) as u64 + 2 * batch;
+        let broken = if factor <= 0.3 && seen.fell_behind {
+            Some("it kept up, yet said it fell behind".to_owned())
+        } else if factor <= 0.3 && seen.backlog > pile {
+            Some(format!(
+                "it kept up, yet {} rows waited at a run's start",
+                seen.backlog
+            ))
+        } else if factor >= 1.2 && !seen.fell_behind {
+            Some("it could not keep up and never said so".to_owned())
+        } else {
+            None
+        };
+        match broken {
+            Some(broken) => Err(format!("{policy_said}\n{broken} ({} runs)", seen.runs)),
+            None => Ok(format!(
+                "factor {factor}, {} runs, {}",
+                seen.runs, seen.fell_behind
+            )),
+        }
+    }
+
+    #[test]
+    fn a_cleaner_keeps_to_its_share_keeps_up_below_it_and_says_when_it_cannot() {
+        let reports = sim::check("cleaner", 200, run);
+        assert!(reports.iter().any(|r| r.ends_with("true")));
+        assert!(reports.iter().any(|r| r.ends_with("false")));
     }
 }
