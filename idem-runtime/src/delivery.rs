@@ -34,6 +34,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use backon::{BackoffBuilder, ExponentialBuilder};
 use sea_orm::DbErr;
 
@@ -200,7 +202,7 @@ impl DeliveryPolicy {
                 retry
             }
             Retry::NoConnection | Retry::NoWrites => {
-                memory.last_reached.store(false, Ordering::Relaxed);
+                memory.note_unreachable();
                 retry
             }
             _ => retry,
@@ -244,9 +246,17 @@ pub struct RetryMemory {
     /// Deliveries that reached the database, ever: the clock that tells an outage from an error
     /// only one message meets.
     reached: AtomicU64,
-    /// Whether the last delivery that reached the database or found it unreachable reached it.
-    last_reached: AtomicBool,
+    /// When deliveries began to find the database unreachable, if the last delivery that told
+    /// found it so; `None` while the last one reached it.
+    unreachable_since: Mutex<Option<Instant>>,
+    /// Whether `unreachable_since` is set: spares the deliveries that reach the database its
+    /// lock.
+    unreachable: AtomicBool,
 }
+
+/// Deliveries that find the database unreachable within this of the first one after a delivery
+/// that reached it met one failure: a batch's deliveries, lost with its connection, all do.
+pub(crate) const SAME_FAILURE: Duration = Duration::from_millis(100);
 
 /// What is remembered of one requeued message.
 #[derive(Debug, Default, Clone, Copy)]
@@ -298,21 +308,39 @@ impl RetryMemory {
     /// Notes a delivery that reached the database (processed, a duplicate, held elsewhere).
     pub fn store_reached(&self) {
         self.reached.fetch_add(1, Ordering::Relaxed);
-        self.last_reached.store(true, Ordering::Relaxed);
+        if self.unreachable.swap(false, Ordering::Relaxed) {
+            *(self.unreachable_since.lock()).unwrap_or_else(|e| e.into_inner()) = None;
+        }
         if self.outage.load(Ordering::Relaxed) != 0 {
             self.outage.store(0, Ordering::Relaxed);
         }
     }
 
     /// Notes that the message found the database unreachable; returns whether other deliveries
-    /// reached it since the message last did so, the last delivery before this one included,
-    /// which makes the error the message's own. A database that comes and goes is found
-    /// unreachable by the deliveries just before this one too, and does not count against it.
+    /// reached it since the message last did so, and reached it just before this failure (the
+    /// last delivery before it, or before the first of its batch, [`SAME_FAILURE`]), which makes
+    /// the error the message's own. A database that comes and goes is found unreachable by the
+    /// deliveries before this one too, and does not count against it.
     fn unreachable_only_for(&self, identity: &str) -> bool {
         let now = self.reached.load(Ordering::Relaxed);
-        let just_reached = self.last_reached.swap(false, Ordering::Relaxed);
+        let just_reached = self.note_unreachable();
         let before = self.update(identity, |message| message.unreachable_at.replace(now));
         just_reached && before.is_some_and(|before| before != now)
+    }
+
+    /// Notes a delivery that found the database unreachable; returns whether it met the same
+    /// failure as the first to find it so after a delivery that reached it.
+    fn note_unreachable(&self) -> bool {
+        let now = Instant::now();
+        let mut since = (self.unreachable_since.lock()).unwrap_or_else(|e| e.into_inner());
+        self.unreachable.store(true, Ordering::Relaxed);
+        match *since {
+            None => {
+                *since = Some(now);
+                true
+            }
+            Some(began) => now.saturating_duration_since(began) < SAME_FAILURE,
+        }
     }
 
     /// Notes one more delivery requeued for an unreachable database; returns how many in a row.
@@ -400,8 +428,8 @@ mod tests {
         assert!(matches!(decide(), Decision::GiveUp(_)));
     }
 
-    #[test]
-    fn a_database_that_comes_back_and_goes_again_is_not_counted_against_the_message() {
+    #[tokio::test(start_paused = true)]
+    async fn a_database_that_comes_back_and_goes_again_is_not_counted_against_the_message() {
         let memory = RetryMemory::default();
         let decide =
             |identity| policy().decide(&memory, identity, Retry::StoreUnavailable, 5, "c", "d");
@@ -409,17 +437,41 @@ mod tests {
             decide("m"),
             Decision::Requeue { counted: false, .. }
         ));
-        // The database came back, then went again: the delivery just before this one found it
-        // unreachable too. Found by the delivery simulation below: counted, and at its limit.
+        // The database came back, then went again: a delivery before this one found it
+        // unreachable too, a while before. Found by the delivery simulation below: counted, and
+        // at its limit.
         memory.store_reached();
         assert!(matches!(
             decide("other"),
             Decision::Requeue { counted: false, .. }
         ));
+        tokio::time::sleep(SAME_FAILURE).await;
         assert!(matches!(
             decide("m"),
             Decision::Requeue { counted: false, .. }
         ));
+    }
+
+    #[test]
+    fn every_delivery_of_a_batch_lost_with_its_connection_counts_as_its_own() {
+        let memory = RetryMemory::default();
+        let decide =
+            |identity| policy().decide(&memory, identity, Retry::StoreUnavailable, 5, "c", "d");
+        for identity in ["a", "b", "c"] {
+            assert!(matches!(
+                decide(identity),
+                Decision::Requeue { counted: false, .. }
+            ));
+        }
+        // Others got through; then a batch of the three lost its connection again, over a
+        // statement of one of them: one failure, which counts for each (the culprit among them).
+        memory.store_reached();
+        for identity in ["a", "b", "c"] {
+            assert!(
+                matches!(decide(identity), Decision::GiveUp(_)),
+                "{identity}"
+            );
+        }
     }
 
     #[test]
@@ -467,8 +519,6 @@ mod tests {
 mod simulation {
     use std::collections::BTreeMap;
 
-    use tokio::time::Instant;
-
     use super::*;
     use idem_sim::{self as sim, Rng, Trace};
 
@@ -494,8 +544,8 @@ mod simulation {
         kind: Kind,
         /// Failures its handler had planned from the start.
         planned: u32,
-        /// Outages it was the first delivery to meet, right after one that reached the
-        /// database: the policy cannot tell those from its own error, and counts them.
+        /// Outages it met among the first deliveries to meet them (within `SAME_FAILURE` of the
+        /// first): the policy cannot tell those from its own error, and counts them.
         first_in_outage: u32,
         end: Option<End>,
     }
@@ -534,7 +584,8 @@ mod simulation {
             down.iter()
                 .position(|(from, to)| (*from..*to).contains(&ms))
         };
-        let mut outages_met = vec![false; down.len()];
+        // When each outage was first met.
+        let mut outages_met: Vec<Option<Instant>> = vec![None; down.len()];
         // Ready messages by when they are ready, then by id.
         let mut queue: BTreeMap<(Instant, usize), ()> = BTreeMap::new();
         let mut messages = Vec::new();
@@ -589,10 +640,12 @@ mod simulation {
             let identity = id.to_string();
             let message = &mut messages[id];
             let outage = outage_at(Instant::now());
-            if let Some(outage) = outage
-                && !std::mem::replace(&mut outages_met[outage], true)
-            {
-                message.first_in_outage += 1;
+            if let Some(outage) = outage {
+                let now = Instant::now();
+                let first = *outages_met[outage].get_or_insert(now);
+                if now - first < SAME_FAILURE {
+                    message.first_in_outage += 1;
+                }
             }
             let retry = if outage.is_some() || message.kind == Kind::Poison {
                 Retry::StoreUnavailable

@@ -168,11 +168,9 @@ pub enum Error {
         /// How many attempts claimed it.
         attempts: u32,
     },
-    /// This worker's claim was lost: its lease ran out while its handler ran and another worker
-    /// took it over, so it may not complete the record; or the lease ran out before the claim
-    /// answered and it could not be confirmed, so its handler did not run. Requeued: the
-    /// redelivery finds the other worker's result.
-    #[error("the claim on {key} was lost (its lease ran out) before it completed")]
+    /// This worker's claim was taken over while its handler ran (its lease ran out), so it may not
+    /// complete the record. Requeued: the redelivery finds the other worker's result.
+    #[error("the claim on {key} was taken over by another worker before it completed")]
     ClaimLost {
         /// The inbox key.
         key: InboxKey,

@@ -639,6 +639,9 @@ mod simulation {
     #[test]
     fn relays_keep_each_run_in_order_and_publish_everything_once_the_broker_takes_it() {
         let reports = sim::check("relay holds", 200, |rng| run(rng, false));
+        if sim::replaying() {
+            return;
+        }
         // The runs met what the properties are about: two relays, holds, closed channels with
         // the exchange named and not (the relay then publishes one at a time to find it).
         for met in ["2 relays", " named", "unnamed"] {

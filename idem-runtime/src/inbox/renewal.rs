@@ -40,48 +40,50 @@ pub(super) async fn renew_until_lost(
     keep_lease(renew, lease, claim_sent, watch).await;
 }
 
+/// Why a claim could not be confirmed before its handler started.
+#[derive(Debug)]
+pub(super) enum Unconfirmed {
+    /// Another worker took the claim over.
+    TakenOver,
+    /// The renewal failed.
+    Failed(DbErr),
+    /// The renewal took longer than the lease.
+    TimedOut,
+}
+
 /// Confirms that a claim is still this worker's before its handler starts. A claim that
-/// answered after its own lease ran out (a slow database, a stalled connection) may already be
-/// another worker's: it is renewed first, fenced on its token, so that no handler starts on a
-/// claim it may share. Returns the instant the lease now counts from (`claim_sent` when it had
-/// not run out), or `None` when the claim is not held.
+/// answered with less than a third of its lease left (a slow database, a stalled connection)
+/// may soon be, or already be, another worker's: it is renewed first, fenced on its token, so
+/// that no handler starts on a claim it may share. Returns the instant the lease now counts
+/// from (`claim_sent` when it had time left), or why the claim is not confirmed.
 pub(super) async fn confirm_held<F, R>(
     renew: F,
     lease: Duration,
     claim_sent: Instant,
-) -> Option<Instant>
+) -> Result<Instant, Unconfirmed>
 where
     F: FnOnce() -> R,
     R: Future<Output = Result<bool, DbErr>>,
 {
     let sent = Instant::now();
-    if sent < claim_sent + lease {
-        return Some(claim_sent);
+    if sent < claim_sent + lease - lease / 3 {
+        return Ok(claim_sent);
     }
     let waited = sent - claim_sent;
-    match tokio::time::timeout(lease, renew()).await {
-        Ok(Ok(true)) => return Some(sent),
-        Ok(Ok(false)) => tracing::warn!(
-            ?waited,
-            ?lease,
-            "the claim answered after its lease ran out and another worker took it over; \
-             its handler is not run"
-        ),
-        Ok(Err(error)) => tracing::warn!(
-            %error,
-            ?waited,
-            ?lease,
-            "the claim answered after its lease ran out and could not be renewed; its handler \
-             is not run"
-        ),
-        Err(_) => tracing::warn!(
-            ?waited,
-            ?lease,
-            "the claim answered after its lease ran out and its renewal took longer than the \
-             lease; its handler is not run (is the lease shorter than the database's answers?)"
-        ),
-    }
-    None
+    let unconfirmed = match tokio::time::timeout(lease, renew()).await {
+        Ok(Ok(true)) => return Ok(sent),
+        Ok(Ok(false)) => Unconfirmed::TakenOver,
+        Ok(Err(error)) => Unconfirmed::Failed(error),
+        Err(_) => Unconfirmed::TimedOut,
+    };
+    tracing::warn!(
+        ?waited,
+        ?lease,
+        why = ?unconfirmed,
+        "the claim answered with less than a third of its lease left and could not be \
+         confirmed; its handler is not run (is the lease shorter than the database's answers?)"
+    );
+    Err(unconfirmed)
 }
 
 /// The renewal loop, whatever sends the renewals: `renew` extends the lease by `lease` from
@@ -290,7 +292,7 @@ mod simulation {
         };
         if !faults.no_confirmation {
             let confirmed = confirm_held(|| renewal(env.clone()), lease, lease_from).await;
-            let Some(confirmed) = confirmed else {
+            let Ok(confirmed) = confirmed else {
                 env.borrow_mut()
                     .trace
                     .note("worker: gave the claim up unrun");
@@ -414,6 +416,9 @@ mod simulation {
     #[test]
     fn a_worker_knows_its_claim_lost_before_a_rival_can_take_it() {
         let reports = sim::check("lease renewal, faulty", 250, |rng| run(rng, FAULTY, false));
+        if sim::replaying() {
+            return;
+        }
         // The runs met what the property is about: claims lost, taken over, given up unrun.
         for met in ["taken over", "lost", "given up unrun"] {
             assert!(reports.iter().any(|r| r.contains(met)), "no run was {met}");

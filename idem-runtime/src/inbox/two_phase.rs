@@ -2,6 +2,8 @@
 //! transaction while the lease is renewed beside it, and the record completed only while the
 //! claim is still this worker's.
 
+use std::time::Duration;
+
 use sea_orm::DbErr;
 use serde::Serialize;
 
@@ -9,7 +11,7 @@ use super::claim::{self, ClaimRequest, Claimed};
 use super::completion;
 use super::handling::{beside, decode_stored, run};
 use super::inner::Inner;
-use super::renewal::{Held, confirm_held, renew_until_lost};
+use super::renewal::{Held, Unconfirmed, confirm_held, renew_until_lost};
 use crate::clock::from_epoch_ms;
 use crate::context::{ClaimWatch, Context};
 use crate::error::{BoxError, Error, Result};
@@ -48,11 +50,21 @@ impl Inner {
         };
         let lease = request.lease.unwrap_or(Mode::DEFAULT_LEASE);
         let renew = || store.renew(db, request.key, token, lease, request.retention);
-        let Some(claim_sent) = confirm_held(renew, lease, claim_sent).await else {
-            self.give_up(request.key, token, attempt).await;
-            return Err(Error::ClaimLost {
-                key: request.key.clone(),
-            });
+        let claim_sent = match confirm_held(renew, lease, claim_sent).await {
+            Ok(claim_sent) => claim_sent,
+            // The handler did not run: nothing counts against the message.
+            Err(unconfirmed) => {
+                self.give_up(request.key, token, attempt).await;
+                let elsewhere = |remaining| Error::InProgressElsewhere {
+                    key: request.key.clone(),
+                    remaining,
+                };
+                return Err(match unconfirmed {
+                    Unconfirmed::TakenOver => elsewhere(lease),
+                    Unconfirmed::TimedOut => elsewhere(Duration::ZERO),
+                    Unconfirmed::Failed(error) => Error::from(error),
+                });
+            }
         };
         let watch = ClaimWatch::default();
         let cx = Context::new(&request.key.message_key, metadata, None)

@@ -561,7 +561,7 @@ async fn a_claim_that_answers_after_its_lease_does_not_run_its_handler(backend: 
     assert_eq!(taken.unwrap(), Outcome::Processed("run:hello".into()));
     let slow_outcome = slow_run.await.unwrap();
     assert!(
-        matches!(slow_outcome, Err(Error::ClaimLost { .. })),
+        matches!(slow_outcome, Err(Error::InProgressElsewhere { .. })),
         "{slow_outcome:?}"
     );
     assert_eq!(
