@@ -49,23 +49,7 @@ impl Inner {
             }
         };
         let lease = request.lease.unwrap_or(Mode::DEFAULT_LEASE);
-        let renew = || store.renew(db, request.key, token, lease, request.retention);
-        let claim_sent = match confirm_held(renew, lease, claim_sent).await {
-            Ok(claim_sent) => claim_sent,
-            // The handler did not run: nothing counts against the message.
-            Err(unconfirmed) => {
-                self.give_up(request.key, token, attempt).await;
-                let elsewhere = |remaining| Error::InProgressElsewhere {
-                    key: request.key.clone(),
-                    remaining,
-                };
-                return Err(match unconfirmed {
-                    Unconfirmed::TakenOver => elsewhere(lease),
-                    Unconfirmed::TimedOut => elsewhere(Duration::ZERO),
-                    Unconfirmed::Failed(error) => Error::from(error),
-                });
-            }
-        };
+        let claim_sent = self.confirm(request, token, attempt, claim_sent).await?;
         let watch = ClaimWatch::default();
         let cx = Context::new(&request.key.message_key, metadata, None)
             .with_attempt(attempt, previous_claim_at.map(from_epoch_ms))
@@ -108,6 +92,34 @@ impl Inner {
                 Ok(Outcome::Processed(output))
             }
         }
+    }
+
+    /// The instant the claim's lease counts from, once confirmed (`confirm_held`); a claim not
+    /// confirmed is given up, its handler not run, and the delivery requeued without counting.
+    async fn confirm(
+        &self,
+        request: ClaimRequest<'_>,
+        token: i64,
+        attempt: u32,
+        claim_sent: tokio::time::Instant,
+    ) -> Result<tokio::time::Instant> {
+        let (store, db) = (&self.store, &self.db);
+        let lease = request.lease.unwrap_or(Mode::DEFAULT_LEASE);
+        let renew = || store.renew(db, request.key, token, lease, request.retention);
+        let unconfirmed = match confirm_held(renew, lease, claim_sent).await {
+            Ok(claim_sent) => return Ok(claim_sent),
+            Err(unconfirmed) => unconfirmed,
+        };
+        self.give_up(request.key, token, attempt).await;
+        let elsewhere = |remaining| Error::InProgressElsewhere {
+            key: request.key.clone(),
+            remaining,
+        };
+        Err(match unconfirmed {
+            Unconfirmed::TakenOver => elsewhere(lease),
+            Unconfirmed::TimedOut => elsewhere(Duration::ZERO),
+            Unconfirmed::Failed(error) => Error::from(error),
+        })
     }
 
     /// Gives up the claim of a handler that failed: never hold a key after a failed handler,
