@@ -194,7 +194,7 @@ impl DeliveryPolicy {
     ) -> Decision {
         let retry = match retry {
             // Since this message last found the database unreachable, other deliveries reached
-            // it, the last one just before this one: the error is the message's own (a
+            // it, and one did just before this failure began: the error is the message's own (a
             // statement the server kills, say), which must not be requeued unbounded.
             Retry::StoreUnavailable if memory.unreachable_only_for(identity) => Retry::Failed,
             Retry::Claimed(_) => {
@@ -235,7 +235,7 @@ impl DeliveryPolicy {
 /// What a consumer remembers between deliveries to pace its retries: per requeued message, its
 /// failed deliveries (for a broker that does not count them) and when it last found the database
 /// unreachable; how long the database has been unreachable; how many deliveries reached it,
-/// ever, and whether the last delivery did.
+/// ever, and since when the deliveries find it unreachable.
 #[derive(Debug, Default)]
 pub struct RetryMemory {
     /// Per message. Bounded: a process that sees too many forgets them all.
@@ -308,7 +308,10 @@ impl RetryMemory {
     /// Notes a delivery that reached the database (processed, a duplicate, held elsewhere).
     pub fn store_reached(&self) {
         self.reached.fetch_add(1, Ordering::Relaxed);
-        if self.unreachable.swap(false, Ordering::Relaxed) {
+        // Read first: almost every delivery reaches the database, and needs no write here.
+        if self.unreachable.load(Ordering::Relaxed)
+            && self.unreachable.swap(false, Ordering::Relaxed)
+        {
             *(self.unreachable_since.lock()).unwrap_or_else(|e| e.into_inner()) = None;
         }
         if self.outage.load(Ordering::Relaxed) != 0 {
@@ -514,7 +517,7 @@ mod tests {
 /// The delivery policy as a consumer applies it, over a queue of simulated messages: healthy
 /// ones arriving all along, some that fail a few times, some whose own statement the database
 /// kills every time (it looks like an outage), and the database down in seeded windows (see
-/// `crate::sim`).
+/// `idem_sim`).
 #[cfg(test)]
 mod simulation {
     use std::collections::BTreeMap;

@@ -49,7 +49,7 @@ impl Inner {
             }
         };
         let lease = request.lease.unwrap_or(Mode::DEFAULT_LEASE);
-        let claim_sent = self.confirm(request, token, attempt, claim_sent).await?;
+        let claim_sent = (self.confirm(request, token, attempt, lease, claim_sent)).await?;
         let watch = ClaimWatch::default();
         let cx = Context::new(&request.key.message_key, metadata, None)
             .with_attempt(attempt, previous_claim_at.map(from_epoch_ms))
@@ -101,10 +101,10 @@ impl Inner {
         request: ClaimRequest<'_>,
         token: i64,
         attempt: u32,
+        lease: Duration,
         claim_sent: tokio::time::Instant,
     ) -> Result<tokio::time::Instant> {
         let (store, db) = (&self.store, &self.db);
-        let lease = request.lease.unwrap_or(Mode::DEFAULT_LEASE);
         let renew = || store.renew(db, request.key, token, lease, request.retention);
         let unconfirmed = match confirm_held(renew, lease, claim_sent).await {
             Ok(claim_sent) => return Ok(claim_sent),
