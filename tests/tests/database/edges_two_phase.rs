@@ -337,6 +337,27 @@ async fn waits_for_a_lock(db: &TestDb, text: &str) {
     }
 }
 
+/// Cancels the statements of the test's database whose text holds `text` and that wait for a
+/// lock, and waits until none does (PostgreSQL).
+async fn cancel_waiting(db: &TestDb, text: &str) {
+    let waiting = format!(
+        "wait_event_type = 'Lock' AND query LIKE '%{}%'",
+        text.replace('\'', "''")
+    );
+    let started = Instant::now();
+    while db.count("pg_stat_activity", &waiting).await > 0 {
+        db.exec(&format!(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE {waiting}"
+        ))
+        .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "a statement with {text:?} still waits for a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A worker whose lease ran out completes; a second worker, which read the record before that
 /// completion and found the lease run out, must not reopen the completed record and run the
 /// handler again. PostgreSQL only: its claim reads the record without a lock, so the takeover's
@@ -371,6 +392,12 @@ async fn a_takeover_never_reopens_a_record_completed_while_it_waited() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The renewal that waited for the lock gave up at the lease's end, but its statement still
+    // waits on the server (`renew_until_lost`); once the lock is gone it would update the row first, and the
+    // completion and the takeover would then race for the new row version instead of queueing
+    // in the order they came. Cancelled, it leaves them in that order.
+    let renewal = format!("UPDATE \"{}\" SET lease_until = ", inbox.table().as_str());
+    cancel_waiting(&db, &renewal).await;
     // The first worker's handler returns: its completion waits for the lock.
     handler.go_on.notify_one();
     waits_for_a_lock(&db, "status = 'completed'").await;
