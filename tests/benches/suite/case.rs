@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use crate::args::{BackendArg, Mode};
 use crate::hand::{HandBatching, HandCounts, hand_batch, hand_per_message, raw};
 use crate::outbox::{Downstream, Staging, arrivals, check_events, start_relay};
+use crate::statements::{Counts, StatementCounter};
 use crate::{DEFAULT_CONCURRENCY, Suite, charge, idem_batch_binding};
 use idem_tests::bench::hand::BusinessInserts;
 
@@ -49,6 +50,8 @@ pub(crate) struct Case {
     pub(crate) requeued: u64,
     /// Channels or connections the broker closed with an error, over counted rounds.
     pub(crate) broker_errors: u64,
+    /// Statements and round trips of each counted round.
+    pub(crate) statements: Vec<Counts>,
     /// What went wrong, if a round failed: the case runs no further round.
     pub(crate) failure: Option<String>,
 }
@@ -164,6 +167,7 @@ impl Case {
             deleted: Vec::new(),
             requeued: 0,
             broker_errors: 0,
+            statements: Vec::new(),
             failure: None,
         }
     }
@@ -191,6 +195,8 @@ pub(crate) struct Round {
     pub(crate) requeued: u64,
     pub(crate) broker_errors: u64,
     pub(crate) deleted: Option<u64>,
+    /// What the round's consumer (and relay) ran on the database, from its start to its stop.
+    pub(crate) statements: Counts,
 }
 
 /// A consumer running for a round.
@@ -213,13 +219,14 @@ pub(crate) struct HandRunning {
 /// consumer's counts, a check.
 pub(crate) async fn run_round(
     suite: &mut Suite,
-    db: &TestDb,
+    (db, counter): (&TestDb, &StatementCounter),
     case: &Case,
 ) -> Result<Round, String> {
     let n = suite.messages(case.mode);
     let published = suite.publish(case.queue(), n).await;
     suite.probe.take();
     reset_peak_rss();
+    let counted = counter.read(db).await;
     let start = Instant::now();
     let relaying = start_relay(db, case).await;
     let running = start_consumer(suite, db, case).await;
@@ -235,6 +242,7 @@ pub(crate) async fn run_round(
         Some(relaying) => relaying.stop(case).await,
         None => Ok(()),
     };
+    let statements = counter.since(db, counted).await;
     settled?;
     let deleted = stopped?;
     let arrived = arrived?;
@@ -252,6 +260,7 @@ pub(crate) async fn run_round(
         requeued: observed.requeued,
         broker_errors: observed.broker_errors,
         deleted,
+        statements,
     })
 }
 

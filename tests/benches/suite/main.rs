@@ -66,6 +66,8 @@ mod hand;
 mod outbox;
 mod report;
 mod soak;
+mod statement_report;
+mod statements;
 
 use std::time::Duration;
 
@@ -75,11 +77,16 @@ use idem_tests::bench::probe::Probe;
 use idem_tests::bench::{Charge, orders};
 use idem_tests::rabbit::amqp_url;
 use idem_tests::{TestBroker, TestDb};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use args::{Args, Mode};
 use case::{Case, Expired, run_round};
 use feeder::Feeder;
 use report::{header, print_targets};
+use statement_report::print_statements;
+use statements::StatementCounter;
 
 /// idem-rabbitmq's default `max_in_flight` (`Consumer::builder`): the per-message modes also run
 /// at this concurrency, with idem's consumer left at its default.
@@ -185,7 +192,7 @@ fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
 /// expired records up first.
 async fn run_rounds(
     suite: &mut Suite,
-    db: &TestDb,
+    (db, counter): (&TestDb, &StatementCounter),
     cases: &mut [Case],
     mut expired: Option<&mut Expired>,
 ) {
@@ -210,7 +217,7 @@ async fn run_rounds(
             if let Some(expired) = expired.as_deref_mut() {
                 expired.top_up(db, suite.args.expired_rows).await;
             }
-            match run_round(suite, db, case).await {
+            match run_round(suite, (db, counter), case).await {
                 Ok(figures) => {
                     case.rounds_run += 1;
                     if round > 0 {
@@ -235,27 +242,26 @@ async fn run_suite(suite: &mut Suite) {
         .partition(|(mode, _)| *mode == Mode::IdemBatchDuringCleanup);
     let mut dbs = Vec::new();
     for backend in suite.args.backends.clone() {
-        dbs.push((
-            backend,
-            TestDb::connect_with_pool(backend.backend(), POOL).await,
-        ));
+        let mut db = TestDb::connect_with_pool(backend.backend(), POOL).await;
+        let counter = StatementCounter::attach(&mut db).await;
+        dbs.push((backend, db, counter));
     }
     // Every mode but the cleaner's first, on every backend: the million expired records it
     // inserts and deletes leave the databases busy (purge, vacuum) for a while after.
     let mut done: Vec<Vec<Case>> = Vec::new();
-    for (backend, db) in &dbs {
+    for (backend, db, counter) in &dbs {
         for &prefetch in &prefetches {
             let mut cases = Vec::new();
             for &(mode, concurrency) in &quiet {
                 let case = Case::create(suite, db, *backend, prefetch, mode, concurrency, None);
                 cases.push(case.await);
             }
-            run_rounds(suite, db, &mut cases, None).await;
+            run_rounds(suite, (db, counter), &mut cases, None).await;
             done.push(cases);
         }
     }
     let mut groups = done.iter_mut();
-    for (backend, db) in &dbs {
+    for (backend, db, counter) in &dbs {
         let mut expired = if cleanup.is_empty() {
             None
         } else {
@@ -276,7 +282,7 @@ async fn run_suite(suite: &mut Suite) {
                 );
                 cases.push(case.await);
             }
-            run_rounds(suite, db, &mut cases, expired.as_mut()).await;
+            run_rounds(suite, (db, counter), &mut cases, expired.as_mut()).await;
             group.extend(cases);
         }
     }
@@ -291,6 +297,10 @@ async fn run_suite(suite: &mut Suite) {
         }
     }
     print_targets(suite, &done);
+    let sources = dbs
+        .iter()
+        .map(|(backend, _, counter)| (*backend, counter.source()));
+    print_statements(suite, &done, &sources.collect::<Vec<_>>());
     let failures: Vec<&String> = done
         .iter()
         .flatten()
@@ -308,9 +318,12 @@ async fn run_suite(suite: &mut Suite) {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+    let printed = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(tracing_subscriber::filter::LevelFilter::WARN);
+    tracing_subscriber::registry()
+        .with(printed)
+        .with(statements::statement_log())
         .init();
     let probe = Probe::start(&amqp_url());
     let broker = TestBroker::connect().await;

@@ -25,6 +25,7 @@ impl Case {
         if let Some(deleted) = round.deleted {
             self.deleted.push(deleted);
         }
+        self.statements.push(round.statements);
     }
 
     pub(crate) fn summary(&self) -> Summary {
@@ -69,6 +70,14 @@ impl Case {
             object.insert("end_to_end".into(), true.into());
             object.insert("relay_batch_size".into(), RELAY_BATCH.into());
         }
+        if let Some(per_message) = self.statements_per_message(suite) {
+            object.insert(
+                "statements_per_msg".into(),
+                round3(per_message.statements).into(),
+            );
+            let round_trips = per_message.round_trips.map(round3);
+            object.insert("round_trips_per_msg".into(), round_trips.into());
+        }
         if let Some(failure) = &self.failure {
             object.insert("failed".into(), failure.as_str().into());
         }
@@ -95,6 +104,9 @@ impl Case {
         if self.mode == Mode::IdemBatchDuringCleanup {
             let deleted: Vec<f64> = self.deleted.iter().map(|&d| d as f64).collect();
             notes.push(format!("cleaner deleted {:.0}/round", median(deleted)));
+        }
+        if let Some(per_message) = self.statements_per_message(suite) {
+            notes.push(format!("{:.2} statements/msg", per_message.statements));
         }
         if self.mode.outbox() {
             notes.push(format!(
