@@ -51,6 +51,10 @@
 //! mode. After each round the suite checks one charge per distinct order, an empty queue and an
 //! empty dead-letter queue, and stops loudly if not.
 //!
+//! Each round also counts the statements (and round trips, where the database counts them) its
+//! consumer ran, from its start to its stop, and the suite prints them per message beside the
+//! hand-written modes (`statements.rs`, `statement_report.rs`).
+//!
 //! The outbox modes are timed end to end: a round lasts until the last settlement and until
 //! every distinct order's event is in the downstream queue (its depth, polled every
 //! millisecond), whichever comes later; their msg/s is the round's messages over that time, and
