@@ -226,7 +226,7 @@ pub(crate) async fn run_round(
     let published = suite.publish(case.queue(), n).await;
     suite.probe.take();
     reset_peak_rss();
-    let counted = counter.read(db).await;
+    let counted = counter.start(db).await;
     let start = Instant::now();
     let relaying = start_relay(db, case).await;
     let running = start_consumer(suite, db, case).await;

@@ -145,16 +145,28 @@ impl StatementCounter {
 }
 
 impl StatementCounter {
+    /// The counts a round starts from. On PostgreSQL the statistics are reset first: once
+    /// `pg_stat_statements` holds its maximum of distinct statements (a test run makes
+    /// thousands, one set per table), it evicts entries, and a sum over them could fall.
+    pub(crate) async fn start(&self, db: &TestDb) -> Counts {
+        if let Self::PgStatStatements = self {
+            db.exec("SELECT pg_stat_statements_reset()").await;
+        }
+        self.read(db).await
+    }
+
     /// What was run since `before` was read, the readings' own statements left out.
     pub(crate) async fn since(&self, db: &TestDb, before: Counts) -> Counts {
         let after = self.read(db).await;
-        // A server counts one of the two readings between them: the one before, once it has
-        // run (PostgreSQL), or the one after, as it runs (MariaDB).
+        // A server counts one statement of the readings between them: the reading before (on
+        // PostgreSQL the reset, then the reading, of which the reset is cleared), once it has
+        // run, or the one after, as it runs (MariaDB).
         let readings = match self {
             Self::StatementLog(_) => 0,
             Self::PgStatStatements | Self::MariaDbStatus => 1,
         };
-        let between = |after: u64, before: u64| (after - before).saturating_sub(readings);
+        let between =
+            |after: u64, before: u64| after.saturating_sub(before).saturating_sub(readings);
         Counts {
             statements: between(after.statements, before.statements),
             round_trips: (after.round_trips.zip(before.round_trips))
