@@ -443,14 +443,18 @@ async fn log_stats_until_signal(
     }
 }
 
-/// Stops billing's consumer first (its in-flight charges finish and are settled), then the
-/// notifications service, then the relay, which publishes what they staged until it stops.
+/// Stops billing's consumer (its in-flight charges finish and are settled) and the
+/// notifications service side by side, each within its own shutdown deadline, then the relay,
+/// which publishes what they staged until it stops. Side by side, the service exits within one
+/// consumer's deadline, not the sum of both: what an orchestrator's grace period allows for.
 async fn stop(consumer: Consumer, notifications: NotificationsHop, relay: Relay) {
     let stats = consumer.stats();
-    let report = consumer.shutdown().await;
-    if let Some(notifier) = notifications.consumer {
-        notifier.shutdown().await;
-    }
+    let notifier = async {
+        if let Some(notifier) = notifications.consumer {
+            notifier.shutdown().await;
+        }
+    };
+    let (report, ()) = tokio::join!(consumer.shutdown(), notifier);
     let relayed = relay.shutdown().await;
     log_stats(&stats);
     tracing::info!(events_published = relayed.published, "relay stopped");
