@@ -3,8 +3,8 @@
 //! on MariaDB, and on SQLite, which has no server, the statements sqlx runs on the suite's
 //! connections, counted from its statement log: transaction boundaries (`BEGIN`, `COMMIT`),
 //! which sqlx runs itself, are left out, as many on each side for the modes compared here (one
-//! transaction per message or per batch). The counts are
-//! exact: they do not move with the machine's noise. The servers count every client's
+//! transaction per message or per batch). The counts are exact: they do not move with the
+//! machine's noise. The servers count every client's
 //! statements: the suite must be the database's only client while it runs.
 //!
 //! Round trips: MariaDB counts the commands that are not statements apart (prepares, closes);
@@ -12,7 +12,6 @@
 //! they are the statements.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-
 use std::time::Duration;
 
 use idem_tests::{Backend, TestDb};
@@ -142,9 +141,7 @@ impl StatementCounter {
             }
         }
     }
-}
 
-impl StatementCounter {
     /// The counts a round starts from. On PostgreSQL the statistics are reset first: once
     /// `pg_stat_statements` holds its maximum of distinct statements (a test run makes
     /// thousands, one set per table), it evicts entries, and a sum over them could fall.
@@ -177,11 +174,11 @@ impl StatementCounter {
 
 /// Whether the server loads `pg_stat_statements`; its view created if it does.
 async fn pg_stat_statements(db: &TestDb) -> bool {
-    let loaded = "SELECT COUNT(*) AS loaded FROM pg_settings WHERE name = 'shared_preload_libraries' \
-         AND setting LIKE '%pg_stat_statements%'";
+    let loaded = "SELECT COUNT(*) AS loaded FROM pg_settings \
+         WHERE name = 'shared_preload_libraries' AND setting LIKE '%pg_stat_statements%'";
     if query_i64(db, loaded, "loaded").await == 0 {
         eprintln!(
-            "PostgreSQL does not load pg_stat_statements: statements are counted by the client. \
+            "PostgreSQL does not load pg_stat_statements: statements are counted from sqlx's log. \
              For the server's count: ALTER SYSTEM SET shared_preload_libraries = \
              'pg_stat_statements', then restart the server."
         );

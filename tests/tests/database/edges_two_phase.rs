@@ -323,10 +323,7 @@ impl Handler for Gated {
 /// Waits until a statement of the test's database whose text holds `text` waits for a lock
 /// (PostgreSQL).
 async fn waits_for_a_lock(db: &TestDb, text: &str) {
-    let filter = format!(
-        "wait_event_type = 'Lock' AND query LIKE '%{}%'",
-        text.replace('\'', "''")
-    );
+    let filter = waiting_for_a_lock(text);
     let started = Instant::now();
     while db.count("pg_stat_activity", &filter).await == 0 {
         assert!(
@@ -337,13 +334,19 @@ async fn waits_for_a_lock(db: &TestDb, text: &str) {
     }
 }
 
+/// The `pg_stat_activity` filter of the statements whose text holds `text` and that wait for a
+/// lock.
+fn waiting_for_a_lock(text: &str) -> String {
+    format!(
+        "wait_event_type = 'Lock' AND query LIKE '%{}%'",
+        text.replace('\'', "''")
+    )
+}
+
 /// Cancels the statements of the test's database whose text holds `text` and that wait for a
 /// lock, and waits until none does (PostgreSQL).
 async fn cancel_waiting(db: &TestDb, text: &str) {
-    let waiting = format!(
-        "wait_event_type = 'Lock' AND query LIKE '%{}%'",
-        text.replace('\'', "''")
-    );
+    let waiting = waiting_for_a_lock(text);
     let started = Instant::now();
     while db.count("pg_stat_activity", &waiting).await > 0 {
         db.exec(&format!(
@@ -392,10 +395,10 @@ async fn a_takeover_never_reopens_a_record_completed_while_it_waited() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    // The renewal that waited for the lock gave up at the lease's end, but its statement still
-    // waits on the server (`renew_until_lost`); once the lock is gone it would update the row first, and the
-    // completion and the takeover would then race for the new row version instead of queueing
-    // in the order they came. Cancelled, it leaves them in that order.
+    // The renewal that waited for the lock gave up at the lease's end (`renew_until_lost`), but
+    // its statement still waits on the server; once the lock is gone it would update the row
+    // first, and the completion and the takeover would then race for the new row version
+    // instead of queueing in the order they came. Cancelled, it leaves them in that order.
     let renewal = format!("UPDATE \"{}\" SET lease_until = ", inbox.table().as_str());
     cancel_waiting(&db, &renewal).await;
     // The first worker's handler returns: its completion waits for the lock.
