@@ -23,7 +23,7 @@
 //! | `--connection-name` | `BILLING_CONNECTION_NAME` | `billing` | the name billing's broker connections carry (`rabbitmqctl list_connections client_properties`) |
 //! | `--stats-every-ms` | `BILLING_STATS_EVERY_MS` | `60000` | how often billing logs its delivery counters (`billing stats`), when they changed |
 //! | `--batch` | `BILLING_BATCH` | one at a time | how many deliveries billing processes per transaction, 1 to [`idem_runtime::transport::MAX_BATCH`] |
-//! | `--trust-handlers` | `BILLING_TRUST_HANDLERS` | off | with `--batch`, check each batch's transaction once before its commit ([`idem_runtime::transport::BatchChecks::BeforeCommit`]) |
+//! | `--check-each-handler` | `BILLING_CHECK_EACH_HANDLER` | off | with `--batch`, check each batch's transaction after each message rather than once before its commit ([`idem_runtime::transport::BatchChecks::EachMessage`]) |
 //! | `--slices` | `BILLING_SLICES` | off | with `--batch`, charge each batch's fresh orders in one call of the slice handler `charge_all` ([`idem_runtime::SliceHandler`]) |
 //! | `--keys` | `BILLING_KEYS` | `inbox` | where a charged order's key lives: `inbox` (an inbox record beside the invoice) or `entity` (the invoice itself, keyed by its order, [`invoice`]); not with `--batch` |
 //! | `--events-exchange` | `BILLING_EVENTS_EXCHANGE` | `billing.events` | the exchange billing publishes `InvoiceIssued` to, through its outbox |

@@ -94,12 +94,12 @@ async fn chaos_by_entity_on_mariadb_charges_each_order_once() {
     chaos(Backend::MySql, Taking::ByEntity, None).await;
 }
 
-/// Batches checked once before their commit, on the database whose deadlocks roll a whole
-/// transaction back: billing's handler returns every database error, so the trust holds.
+/// Batches checked after each handler rather than once before their commit, on the database
+/// whose deadlocks roll a whole transaction back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_in_trusted_batches_on_mariadb_charges_each_order_once() {
+async fn chaos_in_batches_checked_after_each_handler_on_mariadb_charges_each_order_once() {
     let _serial = SERIAL.lock().await;
-    chaos(Backend::MySql, Taking::TrustedBatches(20), None).await;
+    chaos(Backend::MySql, Taking::CheckedBatches(20), None).await;
 }
 
 /// Slice handlers: each batch's fresh orders charged in one call, a failing slice halved.
@@ -619,10 +619,10 @@ enum Event {
 #[derive(Debug, Clone, Copy)]
 enum Taking {
     OneAtATime,
-    /// Batches of up to that many, each handler checked.
+    /// Batches of up to that many, checked once before their commit (the default).
     Batches(usize),
-    /// Batches of up to that many, checked once before their commit.
-    TrustedBatches(usize),
+    /// Batches of up to that many, each handler checked.
+    CheckedBatches(usize),
     /// Batches of up to that many, their fresh orders charged by the slice handler.
     Slices(usize),
     /// One at a time, each invoice the marker of its order (entity mode, no inbox record).
@@ -676,9 +676,9 @@ async fn chaos(backend: Backend, taking: Taking, cluster: Option<&Cluster>) {
         Taking::OneAtATime => {}
         Taking::ByEntity => env.push(("BILLING_KEYS", "entity".to_owned())),
         Taking::Batches(size) => env.push(("BILLING_BATCH", size.to_string())),
-        Taking::TrustedBatches(size) => {
+        Taking::CheckedBatches(size) => {
             env.push(("BILLING_BATCH", size.to_string()));
-            env.push(("BILLING_TRUST_HANDLERS", "true".to_owned()));
+            env.push(("BILLING_CHECK_EACH_HANDLER", "true".to_owned()));
         }
         Taking::Slices(size) => {
             env.push(("BILLING_BATCH", size.to_string()));

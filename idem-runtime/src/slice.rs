@@ -14,11 +14,14 @@ use crate::handler::Handler;
 ///
 /// Everything else is the [`Handler`]'s: the consumer name, each message's key and fingerprint,
 /// the retention, which errors are permanent. Duplicates are answered from their records and
-/// never reach the slice; each message settles as it would alone. When the call fails (an
-/// error, a panic, fewer or more outputs than messages), the inbox finds the messages that
-/// fail by halving the slice, each half under a savepoint of its own, down to single messages:
-/// the others commit, and a failing message gets its own error. A slice handler that ends the
-/// transaction it is given (its own `COMMIT` or `ROLLBACK`) fails every message of the slice.
+/// never reach the slice; each message settles as it would alone. The slice runs first with no
+/// savepoint, as a hand-written multi-row batch does. When the call fails (an error, a panic,
+/// fewer or more outputs than messages), or the completion finds the transaction aborted or
+/// lost under it, the batch is rolled back and the inbox finds the messages that fail by
+/// halving the slice, each half under a savepoint of its own, down to single messages: the
+/// others commit, and a failing message gets its own error. A slice handler must not end the
+/// transaction it is given (its own `COMMIT` or `ROLLBACK`): what it commits by itself is
+/// outside these guarantees.
 ///
 /// `#[idempotent(key = ..., slice)]` implements it, and [`Handler::handle`] as a slice of one
 /// message, for a function of a `Vec` of messages. Transactional only.

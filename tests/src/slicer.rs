@@ -18,7 +18,8 @@ pub const SLICER_CONSUMER: &str = "slicer";
 
 /// A slice handler: every message of a slice gets its effect row from one multi-row insert;
 /// then a slice holding a message whose body is `fail` fails, `outage` fails as its own
-/// database unreachable would, `panic` panics, `short` returns
+/// database unreachable would, `panic` panics, `swallow` runs a failing statement and ignores
+/// its error (which aborts the transaction on PostgreSQL), `short` returns
 /// one output too few, and each `stage` message stages an event (`slices.events`, its id the
 /// message's) through its own context. One message alone ([`Handler::handle`]) is a slice of
 /// one.
@@ -92,6 +93,12 @@ impl Slicer {
         let has = |body: &str| messages.iter().any(|m| m.body == body);
         if has("fail") {
             return Err(SlicerError::OnPurpose);
+        }
+        if has("swallow") {
+            // A failed statement ignored: PostgreSQL aborts the transaction.
+            let _ignored = tx
+                .execute_unprepared("INSERT INTO idem_no_such_table VALUES (1)")
+                .await;
         }
         if has("outage") {
             // What a pool of its own gives when its database is down.

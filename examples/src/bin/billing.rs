@@ -104,11 +104,11 @@ struct Args {
     )]
     keys: Keys,
 
-    /// With --batch: check each batch's transaction once, before its commit, instead of after
-    /// each message (billing's handler returns every database error and never ends its
-    /// transaction)
-    #[arg(long, env = "BILLING_TRUST_HANDLERS", requires_if("true", "batch"))]
-    trust_handlers: bool,
+    /// With --batch: check each batch's transaction after each message rather than once before
+    /// its commit, for handlers not trusted to return every database error and leave their
+    /// transaction open (billing's handler does both)
+    #[arg(long, env = "BILLING_CHECK_EACH_HANDLER", requires_if("true", "batch"))]
+    check_each_handler: bool,
 
     /// With --batch: charge each batch's fresh orders in one call, their invoices in one
     /// multi-row insert (the slice handler `charge_all`)
@@ -116,7 +116,7 @@ struct Args {
         long,
         env = "BILLING_SLICES",
         requires_if("true", "batch"),
-        conflicts_with = "trust_handlers"
+        conflicts_with = "check_each_handler"
     )]
     slices: bool,
 
@@ -284,7 +284,7 @@ fn log_settings(args: &Args) {
         queue = args.queue,
         connection_name = args.connection_name,
         batch = args.batch.unwrap_or(1),
-        trust_handlers = args.trust_handlers,
+        check_each_handler = args.check_each_handler,
         slices = args.slices,
         keys = ?args.keys,
         "billing starting"
@@ -347,10 +347,10 @@ async fn start_consumer(args: &Args, broker: &AmqpUrl, inbox: Inbox) -> Result<C
             u16::try_from(size * 2).unwrap_or(u16::MAX).max(32)
         }));
     let wait = Duration::from_millis(20);
-    let checks = if args.trust_handlers {
-        BatchChecks::BeforeCommit
-    } else {
+    let checks = if args.check_each_handler {
         BatchChecks::EachMessage
+    } else {
+        BatchChecks::BeforeCommit
     };
     let consumer = match args.batch {
         Some(size) if args.slices => consumer

@@ -30,7 +30,7 @@ const VARIABLES: [&str; 14] = [
     "BILLING_CONNECTION_NAME",
     "BILLING_STATS_EVERY_MS",
     "BILLING_BATCH",
-    "BILLING_TRUST_HANDLERS",
+    "BILLING_CHECK_EACH_HANDLER",
     "BILLING_SLICES",
     "NO_COLOR",
 ];
@@ -103,7 +103,7 @@ fn billing_help_lists_the_options_and_their_variables() {
         "--connection-name <NAME>",
         "--stats-every-ms <MS>",
         "--batch <N>",
-        "--trust-handlers",
+        "--check-each-handler",
         "--slices",
         "--broker-wait-ms <MS>",
         "[env: AMQP_URL]",
@@ -114,7 +114,7 @@ fn billing_help_lists_the_options_and_their_variables() {
         "[env: BILLING_CONNECTION_NAME=]",
         "[env: BILLING_STATS_EVERY_MS=]",
         "[env: BILLING_BATCH=]",
-        "[env: BILLING_TRUST_HANDLERS=]",
+        "[env: BILLING_CHECK_EACH_HANDLER=]",
         "[env: BILLING_SLICES=]",
         &format!("from 1 to {}", idem_runtime::transport::MAX_BATCH),
     ] {
@@ -154,7 +154,7 @@ fn orders_help_lists_the_count_and_the_broker_options() {
 #[test]
 fn options_that_need_another_are_refused_without_it() {
     assert_refused(&run(BILLING, &["--json"], &[]), "--demo");
-    assert_refused(&run(BILLING, &["--trust-handlers"], &[]), "--batch");
+    assert_refused(&run(BILLING, &["--check-each-handler"], &[]), "--batch");
     assert_refused(&run(BILLING, &["--slices"], &[]), "--batch");
 }
 

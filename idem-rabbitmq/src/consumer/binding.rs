@@ -156,10 +156,10 @@ impl<H: Handler, C: Codec> Binding<H, C> {
     }
 
     /// How batches check what each handler did to their transaction
-    /// ([`BatchChecks::EachMessage`] unless set): [`BatchChecks::BeforeCommit`] saves a round
-    /// trip per message for handlers that return every failed statement's error and never
-    /// commit or roll back the transaction themselves. No effect outside batch mode, nor for
-    /// slices (one call, under one savepoint).
+    /// ([`BatchChecks::BeforeCommit`] unless set): [`BatchChecks::EachMessage`] checks after
+    /// each handler, a round trip per message, for handlers not trusted to return every failed
+    /// statement's error and never commit or roll back the transaction themselves. No effect
+    /// outside batch mode, nor for slices (one call, checked once before the commit).
     pub fn batch_checks(mut self, checks: BatchChecks) -> Self {
         self.checks = checks;
         self

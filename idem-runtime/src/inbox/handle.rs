@@ -115,14 +115,14 @@ impl Inbox {
     ///   fails or its result is unknown, or the batch's database is lost, every message it
     ///   held gets the database's error (to be requeued, counted as it would be alone: never
     ///   for an outage, a server that takes no writes or a pool without a free connection).
-    /// - On MySQL/MariaDB and SQLite each handler runs under its own savepoint. On PostgreSQL,
-    ///   where a savepoint costs a subtransaction (and a transaction with more than 64 of them
-    ///   slows every statement), the handlers first run without one, the transaction checked
-    ///   after each: when one fails, its error stands, the transaction is rolled back, and the
-    ///   others run again under savepoints. A handler may thus run twice, its effects committed
-    ///   once; messages are cloned for it.
-    /// - Handlers that return every failed statement's error and never end their transaction can
-    ///   save that round trip per message: see [`Processing::process_batch_with`](crate::transport::Processing::process_batch_with).
+    /// - The handlers run one after the other with no savepoint or check between them, as
+    ///   hand-written batch code runs its own ([`BatchChecks::BeforeCommit`](crate::transport::BatchChecks::BeforeCommit)); the completion
+    ///   finds a transaction aborted or lost under them. When a handler fails, its error stands,
+    ///   the transaction is rolled back, and the others run again, each under a savepoint. A
+    ///   handler may thus run twice, its effects committed once; messages are cloned for it.
+    /// - Handlers not trusted to return every failed statement's error and leave their
+    ///   transaction open can be checked after each, one round trip per message: see
+    ///   [`Processing::process_batch_with`](crate::transport::Processing::process_batch_with).
     /// - A handler that carries on after a failed statement breaks the transaction on
     ///   PostgreSQL ([`Error::TransactionAborted`](crate::Error::TransactionAborted) for it, the others unharmed). Where the
     ///   database rolls back the whole transaction instead (a MySQL/MariaDB deadlock), or the

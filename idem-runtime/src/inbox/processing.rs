@@ -24,9 +24,10 @@ pub trait Processing {
         metadata: &Metadata,
     ) -> impl Future<Output = Result<Outcome<H::Output>>> + Send;
 
-    /// [`Inbox::process_batch`], checking the handlers as `checks` says: after each of them (the
-    /// default), or once before the commit for handlers trusted to leave the transaction whole
-    /// ([`BatchChecks::BeforeCommit`], one round trip less per message).
+    /// [`Inbox::process_batch`], checking the handlers as `checks` says: once before the
+    /// commit (the default, [`BatchChecks::BeforeCommit`]), or after each of them for handlers
+    /// not trusted to leave the transaction whole ([`BatchChecks::EachMessage`], one round
+    /// trip more per message).
     fn process_batch_with<H: Handler>(
         &self,
         handler: &H,

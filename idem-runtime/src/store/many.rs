@@ -29,6 +29,7 @@ impl Store {
             quoted: &self.quoted,
             key_index: self.key_index.as_deref(),
             claim_wait: self.claim_wait,
+            lock_timeout: &self.lock_timeout,
         }
     }
 
@@ -80,6 +81,7 @@ impl Store {
             return Ok(Claims {
                 fresh,
                 transaction_id: None,
+                waits_bounded: self.sql.restore_lock_timeout.is_some(),
             });
         }
         let inserted = self.rows_of(conn, statement).await?;
@@ -95,6 +97,8 @@ impl Store {
         Ok(Claims {
             fresh,
             transaction_id,
+            waits_bounded: returned != ClaimsReturn::KeysAndTransaction
+                && self.sql.restore_lock_timeout.is_some(),
         })
     }
 

@@ -176,6 +176,9 @@ pub(crate) struct BatchClaim<'a> {
 pub(crate) struct Claims {
     pub(crate) fresh: HashSet<String>,
     pub(crate) transaction_id: Option<i64>,
+    /// Whether the transaction's lock waits are still bounded as a claim's: to end with
+    /// [`Store::end_claim_wait`](super::Store::end_claim_wait) before the handlers run.
+    pub(crate) waits_bounded: bool,
 }
 
 /// A record the cleaner deleted.

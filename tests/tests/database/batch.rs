@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idem_runtime::admin::InboxAdmin;
 use idem_runtime::admin::Status;
-use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
+use idem_runtime::sea_orm::{ConnectionTrait, DbErr, Statement};
 use idem_runtime::transport::BatchChecks;
 use idem_runtime::transport::Processing;
 use idem_runtime::{
@@ -22,9 +22,9 @@ use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_wit
 
 on_each_backend!(
     a_mixed_batch_settles_each_message_as_it_would_alone,
-    a_mixed_batch_checked_before_commit_settles_the_same,
-    a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_batch,
-    a_handler_that_breaks_the_trust_of_checks_before_commit_loses_no_message,
+    a_mixed_batch_checked_after_each_handler_settles_the_same,
+    a_handler_that_breaks_the_transaction_checked_after_each_fails_alone_or_rolls_back_the_batch,
+    a_handler_that_breaks_the_trust_of_the_default_batch_loses_no_message,
     concurrent_batches_sharing_keys_have_one_effect_per_key,
     a_batch_of_duplicates_runs_no_handler,
     an_output_the_database_refuses_fails_only_its_message,
@@ -45,7 +45,10 @@ mod servers {
 /// and locks.
 mod server {
     use super::*;
-    on_each_backend!([postgres]: a_commit_a_deferred_constraint_refuses_fails_only_its_message);
+    on_each_backend!([postgres]:
+        a_commit_a_deferred_constraint_refuses_fails_only_its_message,
+        a_batchs_handlers_wait_for_locks_as_the_application_configured,
+    );
     on_each_backend!([mysql]:
         a_table_provisioned_with_another_primary_key_takes_batches,
         a_record_locked_elsewhere_holds_up_no_batch_of_other_keys,
@@ -56,8 +59,9 @@ const CONSUMER: &str = "batch";
 
 /// A handler whose message body says what it does after writing its effect: `ok`, `fail`,
 /// `panic`, `swallow` (a failed statement it ignores), `rollback` (a `ROLLBACK` it ignores, as
-/// a swallowed MySQL deadlock would be), `big` (an output of 200 characters), `once-…` (the body
-/// inserted into the table `<effects>_once`).
+/// a swallowed MySQL deadlock would be), `lock-timeout` (its output is PostgreSQL's
+/// `lock_timeout` as the handler sees it), `big` (an output of 200 characters), `once-…` (the
+/// body inserted into the table `<effects>_once`).
 #[derive(Debug, Clone)]
 struct Scripted {
     effects: String,
@@ -126,6 +130,12 @@ impl Handler for Scripted {
                 let _ignored = tx.execute_unprepared("COMMIT").await;
                 Err(ScriptError("failing after committing on its own".into()))
             }
+            "lock-timeout" => {
+                let sql = "SELECT current_setting('lock_timeout') AS v";
+                let statement = Statement::from_string(tx.get_database_backend(), sql);
+                let row = tx.query_one_raw(statement).await?.expect("a row");
+                Ok(row.try_get::<String>("", "v")?)
+            }
             "big" => Ok("x".repeat(200)),
             "huge" => Ok("x".repeat(512 << 10)),
             once if once.starts_with("once-") => {
@@ -175,12 +185,13 @@ fn aborted_on_postgres_only(
     broken
 }
 
+/// The default batch, its handlers checked once before the commit.
 async fn a_mixed_batch_settles_each_message_as_it_would_alone(backend: Backend) {
-    mixed_batch(backend, BatchChecks::EachMessage).await;
+    mixed_batch(backend, BatchChecks::default()).await;
 }
 
-async fn a_mixed_batch_checked_before_commit_settles_the_same(backend: Backend) {
-    mixed_batch(backend, BatchChecks::BeforeCommit).await;
+async fn a_mixed_batch_checked_after_each_handler_settles_the_same(backend: Backend) {
+    mixed_batch(backend, BatchChecks::EachMessage).await;
 }
 
 async fn mixed_batch(backend: Backend, checks: BatchChecks) {
@@ -302,17 +313,15 @@ async fn mixed_batch(backend: Backend, checks: BatchChecks) {
     assert_eq!(effects_of(&db, &effects, "failing").await, 1);
 }
 
-async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_batch(
+/// Handlers not trusted to keep the contract, checked after each: no later handler runs
+/// outside a transaction one of them ended.
+async fn a_handler_that_breaks_the_transaction_checked_after_each_fails_alone_or_rolls_back_the_batch(
     backend: Backend,
 ) {
     let (db, inbox, effects) = setup(backend).await;
     let handler = Scripted::new(&effects);
-    let results = inbox
-        .process_batch(
-            &handler,
-            vec![item("a", "ok"), item("b", "swallow"), item("c", "ok")],
-        )
-        .await;
+    let checked = |items| inbox.process_batch_with(&handler, items, BatchChecks::EachMessage);
+    let results = checked(vec![item("a", "ok"), item("b", "swallow"), item("c", "ok")]).await;
     if backend == Backend::Postgres {
         // PostgreSQL aborted the savepoint only: the others commit.
         assert!(matches!(results[1], Err(Error::TransactionAborted { .. })));
@@ -332,9 +341,7 @@ async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_bat
     assert_eq!(effects_of(&db, &effects, "c").await, 1);
 
     // The last handler of a batch is checked as the others are.
-    let results = inbox
-        .process_batch(&handler, vec![item("g", "ok"), item("h", "swallow")])
-        .await;
+    let results = checked(vec![item("g", "ok"), item("h", "swallow")]).await;
     assert!(matches!(results[0], Ok(Outcome::Processed(_))));
     let broken = aborted_on_postgres_only(backend, &results[1]);
     assert_eq!(effects_of(&db, &effects, "g").await, 1);
@@ -342,17 +349,13 @@ async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_bat
 
     // A transaction rolled back under a handler takes the whole batch with it: that message
     // fails as aborted, the others are rolled back and requeued without counting.
-    let results = inbox
-        .process_batch(
-            &handler,
-            vec![
-                item("d", "ok"),
-                item("e", "rollback"),
-                item("f", "ok"),
-                item("a", "ok"),
-            ],
-        )
-        .await;
+    let results = checked(vec![
+        item("d", "ok"),
+        item("e", "rollback"),
+        item("f", "ok"),
+        item("a", "ok"),
+    ])
+    .await;
     let error = results[1].as_ref().unwrap_err();
     assert!(
         matches!(error, Error::TransactionAborted { .. }),
@@ -373,12 +376,12 @@ async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_bat
 
     // A handler that ends the transaction and then fails: its error stands, and the batch is
     // lost with the transaction, no later handler running outside it.
-    let results = inbox
-        .process_batch(
-            &handler,
-            vec![item("p", "ok"), item("q", "commit-fail"), item("r", "ok")],
-        )
-        .await;
+    let results = checked(vec![
+        item("p", "ok"),
+        item("q", "commit-fail"),
+        item("r", "ok"),
+    ])
+    .await;
     assert_eq!(
         results[1].as_ref().unwrap_err().code(),
         "handler-error",
@@ -392,9 +395,7 @@ async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_bat
     assert_eq!(effects_of(&db, &effects, "r").await, 0);
 
     // The last handler of a batch ending the transaction is found as the others are.
-    let results = inbox
-        .process_batch(&handler, vec![item("x", "ok"), item("y", "rollback")])
-        .await;
+    let results = checked(vec![item("x", "ok"), item("y", "rollback")]).await;
     assert!(
         matches!(results[1], Err(Error::TransactionAborted { .. })),
         "{:?}",
@@ -410,12 +411,12 @@ async fn a_handler_that_breaks_the_transaction_fails_alone_or_rolls_back_the_bat
     }
 }
 
-async fn a_handler_that_breaks_the_trust_of_checks_before_commit_loses_no_message(
-    backend: Backend,
-) {
+/// The default batch trusts its handlers as hand-written batch code trusts its own, checking
+/// the transaction once before the commit; a handler that breaks that trust loses no message.
+async fn a_handler_that_breaks_the_trust_of_the_default_batch_loses_no_message(backend: Backend) {
     let (db, inbox, effects) = setup(backend).await;
     let handler = Scripted::new(&effects);
-    let trusted = |items| inbox.process_batch_with(&handler, items, BatchChecks::BeforeCommit);
+    let trusted = |items| inbox.process_batch(&handler, items);
 
     // A failed statement the handler swallowed: PostgreSQL aborted the transaction, which the
     // check before the commit finds; the batch runs again checked, and only that message fails.
@@ -685,6 +686,33 @@ async fn an_output_the_database_refuses_fails_only_its_message(backend: Backend)
     assert_eq!(db.count(&effects, "1=1").await, 2);
     assert_eq!(effects_of(&db, &effects, "b").await, 0);
     assert_eq!(inbox.lookup(&inbox_key(CONSUMER, "b")).await.unwrap(), None);
+}
+
+/// A batch's claims wait for a rival's key no longer than the claim wait, and the statement
+/// that claims them ends that bound: the handlers' own statements wait for locks as long as
+/// the application configured (here, as PostgreSQL's default, for ever), with and without
+/// checks after each handler.
+async fn a_batchs_handlers_wait_for_locks_as_the_application_configured(backend: Backend) {
+    let (_db, inbox, effects) = setup_with(backend, |inbox| {
+        inbox.claim_wait(Duration::from_millis(250))
+    })
+    .await;
+    let handler = Scripted::new(&effects);
+    for (round, checks) in [BatchChecks::BeforeCommit, BatchChecks::EachMessage]
+        .into_iter()
+        .enumerate()
+    {
+        let items = (0..3)
+            .map(|i| item(&format!("lt-{round}-{i}"), "lock-timeout"))
+            .collect();
+        let results = inbox.process_batch_with(&handler, items, checks).await;
+        for result in &results {
+            assert!(
+                matches!(result, Ok(Outcome::Processed(seen)) if seen == "0"),
+                "{checks:?}: {result:?}"
+            );
+        }
+    }
 }
 
 async fn a_key_held_by_a_long_transaction_delays_only_its_own_message(backend: Backend) {

@@ -26,6 +26,7 @@ on_each_backend!(
     an_idempotent_slice_function_writes_its_slice_in_one_statement,
     a_mixed_slice_batch_settles_each_message_as_it_would_alone,
     a_failing_message_is_found_by_halving,
+    a_slice_that_breaks_its_transaction_is_found_by_the_completion,
     a_slice_stages_each_messages_events_under_its_own_ids,
     slices_from_two_processes_sharing_keys_have_one_effect_per_key,
     an_outage_of_the_handlers_own_database_fails_its_slice_in_one_call,
@@ -239,6 +240,51 @@ async fn a_failing_message_is_found_by_halving(backend: Backend) {
     assert_eq!(calls.len(), 1 + 2 * 6, "{calls:?}");
     assert!(calls.contains(&vec!["o-37".to_owned()]), "{calls:?}");
     assert_eq!(db.count(&effects, "1=1").await, 63);
+}
+
+/// A slice first runs with no savepoint, as a hand-written multi-row batch does: a call that
+/// swallows a failed statement returns as if it succeeded. On PostgreSQL, where that aborts the
+/// transaction, the completion finds it: the batch is rolled back and runs again under
+/// savepoints, halving down to the culprit, which fails alone while the others commit once.
+/// Elsewhere the transaction stays usable and every message is processed.
+async fn a_slice_that_breaks_its_transaction_is_found_by_the_completion(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let slicer = Slicer::new(&effects);
+    let items = (0..8)
+        .map(|i| {
+            let id = format!("s-{i}");
+            item(&id, if i == 5 { "swallow" } else { "ok" })
+        })
+        .collect();
+    let results = inbox.process_slices(&slicer, items).await;
+    let postgres = backend == Backend::Postgres;
+    for (i, result) in results.iter().enumerate() {
+        let expected = match i {
+            5 if postgres => "transaction-aborted",
+            5 => "processed did swallow",
+            _ => "processed did ok",
+        };
+        assert_eq!(settled_as(result), expected, "s-{i}");
+    }
+    let calls = slicer.calls();
+    if postgres {
+        // Unguarded, then the whole slice under a savepoint, then halves down to the culprit.
+        assert_eq!(calls.len(), 2 + 2 * 3, "{calls:?}");
+        assert_eq!(effects_of(&db, &effects, "s-5").await, 0);
+        assert_eq!(
+            inbox
+                .lookup(&inbox_key(SLICER_CONSUMER, "s-5"))
+                .await
+                .unwrap(),
+            None
+        );
+    } else {
+        assert_eq!(calls.len(), 1, "{calls:?}");
+    }
+    assert_eq!(
+        db.count(&effects, "1=1").await,
+        if postgres { 7 } else { 8 }
+    );
 }
 
 /// A handler's own database unreachable is no one message's fault: its slice fails at once, each

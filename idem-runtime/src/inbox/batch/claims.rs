@@ -86,7 +86,7 @@ impl Inner {
         }
         // The handlers' statements wait for locks as long as the application configured, not
         // as long as a claim does (nothing runs when nothing is fresh).
-        if !taken.fresh.is_empty() {
+        if !taken.fresh.is_empty() && taken.waits_bounded {
             store.end_claim_wait(&tx).await.map_err(Lost::Database)?;
         }
         Ok(Some(Claimed {
@@ -109,6 +109,7 @@ async fn claim_all<H: Handler>(
         return Ok(Claims {
             fresh: HashSet::new(),
             transaction_id: None,
+            waits_bounded: false,
         });
     }
     store

@@ -21,29 +21,30 @@ pub struct BatchItem<M> {
 pub use crate::store::MAX_BATCH;
 
 /// How a batch checks what its handlers did to the transaction they share.
+///
+/// Either way a failing or panicking handler fails alone: the batch is rolled back and the
+/// others run again, each under a savepoint, and the culprit keeps its own settle decision and
+/// attempt count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BatchChecks {
-    /// After each handler: a savepoint per message on MySQL/MariaDB and SQLite, a look at the
-    /// transaction on PostgreSQL. A handler that swallows a failed statement, or ends the
-    /// transaction itself, fails alone or loses the batch, and no later handler's writes commit
-    /// outside it. One round trip per message.
+    /// Once, before the commit (the default): the handlers run as a hand-written batch runs
+    /// its own business code, without a savepoint or a check between them, and the completion
+    /// of their claims finds a transaction aborted under them (a failed statement swallowed
+    /// on PostgreSQL) or lost (fewer claims to complete than taken, or on PostgreSQL another
+    /// transaction's id). Such a batch is rolled back and runs again checked after each
+    /// handler, which finds the culprit and counts its attempt. Nothing is committed half way
+    /// by idem; but a handler that breaks the contract (it ends the transaction itself, or
+    /// swallows an error that rolls the whole transaction back: a MySQL/MariaDB deadlock, on
+    /// SQLite a full disk or a `RAISE(ROLLBACK)`) leaves the handlers after it writing outside
+    /// the transaction, their writes committed on their own, and they run again.
     #[default]
-    EachMessage,
-    /// Once, before the commit: for handlers that return the error of every statement that
-    /// fails and never commit or roll back the transaction they are given, as hand-written
-    /// batch code trusts its own. A failing handler still fails alone: the batch is rolled back
-    /// and the others run again, checked after each (on PostgreSQL, a handler whose statement
-    /// failed runs again with them: the transaction it failed in may have been aborted by a
-    /// handler before it). A transaction found aborted (a failed statement swallowed on
-    /// PostgreSQL) or lost (fewer claims to complete than taken) before the commit is rolled
-    /// back, and the batch runs again, checked after each, which finds the culprit and counts
-    /// its attempt. What the trust costs when it is broken: after a handler that ends the
-    /// transaction (its own `ROLLBACK` or `COMMIT`, a statement that commits implicitly on
-    /// MySQL) or swallows an error that rolls the whole transaction back (a MySQL/MariaDB
-    /// deadlock; on SQLite a full disk, an I/O error, a `RAISE(ROLLBACK)`), the handlers after
-    /// it write outside the transaction, their writes committed on their own, and run again.
     BeforeCommit,
+    /// After each handler, for handlers not trusted to keep that contract: a savepoint per
+    /// message on MySQL/MariaDB and SQLite, a look at the transaction on PostgreSQL. A handler
+    /// that swallows a failed statement, or ends the transaction itself, fails alone or loses
+    /// the batch, and no later handler's writes commit outside it. One round trip per message.
+    EachMessage,
 }
 
 /// Runs one transaction's worth of a batch, of `size` messages, in its span; records its size

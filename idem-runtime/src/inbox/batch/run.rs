@@ -22,7 +22,7 @@ impl Inner {
     where
         H::Message: Clone,
     {
-        self.process_batch_with(handler, items, BatchChecks::EachMessage)
+        self.process_batch_with(handler, items, BatchChecks::default())
             .await
     }
 

@@ -70,7 +70,7 @@ impl Inner {
             consumer: &consumer,
             metadata: &sorted.metadata,
             retention,
-            checks: BatchChecks::EachMessage,
+            checks: BatchChecks::default(),
         };
         let transacted = self.transact_slices(&batch, &mut leads).await;
         self.conclude(handler, sorted, leads, &consumer, transacted)
@@ -78,8 +78,11 @@ impl Inner {
     }
 
     /// The batch's transaction, tried until it commits or is lost: claims, the slices, the
-    /// completion. An output the database refuses at the completion fails its message, and the
-    /// others run again.
+    /// completion. The first try calls the handler on every fresh message with no savepoint,
+    /// as a hand-written batch runs its multi-row statement, and the completion finds a
+    /// transaction the call broke. When the call fails, or the completion finds the
+    /// transaction broken or an output refused, the try is rolled back and the next ones run
+    /// under savepoints, halving the slice to find the messages that fail.
     async fn transact_slices<S: SliceHandler>(
         &self,
         batch: &Batch<'_, S>,
@@ -94,6 +97,7 @@ impl Inner {
             false => None,
         };
         let store = &self.store;
+        let mut slicing = Slicing::Whole;
         for _ in 0..=leads.len() + 1 {
             let Some(claimed) = self.claim_batch(batch, leads).await? else {
                 return Ok(());
@@ -111,25 +115,129 @@ impl Inner {
                     },
                 },
             };
-            run_slices(&run, leads).await?;
+            let step = match slicing {
+                Slicing::Whole => run_whole(&run, leads).await?,
+                Slicing::Guarded { halved } => {
+                    run_slices(&run, leads, halved).await?;
+                    Step::Next
+                }
+            };
+            if let Step::Again { halve } = step {
+                lost::roll_back(claimed.tx).await?;
+                slicing = Slicing::Guarded { halved: halve };
+                continue;
+            }
+            let whole = slicing == Slicing::Whole;
             let finishing = Finishing {
-                trusted: false,
-                under_savepoints: true,
+                trusted: whole,
+                under_savepoints: !whole,
             };
             match self.finish(claimed, batch, leads, finishing).await? {
                 Tried::Ended => return Ok(()),
-                Tried::Again => {}
+                Tried::Again => slicing = Slicing::Guarded { halved: false },
             }
         }
         Err(Lost::RolledBack)
     }
 }
 
-/// Runs the fresh leads' handler in slices: all of them at first; a slice that fails is rolled
-/// back to its savepoint and its halves run in turn, down to single messages, which fail alone.
+/// How a try calls the slice handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slicing {
+    /// Once on every fresh message, with no savepoint.
+    Whole,
+    /// Under savepoints, halving a slice that fails; `halved` starts from the two halves (the
+    /// whole slice failed in the try before).
+    Guarded { halved: bool },
+}
+
+/// What a try without savepoints says once its call returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Complete and commit.
+    Next,
+    /// Roll back and run again under savepoints, from the halves of the slice when `halve`.
+    Again { halve: bool },
+}
+
+/// Calls the handler once on every fresh lead, with no savepoint. A failure nothing can be
+/// kept apart from (the transaction may be aborted) rolls the try back: a message alone, or
+/// a failure the whole slice shares, fails and is left out of the next try; otherwise the
+/// next try halves the slice. A deadlock that rolled the whole transaction back loses the
+/// batch to that contention, every message to be delivered again.
+async fn run_whole<S: SliceHandler>(
+    run: &Run<'_, S>,
+    leads: &mut [Lead<S::Message, S::Output>],
+) -> Result<Step, Lost>
+where
+    S::Message: Clone,
+{
+    let fresh: Vec<usize> = (0..leads.len())
+        .filter(|at| leads[*at].is_fresh())
+        .collect();
+    if fresh.is_empty() {
+        return Ok(Step::Next);
+    }
+    let failure = match call_on(run, leads, &fresh).await? {
+        Ok(handled) => {
+            for (at, handled) in fresh.iter().zip(handled) {
+                leads[*at].processed(handled);
+            }
+            return Ok(Step::Next);
+        }
+        Err(failure) => failure,
+    };
+    if let Some(deadlock) = contention_in(&failure).filter(|error| {
+        classify(error) == Failure::Deadlock && !run.store.dialect().aborts_on_error()
+    }) {
+        // MySQL/MariaDB rolled the whole transaction back under the call: no message of the
+        // slice is at fault, and each is delivered again.
+        return Err(Lost::Database(deadlock));
+    }
+    match (fresh.as_slice(), shared_failure(&failure)) {
+        ([at], None) => leave_out(&mut leads[*at], failure),
+        (_, Some((kind, error))) => {
+            for at in &fresh {
+                leave_out(&mut leads[*at], kind(error.clone()));
+            }
+        }
+        (_, None) => return Ok(Step::Again { halve: true }),
+    }
+    Ok(Step::Again { halve: false })
+}
+
+/// Fails a lead with `error`, its claim going with the try's rollback: the next try leaves
+/// it out.
+fn leave_out<M, T>(lead: &mut Lead<M, T>, error: Error) {
+    lead.failed(error);
+    lead.claimed = false;
+    lead.failed_alone = true;
+}
+
+/// Calls the handler on the leads at `slice`: what each gave, or why the call failed.
+async fn call_on<S: SliceHandler>(
+    run: &Run<'_, S>,
+    leads: &mut [Lead<S::Message, S::Output>],
+    slice: &[usize],
+) -> Result<Result<Vec<Handled<S::Output>>>, Lost>
+where
+    S::Message: Clone,
+{
+    let messages = slice.iter().map(|at| leads[*at].message_copy()).collect();
+    let keys: Vec<(&InboxKey, usize)> = slice
+        .iter()
+        .map(|at| (&leads[*at].key, leads[*at].index))
+        .collect();
+    call(run, &keys, messages).await
+}
+
+/// Runs the fresh leads' handler in slices, each under a savepoint: all of them at first (or
+/// their two halves, when `halved`); a slice that fails is rolled back to its savepoint and its
+/// halves run in turn, down to single messages, which fail alone.
 async fn run_slices<S: SliceHandler>(
     run: &Run<'_, S>,
     leads: &mut [Lead<S::Message, S::Output>],
+    halved: bool,
 ) -> Result<(), Lost>
 where
     S::Message: Clone,
@@ -139,19 +247,16 @@ where
         .collect();
     // Slices still to run, the next one last.
     let mut slices: Vec<&[usize]> = Vec::new();
-    if !fresh.is_empty() {
+    if halved && fresh.len() > 1 {
+        let (first, second) = fresh.split_at(fresh.len() / 2);
+        slices.push(second);
+        slices.push(first);
+    } else if !fresh.is_empty() {
         slices.push(&fresh);
     }
     while let Some(slice) = slices.pop() {
         lost::execute(run.tx, "SAVEPOINT idem_slice").await?;
-        let called = {
-            let messages = slice.iter().map(|at| leads[*at].message_copy()).collect();
-            let keys: Vec<(&InboxKey, usize)> = slice
-                .iter()
-                .map(|at| (&leads[*at].key, leads[*at].index))
-                .collect();
-            call(run, &keys, messages).await?
-        };
+        let called = call_on(run, leads, slice).await?;
         let failure = match called {
             Ok(handled) => match run
                 .tx

@@ -22,6 +22,10 @@ pub(crate) struct InboxTable<'a> {
     pub(crate) key_index: Option<&'a str>,
     /// How long a claim waits for another transaction holding its key.
     pub(crate) claim_wait: Duration,
+    /// The `lock_timeout` the application configured (PostgreSQL), which a batch's claim
+    /// restores once every key is claimed.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) lock_timeout: &'a str,
 }
 
 impl InboxTable<'_> {
@@ -71,7 +75,8 @@ pub(crate) enum ClaimsReturn {
     Nothing,
     /// The keys it inserted.
     Keys,
-    /// The keys it inserted, each with the id of the transaction holding them (PostgreSQL).
+    /// The keys it inserted, each with the id of the transaction holding them (PostgreSQL);
+    /// the statement also ends its bounded lock wait, once every key is claimed.
     KeysAndTransaction,
 }
 

@@ -332,7 +332,9 @@ mod arrays {
     /// The claim wait is bounded (for the rest of the transaction, until the claim wait ends)
     /// before the first row is inserted, in the statement itself: the subquery that sets it
     /// runs once, before any row it joins. The transaction's id comes back with each claim
-    /// inserted.
+    /// inserted, and the wait the application configured is restored once the last key is
+    /// claimed: the scalar subquery that restores it counts every inserted row first. (When
+    /// nothing is inserted it stays bounded, and no handler runs.)
     pub(super) fn insert_claims(
         now: &str,
         at: &InboxTable<'_>,
@@ -342,12 +344,14 @@ mod arrays {
         retention: Duration,
     ) -> WithValues {
         let sql = format!(
-            "INSERT INTO {} ({CLAIM_COLUMNS}) \
+            "WITH claimed AS (INSERT INTO {} ({CLAIM_COLUMNS}) \
              SELECT $1, u.k, $2, NULLIF(u.f, ''::bytea), 1, $3, c.n, c.n, NULL, NULL, c.n + $4 \
              FROM (SELECT {now} AS n, set_config('lock_timeout', $7, true) AS bounded) AS c, \
              unnest($5::text[], $6::bytea[]) AS u(k, f) \
              ON CONFLICT (consumer, message_key) DO NOTHING \
-             RETURNING message_key, txid_current()",
+             RETURNING message_key) \
+             SELECT message_key, txid_current(), (SELECT set_config('lock_timeout', $8, true) \
+             FROM (SELECT count(*) FROM claimed) AS every) FROM claimed",
             at.quoted
         );
         let prints = claims
@@ -361,6 +365,7 @@ mod arrays {
             keys_array(claims.iter().map(|claim| claim.key)),
             byteas(prints),
             text(&at.claim_wait.as_millis().max(1).to_string()),
+            text(at.lock_timeout),
         ];
         (sql, values)
     }
