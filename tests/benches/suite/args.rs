@@ -23,7 +23,7 @@ pub(crate) struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["100", "500"], value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) prefetch: Vec<u16>,
     /// Modes to run.
-    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "hand-batch-multirow", "idem-batch", "idem-batch-trusted", "idem-batch-slice", "idem-batch-during-cleanup", "hand-outbox", "idem-outbox"])]
+    #[arg(long, value_delimiter = ',', default_values = ["raw", "hand-per-message", "idem-per-message", "hand-batch", "hand-batch-multirow", "idem-batch", "idem-batch-checked", "idem-batch-slice", "idem-batch-during-cleanup", "hand-outbox", "idem-outbox"])]
     pub(crate) modes: Vec<Mode>,
     /// Largest batch of the batch modes (capped by the prefetch).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
@@ -92,8 +92,9 @@ pub(crate) enum Mode {
     HandBatch,
     HandBatchMultirow,
     IdemBatch,
-    /// `idem-batch` with [`idem_runtime::transport::BatchChecks::BeforeCommit`].
-    IdemBatchTrusted,
+    /// `idem-batch` with [`idem_runtime::transport::BatchChecks::EachMessage`]: each handler
+    /// checked, for handlers not trusted to leave their transaction whole.
+    IdemBatchChecked,
     /// idem's batches with a slice handler: the fresh orders in one multi-row insert.
     IdemBatchSlice,
     IdemBatchDuringCleanup,
@@ -110,7 +111,7 @@ impl Mode {
             Mode::HandBatch => "hand-batch",
             Mode::HandBatchMultirow => "hand-batch-multirow",
             Mode::IdemBatch => "idem-batch",
-            Mode::IdemBatchTrusted => "idem-batch-trusted",
+            Mode::IdemBatchChecked => "idem-batch-checked",
             Mode::IdemBatchSlice => "idem-batch-slice",
             Mode::IdemBatchDuringCleanup => "idem-batch-during-cleanup",
             Mode::HandOutbox => "hand-outbox",
@@ -130,7 +131,7 @@ impl Mode {
             self,
             Mode::IdemPerMessage
                 | Mode::IdemBatch
-                | Mode::IdemBatchTrusted
+                | Mode::IdemBatchChecked
                 | Mode::IdemBatchSlice
                 | Mode::IdemBatchDuringCleanup
                 | Mode::IdemOutbox
@@ -148,7 +149,7 @@ impl Mode {
             Mode::HandBatch
                 | Mode::HandBatchMultirow
                 | Mode::IdemBatch
-                | Mode::IdemBatchTrusted
+                | Mode::IdemBatchChecked
                 | Mode::IdemBatchSlice
                 | Mode::IdemBatchDuringCleanup
         )

@@ -433,16 +433,16 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
         }
         Mode::IdemPerMessage
         | Mode::IdemBatch
-        | Mode::IdemBatchTrusted
+        | Mode::IdemBatchChecked
         | Mode::IdemBatchDuringCleanup => {
             let handler = charge(&case.charges);
             let binding = if case.mode == Mode::IdemPerMessage {
                 Binding::new(case.topology.clone(), handler)
             } else {
-                let checks = if case.mode == Mode::IdemBatchTrusted {
-                    BatchChecks::BeforeCommit
-                } else {
+                let checks = if case.mode == Mode::IdemBatchChecked {
                     BatchChecks::EachMessage
+                } else {
+                    BatchChecks::default()
                 };
                 idem_batch_binding(
                     case.topology.clone(),

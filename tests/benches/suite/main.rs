@@ -22,9 +22,12 @@
 //! - `hand-batch-multirow`: the same with one multi-row business insert for the whole batch, a
 //!   different program (its work written for the batch at once), shown for reference;
 //! - `idem-batch`: idem's consumer with the binding in batch mode
-//!   (`Binding::batch(size, max_wait)`), its `max_in_flight` left at the default: each batch is
-//!   one handler in flight, so at prefetch 500 several batches may overlap, where `hand-batch`
-//!   runs one at a time;
+//!   (`Binding::batch(size, max_wait)`, its handlers checked once before the commit, the
+//!   default), its `max_in_flight` left at the default: each batch is one handler in flight, so
+//!   at prefetch 500 several batches may overlap, where `hand-batch` runs one at a time;
+//! - `idem-batch-checked`: the same with each handler checked (`BatchChecks::EachMessage`);
+//! - `idem-batch-slice`: the same with a slice handler, the fresh orders in one multi-row
+//!   insert, measured against `hand-batch-multirow`;
 //! - `idem-batch-during-cleanup`: the same while the consumer's cleaner deletes expired records
 //!   from the inbox table: a million of them when each round starts (made by the database before
 //!   the round), deleted with idem's defaults (batches of 1000, 10 ms apart) from the consumer's
@@ -53,7 +56,10 @@
 //!
 //! Each round also counts the statements (and round trips, where the database counts them) its
 //! consumer ran, from its start to its stop, and the suite prints them per message beside the
-//! hand-written modes (`statements.rs`, `statement_report.rs`).
+//! hand-written modes (`statements.rs`, `statement_report.rs`). Then each backend runs the same
+//! work through idem and the hand-written code, one call each, and prints their statements side
+//! by side (`statement_probe.rs`): exact counts that do not depend on how a consumer cut its
+//! batches.
 //!
 //! The outbox modes are timed end to end: a round lasts until the last settlement and until
 //! every distinct order's event is in the downstream queue (its depth, polled every
@@ -70,6 +76,7 @@ mod hand;
 mod outbox;
 mod report;
 mod soak;
+mod statement_probe;
 mod statement_report;
 mod statements;
 
@@ -89,6 +96,7 @@ use args::{Args, Mode};
 use case::{Case, Expired, run_round};
 use feeder::Feeder;
 use report::{header, print_targets};
+use statement_probe::{print_probes, probe};
 use statement_report::print_statements;
 use statements::StatementCounter;
 
@@ -178,7 +186,7 @@ fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
     }
     for mode in [
         Mode::IdemBatch,
-        Mode::IdemBatchTrusted,
+        Mode::IdemBatchChecked,
         Mode::IdemBatchSlice,
         Mode::IdemBatchDuringCleanup,
         Mode::HandOutbox,
@@ -290,6 +298,10 @@ async fn run_suite(suite: &mut Suite) {
             group.extend(cases);
         }
     }
+    let mut probes = Vec::new();
+    for (backend, db, counter) in &dbs {
+        probes.push((*backend, counter.source(), probe(db, counter).await));
+    }
     if !suite.args.json {
         println!("{}", header());
     }
@@ -305,6 +317,7 @@ async fn run_suite(suite: &mut Suite) {
         .iter()
         .map(|(backend, _, counter)| (*backend, counter.source()));
     print_statements(suite, &done, &sources.collect::<Vec<_>>());
+    print_probes(suite, &probes);
     let failures: Vec<&String> = done
         .iter()
         .flatten()
