@@ -28,8 +28,8 @@ pub enum Intake {
     /// One delivery at a time, through `Inbox::process`.
     PerMessage,
     /// Up to two deliveries in one transaction, through `Inbox::process_batch` (transactional
-    /// handlers; PostgreSQL's default, `BatchChecks::EachMessage`: unguarded first, then under
-    /// savepoints).
+    /// handlers; the default, `BatchChecks::BeforeCommit`, and PostgreSQL's
+    /// `BatchChecks::EachMessage`: unguarded first, then under savepoints).
     Batch,
 }
 

@@ -24,7 +24,9 @@
 //!   handed on (a takeover).
 //! - **Batches** (`inbox/batch/`): keys claimed in one statement, handlers run unguarded first;
 //!   a failure rolls the transaction back and the rest run again under a savepoint each
-//!   (PostgreSQL's `BatchChecks::EachMessage`); records that need more than a read go the
+//!   (the default, `BatchChecks::BeforeCommit`, and PostgreSQL's `BatchChecks::EachMessage`,
+//!   which the model's handlers, returning every error and leaving their transaction open,
+//!   cannot tell apart); records that need more than a read go the
 //!   per-message way after the commit; a transaction lost under the batch requeues every message.
 //! - **Entity mode**: the marker entity's unique key in the handler's transaction.
 //! - **The outbox**: stagings in the handler's transaction with ids derived from (consumer, key,
@@ -71,7 +73,8 @@
 //! # What the model leaves out
 //!
 //! Message content (fingerprints and mismatches), slice handlers, natural mode, operator
-//! commands, the `BatchChecks::BeforeCommit` path, publisher confirms that are lost or
+//! commands, `BatchChecks::EachMessage` on MySQL/MariaDB and SQLite (a savepoint per message
+//! from the first try), publisher confirms that are lost or
 //! distrusted (a relay crash stands for them), the outbox's own retention, handlers that
 //! swallow database errors or end their transaction, and timing beyond the order of events
 //! (a hold, a lease and a retention only run out or not).

@@ -28,6 +28,10 @@ pub(crate) struct Args {
     /// Largest batch of the batch modes (capped by the prefetch).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) batch_size: u64,
+    /// Batches an idem batch binding runs at once (`Binding::batches_in_flight`); the
+    /// binding's default unless given.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) batches_in_flight: Option<u64>,
     /// Longest wait for a batch to fill, in milliseconds.
     #[arg(long, default_value_t = 5)]
     pub(crate) max_wait_ms: u64,

@@ -429,6 +429,7 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
         Mode::IdemBatchSlice => {
             let binding = Binding::new(case.topology.clone(), charge(&case.charges))
                 .slices(suite.batch_size(case.prefetch), suite.max_wait());
+            let binding = suite.in_flight(binding);
             start_idem(idem_consumer(url, case).bind_with(binding)).await
         }
         Mode::IdemPerMessage
@@ -444,13 +445,14 @@ pub(crate) async fn start_consumer(suite: &Suite, db: &TestDb, case: &Case) -> R
                 } else {
                     BatchChecks::default()
                 };
-                idem_batch_binding(
+                let binding = idem_batch_binding(
                     case.topology.clone(),
                     handler,
                     suite.batch_size(case.prefetch),
                     suite.max_wait(),
                 )
-                .batch_checks(checks)
+                .batch_checks(checks);
+                suite.in_flight(binding)
             };
             start_idem(idem_consumer(url, case).bind_with(binding)).await
         }

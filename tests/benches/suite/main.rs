@@ -151,6 +151,14 @@ impl Suite {
         Duration::from_millis(self.args.max_wait_ms)
     }
 
+    /// `binding` with `--batches-in-flight`, if given.
+    pub(crate) fn in_flight<H: idem_runtime::Handler>(&self, binding: Binding<H>) -> Binding<H> {
+        match self.args.batches_in_flight {
+            Some(batches) => binding.batches_in_flight(batches as usize),
+            None => binding,
+        }
+    }
+
     pub(crate) fn batch_size(&self, prefetch: u16) -> usize {
         (self.args.batch_size as usize).min(usize::from(prefetch))
     }

@@ -37,7 +37,7 @@ mod servers {
     on_each_backend!([postgres, mysql]:
         a_key_the_table_refuses_fails_only_its_message,
         a_database_lost_mid_batch_requeues_it_uncounted,
-        a_database_lost_mid_batch_checked_before_commit_requeues_it_the_same,
+        a_database_lost_mid_batch_checked_after_each_handler_requeues_it_the_same,
     );
 }
 
@@ -766,12 +766,14 @@ async fn a_key_held_by_a_long_transaction_delays_only_its_own_message(backend: B
 /// A database lost mid-batch requeues the batch, uncounted; once it is back, every message is
 /// processed once.
 async fn a_database_lost_mid_batch_requeues_it_uncounted(backend: Backend) {
-    lost_mid_batch(backend, BatchChecks::EachMessage).await;
+    lost_mid_batch(backend, BatchChecks::default()).await;
 }
 
-/// The same for a batch trusted to check its claims once, before its commit.
-async fn a_database_lost_mid_batch_checked_before_commit_requeues_it_the_same(backend: Backend) {
-    lost_mid_batch(backend, BatchChecks::BeforeCommit).await;
+/// The same for a batch whose handlers are checked after each.
+async fn a_database_lost_mid_batch_checked_after_each_handler_requeues_it_the_same(
+    backend: Backend,
+) {
+    lost_mid_batch(backend, BatchChecks::EachMessage).await;
 }
 
 async fn lost_mid_batch(backend: Backend, checks: BatchChecks) {
