@@ -268,8 +268,8 @@ async fn a_slice_that_breaks_its_transaction_is_found_by_the_completion(backend:
     }
     let calls = slicer.calls();
     if postgres {
-        // Unguarded, then the whole slice under a savepoint, then halves down to the culprit.
-        assert_eq!(calls.len(), 2 + 2 * 3, "{calls:?}");
+        // Unguarded, then halves under savepoints down to the culprit.
+        assert_eq!(calls.len(), 1 + 2 * 3, "{calls:?}");
         assert_eq!(effects_of(&db, &effects, "s-5").await, 0);
         assert_eq!(
             inbox

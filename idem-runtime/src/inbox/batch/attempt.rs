@@ -31,6 +31,9 @@ pub(super) enum Tried {
     /// without a savepoint, an output the database refused): rolled back, to run the others
     /// again under savepoints. Its error stands.
     Again,
+    /// The transaction was found aborted or lost under trusted handlers before the commit, and
+    /// rolled back: a try under savepoints finds which handler did it.
+    Broken,
 }
 
 /// How a try's handlers ran, for its end.
@@ -59,15 +62,15 @@ impl Inner {
     /// Runs the batch's transaction to its end; each first copy's fate is set as it is
     /// decided; an error means nothing was committed.
     ///
-    /// Where a failed statement aborts the whole transaction (PostgreSQL), the handlers first
-    /// run without savepoints, which cost a subtransaction each (and slow every statement once
-    /// a transaction has more than 64), with one check of the transaction after each handler:
-    /// if one fails, its error stands, but nothing can be kept apart from it, so the
-    /// transaction is rolled back and the others run again with a savepoint per message.
-    /// Elsewhere a handler could carry on past a transaction the database ended under it, its
-    /// later writes committed on their own, so each message always has its savepoint there.
-    /// Trusted handlers ([`BatchChecks::BeforeCommit`]) first run without savepoints or checks
-    /// on every backend, the transaction checked once before the commit.
+    /// By default ([`BatchChecks::BeforeCommit`]) the handlers first run without savepoints or
+    /// checks, the transaction checked once before the commit: when one fails, its error
+    /// stands, but nothing can be kept apart from it, so the transaction is rolled back and the
+    /// others run again with a savepoint per message. Checked after each handler
+    /// ([`BatchChecks::EachMessage`]), PostgreSQL, where a savepoint costs a subtransaction (and
+    /// a transaction with more than 64 slows every statement), also first runs them without
+    /// savepoints, with a look at the transaction after each; elsewhere a handler could carry on
+    /// past a transaction the database ended under it, its later writes committed on their own,
+    /// so each message has its savepoint from the first try.
     pub(super) async fn transact<H: Handler>(
         &self,
         batch: &Batch<'_, H>,
@@ -93,7 +96,7 @@ impl Inner {
         for _ in 0..=leads.len() + 1 {
             match self.attempt(batch, leads, keeping).await? {
                 Tried::Ended => return Ok(()),
-                Tried::Again => {
+                Tried::Again | Tried::Broken => {
                     tracing::debug!(
                         consumer = batch.consumer.as_str(),
                         "a message of the batch failed, or broke its transaction; running the \

@@ -55,8 +55,16 @@ impl Inner {
             // which handler only a checked try tells; checked, that handler was found, and the
             // batch is lost.
             Completion::Lost if finishing.trusted => {
+                tracing::warn!(
+                    consumer = batch.consumer.as_str(),
+                    "a batch's transaction was found aborted or lost before its commit: one of its \
+                     handlers swallowed a failed statement or ended the transaction. The batch \
+                     runs again checked, which finds it. Where a failed statement leaves the \
+                     transaction going (MySQL/MariaDB, SQLite), what the handlers wrote after it \
+                     ended committed on its own: give such handlers BatchChecks::EachMessage"
+                );
                 lost::roll_back(tx).await?;
-                return Ok(Tried::Again);
+                return Ok(Tried::Broken);
             }
             Completion::Lost => return Err(Lost::RolledBack),
             // The refused outputs' messages failed alone, or are to be found by a try under

@@ -22,9 +22,10 @@ pub use crate::store::MAX_BATCH;
 
 /// How a batch checks what its handlers did to the transaction they share.
 ///
-/// Either way a failing or panicking handler fails alone: the batch is rolled back and the
-/// others run again, each under a savepoint, and the culprit keeps its own settle decision and
-/// attempt count.
+/// Either way a failing or panicking handler fails alone, keeping its own settle decision and
+/// attempt count, and the others commit once: unguarded handlers (the default; PostgreSQL
+/// checked after each) are rolled back and run again, each under a savepoint; elsewhere each
+/// checked handler has its savepoint from the first try.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BatchChecks {

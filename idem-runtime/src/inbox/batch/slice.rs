@@ -134,7 +134,10 @@ impl Inner {
             };
             match self.finish(claimed, batch, leads, finishing).await? {
                 Tried::Ended => return Ok(()),
+                // An output refused: the call succeeded, and runs again under a savepoint.
                 Tried::Again => slicing = Slicing::Guarded { halved: false },
+                // The one call of the try broke the transaction: its halves run next.
+                Tried::Broken => slicing = Slicing::Guarded { halved: true },
             }
         }
         Err(Lost::RolledBack)
