@@ -88,6 +88,14 @@ impl<M, T> Lead<M, T> {
         self.fate = Fate::Failed(error);
     }
 
+    /// Fails it with `error` for the rest of the batch: its claim goes with this try, and the
+    /// next try leaves it out.
+    pub(super) fn fail_alone(&mut self, error: Error) {
+        self.failed(error);
+        self.claimed = false;
+        self.failed_alone = true;
+    }
+
     pub(super) fn is_fresh(&self) -> bool {
         matches!(self.fate, Fate::Fresh)
     }

@@ -190,9 +190,7 @@ impl Inner {
             if let Err(error) = tried
                 && refuses_value(&error)
             {
-                lead.failed(Error::OutputNotStorable(Box::new(error)));
-                lead.claimed = false;
-                lead.failed_alone = true;
+                lead.fail_alone(Error::OutputNotStorable(Box::new(error)));
                 found = true;
             }
         }

@@ -175,9 +175,7 @@ async fn run_whole<S: SliceHandler>(
 where
     S::Message: Clone,
 {
-    let fresh: Vec<usize> = (0..leads.len())
-        .filter(|at| leads[*at].is_fresh())
-        .collect();
+    let fresh = fresh_leads(leads);
     if fresh.is_empty() {
         return Ok(Step::Next);
     }
@@ -198,10 +196,10 @@ where
         return Err(Lost::Database(deadlock));
     }
     match (fresh.as_slice(), shared_failure(&failure)) {
-        ([at], None) => leave_out(&mut leads[*at], failure),
+        ([at], None) => leads[*at].fail_alone(failure),
         (_, Some((kind, error))) => {
             for at in &fresh {
-                leave_out(&mut leads[*at], kind(error.clone()));
+                leads[*at].fail_alone(kind(error.clone()));
             }
         }
         (_, None) => return Ok(Step::Again { halve: true }),
@@ -209,12 +207,11 @@ where
     Ok(Step::Again { halve: false })
 }
 
-/// Fails a lead with `error`, its claim going with the try's rollback: the next try leaves
-/// it out.
-fn leave_out<M, T>(lead: &mut Lead<M, T>, error: Error) {
-    lead.failed(error);
-    lead.claimed = false;
-    lead.failed_alone = true;
+/// Where the fresh leads are, in order.
+fn fresh_leads<M, T>(leads: &[Lead<M, T>]) -> Vec<usize> {
+    (0..leads.len())
+        .filter(|at| leads[*at].is_fresh())
+        .collect()
 }
 
 /// Calls the handler on the leads at `slice`: what each gave, or why the call failed.
@@ -245,9 +242,7 @@ async fn run_slices<S: SliceHandler>(
 where
     S::Message: Clone,
 {
-    let fresh: Vec<usize> = (0..leads.len())
-        .filter(|at| leads[*at].is_fresh())
-        .collect();
+    let fresh = fresh_leads(leads);
     // Slices still to run, the next one last.
     let mut slices: Vec<&[usize]> = Vec::new();
     if halved && fresh.len() > 1 {
