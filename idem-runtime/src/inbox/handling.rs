@@ -59,6 +59,20 @@ pub(crate) async fn outage_or(error: Error, tx: &DatabaseTransaction) -> Error {
     }
 }
 
+/// Ends the transaction of a run that failed with `error`, and gives the error back: the run's
+/// locks, its claim's among them, are released before its caller hears of the failure, not
+/// whenever the pool next sends the rollback a dropped transaction leaves it (a retry that does
+/// not wait for locks, as an HTTP retry, would be told the key is still in progress). A database
+/// that is unreachable has ended the transaction already.
+pub(crate) async fn abandon(tx: DatabaseTransaction, error: Error) -> Error {
+    if !matches!(error, Error::StoreUnavailable(_))
+        && let Err(rollback) = tx.rollback().await
+    {
+        tracing::debug!(%rollback, "a failed run's transaction could not be rolled back");
+    }
+    error
+}
+
 /// Runs the handler, turning its error and its panic into [`Error`]s.
 pub(crate) async fn run<H: Handler>(
     handler: &H,

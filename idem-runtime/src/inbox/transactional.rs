@@ -1,10 +1,11 @@
 //! One message in transactional mode: its claim, its handler's writes and its completion in
 //! one transaction; and the dispatch of a message to its mode's room.
 
+use sea_orm::DatabaseTransaction;
 use tracing::Instrument;
 
 use super::claim::{self, ClaimRequest, Claimed, Deadlocks};
-use super::handling::{decode_stored, fingerprint_of, outage_or, run};
+use super::handling::{abandon, decode_stored, fingerprint_of, outage_or, run};
 use super::inner::Inner;
 use super::record::InboxRecord;
 use crate::clock::from_epoch_ms;
@@ -115,8 +116,10 @@ impl Inner {
                     (self.telemetry).claimed(request.key, before, request.retention);
                     break (tx, token, attempt, previous_claim_at);
                 }
-                Err(Error::Contention(error)) if deadlocks.try_again(&error) => drop(tx),
-                Err(error) => return Err(error),
+                Err(Error::Contention(error)) if deadlocks.try_again(&error) => {
+                    abandon(tx, Error::Contention(error)).await;
+                }
+                Err(error) => return Err(abandon(tx, error).await),
             }
         };
         let claim = RunClaim {
@@ -127,9 +130,32 @@ impl Inner {
             .with_attempt(attempt, previous_claim_at.map(from_epoch_ms))
             .with_origin(request.key, self.outbox.as_ref())
             .with_run_claim(claim);
-        let output = match run(handler, &cx, message).await {
+        let output = match self
+            .run_claimed(handler, &request, token, &cx, &tx, message)
+            .await
+        {
             Ok(output) => output,
-            Err(error) => return Err(outage_or(error, &tx).await),
+            Err(error) => return Err(abandon(tx, error).await),
+        };
+        self.commit(cx.outbound().staged(), tx).await?;
+        Ok(Outcome::Processed(output))
+    }
+
+    /// What a claimed message's transaction runs before its commit: the handler, then the
+    /// completion of its claim with the handler's output.
+    async fn run_claimed<H: Handler>(
+        &self,
+        handler: &H,
+        request: &ClaimRequest<'_>,
+        token: i64,
+        cx: &Context<'_>,
+        tx: &DatabaseTransaction,
+        message: H::Message,
+    ) -> Result<H::Output> {
+        let store = &self.store;
+        let output = match run(handler, cx, message).await {
+            Ok(output) => output,
+            Err(error) => return Err(outage_or(error, tx).await),
         };
         let json = serde_json::to_string(&output)
             .map_err(|error| Error::OutputNotStorable(Box::new(error)))?;
@@ -144,23 +170,19 @@ impl Inner {
         // longer has. Only then does the commit mean the effects and the record are stored.
         let key = request.key;
         match store
-            .complete(&tx, key, token, stored, request.retention)
+            .complete(tx, key, token, stored, request.retention)
             .await
         {
-            Ok(true) => {}
-            Ok(false) => return Err(Error::TransactionAborted { key: key.clone() }),
-            Err(error) => {
-                return Err(match classify(&error) {
-                    Failure::Aborted => Error::TransactionAborted { key: key.clone() },
-                    Failure::Refused if stored.is_some() && refuses_value(&error) => {
-                        Error::OutputNotStorable(Box::new(error))
-                    }
-                    _ => error.into(),
-                });
-            }
+            Ok(true) => Ok(output),
+            Ok(false) => Err(Error::TransactionAborted { key: key.clone() }),
+            Err(error) => Err(match classify(&error) {
+                Failure::Aborted => Error::TransactionAborted { key: key.clone() },
+                Failure::Refused if stored.is_some() && refuses_value(&error) => {
+                    Error::OutputNotStorable(Box::new(error))
+                }
+                _ => error.into(),
+            }),
         }
-        self.commit(cx.outbound().staged(), tx).await?;
-        Ok(Outcome::Processed(output))
     }
 
     /// Checks a handler against this inbox's configuration before it processes anything: its

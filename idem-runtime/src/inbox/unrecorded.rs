@@ -3,7 +3,7 @@
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, Statement};
 
-use super::handling::{outage_or, run};
+use super::handling::{abandon, outage_or, run};
 use super::inner::Inner;
 use crate::context::Context;
 use crate::entity::slot::{MarkerSlot, MarkerWait, Verdict};
@@ -37,7 +37,35 @@ impl Inner {
         let cx = self
             .unrecorded_context(key, metadata, &tx)
             .with_marker(fingerprint, &slot);
-        let result = run(handler, &cx, message).await;
+        match self
+            .run_marked(handler, key, &cx, &tx, &slot, message)
+            .await
+        {
+            Ok(Outcome::Duplicate(output)) => {
+                // Whatever the handler wrote after finding the marker goes.
+                tx.rollback().await?;
+                Ok(Outcome::Duplicate(output))
+            }
+            Ok(processed) => {
+                self.commit(cx.outbound().staged(), tx).await?;
+                Ok(processed)
+            }
+            Err(error) => Err(abandon(tx, error).await),
+        }
+    }
+
+    /// What an entity-mode run's transaction runs before it ends: the handler, then the check
+    /// that its marker is new (processed, to commit) or was there (a duplicate, to roll back).
+    async fn run_marked<H: Handler>(
+        &self,
+        handler: &H,
+        key: &InboxKey,
+        cx: &Context<'_>,
+        tx: &DatabaseTransaction,
+        slot: &MarkerSlot,
+        message: H::Message,
+    ) -> Result<Outcome<H::Output>> {
+        let result = run(handler, cx, message).await;
         let marked = slot.take();
         // A refused marker and a reused key end the run whatever the handler made of them.
         if let Some(reason) = slot.refused() {
@@ -55,7 +83,7 @@ impl Inner {
         }
         let output = match result {
             Ok(output) => output,
-            Err(error) => return Err(outage_or(error, &tx).await),
+            Err(error) => return Err(outage_or(error, tx).await),
         };
         let Some(marked) = marked else {
             // A marker tried and failed, its error ignored: the transaction cannot be trusted.
@@ -65,8 +93,6 @@ impl Inner {
             return Err(Error::MarkerMissing { key: key.clone() });
         };
         if marked.verdict == Verdict::Existing {
-            // Whatever the handler wrote after finding the marker goes.
-            tx.rollback().await?;
             return Ok(Outcome::Duplicate(output));
         }
         // The marker read back, in a transaction still open, is the run's last statement: a
@@ -78,8 +104,7 @@ impl Inner {
             Ok(None) => return Err(Error::TransactionAborted { key: key.clone() }),
             Err(error) => return Err(aborted_or(error, key)),
         }
-        self.still_open(&tx, key).await?;
-        self.commit(cx.outbound().staged(), tx).await?;
+        self.still_open(tx, key).await?;
         Ok(Outcome::Processed(output))
     }
 
@@ -95,9 +120,14 @@ impl Inner {
         let cx = self.unrecorded_context(key, metadata, &tx);
         let output = match run(handler, &cx, message).await {
             Ok(output) => output,
-            Err(error) => return Err(outage_or(error, &tx).await),
+            Err(error) => {
+                let error = outage_or(error, &tx).await;
+                return Err(abandon(tx, error).await);
+            }
         };
-        self.still_open(&tx, key).await?;
+        if let Err(error) = self.still_open(&tx, key).await {
+            return Err(abandon(tx, error).await);
+        }
         self.commit(cx.outbound().staged(), tx).await?;
         Ok(Outcome::Processed(output))
     }

@@ -14,7 +14,8 @@ use idem_runtime::sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
 use idem_runtime::{
     Context, Error, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata,
-    Outcome, transport::Settle,
+    Outcome,
+    transport::{Processing, Settle},
 };
 use idem_tests::{Backend, Msg, Recorder, inbox_key, on_each_backend};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
@@ -23,6 +24,7 @@ on_each_backend!(
     a_handler_that_swallows_a_failed_statement_is_never_reported_processed,
     a_transaction_the_handler_rolled_back_is_not_reported_processed,
     a_copy_waits_a_bounded_time_for_a_long_handler_then_is_requeued_uncounted,
+    a_failed_handlers_claim_is_released_before_its_error_is_returned,
     corrupt_records_and_refused_statements_have_their_own_errors,
 );
 
@@ -162,6 +164,37 @@ async fn a_copy_waits_a_bounded_time_for_a_long_handler_then_is_requeued_uncount
     );
     let later = inbox.process(&slow, msg, &meta()).await.unwrap();
     assert!(later.is_duplicate());
+    assert_eq!(db.count(&effects, "1=1").await, 1);
+}
+
+/// A handler's failure answers its caller only once its transaction has been rolled back: a
+/// retry that does not wait for locks (as an HTTP retry's claim) runs at once, never told the key
+/// is still in progress by a rollback the pool had yet to send.
+async fn a_failed_handlers_claim_is_released_before_its_error_is_returned(backend: Backend) {
+    let (db, inbox, effects) = setup(backend).await;
+    let inbox = inbox.without_claim_wait();
+    let handler = Recorder::new(&db, &effects, "billing");
+    let msg = Msg::new("o-1", "charge");
+    handler.fail_next(1);
+    // The failing run on a runtime of its own that nobody drives once it has answered: what it
+    // left for later (a rollback the pool sends when it gets the connection back) stays undone.
+    let left = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let failed = std::thread::scope(|scope| {
+        scope
+            .spawn(|| left.block_on(inbox.process(&handler, msg.clone(), &meta())))
+            .join()
+            .expect("the run answers")
+    });
+    assert!(matches!(failed, Err(Error::Handler { .. })), "{failed:?}");
+    let retried = inbox.process(&handler, msg, &meta()).await;
+    left.shutdown_background();
+    assert!(
+        matches!(retried, Ok(Outcome::Processed(_))),
+        "the retry found the failed claim still held: {retried:?}"
+    );
     assert_eq!(db.count(&effects, "1=1").await, 1);
 }
 
