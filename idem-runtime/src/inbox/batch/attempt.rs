@@ -136,8 +136,8 @@ impl Inner {
                 },
             },
         };
-        let step = match keeping {
-            Keeping::Savepoints => run_all(&run, leads, Savepoints::new(&claimed.tx)).await?,
+        let ran = match keeping {
+            Keeping::Savepoints => run_all(&run, leads, Savepoints::new(&claimed.tx)).await,
             _ => {
                 let guard = Unguarded::new(
                     store,
@@ -149,8 +149,12 @@ impl Inner {
                     keeping == Keeping::CheckEach,
                     claimed.token,
                 );
-                run_all(&run, leads, guard).await?
+                run_all(&run, leads, guard).await
             }
+        };
+        let step = match ran {
+            Ok(step) => step,
+            Err(lost) => return Err(lost::abandon(claimed.tx, lost).await),
         };
         if step == Step::Again {
             lost::roll_back(claimed.tx).await?;

@@ -37,18 +37,23 @@ impl Inner {
             .filter(|lead| lead.claim_to_release())
             .map(|lead| &lead.key.message_key)
             .collect();
-        if !released.is_empty() {
-            store
+        if !released.is_empty()
+            && let Err(error) = store
                 .release_many(&tx, batch.consumer, token, &released)
                 .await
-                .map_err(Lost::Database)?;
+        {
+            return Err(lost::abandon(tx, Lost::Database(error)).await);
         }
         let completing = Completing {
             token,
             transaction_id,
             under_savepoints: finishing.under_savepoints,
         };
-        match self.complete_all(&tx, batch, leads, completing).await? {
+        let completion = match self.complete_all(&tx, batch, leads, completing).await {
+            Ok(completion) => completion,
+            Err(lost) => return Err(lost::abandon(tx, lost).await),
+        };
+        match completion {
             Completion::All => {}
             // Fewer claims completed than this transaction took: the database rolled it back
             // under a handler, or a handler ended it or swallowed a failed statement. Trusted,
@@ -66,7 +71,7 @@ impl Inner {
                 lost::roll_back(tx).await?;
                 return Ok(Tried::Broken);
             }
-            Completion::Lost => return Err(Lost::RolledBack),
+            Completion::Lost => return Err(lost::abandon(tx, Lost::RolledBack).await),
             // The refused outputs' messages failed alone, or are to be found by a try under
             // savepoints; the others run again without them.
             Completion::Refused => {

@@ -74,6 +74,19 @@ pub(super) async fn roll_back(tx: DatabaseTransaction) -> Result<(), Lost> {
     }
 }
 
+/// Ends the transaction of a try that was `lost`, and gives `lost` back: its claims' locks are
+/// released before the batch's messages are settled and redelivered, not whenever the pool next
+/// sends the rollback a dropped transaction leaves it. A database that is unreachable has ended
+/// the transaction already.
+pub(super) async fn abandon(tx: DatabaseTransaction, lost: Lost) -> Lost {
+    let unreachable =
+        matches!(&lost, Lost::Database(error) if classify(error) == Failure::Unreachable);
+    if !unreachable && let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "a lost batch's transaction could not be rolled back");
+    }
+    lost
+}
+
 /// After a handler failed saying the database is unreachable: whether the batch's own
 /// transaction still reaches it. When it does, the outage is the handler's own (another
 /// database it uses, a pool of its own): that message fails alone, as it would on its own.

@@ -115,12 +115,15 @@ impl Inner {
                     },
                 },
             };
-            let step = match slicing {
-                Slicing::Whole => run_whole(&run, leads).await?,
+            let ran = match slicing {
+                Slicing::Whole => run_whole(&run, leads).await,
                 Slicing::Guarded { halved } => {
-                    run_slices(&run, leads, halved).await?;
-                    Step::Next
+                    run_slices(&run, leads, halved).await.map(|()| Step::Next)
                 }
+            };
+            let step = match ran {
+                Ok(step) => step,
+                Err(lost) => return Err(lost::abandon(claimed.tx, lost).await),
             };
             if let Step::Again { halve } = step {
                 lost::roll_back(claimed.tx).await?;
