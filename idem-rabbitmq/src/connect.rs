@@ -17,6 +17,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::link_runtime::LinkRuntime;
 use crate::nodes::Nodes;
 use crate::url::AmqpUrl;
 
@@ -131,7 +132,7 @@ async fn open_gated(
         url: url.redacted(),
         source,
     };
-    let runtime = lapin::runtime::default_runtime().map_err(failed)?;
+    let (own, runtime) = LinkRuntime::start().map_err(|e| failed(e.into()))?;
     let uri = nodes.handshake_uri();
     let first = first_stream(&nodes, tcp_to!(&nodes, &runtime), &gate).await;
     let first = Handover::new(first.map_err(|e| failed(e.into()))?);
@@ -177,7 +178,11 @@ async fn open_gated(
     match connection {
         Ok(connection) => {
             gate.end_opening(false);
-            Ok(Link { connection, gate })
+            Ok(Link {
+                connection,
+                gate,
+                runtime: own,
+            })
         }
         // A connection that failed to open is recovered by nobody: retired.
         Err(source) => {
@@ -239,6 +244,8 @@ impl<S> Handover<S> {
 pub(crate) struct Link {
     pub(crate) connection: Connection,
     gate: Arc<Gate>,
+    /// The runtime the connection's lapin tasks run on, its own.
+    pub(crate) runtime: LinkRuntime,
 }
 
 /// What the TCP connect given to lapin shares with the consumer.

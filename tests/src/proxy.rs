@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -23,6 +22,8 @@ pub struct Proxy {
     links: Arc<Mutex<JoinSet<()>>>,
     /// Silent connections the client has not closed.
     silent: Arc<AtomicUsize>,
+    /// Bumped by [`Proxy::freeze`]: the connections open then stop carrying anything.
+    frozen: Arc<watch::Sender<u64>>,
 }
 
 /// Forwarding connections.
@@ -55,6 +56,7 @@ impl Proxy {
             target: Arc::new(std::sync::Mutex::new(target.to_owned())),
             links: Arc::new(Mutex::new(JoinSet::new())),
             silent: Arc::new(AtomicUsize::new(0)),
+            frozen: Arc::new(watch::Sender::new(0)),
         };
         let (state, links, target) = (
             proxy.state.clone(),
@@ -62,6 +64,7 @@ impl Proxy {
             proxy.target.clone(),
         );
         let silent = proxy.silent.clone();
+        let frozen = proxy.frozen.clone();
         tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 match state.load(Ordering::SeqCst) {
@@ -82,9 +85,15 @@ impl Proxy {
                     _ => {}
                 }
                 let target = target.lock().unwrap().clone();
+                let mut frozen = frozen.subscribe();
                 links.lock().await.spawn(async move {
-                    if let Ok(server) = TcpStream::connect(&target).await {
-                        link(client, server, delay).await;
+                    let Ok(mut server) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        () = link(&mut client, &mut server, delay) => {}
+                        // Both ends stay open, and nothing goes either way any more.
+                        _ = frozen.changed() => std::future::pending::<()>().await,
                     }
                 });
             }
@@ -112,6 +121,13 @@ impl Proxy {
         let mut links = self.links.lock().await;
         links.abort_all();
         while links.join_next().await.is_some() {}
+    }
+
+    /// Stops every open connection carrying anything either way, and keeps it open, as a link
+    /// whose far end went away without closing it (a host gone, a NAT entry dropped) looks to
+    /// the client; new connections are forwarded.
+    pub fn freeze(&self) {
+        self.frozen.send_modify(|generation| *generation += 1);
     }
 
     /// Silent connections (see [`Proxy::silence`]) their clients have not closed.
@@ -149,13 +165,13 @@ impl Drop for SilentLink {
 
 /// Forwards between `client` and `server` until either closes, holding what the server sends
 /// for `delay`.
-async fn link(mut client: TcpStream, mut server: TcpStream, delay: Option<Duration>) {
+async fn link(client: &mut TcpStream, server: &mut TcpStream, delay: Option<Duration>) {
     let Some(delay) = delay else {
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        let _ = tokio::io::copy_bidirectional(client, server).await;
         return;
     };
-    let (mut client_read, client_write) = client.into_split();
-    let (server_read, mut server_write) = server.into_split();
+    let (mut client_read, client_write) = client.split();
+    let (server_read, mut server_write) = server.split();
     tokio::select! {
         _ = tokio::io::copy(&mut client_read, &mut server_write) => {}
         () = delayed(server_read, client_write, delay) => {}
@@ -163,7 +179,11 @@ async fn link(mut client: TcpStream, mut server: TcpStream, delay: Option<Durati
 }
 
 /// Copies `from` to `to`, each chunk `delay` after it was read, in order.
-async fn delayed(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Duration) {
+async fn delayed(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    delay: Duration,
+) {
     let (chunks, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let read = async move {
         let mut buffer = vec![0u8; 64 * 1024];

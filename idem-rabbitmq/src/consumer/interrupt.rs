@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use lapin::Event;
 use tokio::time::{Instant, Interval};
 
-use super::session::ConsumerSession;
+use super::session::{ConsumerSession, SessionState};
 use super::stats::{ConsumerCounters, gauge_connected};
 use crate::stop::StopSignal;
 
@@ -39,13 +39,20 @@ impl Health {
     }
 
     /// Looks at the session; returns whether it has been down longer than the recovery timeout.
-    fn expired(&mut self, session: &ConsumerSession, queue: &str) -> bool {
-        if session.connected() {
+    async fn expired(&mut self, session: &ConsumerSession, queue: &str) -> bool {
+        let state = session.state().await;
+        if state == SessionState::Up {
             self.lost_since = None;
             return false;
         }
         let since = *self.lost_since.get_or_insert_with(|| {
-            tracing::warn!(queue, "connection lost; waiting for recovery");
+            match state {
+                SessionState::Silent => tracing::warn!(
+                    queue,
+                    "the connection stopped answering; waiting for it to answer again"
+                ),
+                _ => tracing::warn!(queue, "connection lost; waiting for recovery"),
+            }
             gauge_connected(queue, false);
             Instant::now()
         });
@@ -106,8 +113,8 @@ impl<'a> SessionWatch<'a> {
                 () = self.stop.wait() => return Err(Interruption::Shutdown),
                 Some(event) = session.events.next() => self.note(&event),
                 _ = self.check.tick() => {
-                    if self.health.expired(session, self.queue) {
-                        let why = "the connection was not recovered in time";
+                    if self.health.expired(session, self.queue).await {
+                        let why = "the connection was not recovered, or did not answer, in time";
                         return Err(Interruption::SessionLost(why.into()));
                     }
                 }

@@ -2,13 +2,14 @@
 //! the copies the consumer publishes; opened within a time limit, closed or retired for good.
 
 use std::pin::Pin;
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use futures_util::Stream;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Event};
+use tokio::task::AbortHandle;
 
 use super::settings::ConsumerSettings;
 use crate::confirm::{ConfirmChannel, confirm_channel};
@@ -33,15 +34,46 @@ pub(super) struct ConsumerSession {
     pub(super) events: Pin<Box<dyn Stream<Item = Event> + Send + Sync>>,
     /// The queue's type, as declared or as the broker told.
     pub(super) kind: QueueKind,
+    /// The probe of the consuming connection's progress.
+    probe: Probe,
+}
+
+/// What a look at a session finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SessionState {
+    /// Its connections and channels are up, and the consuming connection answers.
+    Up,
+    /// A connection or a channel is down (lapin may be recovering it), or its runtime did not
+    /// tell in time.
+    Down,
+    /// Up as lapin tells it, but the consuming connection answered no probe lately.
+    Silent,
+}
+
+/// How long a look at a connection's status may take on its runtime before it counts as down.
+const LOOK_LIMIT: Duration = Duration::from_secs(1);
+
+/// Whether `link`'s connection and `channel` are up, as told on the connection's runtime within
+/// [`LOOK_LIMIT`].
+async fn up(link: &Link, channel: &Channel) -> bool {
+    let (connection, channel) = (link.connection.status().clone(), channel.status().clone());
+    let look = async move { connection.connected() && channel.connected() };
+    link.runtime.run(LOOK_LIMIT, look).await == Some(true)
 }
 
 impl ConsumerSession {
-    /// Whether both connections and both channels are up.
-    pub(super) fn connected(&self) -> bool {
-        self.connection.connection.status().connected()
-            && self.channel.status().connected()
-            && self.publishing.connection.status().connected()
-            && self.publisher.channel().status().connected()
+    /// Whether both connections and both channels are up, and the consuming connection answered
+    /// a probe lately. Each connection is looked at on its own runtime: a lapin lock held for
+    /// good there (lapin 4.12's recovery deadlock) makes the session look down, and never blocks
+    /// the caller's thread.
+    pub(super) async fn state(&self) -> SessionState {
+        let consuming = up(&self.connection, &self.channel);
+        let copies = up(&self.publishing, self.publisher.channel());
+        match tokio::join!(consuming, copies) {
+            (true, true) if self.probe.answered_lately() => SessionState::Up,
+            (true, true) => SessionState::Silent,
+            _ => SessionState::Down,
+        }
     }
 
     /// Waits for lapin to recover the consuming channel after `error`.
@@ -136,6 +168,7 @@ impl SessionOpener<'_> {
             }
         };
         let events = Box::pin(connection.connection.events_listener());
+        let probe = Probe::start(&connection, &channel, self.settings);
         tracing::info!(queue, "consuming");
         Ok(ConsumerSession {
             connection,
@@ -145,6 +178,7 @@ impl SessionOpener<'_> {
             consumer,
             events,
             kind,
+            probe,
         })
     }
 
@@ -215,5 +249,55 @@ impl SessionOpener<'_> {
             .await
             .map_err(Error::amqp(format!("basic.consume {queue}")))?;
         Ok((channel, ConfirmChannel::new(publisher), consumer, kind))
+    }
+}
+
+/// A round trip on the consuming channel every so often (`basic.qos` with the prefetch it
+/// already has), on the connection's runtime: a connection whose frames stopped (a link that
+/// went silent without closing, a lapin thread blocked for good) answers none, and the session
+/// is then down, replaced after the recovery timeout as any session that stays down.
+struct Probe {
+    task: AbortHandle,
+    answered: Arc<Mutex<Instant>>,
+    /// How long without an answer the connection still counts as up.
+    patience: Duration,
+}
+
+impl Probe {
+    fn start(link: &Link, channel: &Channel, settings: &ConsumerSettings) -> Self {
+        let every =
+            (settings.recovery_timeout / 4).clamp(Duration::from_millis(100), MAX_PROBE_EVERY);
+        let answered = Arc::new(Mutex::new(Instant::now()));
+        let (channel, prefetch, noted) =
+            (channel.clone(), settings.prefetch, Arc::clone(&answered));
+        let task = link.runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let qos = channel.basic_qos(prefetch, BasicQosOptions::default());
+                if qos.await.is_ok() {
+                    *noted.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                }
+            }
+        });
+        Self {
+            task,
+            answered,
+            patience: every * 2 + LOOK_LIMIT,
+        }
+    }
+
+    /// Whether the connection answered a probe within the probe's patience.
+    fn answered_lately(&self) -> bool {
+        let answered = *self.answered.lock().unwrap_or_else(|e| e.into_inner());
+        answered.elapsed() <= self.patience
+    }
+}
+
+/// The longest a consuming connection goes between probes.
+const MAX_PROBE_EVERY: Duration = Duration::from_secs(10);
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

@@ -482,7 +482,11 @@ impl Runner {
 
     /// Makes sure there is a usable session, replacing a lost one.
     async fn connect(&mut self) -> Result<(), Problem> {
-        if self.session.as_ref().is_some_and(|s| !s.usable()) {
+        let usable = match &self.session {
+            Some(session) => session.usable().await,
+            None => true,
+        };
+        if !usable {
             tracing::warn!(table = self.table, "broker connection lost; reconnecting");
             self.gauge_connected(false);
             self.replace_session();

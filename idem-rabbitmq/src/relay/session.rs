@@ -43,9 +43,14 @@ impl RelaySession {
         }
     }
 
-    /// Whether the connection and the channel are up.
-    pub(super) fn usable(&self) -> bool {
-        self.link.connection.status().connected() && self.channel.status().connected()
+    /// Whether the connection and the channel are up, as told on the connection's own runtime
+    /// within a second: a lapin lock held for good there (lapin 4.12's recovery deadlock) makes
+    /// the session unusable, and never blocks the relay's thread.
+    pub(super) async fn usable(&self) -> bool {
+        let connection = self.link.connection.status().clone();
+        let channel = self.channel.status().clone();
+        let look = async move { connection.connected() && channel.connected() };
+        self.link.runtime.run(Duration::from_secs(1), look).await == Some(true)
     }
 
     /// Publishes `message` as it was staged, persistent and `mandatory`, without waiting for

@@ -220,6 +220,68 @@ async fn a_long_broker_outage_leaves_no_zombie_connection_or_consumer() {
     assert_eq!(t.effects("1=1").await, 15);
 }
 
+/// A connection that stops carrying frames without closing (the far end gone without a FIN, a
+/// NAT entry dropped) is found by the consumer's probe and replaced within its recovery timeout,
+/// not after lapin's missed heartbeats (two minutes at RabbitMQ's default of 60 s). What the
+/// broker had pushed to the silent connection goes back to the queue once the broker drops it,
+/// and every message is processed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_that_stops_carrying_frames_is_replaced() {
+    let t = Fixture::new().await;
+    let queue = t.queue.as_str();
+    let proxy = Proxy::start(&amqp_addr()).await;
+    let url = amqp_url_through(&proxy);
+    let consumer = consumer_builder_at(&url, &t.inbox, &unique("idem-frozen"))
+        .recovery_timeout(Duration::from_secs(1))
+        .retire_timeout(Duration::from_secs(1))
+        .reconnect_delay(Duration::from_millis(200))
+        .prefetch(5)
+        .bind(t.topology.clone(), t.recorder("billing"))
+        .start()
+        .await
+        .unwrap();
+    t.send(&Msg::new("o-first", "x"), PublishOptions::default())
+        .await;
+    t.broker
+        .eventually("the first message processed", WAIT, || async {
+            consumer.stats().acked == 1
+        })
+        .await;
+
+    proxy.freeze();
+    t.broker
+        .eventually("a new session beside the silent one", WAIT, || async {
+            consumer.stats().reconnections >= 1 && consumers_on(queue).await == 2
+        })
+        .await;
+    for key in 0..20 {
+        t.send(
+            &Msg::new(format!("o-{key}"), "x"),
+            PublishOptions::default(),
+        )
+        .await;
+    }
+    // The broker still counts the silent connection's consumer, and pushes it what its
+    // prefetch allows: the rest goes to the new session.
+    t.broker
+        .eventually("the new session consumes", WAIT, || async {
+            consumer.stats().acked >= 1 + 15
+        })
+        .await;
+    // The broker drops the silent connection (here at once, by the proxy; on a real network
+    // after its missed heartbeats), and its deliveries go back to the queue.
+    proxy.cut().await;
+    proxy.restore();
+    t.broker
+        .eventually("every message processed", WAIT, || async {
+            t.effects("1=1").await == 21 && t.depth().await == 0
+        })
+        .await;
+    consumer.shutdown().await;
+    assert_eq!(t.effects("1=1").await, 21, "each message once");
+    proxy.cut().await;
+}
+
 /// A broker that accepts connections and never answers (a host gone behind a load balancer):
 /// each attempt to open a session gives up after the open timeout and the next one is made,
 /// so the consumer is back once the broker answers again.
