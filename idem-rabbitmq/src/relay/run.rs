@@ -358,8 +358,12 @@ impl Runner {
         for (message, why) in &not_taken {
             self.count_failure(why);
             // A confirm that never came may still come, on a channel now used for other
-            // publishes: a new channel keeps confirms and returns apart.
-            replace_channel |= why.is_channel_failure();
+            // publishes: a new channel keeps confirms and returns apart. A round the broker
+            // refused whole may be refused for the channel's own view of a queue (a quorum
+            // queue's leader it still looks for after a node died, seen to last minutes on
+            // RabbitMQ 3.10): its held messages are tried again on a new one.
+            replace_channel |=
+                why.is_channel_failure() || (matches!(why, NotTaken::Refused) && !answered);
             if !why.is_channel_failure() || unconfirmed_alone(why) {
                 holds.push(self.held.not_taken(message, why));
             }
