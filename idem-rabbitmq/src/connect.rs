@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::link_runtime::LinkRuntime;
+use crate::link_runtime::{LinkRuntime, Tasks};
 use crate::nodes::Nodes;
 use crate::url::AmqpUrl;
 
@@ -78,9 +78,8 @@ pub(crate) async fn open(
 ) -> Result<Connection> {
     let nodes = Arc::new(Nodes::of(url, name)?);
     let gate = Arc::new(Gate::default());
-    Ok(open_gated(url, name, properties, nodes, gate)
-        .await?
-        .connection)
+    let opened = open_gated(url, name, properties, nodes, gate, Tasks::Caller).await?;
+    Ok(opened.connection)
 }
 
 /// Opens a connection as [`open`] does, given up after `limit`: [`Error::TimedOut`] when it was
@@ -92,10 +91,11 @@ pub(crate) async fn open_within(
     name: &str,
     properties: ConnectionProperties,
     limit: Duration,
+    tasks: Tasks,
 ) -> Result<Link> {
     let nodes = Arc::new(Nodes::of(url, name)?);
     let gate = Arc::new(Gate::default());
-    let opening = open_gated(url, name, properties, nodes, Arc::clone(&gate));
+    let opening = open_gated(url, name, properties, nodes, Arc::clone(&gate), tasks);
     let Ok(opened) = tokio::time::timeout(limit, opening).await else {
         if gate.left_waiting() {
             return Err(Error::TimedOut {
@@ -120,19 +120,22 @@ pub(crate) async fn open_within(
     opened
 }
 
-/// Opens a connection as [`open`] does, every stream it gets going through `gate`.
+/// Opens a connection as [`open`] does, every stream it gets going through `gate`, its lapin
+/// tasks where `tasks` says.
 async fn open_gated(
     url: &AmqpUrl,
     name: &str,
     properties: ConnectionProperties,
     nodes: Arc<Nodes>,
     gate: Arc<Gate>,
+    tasks: Tasks,
 ) -> Result<Link> {
     let failed = |source: lapin::Error| Error::Connect {
         url: url.redacted(),
         source,
     };
-    let (own, runtime) = LinkRuntime::start().map_err(|e| failed(e.into()))?;
+    let own = LinkRuntime::start(tasks).map_err(|e| failed(e.into()))?;
+    let runtime = own.lapin();
     let uri = nodes.handshake_uri();
     let first = first_stream(&nodes, tcp_to!(&nodes, &runtime), &gate).await;
     let first = Handover::new(first.map_err(|e| failed(e.into()))?);
@@ -371,7 +374,7 @@ impl Link {
         let properties = ConnectionProperties::default()
             .enable_auto_recover()
             .configure_backoff(|backoff| backoff.with_total_delay(Some(recovery_bound)));
-        open_within(url, name, properties, limit).await
+        open_within(url, name, properties, limit, Tasks::Own).await
     }
 
     /// Closes the connection, best effort and bounded, and refuses lapin any reconnection of it.

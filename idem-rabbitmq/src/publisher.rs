@@ -13,6 +13,7 @@ use tokio::sync::Mutex;
 use crate::confirm::{ConfirmChannel, NotTaken, confirm_channel};
 use crate::connect::{close_within, open_within};
 use crate::error::{Error, Result, SettingError};
+use crate::link_runtime::Tasks;
 use crate::opening::within;
 use crate::url::AmqpUrl;
 
@@ -140,7 +141,8 @@ pub struct Publisher {
 /// connection of a channel that did not open is closed.
 async fn open(url: &AmqpUrl, name: &str, limit: Duration) -> Result<(Connection, Channel)> {
     let properties = ConnectionProperties::default().enable_auto_recover();
-    let connection = open_within(url, name, properties, limit).await?.connection;
+    // The connection is the publisher's, its tasks on the caller's runtime.
+    let connection = (open_within(url, name, properties, limit, Tasks::Caller).await?).connection;
     match within(limit, "opening the channel", confirm_channel(&connection)).await {
         Ok(channel) => Ok((connection, channel)),
         Err(error) => {
