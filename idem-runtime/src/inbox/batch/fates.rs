@@ -92,6 +92,11 @@ impl<M, T> Lead<M, T> {
     /// next try leaves it out.
     pub(super) fn fail_alone(&mut self, error: Error) {
         self.failed(error);
+        self.set_aside();
+    }
+
+    /// Leaves it, failed already, out of the batch's next tries: its claim goes with this try.
+    pub(super) fn set_aside(&mut self) {
         self.claimed = false;
         self.failed_alone = true;
     }

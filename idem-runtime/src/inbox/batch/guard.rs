@@ -341,8 +341,7 @@ impl Guard for Unguarded<'_> {
             Ran::Failed => {
                 // Its error stands; its claim goes with the transaction, and the next try
                 // leaves it out.
-                lead.claimed = false;
-                lead.failed_alone = true;
+                lead.set_aside();
                 Ok(Step::Again)
             }
             Ran::Unsure => Ok(Step::Again),
