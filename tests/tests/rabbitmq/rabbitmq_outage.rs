@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use idem_rabbitmq::PublishOptions;
+use idem_rabbitmq::{ConsumerBuilder, PublishOptions};
 use idem_tests::proxy::Proxy;
 use idem_tests::rabbit::{
     amqp_addr, amqp_url_through, connections_named, consumer_builder_at, consumers_on, with_id,
@@ -18,6 +18,15 @@ use idem_tests::rabbit::{
 use idem_tests::{Fixture, Layout, Msg, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
+
+/// A consumer named `name` at `url` that replaces a session lapin has not recovered within a
+/// second, and forgets the replaced one a second later.
+fn quick_to_replace(t: &Fixture, url: &str, name: &str) -> ConsumerBuilder {
+    consumer_builder_at(url, &t.inbox, name)
+        .recovery_timeout(Duration::from_secs(1))
+        .retire_timeout(Duration::from_secs(1))
+        .reconnect_delay(Duration::from_millis(200))
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn database_unavailable_requeues_and_processes_once_it_is_back() {
@@ -169,10 +178,7 @@ async fn a_long_broker_outage_leaves_no_zombie_connection_or_consumer() {
     let proxy = Proxy::start(&amqp_addr()).await;
     let url = amqp_url_through(&proxy);
     let name = unique("idem-outage");
-    let consumer = consumer_builder_at(&url, &t.inbox, &name)
-        .recovery_timeout(Duration::from_secs(1))
-        .retire_timeout(Duration::from_secs(1))
-        .reconnect_delay(Duration::from_millis(200))
+    let consumer = quick_to_replace(&t, &url, &name)
         .prefetch(5)
         .bind(t.topology.clone(), t.recorder("billing"))
         .start()
@@ -231,10 +237,7 @@ async fn a_connection_that_stops_carrying_frames_is_replaced() {
     let queue = t.queue.as_str();
     let proxy = Proxy::start(&amqp_addr()).await;
     let url = amqp_url_through(&proxy);
-    let consumer = consumer_builder_at(&url, &t.inbox, &unique("idem-frozen"))
-        .recovery_timeout(Duration::from_secs(1))
-        .retire_timeout(Duration::from_secs(1))
-        .reconnect_delay(Duration::from_millis(200))
+    let consumer = quick_to_replace(&t, &url, &unique("idem-frozen"))
         .prefetch(5)
         .bind(t.topology.clone(), t.recorder("billing"))
         .start()
@@ -290,11 +293,8 @@ async fn a_broker_that_never_answers_is_given_up_on_and_retried() {
     let t = Fixture::new().await;
     let proxy = Proxy::start(&amqp_addr()).await;
     let url = amqp_url_through(&proxy);
-    let consumer = consumer_builder_at(&url, &t.inbox, &unique("idem-silent"))
-        .recovery_timeout(Duration::from_secs(1))
+    let consumer = quick_to_replace(&t, &url, &unique("idem-silent"))
         .open_timeout(Duration::from_secs(2))
-        .retire_timeout(Duration::from_secs(1))
-        .reconnect_delay(Duration::from_millis(200))
         .bind(t.topology.clone(), t.recorder("billing"))
         .start()
         .await
