@@ -262,7 +262,7 @@ impl ConsumerBuilder {
     /// (default 30 s). A connection that stops answering without closing (a silent network, a
     /// lapin thread blocked for good) counts as lost too: the consumer probes its consuming
     /// connection every quarter of this timeout (at most every 10 s), and replaces one that
-    /// answered no probe for two periods and a second, then this timeout.
+    /// answered no probe for two periods and a second (5 s at least), then this timeout.
     pub fn recovery_timeout(mut self, timeout: Duration) -> Self {
         self.settings.recovery_timeout = timeout;
         self

@@ -282,7 +282,7 @@ impl Probe {
         Self {
             task,
             answered,
-            patience: every * 2 + LOOK_LIMIT,
+            patience: (every * 2 + LOOK_LIMIT).max(MIN_PATIENCE),
         }
     }
 
@@ -295,6 +295,10 @@ impl Probe {
 
 /// The longest a consuming connection goes between probes.
 const MAX_PROBE_EVERY: Duration = Duration::from_secs(10);
+
+/// The least time without an answer before a connection counts as silent: a short recovery
+/// timeout must not make a busy machine's late probe replace a working session.
+const MIN_PATIENCE: Duration = Duration::from_secs(5);
 
 impl Drop for Probe {
     fn drop(&mut self) {
