@@ -21,6 +21,9 @@ use crate::link_runtime::{LinkRuntime, Tasks};
 use crate::nodes::Nodes;
 use crate::url::AmqpUrl;
 
+/// How long a look at a connection's status may take on its runtime before it counts as down.
+const LOOK_LIMIT: Duration = Duration::from_secs(1);
+
 /// A connect for [`Nodes::reach`]: TCP (and TLS) to a node, with the nodes' TLS settings, on
 /// `runtime`. A macro because lapin does not name its runtime's type.
 macro_rules! tcp_to {
@@ -375,6 +378,15 @@ impl Link {
             .enable_auto_recover()
             .configure_backoff(|backoff| backoff.with_total_delay(Some(recovery_bound)));
         open_within(url, name, properties, limit, Tasks::Own).await
+    }
+
+    /// Whether the connection and `channel` (one of its own) are up, as told on the
+    /// connection's runtime within a second: a lapin lock held for good there (lapin 4.12's
+    /// recovery deadlock) makes them look down, and never blocks the caller's thread.
+    pub(crate) async fn up(&self, channel: &lapin::Channel) -> bool {
+        let (connection, channel) = (self.connection.status().clone(), channel.status().clone());
+        let look = async move { connection.connected() && channel.connected() };
+        self.runtime.run(LOOK_LIMIT, look).await == Some(true)
     }
 
     /// Closes the connection, best effort and bounded, and refuses lapin any reconnection of it.

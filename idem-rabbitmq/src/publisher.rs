@@ -142,7 +142,9 @@ pub struct Publisher {
 async fn open(url: &AmqpUrl, name: &str, limit: Duration) -> Result<(Connection, Channel)> {
     let properties = ConnectionProperties::default().enable_auto_recover();
     // The connection is the publisher's, its tasks on the caller's runtime.
-    let connection = (open_within(url, name, properties, limit, Tasks::Caller).await?).connection;
+    let connection = open_within(url, name, properties, limit, Tasks::Caller)
+        .await?
+        .connection;
     match within(limit, "opening the channel", confirm_channel(&connection)).await {
         Ok(channel) => Ok((connection, channel)),
         Err(error) => {

@@ -50,16 +50,9 @@ pub(super) enum SessionState {
     Silent,
 }
 
-/// How long a look at a connection's status may take on its runtime before it counts as down.
+/// A second, the longest a look at a connection's status takes: a probe waits for an answer
+/// that long beyond its two periods.
 const LOOK_LIMIT: Duration = Duration::from_secs(1);
-
-/// Whether `link`'s connection and `channel` are up, as told on the connection's runtime within
-/// [`LOOK_LIMIT`].
-async fn up(link: &Link, channel: &Channel) -> bool {
-    let (connection, channel) = (link.connection.status().clone(), channel.status().clone());
-    let look = async move { connection.connected() && channel.connected() };
-    link.runtime.run(LOOK_LIMIT, look).await == Some(true)
-}
 
 impl ConsumerSession {
     /// Whether both connections and both channels are up, and the consuming connection answered
@@ -67,8 +60,8 @@ impl ConsumerSession {
     /// good there (lapin 4.12's recovery deadlock) makes the session look down, and never blocks
     /// the caller's thread.
     pub(super) async fn state(&self) -> SessionState {
-        let consuming = up(&self.connection, &self.channel);
-        let copies = up(&self.publishing, self.publisher.channel());
+        let consuming = self.connection.up(&self.channel);
+        let copies = self.publishing.up(self.publisher.channel());
         match tokio::join!(consuming, copies) {
             (true, true) if self.probe.answered_lately() => SessionState::Up,
             (true, true) => SessionState::Silent,

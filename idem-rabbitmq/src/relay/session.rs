@@ -43,14 +43,9 @@ impl RelaySession {
         }
     }
 
-    /// Whether the connection and the channel are up, as told on the connection's own runtime
-    /// within a second: a lapin lock held for good there (lapin 4.12's recovery deadlock) makes
-    /// the session unusable, and never blocks the relay's thread.
+    /// Whether the connection and the channel are up ([`Link::up`]).
     pub(super) async fn usable(&self) -> bool {
-        let connection = self.link.connection.status().clone();
-        let channel = self.channel.status().clone();
-        let look = async move { connection.connected() && channel.connected() };
-        self.link.runtime.run(Duration::from_secs(1), look).await == Some(true)
+        self.link.up(&self.channel).await
     }
 
     /// Publishes `message` as it was staged, persistent and `mandatory`, without waiting for

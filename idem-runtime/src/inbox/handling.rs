@@ -65,12 +65,18 @@ pub(crate) async fn outage_or(error: Error, tx: &DatabaseTransaction) -> Error {
 /// not wait for locks, as an HTTP retry, would be told the key is still in progress). A database
 /// that is unreachable has ended the transaction already.
 pub(crate) async fn abandon(tx: DatabaseTransaction, error: Error) -> Error {
-    if !matches!(error, Error::StoreUnavailable(_))
-        && let Err(rollback) = tx.rollback().await
-    {
-        tracing::debug!(%rollback, "a failed run's transaction could not be rolled back");
+    if !matches!(error, Error::StoreUnavailable(_)) {
+        roll_back_quietly(tx).await;
     }
     error
+}
+
+/// Rolls `tx` back now, for a caller that has failed already: a rollback that fails too (the
+/// transaction ended under it) changes nothing it reports.
+pub(crate) async fn roll_back_quietly(tx: DatabaseTransaction) {
+    if let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "a failed run's transaction could not be rolled back");
+    }
 }
 
 /// Runs the handler, turning its error and its panic into [`Error`]s.

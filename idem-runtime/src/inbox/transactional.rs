@@ -5,7 +5,7 @@ use sea_orm::DatabaseTransaction;
 use tracing::Instrument;
 
 use super::claim::{self, ClaimRequest, Claimed, Deadlocks};
-use super::handling::{abandon, decode_stored, fingerprint_of, outage_or, run};
+use super::handling::{abandon, decode_stored, fingerprint_of, outage_or, roll_back_quietly, run};
 use super::inner::Inner;
 use super::record::InboxRecord;
 use crate::clock::from_epoch_ms;
@@ -117,7 +117,7 @@ impl Inner {
                     break (tx, token, attempt, previous_claim_at);
                 }
                 Err(Error::Contention(error)) if deadlocks.try_again(&error) => {
-                    abandon(tx, Error::Contention(error)).await;
+                    roll_back_quietly(tx).await;
                 }
                 Err(error) => return Err(abandon(tx, error).await),
             }

@@ -4,6 +4,7 @@
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
 
 use crate::error::Error;
+use crate::inbox::handling::roll_back_quietly;
 use crate::key::InboxKey;
 use crate::store::dialect::{Failure, classify};
 
@@ -81,8 +82,8 @@ pub(super) async fn roll_back(tx: DatabaseTransaction) -> Result<(), Lost> {
 pub(super) async fn abandon(tx: DatabaseTransaction, lost: Lost) -> Lost {
     let unreachable =
         matches!(&lost, Lost::Database(error) if classify(error) == Failure::Unreachable);
-    if !unreachable && let Err(error) = tx.rollback().await {
-        tracing::debug!(%error, "a lost batch's transaction could not be rolled back");
+    if !unreachable {
+        roll_back_quietly(tx).await;
     }
     lost
 }
