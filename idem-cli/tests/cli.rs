@@ -6,12 +6,14 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idem_rabbitmq::{PublishOptions, headers};
 use idem_runtime::admin::{ConsumerName, InboxAdmin, InboxKey, Status};
 use idem_runtime::outbox::Relaying;
 use idem_runtime::{Inbox, MessageKey, Metadata, Outbox, OutboxMessage, RetentionPolicy};
 use idem_tests::cluster::run_script;
 use idem_tests::db::Reader;
-use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
+use idem_tests::rabbit::amqp_url;
+use idem_tests::{Backend, Msg, Recorder, TestBroker, TestDb, on_each_backend, unique};
 use serde_json::Value;
 
 on_each_backend!(
@@ -579,6 +581,10 @@ async fn reading_commands_work_with_read_only_credentials(backend: Backend) {
     ];
     let run = json(&idem_at(&url, &table, &show_args));
     assert_eq!(run.as_array().map(Vec::len), Some(1), "{run}");
+    assert_eq!(
+        dry_run_verdicts(&url, &table, &consumer).await,
+        ["l-done duplicate", "l-new new"]
+    );
 
     // A command that writes is refused by the server, said, and changes nothing.
     let refused = idem_at(
@@ -589,6 +595,60 @@ async fn reading_commands_work_with_read_only_credentials(backend: Backend) {
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");
     assert_eq!(db.count(&table, "1 = 1").await, 1);
     reader.revoke(&db).await;
+}
+
+/// `idem dlq replay --dry-run` against the inbox at `url`: two letters of `consumer` in a
+/// dead-letter queue of their own, `l-done` (key `o-1`, which the inbox holds completed) and
+/// `l-new` (key `o-2`, which it does not). Returns each letter's id and verdict, after checking that
+/// the dry run moved nothing.
+async fn dry_run_verdicts(url: &str, table: &str, consumer: &str) -> Vec<String> {
+    let broker = TestBroker::connect().await;
+    let dlq = unique("dlq_read_only");
+    let target = unique("dlq_read_only_target");
+    broker.declare_queue(&dlq, &[]).await;
+    broker.declare_queue(&target, &[]).await;
+    for (id, key) in [("l-done", "o-1"), ("l-new", "o-2")] {
+        let letter = PublishOptions::default()
+            .message_id(id)
+            .header(headers::REASON, "handler-error")
+            .header(headers::CONSUMER, consumer)
+            .header(headers::KEY, key);
+        broker.send_bytes(&dlq, b"{}", letter).await;
+    }
+    let args = [
+        "dlq",
+        "replay",
+        &dlq,
+        "--to",
+        &target,
+        "--dry-run",
+        "--json",
+    ];
+    let dry = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("IDEM_INBOX_TABLE", table)
+        .env("AMQP_URL", amqp_url())
+        .stdin(Stdio::null())
+        .output()
+        .expect("idem runs");
+    let dry = json(&dry);
+    assert_eq!(
+        broker.depth(&dlq).await,
+        2,
+        "a dry run moves nothing: {dry}"
+    );
+    assert_eq!(broker.depth(&target).await, 0, "{dry}");
+    dry["messages"]
+        .as_array()
+        .expect("the letters")
+        .iter()
+        .map(|letter| {
+            let id = letter["message_id"].as_str().unwrap_or_default();
+            let verdict = letter["inbox"].as_str().unwrap_or_default();
+            format!("{id} {verdict}")
+        })
+        .collect()
 }
 
 /// A database whose port refuses connections is said at once, with the reason, not after the
@@ -670,6 +730,11 @@ async fn reading_commands_work_on_a_standby() {
             advice[0]["consumer"],
             consumer.as_str(),
             "{script}: {advice}"
+        );
+        assert_eq!(
+            dry_run_verdicts(&replica, &table, &consumer).await,
+            ["l-done duplicate", "l-new new"],
+            "{script}"
         );
         drop((inbox, db));
         run_script(script, "stop").await;
