@@ -8,9 +8,8 @@ use idem_rabbitmq::lapin::ExchangeKind;
 use idem_runtime::admin::ConsumerName;
 use idem_runtime::admin::InboxKey;
 use idem_runtime::outbox::derived_id;
-use idem_runtime::{
-    MessageKey, Outbound, Outbox, OutboxMessage, SliceContext, StagingError, idempotent,
-};
+use idem_runtime::outbox::{Outbound, Outbox, StagingError};
+use idem_runtime::{MessageKey, OutboxMessage, SliceContext, idempotent};
 use sea_orm::sea_query::{Alias, Asterisk, Expr, ExprTrait, Func, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};
 use serde::{Deserialize, Serialize};

@@ -23,7 +23,7 @@ use std::time::Duration;
 use idem_rabbitmq::lapin::options::QueueDeclareOptions;
 use idem_rabbitmq::lapin::types::FieldTable;
 use idem_rabbitmq::{AmqpUrl, Consumer, DeliveryStats, Publisher};
-use idem_runtime::Outbox;
+use idem_runtime::outbox::Outbox;
 use sea_orm::DatabaseConnection;
 use serde::Serialize;
 

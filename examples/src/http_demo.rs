@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use axum::http::header::AUTHORIZATION;
 use idem_http::Principal;
-use idem_runtime::Outbox;
 use idem_runtime::admin::ConsumerName;
 use idem_runtime::admin::InboxKey;
+use idem_runtime::outbox::Outbox;
 use idem_runtime::outbox::derived_id;
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use serde::Serialize;

@@ -3,7 +3,8 @@
 //! no inbox record; a copy compares the stored invoice with the order it carries.
 
 use idem_runtime::entity::{Created, Marker};
-use idem_runtime::{Context, Fingerprint, idempotent};
+use idem_runtime::fingerprint::Fingerprint;
+use idem_runtime::{Context, idempotent};
 use sea_orm::ActiveValue::Set;
 
 use crate::billing::{Billing, BillingError, Receipt, is_permanent};

@@ -40,7 +40,8 @@ use idem_rabbitmq::lapin::options::{
 use idem_rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
 use idem_rabbitmq::lapin::{Channel, ExchangeKind};
 use idem_rabbitmq::{AmqpUrl, QueueKind, QueueTopology};
-use idem_runtime::{Outbound, idempotent};
+use idem_runtime::idempotent;
+use idem_runtime::outbox::Outbound;
 use serde::{Deserialize, Serialize};
 
 use crate::amqp_error;

@@ -11,8 +11,9 @@ use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::lapin::options::QueueDeclareOptions;
 use idem_rabbitmq::lapin::types::FieldTable;
 use idem_rabbitmq::{AmqpUrl, Relay};
+use idem_runtime::Inbox;
+use idem_runtime::outbox::Outbox;
 use idem_runtime::sea_orm::DatabaseConnection;
-use idem_runtime::{Inbox, Outbox};
 
 use crate::cli::{BrokerArgs, connect_database};
 use crate::demo::BoxError;

@@ -8,8 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_rabbitmq::{PublishOptions, headers};
 use idem_runtime::admin::{ConsumerName, InboxAdmin, InboxKey, Status};
+use idem_runtime::outbox::Outbox;
 use idem_runtime::outbox::Relaying;
-use idem_runtime::{Inbox, MessageKey, Metadata, Outbox, OutboxMessage, RetentionPolicy};
+use idem_runtime::{Inbox, MessageKey, Metadata, OutboxMessage, RetentionPolicy};
 use idem_tests::cluster::run_script;
 use idem_tests::db::Reader;
 use idem_tests::rabbit::amqp_url;

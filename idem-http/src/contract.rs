@@ -44,8 +44,8 @@ impl From<idem_runtime::sea_orm::DbErr> for EndpointError {
     }
 }
 
-impl From<idem_runtime::StagingError> for EndpointError {
-    fn from(error: idem_runtime::StagingError) -> Self {
+impl From<idem_runtime::outbox::StagingError> for EndpointError {
+    fn from(error: idem_runtime::outbox::StagingError) -> Self {
         Self::Failed(Box::new(error))
     }
 }

@@ -2,7 +2,8 @@
 //! inbox key a request's key is kept under.
 
 use http::HeaderMap;
-use idem_runtime::{Fingerprint, KeyError, MessageKey};
+use idem_runtime::fingerprint::Fingerprint;
+use idem_runtime::{KeyError, MessageKey};
 
 use crate::sf;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::header::AUTHORIZATION;
 use http::request::Parts;
-use idem_runtime::Fingerprint;
+use idem_runtime::fingerprint::Fingerprint;
 
 /// Tells a request's principal from its parts.
 type Tell = dyn Fn(&Parts) -> Option<String> + Send + Sync;

@@ -3,7 +3,7 @@
 
 use http::Uri;
 use http::request::Parts;
-use idem_runtime::Fingerprint;
+use idem_runtime::fingerprint::Fingerprint;
 
 /// How request bodies are compared, to tell a retry from a key reused for another request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

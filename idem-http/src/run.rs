@@ -8,10 +8,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_runtime::{
-    Context, Error, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, Mode,
-    Outcome,
-};
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
+use idem_runtime::{Context, Error, Handler, KeyError, MessageKey, Metadata, Mode, Outcome};
 
 use crate::contract::{BoxError, EndpointError};
 use crate::kept::{NotStored, REPLAYED_HEADER, RETENTION_HEADER};

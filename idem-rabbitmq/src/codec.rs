@@ -1,6 +1,6 @@
 //! Payload decoding: JSON by default, swappable per binding.
 
-use idem_runtime::Fingerprint;
+use idem_runtime::fingerprint::Fingerprint;
 use serde::de::DeserializeOwned;
 
 /// Why a payload could not be decoded. The delivery is dead-lettered with this text.

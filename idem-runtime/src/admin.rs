@@ -3,7 +3,7 @@
 //! duplicates' summaries; the outbox's counts, its held runs and their holds lifted. The `idem`
 //! command is written against this module alone.
 //!
-//! Import the traits to call their methods on an [`Inbox`](crate::Inbox) or an [`Outbox`](crate::Outbox):
+//! Import the traits to call their methods on an [`Inbox`](crate::Inbox) or an [`Outbox`](crate::outbox::Outbox):
 //!
 //! ```no_run
 //! # async fn demo(inbox: idem_runtime::Inbox) -> Result<(), Box<dyn std::error::Error>> {
@@ -23,6 +23,8 @@
 
 pub use crate::inbox::{ConsumerStats, Forgotten, InboxAdmin, InboxRecord, Released};
 pub use crate::key::{ConsumerName, InboxKey};
-pub use crate::outbox::{HeldExchange, HeldRun, HeldSubject, OutboxAdmin, OutboxStats, PendingRow};
+pub use crate::outbox::admin::OutboxAdmin;
+pub use crate::outbox::holds::{HeldRun, HeldSubject, PendingRow};
+pub use crate::outbox::stats::{HeldExchange, OutboxStats};
 pub use crate::store::{LiveClaim, Status};
 pub use crate::telemetry::DuplicateSummary;

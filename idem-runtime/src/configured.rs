@@ -27,7 +27,8 @@ use crate::metadata::Metadata;
 /// ```
 /// use std::time::Duration;
 /// use idem_runtime::{Handler, HandlerExt, Mode};
-/// # use idem_runtime::{Context, Fingerprint, FingerprintError, KeyError, MessageKey, Metadata};
+/// # use idem_runtime::{Context, KeyError, MessageKey, Metadata};
+/// # use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 /// # struct Mailer;
 /// # impl Handler for Mailer {
 /// #     type Message = String; type Output = (); type Error = std::io::Error;

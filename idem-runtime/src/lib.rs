@@ -8,7 +8,7 @@
 //! # How it works
 //!
 //! A [`Handler`] names its consumer, derives a [`MessageKey`] from each message and, by default,
-//! a [`Fingerprint`] of its content. [`Inbox::process`] then:
+//! a [`Fingerprint`](fingerprint::Fingerprint) of its content. [`Inbox::process`] then:
 //!
 //! 1. claims the inbox key `(consumer, message key)` with one atomic conditional insert: the
 //!    table's primary key, not application code, decides between concurrent copies;
@@ -25,13 +25,14 @@
 //! Every [`Error`] carries its [`Settle`](transport::Settle) decision — acknowledge, requeue or dead-letter — for
 //! the transport adapter (`idem-rabbitmq`). Records expire after their retention
 //! ([`RetentionPolicy`], 7 days by default, checked against the broker's
-//! [`RedeliveryWindow`]); the [`Cleaner`](retention::Cleaner) deletes them in bounded batches.
+//! [`RedeliveryWindow`](retention::RedeliveryWindow)); the [`Cleaner`](retention::Cleaner) deletes
+//! them in bounded batches.
 //!
 //! # Example
 //!
 //! ```
-//! use idem_runtime::{Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError,
-//!                    MessageKey, Metadata, Outcome};
+//! use idem_runtime::{Context, Handler, Inbox, KeyError, MessageKey, Metadata, Outcome};
+//! use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 //! use sea_orm::sea_query::Query;
 //! use sea_orm::{ConnectionTrait, Statement};
 //! use serde::{Deserialize, Serialize};
@@ -126,7 +127,7 @@ mod context;
 mod delivery;
 pub mod entity;
 mod error;
-mod fingerprint;
+pub mod fingerprint;
 pub mod guide;
 mod handler;
 mod inbox;
@@ -158,14 +159,12 @@ pub use __private::Fingerprintable;
 pub use configured::{Configured, HandlerExt};
 pub use context::Context;
 pub use error::{ConfigError, Error, Result};
-pub use fingerprint::{Fingerprint, FingerprintError};
 pub use handler::{Handler, Mode, Outcome};
 pub use inbox::{Inbox, InboxBuilder};
 pub use key::{KeyError, MessageKey};
 pub use metadata::Metadata;
-pub use outbox::{Outbound, Outbox, OutboxBuilder, OutboxMessage, StagingError};
-pub use report::Report;
-pub use retention::{RedeliveryWindow, RetentionPolicy};
+pub use outbox::message::OutboxMessage;
+pub use retention::policy::RetentionPolicy;
 pub use slice::{SliceContext, SliceHandler};
 
 #[cfg(feature = "macros")]

@@ -191,7 +191,7 @@ impl MigrationTrait for UpgradeInboxCompanions {
 ///
 /// Its name is `m20261130_000001_create_<table>`; the default table's is
 /// `m20261130_000001_create_idem_outbox`. Build the outbox with
-/// [`OutboxBuilder::create_table(false)`](crate::OutboxBuilder::create_table) then.
+/// [`OutboxBuilder::create_table(false)`](crate::outbox::OutboxBuilder::create_table) then.
 #[derive(Debug, Clone)]
 pub struct CreateOutbox {
     table: TableName,
@@ -209,7 +209,7 @@ impl CreateOutbox {
 impl Default for CreateOutbox {
     /// The migration for the default table, `idem_outbox`.
     fn default() -> Self {
-        Self::new(TableName::new(crate::Outbox::DEFAULT_TABLE).expect("a valid name"))
+        Self::new(TableName::new(crate::outbox::Outbox::DEFAULT_TABLE).expect("a valid name"))
     }
 }
 

@@ -15,7 +15,7 @@ use std::fmt;
 /// the error it holds: same message, same [`source`](StdError::source) chain.
 ///
 /// ```
-/// use idem_runtime::Report;
+/// use idem_runtime::transport::Report;
 /// let inner: Box<dyn std::error::Error + Send + Sync> = "card declined".into();
 /// let report = Report::new(inner);
 /// assert_eq!(report.to_string(), "card declined");

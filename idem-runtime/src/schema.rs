@@ -5,7 +5,7 @@
 
 use sea_orm::DbBackend;
 
-pub use crate::outbox::{create_outbox_statements, upgrade_outbox_statements};
+pub use crate::outbox::table::{create_outbox_statements, upgrade_outbox_statements};
 use crate::store::dialect::Dialect;
 pub use crate::store::table::TableName;
 

@@ -39,4 +39,4 @@ pub use crate::error::{BoxError, DeadLetterReason, Settle};
 pub use crate::inbox::{BatchChecks, BatchItem, MAX_BATCH, Processing, panic_message};
 pub use crate::key::KeySource;
 pub use crate::metadata::CloudEvent;
-pub use crate::report::ReportSource;
+pub use crate::report::{Report, ReportSource};

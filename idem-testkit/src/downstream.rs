@@ -19,7 +19,8 @@ use crate::schedule::Boundary;
 /// `exchange` reach this handler (their payload read as JSON), the others are dropped.
 ///
 /// ```no_run
-/// # use idem_runtime::{Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata};
+/// # use idem_runtime::{Context, Handler, KeyError, MessageKey, Metadata};
+/// # use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 /// # #[derive(serde::Serialize, serde::Deserialize)]
 /// # struct InvoiceIssued { order_id: String }
 /// # struct Notify;

@@ -4,9 +4,8 @@
 
 use std::time::Duration;
 
-use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, Mode,
-};
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
+use idem_runtime::{Context, Handler, KeyError, MessageKey, Metadata, Mode};
 use tokio::sync::Notify;
 
 use crate::schedule::Boundary;

@@ -3,8 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
+use idem_runtime::outbox::Outbox;
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection};
-use idem_runtime::{Handler, Inbox, Metadata, Outbox};
+use idem_runtime::{Handler, Inbox, Metadata};
 use serde::de::DeserializeOwned;
 
 use crate::delivery::{ending, is_two_phase, key_label};

@@ -3,9 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use idem_runtime::Metadata;
+use idem_runtime::outbox::Outbox;
 use idem_runtime::outbox::{PendingMessage, Relaying};
 use idem_runtime::sea_orm::DbErr;
-use idem_runtime::{Metadata, Outbox};
 
 use crate::schedule::RelayCrash;
 
@@ -35,7 +36,8 @@ impl Published {
         Metadata {
             message_id: Some(self.message_id.clone()),
             headers: self.headers.clone(),
-            payload_fingerprint: idem_runtime::Fingerprint::of_json(&self.payload).ok(),
+            payload_fingerprint: idem_runtime::fingerprint::Fingerprint::of_json(&self.payload)
+                .ok(),
             ..Metadata::default()
         }
     }

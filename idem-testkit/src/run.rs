@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use idem_runtime::outbox::Outbox;
 use idem_runtime::sea_orm::DbErr;
-use idem_runtime::{Handler, Inbox, Metadata, Outbox};
+use idem_runtime::{Handler, Inbox, Metadata};
 
 use crate::delivery::{DRAIN_ATTEMPTS, Fate, deliver, delivery_metadata, pause_after};
 use crate::downstream::Route;

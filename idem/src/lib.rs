@@ -1,5 +1,5 @@
 //! Effectively-once message consumers, in one dependency: the runtime of idem at the root
-//! ([`Inbox`], [`Handler`], [`idempotent`], the [`Outbox`]...), RabbitMQ as `idem::rabbitmq` and
+//! ([`Inbox`], [`Handler`], [`idempotent`], the [`outbox`]...), RabbitMQ as `idem::rabbitmq` and
 //! HTTP `Idempotency-Key` as `idem::http`, each behind its feature.
 //!
 //! `#[idempotent]` finds this crate by itself: a handler crate that depends on `idem` alone

@@ -2,7 +2,7 @@
 //! for messages of named runs, written many per statement (staging a million messages one by
 //! one would take longer than the drain it sets up).
 //!
-//! [`Outbox::stage`]: idem_runtime::Outbox::stage
+//! [`Outbox::stage`]: idem_runtime::outbox::Outbox::stage
 
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 

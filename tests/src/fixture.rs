@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Binding, Consumer, ConsumerBuilder, PublishOptions, QueueTopology};
-use idem_runtime::{Handler, Inbox, InboxBuilder, Outbox};
+use idem_runtime::outbox::Outbox;
+use idem_runtime::{Handler, Inbox, InboxBuilder};
 use sea_orm::{ConnectOptions, Database};
 use serde::de::DeserializeOwned;
 

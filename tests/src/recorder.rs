@@ -8,9 +8,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, Mode,
-};
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
+use idem_runtime::{Context, Handler, KeyError, MessageKey, Metadata, Mode};
 use sea_orm::{DatabaseConnection, DbErr};
 use serde::{Deserialize, Serialize};
 

@@ -3,12 +3,12 @@
 
 use std::sync::{Arc, Mutex};
 
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 use idem_runtime::sea_orm::error::ConnAcquireErr;
 use idem_runtime::sea_orm::sea_query::{Alias, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
 use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, OutboxMessage,
-    SliceContext, SliceHandler,
+    Context, Handler, KeyError, MessageKey, Metadata, OutboxMessage, SliceContext, SliceHandler,
 };
 
 use crate::recorder::Msg;
@@ -40,7 +40,7 @@ pub enum SlicerError {
     Db(#[from] DbErr),
     /// A staging failed.
     #[error(transparent)]
-    Staging(#[from] idem_runtime::StagingError),
+    Staging(#[from] idem_runtime::outbox::StagingError),
 }
 
 impl Slicer {

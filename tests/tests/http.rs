@@ -19,7 +19,8 @@ use idem_http::{
     BodyComparison, Endpoint, EndpointError, Idempotency, IdempotencyBuilder, NotStored, Principal,
     REPLAYED_HEADER, RETENTION_HEADER,
 };
-use idem_runtime::{Context, Inbox, Outbox, OutboxMessage};
+use idem_runtime::outbox::Outbox;
+use idem_runtime::{Context, Inbox, OutboxMessage};
 use idem_tests::cancel::cancelled_after;
 use idem_tests::db::insert_effect;
 use idem_tests::proxy::behind_proxy;

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use idem_rabbitmq::lapin::options::{BasicGetOptions, QueueDeleteOptions};
 use idem_rabbitmq::{Consumer, Publisher, QueueTopology, Relay};
-use idem_runtime::{Inbox, Outbox, OutboxMessage};
+use idem_runtime::outbox::Outbox;
+use idem_runtime::{Inbox, OutboxMessage};
 use idem_tests::cluster::{Cluster, NODES};
 use idem_tests::rabbit::{consumer_builder_at, with_id};
 use idem_tests::{Backend, Msg, Recorder, TestDb, inbox_and_effects, unique};

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_rabbitmq::{PublishOptions, Relay};
-use idem_runtime::{Outbox, OutboxMessage};
+use idem_runtime::OutboxMessage;
+use idem_runtime::outbox::Outbox;
 use idem_tests::rabbit::{amqp_url, consumer_builder, rabbitmqctl};
 use idem_tests::{Fixture, Msg, TestBroker, unique};
 

@@ -13,9 +13,10 @@ use idem_rabbitmq::lapin::ExchangeKind;
 use std::sync::OnceLock;
 
 use idem_rabbitmq::{Binding, Consumer, PublishOptions, Relay};
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
+use idem_runtime::outbox::StagingError;
 use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, OutboxMessage,
-    SliceContext, SliceHandler, StagingError,
+    Context, Handler, KeyError, MessageKey, Metadata, OutboxMessage, SliceContext, SliceHandler,
 };
 use idem_tests::otel::{
     InMemorySpanExporter, SdkTracerProvider, assert_retried_message_is_one_trace, attribute,

@@ -28,8 +28,10 @@ use idem_examples::notifications;
 use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{AmqpUrl, Binding, Consumer, DeliveryStats, Relay};
+use idem_runtime::outbox::Outbox;
+use idem_runtime::retention::RedeliveryWindow;
 use idem_runtime::transport::BatchChecks;
-use idem_runtime::{Inbox, Outbox, RedeliveryWindow, RetentionPolicy, transport::MAX_BATCH};
+use idem_runtime::{Inbox, RetentionPolicy, transport::MAX_BATCH};
 use sea_orm::DatabaseConnection;
 
 /// Consumes orders from RabbitMQ into the database and charges each one exactly once, whatever

@@ -18,9 +18,8 @@ use idem_examples::orders::OrderPlaced;
 use idem_examples::placing::{self, PlaceOrder};
 use idem_examples::stub::Stub;
 use idem_http::{Endpoint, EndpointError};
-use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata,
-};
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
+use idem_runtime::{Context, Handler, KeyError, MessageKey, Metadata};
 use idem_testkit::{Downstream, Effects, FaultKit, Report};
 use idem_tests::{Backend, TestDb, on_each_backend, unique};
 

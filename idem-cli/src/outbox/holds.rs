@@ -2,9 +2,9 @@
 //! messages, a hold lifted.
 
 use clap::Args as ClapArgs;
-use idem_runtime::Outbox;
 use idem_runtime::admin::OutboxAdmin;
-use idem_runtime::outbox::{HeldRun, HeldSubject};
+use idem_runtime::admin::{HeldRun, HeldSubject};
+use idem_runtime::outbox::Outbox;
 use serde_json::json;
 
 use super::Result;

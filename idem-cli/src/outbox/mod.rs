@@ -6,8 +6,8 @@ mod holds;
 use std::time::Duration;
 
 use clap::Subcommand;
-use idem_runtime::Outbox;
 use idem_runtime::admin::OutboxAdmin;
+use idem_runtime::outbox::Outbox;
 use serde_json::json;
 
 use crate::outcome::Done;

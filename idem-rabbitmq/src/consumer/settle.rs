@@ -424,7 +424,7 @@ fn identity(queue: &str, delivery: &Delivery) -> String {
         Some(id) => format!("{queue}\0id:{id}"),
         None => format!(
             "{queue}\0sha256:{}",
-            idem_runtime::Fingerprint::of_bytes(&delivery.data)
+            idem_runtime::fingerprint::Fingerprint::of_bytes(&delivery.data)
         ),
     }
 }

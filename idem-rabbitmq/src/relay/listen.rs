@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idem_runtime::Outbox;
+use idem_runtime::outbox::Outbox;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -51,7 +51,7 @@ pub(super) async fn start(
 mod postgres {
     use std::sync::Arc;
 
-    use idem_runtime::Outbox;
+    use idem_runtime::outbox::Outbox;
     use idem_runtime::outbox::Relaying;
     use idem_runtime::sea_orm::sqlx::postgres::PgListener;
     use idem_runtime::sea_orm::{DbErr, RuntimeErr};

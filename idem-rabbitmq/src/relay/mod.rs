@@ -12,7 +12,7 @@ mod stats;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::Outbox;
+use idem_runtime::outbox::Outbox;
 use idem_runtime::sea_orm::DbBackend;
 use idem_runtime::transport::Backoff;
 use tokio::sync::{Notify, watch};
@@ -98,7 +98,7 @@ pub struct RelayBuilder {
 ///
 /// The relay needs no inbox. It uses one connection of the outbox's pool for each batch, and a
 /// second one on PostgreSQL for `LISTEN`. Without an inbox, whose cleaner deletes the sent
-/// messages, call [`Outbox::delete_sent`](idem_runtime::Outbox::delete_sent) now and then.
+/// messages, call [`Outbox::delete_sent`](idem_runtime::outbox::Outbox::delete_sent) now and then.
 ///
 /// # Metrics
 ///
@@ -112,7 +112,7 @@ pub struct RelayBuilder {
 /// # async fn demo(db: idem_runtime::sea_orm::DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use idem_rabbitmq::Relay;
-/// use idem_runtime::Outbox;
+/// use idem_runtime::outbox::Outbox;
 ///
 /// let outbox = Outbox::builder(db).build().await?;
 /// let relay = Relay::builder("amqp://guest:guest@127.0.0.1:5672/%2f", outbox)

@@ -4,11 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_runtime::outbox::{LocalRelay, Outbox, PendingBatch, PendingMessage, Relaying};
 use idem_runtime::sea_orm::DbErr;
-use idem_runtime::{
-    Outbox,
-    outbox::{LocalRelay, PendingBatch, PendingMessage, Relaying},
-};
 use tokio::sync::Notify;
 
 use super::held::{Hold, HoldMemory, Refused};

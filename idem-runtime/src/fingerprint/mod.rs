@@ -55,7 +55,7 @@ impl Fingerprint {
     ///
     /// ```
     /// use std::collections::HashMap;
-    /// use idem_runtime::Fingerprint;
+    /// use idem_runtime::fingerprint::Fingerprint;
     /// let a: HashMap<_, _> = [("x", 1), ("y", 2)].into();
     /// let b: HashMap<_, _> = [("y", 2), ("x", 1)].into();
     /// assert_eq!(Fingerprint::of(&a).unwrap(), Fingerprint::of(&b).unwrap());
@@ -68,7 +68,7 @@ impl Fingerprint {
     /// Fingerprints a JSON document as received, by its canonical form.
     ///
     /// ```
-    /// use idem_runtime::Fingerprint;
+    /// use idem_runtime::fingerprint::Fingerprint;
     /// let v1 = Fingerprint::of_json(br#"{"id":"o-1","amount":5}"#).unwrap();
     /// let v2 = Fingerprint::of_json(br#"{ "amount": 5, "note": null, "id": "o-1" }"#).unwrap();
     /// assert_eq!(v1, v2);

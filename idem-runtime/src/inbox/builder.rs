@@ -20,7 +20,8 @@ use crate::telemetry::Telemetry;
 /// ```no_run
 /// # async fn demo(db: sea_orm::DatabaseConnection) -> Result<(), idem_runtime::Error> {
 /// use std::time::Duration;
-/// use idem_runtime::{Inbox, RedeliveryWindow, RetentionPolicy};
+/// use idem_runtime::{Inbox, RetentionPolicy};
+/// use idem_runtime::retention::RedeliveryWindow;
 ///
 /// let inbox = Inbox::builder(db)
 ///     .table("billing_inbox")

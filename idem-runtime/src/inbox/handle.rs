@@ -24,7 +24,8 @@ use crate::store::table::TableName;
 /// ```
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use idem_runtime::{Inbox, Metadata, Outcome};
-/// # use idem_runtime::{Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey};
+/// # use idem_runtime::{Context, Handler, KeyError, MessageKey};
+/// # use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 /// # struct Greeter;
 /// # impl Handler for Greeter {
 /// #     type Message = String; type Output = usize; type Error = std::io::Error;

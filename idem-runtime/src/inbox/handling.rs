@@ -104,7 +104,7 @@ pub(crate) fn fingerprint_of<H: Handler>(
     handler: &H,
     message: &H::Message,
     metadata: &Metadata,
-) -> Result<Option<crate::Fingerprint>> {
+) -> Result<Option<crate::fingerprint::Fingerprint>> {
     std::panic::catch_unwind(AssertUnwindSafe(|| handler.fingerprint(message, metadata)))
         .map_err(|panic| Error::HandlerPanicked(panic_message(panic.as_ref())))?
         .map_err(Error::from)

@@ -120,7 +120,7 @@ impl OutboxMessage {
     /// otherwise. A handler's staged messages get ids derived from its message (see
     /// [`Context::stage`]), whatever this says.
     ///
-    /// [`Outbox::stage`]: crate::Outbox::stage
+    /// [`Outbox::stage`]: crate::outbox::Outbox::stage
     /// [`Context::stage`]: crate::Context::stage
     pub fn message_id(mut self, id: impl Into<String>) -> Self {
         self.message_id = Some(id.into());
@@ -132,7 +132,7 @@ impl OutboxMessage {
     /// again with the same key (a retry after an answer that never came), it is the same
     /// message, staged once and published with the same id. See [`OutboxMessage::keyed_id`].
     ///
-    /// [`Outbox::stage`]: crate::Outbox::stage
+    /// [`Outbox::stage`]: crate::outbox::Outbox::stage
     pub fn keyed(mut self, key: impl AsRef<str>) -> Self {
         let key = key.as_ref();
         self.message_id = Some(Self::keyed_id(key));

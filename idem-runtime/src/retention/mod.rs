@@ -7,4 +7,5 @@ pub(crate) mod policy;
 
 pub(crate) use cleaner::CleanerParts;
 pub use cleaner::{Cleaner, CleanerHandle, CleanupReport};
-pub use policy::{RedeliveryWindow, RetentionPolicy};
+pub use policy::RedeliveryWindow;
+pub(crate) use policy::RetentionPolicy;

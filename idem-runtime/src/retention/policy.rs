@@ -14,7 +14,8 @@ use crate::error::ConfigError;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_runtime::{RedeliveryWindow, RetentionPolicy};
+/// use idem_runtime::RetentionPolicy;
+/// use idem_runtime::retention::RedeliveryWindow;
 ///
 /// let day = Duration::from_secs(24 * 3600);
 /// let policy = RetentionPolicy::default()          // 7 days

@@ -8,12 +8,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 use idem_runtime::sea_orm::sea_query::{Alias, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
-use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, Mode,
-    OutboxMessage,
-};
+use idem_runtime::{Context, Handler, KeyError, MessageKey, Metadata, Mode, OutboxMessage};
 use idem_testkit::{DELIVERY_COUNT_HEADER, Downstream, Effects, FaultKit, Report};
 use idem_tests::{Backend, TestDb};
 use serde::{Deserialize, Serialize};

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use idem_rabbitmq::Relay;
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_runtime::{Inbox, Outbox};
+use idem_runtime::Inbox;
+use idem_runtime::outbox::Outbox;
 use idem_tests::backlog::Backlog;
 use idem_tests::bench::figures::{median, peak_rss_mb, reset_peak_rss};
 use idem_tests::rabbit::amqp_url;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use idem_rabbitmq::Relay;
 use idem_rabbitmq::lapin::options::ConfirmSelectOptions;
 use idem_rabbitmq::lapin::{Channel, Connection, ConnectionProperties};
-use idem_runtime::Outbox;
+use idem_runtime::outbox::Outbox;
 use idem_tests::bench::hand_outbox::HandOutbox;
 use idem_tests::bench::{Charged, orders};
 use idem_tests::rabbit::amqp_url;

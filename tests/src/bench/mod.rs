@@ -15,9 +15,10 @@ pub mod hand_outbox;
 pub mod probe;
 pub mod seed;
 
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata, Mode,
-    OutboxMessage, SliceContext, SliceHandler,
+    Context, Handler, KeyError, MessageKey, Metadata, Mode, OutboxMessage, SliceContext,
+    SliceHandler,
 };
 use sea_orm::sea_query::{Alias, OnConflict, Query};
 use sea_orm::{

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use idem_runtime::admin::InboxAdmin;
 use idem_runtime::admin::Status;
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr, Statement};
 use idem_runtime::transport::BatchChecks;
 use idem_runtime::transport::Processing;
 use idem_runtime::{
-    Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
-    Outcome,
+    Context, Error, Handler, Inbox, KeyError, MessageKey, Metadata, Outcome,
     transport::{BatchItem, Settle},
 };
 use idem_tests::proxy::behind_proxy;

@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use idem_runtime::admin::InboxAdmin;
+use idem_runtime::fingerprint::Fingerprint;
+use idem_runtime::outbox::Outbox;
 use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
-use idem_runtime::{
-    Error, Fingerprint, Inbox, InboxBuilder, Metadata, Outbox, Outcome, RetentionPolicy, idempotent,
-};
+use idem_runtime::{Error, Inbox, InboxBuilder, Metadata, Outcome, RetentionPolicy, idempotent};
 use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
 use serde::{Deserialize, Serialize};

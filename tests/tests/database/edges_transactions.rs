@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::admin::InboxAdmin;
 use idem_runtime::admin::Status;
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 use idem_runtime::sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DbErr};
 use idem_runtime::{
-    Context, Error, Fingerprint, FingerprintError, Handler, KeyError, MessageKey, Metadata,
-    Outcome,
+    Context, Error, Handler, KeyError, MessageKey, Metadata, Outcome,
     transport::{Processing, Settle},
 };
 use idem_tests::{Backend, Msg, Recorder, inbox_key, on_each_backend};

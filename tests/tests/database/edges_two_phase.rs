@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::admin::InboxAdmin;
 use idem_runtime::admin::Status;
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionTrait};
 use idem_runtime::{
-    Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata,
-    Outcome, transport::Settle,
+    Context, Error, Handler, Inbox, KeyError, MessageKey, Metadata, Outcome, transport::Settle,
 };
 use idem_tests::inbox_and_effects as setup;
 use idem_tests::proxy::{Proxy, behind_proxy};

@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use idem_runtime::admin::InboxAdmin;
 use idem_runtime::entity::{Created, Marker};
+use idem_runtime::fingerprint::Fingerprint;
 use idem_runtime::transport::Settle;
-use idem_runtime::{
-    Context, Error, Fingerprint, Handler, Inbox, InboxBuilder, Metadata, Outcome, idempotent,
-};
+use idem_runtime::{Context, Error, Handler, Inbox, InboxBuilder, Metadata, Outcome, idempotent};
 use idem_tests::db::insert_effect;
 use idem_tests::proxy::behind_proxy;
 use idem_tests::{Backend, TestDb, inbox_key, on_each_backend, unique};

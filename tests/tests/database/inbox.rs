@@ -12,10 +12,10 @@ use idem_runtime::admin::Forgotten;
 use idem_runtime::admin::InboxAdmin;
 use idem_runtime::admin::LiveClaim;
 use idem_runtime::admin::Status;
+use idem_runtime::retention::RedeliveryWindow;
 use idem_runtime::transport::Processing;
 use idem_runtime::{
-    ConfigError, Error, Inbox, Metadata, Outcome, RedeliveryWindow, RetentionPolicy,
-    transport::Settle,
+    ConfigError, Error, Inbox, Metadata, Outcome, RetentionPolicy, transport::Settle,
 };
 use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};

@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::admin::DuplicateSummary;
 use idem_runtime::admin::InboxAdmin;
+use idem_runtime::retention::RedeliveryWindow;
 use idem_runtime::transport::Processing;
-use idem_runtime::{Inbox, Metadata, RedeliveryWindow, RetentionPolicy};
+use idem_runtime::{Inbox, Metadata, RetentionPolicy};
 use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend, unique};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use sea_orm::{ConnectionTrait, Statement};

@@ -9,14 +9,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::admin::InboxAdmin;
 use idem_runtime::admin::Status;
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
+use idem_runtime::outbox::Outbox;
 use idem_runtime::outbox::Relaying;
 use idem_runtime::outbox::derived_id;
 use idem_runtime::sea_orm::sea_query::{Alias, Query};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::transport::Processing;
 use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
-    Outcome, SliceContext, SliceHandler, idempotent, transport::BatchItem,
+    Context, Handler, Inbox, KeyError, MessageKey, Metadata, Outcome, SliceContext, SliceHandler,
+    idempotent, transport::BatchItem,
 };
 use idem_tests::on_each_backend;
 use idem_tests::slicer::{SLICER_CONSUMER, Slicer, SlicerError};

@@ -11,15 +11,16 @@ use std::time::Duration;
 use idem_runtime::admin::Forgotten;
 use idem_runtime::admin::InboxAdmin;
 use idem_runtime::admin::LiveClaim;
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 use idem_runtime::outbox::Relaying;
 use idem_runtime::outbox::derived_id;
+use idem_runtime::outbox::{Outbound, Outbox, StagingError};
 use idem_runtime::sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use idem_runtime::transport::BatchChecks;
 use idem_runtime::transport::Processing;
 use idem_runtime::{
-    ConfigError, Context, Error, Fingerprint, FingerprintError, Handler, Inbox, KeyError,
-    MessageKey, Metadata, Mode, Outbound, Outbox, OutboxMessage, Outcome, StagingError, idempotent,
-    transport::BatchItem,
+    ConfigError, Context, Error, Handler, Inbox, KeyError, MessageKey, Metadata, Mode,
+    OutboxMessage, Outcome, idempotent, transport::BatchItem,
 };
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
 

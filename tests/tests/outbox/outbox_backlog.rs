@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use idem_rabbitmq::Relay;
-use idem_runtime::Outbox;
+use idem_runtime::outbox::Outbox;
 use idem_tests::backlog::{self, Backlog};
 use idem_tests::rabbit::amqp_url;
 use idem_tests::{Backend, Fixture, TestDb, on_each_backend, unique};

@@ -16,15 +16,14 @@ use std::time::Duration;
 
 use idem_rabbitmq::lapin::ExchangeKind;
 use idem_rabbitmq::{Relay, RelayBuilder};
+use idem_runtime::admin::HeldSubject;
 use idem_runtime::admin::OutboxAdmin;
-use idem_runtime::outbox::HeldSubject;
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
+use idem_runtime::outbox::Outbox;
 use idem_runtime::outbox::Relaying;
 use idem_runtime::outbox::derived_id;
 use idem_runtime::sea_orm::{DbErr, TransactionTrait};
-use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
-    OutboxMessage,
-};
+use idem_runtime::{Context, Handler, Inbox, KeyError, MessageKey, Metadata, OutboxMessage};
 use idem_tests::proxy::{Proxy, behind_proxy};
 use idem_tests::rabbit::{DeadLetter, amqp_addr, amqp_url, amqp_url_through, close_connections};
 use idem_tests::{Backend, Fixture, Msg, TestDb, inbox_key, on_each_backend, unique};
@@ -106,8 +105,8 @@ impl From<DbErr> for StageError {
     }
 }
 
-impl From<idem_runtime::StagingError> for StageError {
-    fn from(error: idem_runtime::StagingError) -> Self {
+impl From<idem_runtime::outbox::StagingError> for StageError {
+    fn from(error: idem_runtime::outbox::StagingError) -> Self {
         Self(error.to_string())
     }
 }

@@ -13,16 +13,15 @@ use std::time::Duration;
 use idem_runtime::admin::Forgotten;
 use idem_runtime::admin::InboxAdmin;
 use idem_runtime::admin::LiveClaim;
+use idem_runtime::fingerprint::{Fingerprint, FingerprintError};
 use idem_runtime::outbox::Relaying;
 use idem_runtime::outbox::derived_id;
+use idem_runtime::outbox::{Outbox, StagingError};
 use idem_runtime::sea_orm::{
     ConnAcquireErr, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, ExecResult, QueryResult,
     Statement, TransactionTrait,
 };
-use idem_runtime::{
-    Context, Fingerprint, FingerprintError, Handler, Inbox, KeyError, MessageKey, Metadata, Outbox,
-    OutboxMessage, StagingError,
-};
+use idem_runtime::{Context, Handler, Inbox, KeyError, MessageKey, Metadata, OutboxMessage};
 use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend};
 
 on_each_backend!(

@@ -286,7 +286,10 @@ impl Handler for CloudEventRecorder {
         &self,
         message: &Msg,
         metadata: &idem_runtime::Metadata,
-    ) -> Result<Option<idem_runtime::Fingerprint>, idem_runtime::FingerprintError> {
+    ) -> Result<
+        Option<idem_runtime::fingerprint::Fingerprint>,
+        idem_runtime::fingerprint::FingerprintError,
+    > {
         self.inner.fingerprint(message, metadata)
     }
     async fn handle(

@@ -1,7 +1,8 @@
 //! `fingerprint = <expr>` chooses what counts as the same content; `fingerprint = none` turns the
 //! check off.
 use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
-use idem_runtime::{Fingerprint, Handler, Metadata, idempotent};
+use idem_runtime::{Handler, Metadata, idempotent};
+use idem_runtime::fingerprint::Fingerprint;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Serialize, Deserialize)]

@@ -43,7 +43,7 @@ fn main() {
     assert_eq!(handler.key(&order, &meta).unwrap().as_str(), "o-1");
     assert_eq!(
         handler.fingerprint(&order, &idem_runtime::Metadata::default()).unwrap(),
-        Some(idem_runtime::Fingerprint::of(&order).unwrap())
+        Some(idem_runtime::fingerprint::Fingerprint::of(&order).unwrap())
     );
     // The function itself is unchanged and can be called (and tested) on its own.
     let _future = async {

@@ -1,5 +1,6 @@
 use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
-use idem_runtime::{Outbound, OutboxMessage, idempotent};
+use idem_runtime::{OutboxMessage, idempotent};
+use idem_runtime::outbox::Outbound;
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]

@@ -3,7 +3,8 @@
 //! transient unless `permanent = ...` (which sees the report's own type) says otherwise.
 use std::sync::Arc;
 
-use idem_runtime::{Handler, Report, idempotent, transport::BoxError};
+use idem_runtime::{Handler, idempotent, transport::BoxError};
+use idem_runtime::transport::Report;
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]
