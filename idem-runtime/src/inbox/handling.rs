@@ -17,7 +17,7 @@ use crate::store::dialect::{Failure, classify, database_error_in};
 
 /// Runs `work` to its end, polling the `renewal` beside it while there is one: once it ends
 /// (the claim lost), it is dropped and `work` goes on alone.
-pub(crate) async fn beside<T, R: Future<Output = ()>>(
+pub(crate) async fn run_beside_renewal<T, R: Future<Output = ()>>(
     work: impl Future<Output = T>,
     renewal: &mut Option<std::pin::Pin<Box<R>>>,
 ) -> T {
@@ -39,7 +39,7 @@ pub(crate) async fn beside<T, R: Future<Output = ()>>(
 /// handler's statements failed because the database went away, or met a deadlock or a lock not
 /// granted in time, the message is not at fault. Told by a database error in the handler
 /// error's source chain, or by the transaction itself no longer reaching the database.
-pub(crate) async fn outage_or(error: Error, tx: &DatabaseTransaction) -> Error {
+pub(crate) async fn outage_or_handler_error(error: Error, tx: &DatabaseTransaction) -> Error {
     let Error::Handler { source, .. } = &error else {
         return error;
     };
@@ -80,7 +80,7 @@ pub(crate) async fn roll_back_quietly(tx: DatabaseTransaction) {
 }
 
 /// Runs the handler, turning its error and its panic into [`Error`]s.
-pub(crate) async fn run<H: Handler>(
+pub(crate) async fn run_handler<H: Handler>(
     handler: &H,
     cx: &Context<'_>,
     message: H::Message,

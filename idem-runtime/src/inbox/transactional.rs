@@ -5,7 +5,9 @@ use sea_orm::DatabaseTransaction;
 use tracing::Instrument;
 
 use super::claim::{self, ClaimRequest, Claimed, Deadlocks};
-use super::handling::{abandon, decode_stored, fingerprint_of, outage_or, roll_back_quietly, run};
+use super::handling::{
+    abandon, decode_stored, fingerprint_of, outage_or_handler_error, roll_back_quietly, run_handler,
+};
 use super::inner::Inner;
 use super::record::InboxRecord;
 use crate::clock::from_epoch_ms;
@@ -153,9 +155,9 @@ impl Inner {
         message: H::Message,
     ) -> Result<H::Output> {
         let store = &self.store;
-        let output = match run(handler, cx, message).await {
+        let output = match run_handler(handler, cx, message).await {
             Ok(output) => output,
-            Err(error) => return Err(outage_or(error, tx).await),
+            Err(error) => return Err(outage_or_handler_error(error, tx).await),
         };
         let json = serde_json::to_string(&output)
             .map_err(|error| Error::OutputNotStorable(Box::new(error)))?;

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::claim::{self, ClaimRequest, Claimed};
 use super::completion;
-use super::handling::{beside, decode_stored, run};
+use super::handling::{decode_stored, run_beside_renewal, run_handler};
 use super::inner::Inner;
 use super::renewal::{Held, Unconfirmed, confirm_held, renew_until_lost};
 use crate::clock::from_epoch_ms;
@@ -65,23 +65,24 @@ impl Inner {
         // future (a crashed worker) stops them all. A lost claim ends the renewal; the handler
         // still runs to its end.
         let mut renewal = Some(Box::pin(renew_until_lost(store, db, held, &watch)));
-        let output = match beside(run(handler, &cx, message), &mut renewal).await {
-            Ok(output) => output,
-            Err(error) => {
-                // A renewal under way would hold its pooled connection, and could extend the
-                // lease after it is ended.
-                drop(renewal);
-                self.give_up(request.key, token, attempt).await;
-                return Err(error);
-            }
-        };
+        let output =
+            match run_beside_renewal(run_handler(handler, &cx, message), &mut renewal).await {
+                Ok(output) => output,
+                Err(error) => {
+                    // A renewal under way would hold its pooled connection, and could extend the
+                    // lease after it is ended.
+                    drop(renewal);
+                    self.give_up(request.key, token, attempt).await;
+                    return Err(error);
+                }
+            };
         // The side effect has happened: an output that cannot be stored (it does not serialize,
         // or the database refuses it) still completes the record, without it, so that no
         // redelivery repeats the effect.
         let json = self.storable(&request.key.message_key, &output);
         let stored = json.as_deref().ok().filter(|json| *json != "null");
         let completing = self.complete_storing(held, stored, &watch);
-        let completed = beside(completing, &mut renewal).await?;
+        let completed = run_beside_renewal(completing, &mut renewal).await?;
         match completed {
             None => Err(Error::ClaimLost {
                 key: request.key.clone(),

@@ -3,7 +3,7 @@
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, Statement};
 
-use super::handling::{abandon, outage_or, run};
+use super::handling::{abandon, outage_or_handler_error, run_handler};
 use super::inner::Inner;
 use crate::context::Context;
 use crate::entity::slot::{MarkerSlot, MarkerWait, Verdict};
@@ -65,7 +65,7 @@ impl Inner {
         slot: &MarkerSlot,
         message: H::Message,
     ) -> Result<Outcome<H::Output>> {
-        let result = run(handler, cx, message).await;
+        let result = run_handler(handler, cx, message).await;
         let marked = slot.take();
         // A refused marker and a reused key end the run whatever the handler made of them.
         if let Some(reason) = slot.refused() {
@@ -83,7 +83,7 @@ impl Inner {
         }
         let output = match result {
             Ok(output) => output,
-            Err(error) => return Err(outage_or(error, tx).await),
+            Err(error) => return Err(outage_or_handler_error(error, tx).await),
         };
         let Some(marked) = marked else {
             // A marker tried and failed, its error ignored: the transaction cannot be trusted.
@@ -118,10 +118,10 @@ impl Inner {
     ) -> Result<Outcome<H::Output>> {
         let tx = self.store.dialect().begin(&self.db).await?;
         let cx = self.unrecorded_context(key, metadata, &tx);
-        let output = match run(handler, &cx, message).await {
+        let output = match run_handler(handler, &cx, message).await {
             Ok(output) => output,
             Err(error) => {
-                let error = outage_or(error, &tx).await;
+                let error = outage_or_handler_error(error, &tx).await;
                 return Err(abandon(tx, error).await);
             }
         };

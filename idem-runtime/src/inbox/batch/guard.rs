@@ -12,7 +12,7 @@ use super::lost::{self, Lost};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::handler::Handler;
-use crate::inbox::handling::{outage_or, run as run_handler};
+use crate::inbox::handling::{outage_or_handler_error, run_handler};
 use crate::key::InboxKey;
 use crate::metadata::Metadata;
 use crate::outbox::{Outbox, RunClaim};
@@ -106,7 +106,7 @@ pub(super) async fn handle<H: Handler>(
                 staged: cx.outbound().staged(),
             }));
         }
-        Err(error) => outage_or(error, run.tx).await,
+        Err(error) => outage_or_handler_error(error, run.tx).await,
     };
     if failure.is_store_unavailable() {
         lost::still_reached(run.tx).await?;

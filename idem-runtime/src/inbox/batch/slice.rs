@@ -14,7 +14,7 @@ use super::lost::{self, Lost};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::handler::{Mode, Outcome};
-use crate::inbox::handling::{outage_or, panic_message};
+use crate::inbox::handling::{outage_or_handler_error, panic_message};
 use crate::inbox::inner::Inner;
 use crate::key::InboxKey;
 use crate::outbox::RunClaim;
@@ -401,7 +401,7 @@ async fn call<S: SliceHandler>(
         },
         Err(panic) => Error::HandlerPanicked(panic_message(panic.as_ref())),
     };
-    let failure = outage_or(failure, run.tx).await;
+    let failure = outage_or_handler_error(failure, run.tx).await;
     if failure.is_store_unavailable() {
         lost::still_reached(run.tx).await?;
     }
