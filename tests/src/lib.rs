@@ -66,6 +66,11 @@ pub async fn one_connection_inbox(
     (one, pool)
 }
 
+/// The metadata of a message that came without any: no transport, no headers.
+pub fn meta() -> idem_runtime::Metadata {
+    idem_runtime::Metadata::default()
+}
+
 /// The inbox key of `consumer` and `key`, both valid.
 pub fn inbox_key(consumer: &str, key: &str) -> idem_runtime::admin::InboxKey {
     idem_runtime::admin::InboxKey {

@@ -13,7 +13,9 @@ use idem_runtime::fingerprint::Fingerprint;
 use idem_runtime::outbox::Outbox;
 use idem_runtime::sea_orm::{DatabaseTransaction, DbErr};
 use idem_runtime::{Error, Inbox, InboxBuilder, Metadata, Outcome, RetentionPolicy, idempotent};
-use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
+use idem_tests::{
+    Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, meta, on_each_backend, unique,
+};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
 use serde::{Deserialize, Serialize};
 
@@ -22,10 +24,6 @@ on_each_backend!(
     replicas_starting_together_all_start,
     leases_and_retention_set_at_run_time_override_the_handlers,
 );
-
-fn meta() -> Metadata {
-    Metadata::default()
-}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct OrderV1 {

@@ -13,16 +13,12 @@ use idem_runtime::transport::{Backoff, Decision, DeliveryPolicy, Retry, RetryMem
 use idem_runtime::{Inbox, Metadata, Outcome, transport::Settle};
 use idem_tests::inbox_and_effects as setup;
 use idem_tests::proxy::behind_proxy;
-use idem_tests::{Backend, Msg, Recorder, TestDb, on_each_backend};
+use idem_tests::{Backend, Msg, Recorder, TestDb, meta, on_each_backend};
 
 /// Faults of the database servers': one that goes away.
 mod servers {
     use super::*;
     on_each_backend!([postgres, mysql]: an_outage_inside_the_handler_is_an_outage);
-}
-
-fn meta() -> Metadata {
-    Metadata::default()
 }
 
 async fn an_outage_inside_the_handler_is_an_outage(backend: Backend) {

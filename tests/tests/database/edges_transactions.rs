@@ -17,7 +17,7 @@ use idem_runtime::{
     Context, Error, Handler, KeyError, MessageKey, Metadata, Outcome,
     transport::{Processing, Settle},
 };
-use idem_tests::{Backend, Msg, Recorder, inbox_key, on_each_backend};
+use idem_tests::{Backend, Msg, Recorder, inbox_key, meta, on_each_backend};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
 
 on_each_backend!(
@@ -27,10 +27,6 @@ on_each_backend!(
     a_failed_handlers_claim_is_released_before_its_error_is_returned,
     corrupt_records_and_refused_statements_have_their_own_errors,
 );
-
-fn meta() -> Metadata {
-    Metadata::default()
-}
 
 /// A transactional handler with a `()` output that writes its effect, then runs `then` and
 /// carries on whatever it gave: a statement expected to fail, or a `ROLLBACK` standing for a

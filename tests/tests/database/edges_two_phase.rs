@@ -20,7 +20,7 @@ use idem_runtime::{
 };
 use idem_tests::inbox_and_effects as setup;
 use idem_tests::proxy::{Proxy, behind_proxy};
-use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend};
+use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, meta, on_each_backend};
 
 on_each_backend!(
     two_phase_output_the_database_refuses_completes_the_record_without_it,
@@ -37,10 +37,6 @@ mod servers {
 mod slow_answers {
     use super::*;
     on_each_backend!([postgres, mysql]: a_claim_that_answers_after_its_lease_does_not_run_its_handler);
-}
-
-fn meta() -> Metadata {
-    Metadata::default()
 }
 
 async fn two_phase_output_the_database_refuses_completes_the_record_without_it(backend: Backend) {

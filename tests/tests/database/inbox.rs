@@ -17,7 +17,9 @@ use idem_runtime::transport::Processing;
 use idem_runtime::{
     ConfigError, Error, Inbox, Metadata, Outcome, RetentionPolicy, transport::Settle,
 };
-use idem_tests::{Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, on_each_backend, unique};
+use idem_tests::{
+    Backend, CutWorker, Msg, Recorder, TestDb, inbox_key, meta, on_each_backend, unique,
+};
 use idem_tests::{inbox_and_effects as setup, inbox_and_effects_with as setup_with};
 
 on_each_backend!(
@@ -48,10 +50,6 @@ on_each_backend!(
     a_key_the_table_refuses_fails_and_counts,
     retention_and_lease_of_forever_keep_their_records,
 );
-
-fn meta() -> Metadata {
-    Metadata::default()
-}
 
 /// Processes until the inbox stops asking for a requeue, as a broker would redeliver.
 async fn process_until_settled(

@@ -22,7 +22,7 @@ use idem_runtime::{
     ConfigError, Context, Error, Handler, Inbox, KeyError, MessageKey, Metadata, Mode,
     OutboxMessage, Outcome, idempotent, transport::BatchItem,
 };
-use idem_tests::{Backend, Msg, TestDb, inbox_key, on_each_backend, unique};
+use idem_tests::{Backend, Msg, TestDb, inbox_key, meta, on_each_backend, unique};
 
 on_each_backend!(
     a_handler_stages_with_derived_ids_and_a_duplicate_stages_nothing,
@@ -158,10 +158,6 @@ async fn pending_ids(outbox: &Outbox) -> Vec<String> {
     // would skip the rows still locked.
     batch.mark_sent(&[]).await.unwrap();
     ids
-}
-
-fn meta() -> Metadata {
-    Metadata::default()
 }
 
 async fn a_handler_stages_with_derived_ids_and_a_duplicate_stages_nothing(backend: Backend) {
