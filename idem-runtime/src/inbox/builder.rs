@@ -10,9 +10,9 @@ use super::inner::{DEFAULT_MAX_ATTEMPTS, Inner};
 use crate::error::{ConfigError, Error, Result};
 use crate::outbox::Outbox;
 use crate::retention::{RedeliveryWindow, RetentionPolicy};
-use crate::store::Store;
 use crate::store::startup::{dialect_of, on_open, starting};
 use crate::store::table::TableName;
+use crate::store::{Setup, Store};
 use crate::telemetry::Telemetry;
 
 /// Configures an [`Inbox`](crate::Inbox); [`InboxBuilder::build`] validates everything and creates the table.
@@ -161,13 +161,14 @@ impl InboxBuilder {
         if !self.read_only {
             on_open(dialect, &self.db).await;
         }
+        let setup = Setup::of(&mut store);
         if self.create_table && !self.read_only {
-            starting(|| store.create_table(&self.db)).await?;
+            starting(|| setup.create_table(&self.db)).await?;
         }
         let checked = if self.read_only {
-            starting(|| store.check_columns(&self.db)).await
+            starting(|| setup.check_columns(&self.db)).await
         } else {
-            starting(|| store.check_schema(&self.db)).await
+            starting(|| setup.check_schema(&self.db)).await
         };
         checked.map_err(|error| match error {
             Error::Database(error) => ConfigError::SchemaMismatch {
@@ -177,9 +178,10 @@ impl InboxBuilder {
             .into(),
             error => error,
         })?;
-        store.read_lock_timeout(&self.db).await?;
-        store.read_key_index(&self.db).await?;
-        store.read_packet_limit(&self.db).await?;
+        let mut setup = Setup::of(&mut store);
+        setup.read_lock_timeout(&self.db).await?;
+        setup.read_key_index(&self.db).await?;
+        setup.read_packet_limit(&self.db).await?;
         let run_statements =
             (self.outbox.as_ref()).map(|outbox| outbox.statements_for_inbox(store.quoted_table()));
         Ok(Inner {

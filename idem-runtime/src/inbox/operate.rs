@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::inbox::claim::new_token;
 use crate::inbox::inner::Inner;
 use crate::key::InboxKey;
-use crate::store::{LiveClaim, Row, Status};
+use crate::store::{Census, LiveClaim, Row, Status};
 use crate::telemetry::DuplicateSummary;
 
 /// One consumer's records in the inbox table.
@@ -103,7 +103,7 @@ impl Inner {
 
     /// See the `Inbox` method of this name.
     pub(crate) async fn stats(&self, consumer: Option<&str>) -> Result<Vec<ConsumerStats>> {
-        let counts = self.store.stats(&self.db, consumer).await?;
+        let counts = Census::of(&self.store).count(&self.db, consumer).await?;
         let mut all: Vec<ConsumerStats> = Vec::new();
         for count in counts {
             if all

@@ -15,7 +15,7 @@ use crate::RetentionPolicy;
 use crate::error::{Error, Result};
 use crate::metrics::CLEANUP_DELETED_TOTAL;
 use crate::outbox::Outbox;
-use crate::store::Store;
+use crate::store::{Cleaning, Store};
 use crate::telemetry::{DigestRun, Telemetry};
 
 /// What one cleanup run did.
@@ -256,7 +256,7 @@ impl Cleaner {
         let store = &self.inner.store;
         let db = &self.inner.db;
         if store.dialect().one_process() {
-            let database = match store.database_file(db).await? {
+            let database = match Cleaning::of(store).database_file(db).await? {
                 Some(file) => file,
                 // In memory: a database of this inbox's own pool.
                 None => format!("in-memory inbox {:p}", Arc::as_ptr(&self.inner)),
@@ -267,12 +267,12 @@ impl Cleaner {
             return self.delete_batches(stop).await;
         }
         let holder = begin_detached(db, TransactionOptions::default()).await?;
-        if !store.try_lock_cleaner(&holder).await? {
+        if !Cleaning::of(store).try_lock_cleaner(&holder).await? {
             holder.rollback().await?;
             return Ok(skipped());
         }
         let result = self.delete_batches(stop).await;
-        let unlocked = store.unlock_cleaner(&holder).await;
+        let unlocked = Cleaning::of(store).unlock_cleaner(&holder).await;
         holder.commit().await?;
         unlocked?;
         result
@@ -282,7 +282,7 @@ impl Cleaner {
         let policy = &self.inner.retention;
         let store = &self.inner.store;
         // Records are expired by the database's clock, as claims read them.
-        let now = store.now(&self.inner.db).await?;
+        let now = Cleaning::of(store).now(&self.inner.db).await?;
         let mut report = CleanupReport::default();
         let mut batching = Batching::start(store.table().to_string(), policy);
         let mut digest = DigestRun::default();
@@ -290,7 +290,7 @@ impl Cleaner {
         let deleting = async {
             loop {
                 batching.sending();
-                let deleted = store
+                let deleted = Cleaning::of(store)
                     .delete_expired(&self.inner.db, now, policy.batch_size())
                     .await?;
                 // A digest that cannot be read or written leaves the deletions alone.
@@ -441,7 +441,8 @@ mod tests {
         let (one, two) = (in_memory_inbox(300).await, in_memory_inbox(200).await);
         let (one, two) = (one.cleaner(), two.cleaner());
         let parts = &one.inner;
-        assert_eq!(parts.store.database_file(&parts.db).await.unwrap(), None);
+        let database = Cleaning::of(&parts.store).database_file(&parts.db).await;
+        assert_eq!(database.unwrap(), None);
         let (a, b) = tokio::join!(one.run_once(), two.run_once());
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!((a.deleted, a.skipped), (300, false), "{a:?}");

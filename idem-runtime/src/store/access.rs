@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DbBackend, DbErr, Statement, Value};
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, QueryResult, Statement, Value};
 
 use super::dialect::Dialect;
+use super::sql::InboxTable;
 use super::statements::Statements;
 use super::table::TableName;
 use super::values::{ClaimValues, LiveClaim, Row, opt_text, text};
@@ -374,5 +375,25 @@ impl Store {
             .execute_raw(self.statement(sql, Self::key_values(key).into()))
             .await?;
         Ok(result.rows_affected() == 1)
+    }
+
+    /// The table as the statements over many keys see it.
+    pub(super) fn inbox_table(&self) -> InboxTable<'_> {
+        InboxTable {
+            quoted: &self.quoted,
+            key_index: self.key_index.as_deref(),
+            claim_wait: self.claim_wait,
+            lock_timeout: &self.lock_timeout,
+        }
+    }
+
+    /// A message key read back from column `index`: MySQL/MariaDB store keys as bytes.
+    pub(crate) fn read_key(&self, row: &QueryResult, index: usize) -> Result<String, DbErr> {
+        if !self.dialect.binary_keys() {
+            return row.try_get_by_index(index);
+        }
+        let bytes: Vec<u8> = row.try_get_by_index(index)?;
+        String::from_utf8(bytes)
+            .map_err(|_| DbErr::Custom("a message key that is not UTF-8".to_owned()))
     }
 }

@@ -5,12 +5,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult, TransactionOptions};
+use sea_orm::{ConnectionTrait, DbErr, QueryResult};
 
-use super::access::{MAX_BATCH, PACKET_ROOM, Store};
-use super::dialect::begin_detached;
-use super::sql::{ClaimsReturn, Completion, InboxTable, WithValues};
-use super::values::{BatchClaim, Claims, Deleted, Row, text};
+use super::access::{PACKET_ROOM, Store};
+use super::sql::{ClaimsReturn, Completion, WithValues};
+use super::values::{BatchClaim, Claims, Row};
 use crate::key::{ConsumerName, MessageKey};
 
 /// The most bytes of keys and outputs one completion statement carries: larger outputs are
@@ -22,15 +21,13 @@ fn completion_bytes(key: &MessageKey, output: Option<&str>) -> usize {
     2 * key.as_str().len() + output.map_or(0, str::len) + 64
 }
 
-impl Store {
-    /// The table as the statements over many keys see it.
-    fn inbox_table(&self) -> InboxTable<'_> {
-        InboxTable {
-            quoted: &self.quoted,
-            key_index: self.key_index.as_deref(),
-            claim_wait: self.claim_wait,
-            lock_timeout: &self.lock_timeout,
-        }
+/// The statements over many keys of a batch, on an inbox's [`Store`].
+pub(crate) struct Batches<'s>(&'s Store);
+
+impl<'s> Batches<'s> {
+    /// The room of `store`.
+    pub(crate) fn of(store: &'s Store) -> Self {
+        Self(store)
     }
 
     /// Runs a statement of the room, its values bound, for its rows.
@@ -39,7 +36,7 @@ impl Store {
         conn: &impl ConnectionTrait,
         (sql, values): WithValues,
     ) -> Result<Vec<QueryResult>, DbErr> {
-        conn.query_all_raw(self.statement(&sql, values)).await
+        conn.query_all_raw(self.0.statement(&sql, values)).await
     }
 
     /// Runs a statement of the room, its values bound, for the rows it changed.
@@ -48,7 +45,7 @@ impl Store {
         conn: &impl ConnectionTrait,
         (sql, values): WithValues,
     ) -> Result<u64, DbErr> {
-        let result = conn.execute_raw(self.statement(&sql, values)).await?;
+        let result = conn.execute_raw(self.0.statement(&sql, values)).await?;
         Ok(result.rows_affected())
     }
 
@@ -65,9 +62,14 @@ impl Store {
         token: i64,
         retention: Duration,
     ) -> Result<Claims, DbErr> {
-        let statement =
-            (self.dialect).insert_claims(&self.inbox_table(), consumer, claims, token, retention);
-        let returned = self.dialect.claims_return();
+        let statement = (self.0.dialect).insert_claims(
+            &self.0.inbox_table(),
+            consumer,
+            claims,
+            token,
+            retention,
+        );
+        let returned = self.0.dialect.claims_return();
         if returned == ClaimsReturn::Nothing {
             // No `INSERT ... RETURNING`: the keys this statement inserted are the ones that now
             // carry its token.
@@ -81,7 +83,7 @@ impl Store {
             return Ok(Claims {
                 fresh,
                 transaction_id: None,
-                waits_bounded: self.sql.restore_lock_timeout.is_some(),
+                waits_bounded: self.0.sql.restore_lock_timeout.is_some(),
             });
         }
         let inserted = self.rows_of(conn, statement).await?;
@@ -92,13 +94,13 @@ impl Store {
             _ => None,
         };
         let fresh = (inserted.iter())
-            .map(|row| self.read_key(row, 0))
+            .map(|row| self.0.read_key(row, 0))
             .collect::<Result<_, _>>()?;
         Ok(Claims {
             fresh,
             transaction_id,
             waits_bounded: returned != ClaimsReturn::KeysAndTransaction
-                && self.sql.restore_lock_timeout.is_some(),
+                && self.0.sql.restore_lock_timeout.is_some(),
         })
     }
 
@@ -109,10 +111,13 @@ impl Store {
         consumer: &ConsumerName,
         keys: &[&MessageKey],
     ) -> Result<HashMap<String, Row>, DbErr> {
-        let statement = self.dialect.find_many(&self.inbox_table(), consumer, keys);
+        let statement = self
+            .0
+            .dialect
+            .find_many(&self.0.inbox_table(), consumer, keys);
         let rows = self.rows_of(conn, statement).await?;
         rows.iter()
-            .map(|row| Ok((self.read_key(row, 0)?, Row::read(row, 1)?)))
+            .map(|row| Ok((self.0.read_key(row, 0)?, Row::read(row, 1)?)))
             .collect()
     }
 
@@ -150,7 +155,10 @@ impl Store {
                 retention,
                 transaction_id,
             };
-            let statement = self.dialect.complete_many(&self.inbox_table(), &completion);
+            let statement = self
+                .0
+                .dialect
+                .complete_many(&self.0.inbox_table(), &completion);
             completed += self.changed_by(conn, statement).await?;
             rest = after;
         }
@@ -160,10 +168,12 @@ impl Store {
     /// The most bytes one completion statement of a batch carries: [`COMPLETE_BYTES`], and
     /// within what the server takes in one packet (MySQL/MariaDB), as the room counts them.
     fn completion_limit(&self) -> usize {
-        let limit = self.packet_limit.map_or(COMPLETE_BYTES, |packet| {
+        let limit = self.0.packet_limit.map_or(COMPLETE_BYTES, |packet| {
             COMPLETE_BYTES.min(packet.saturating_sub(PACKET_ROOM))
         });
-        self.dialect.completion_bytes(&self.inbox_table(), limit)
+        self.0
+            .dialect
+            .completion_bytes(&self.0.inbox_table(), limit)
     }
 
     /// Deletes the claims `token` holds on `keys`, so their redeliveries can retry.
@@ -174,49 +184,7 @@ impl Store {
         token: i64,
         keys: &[&MessageKey],
     ) -> Result<u64, DbErr> {
-        let statement = (self.dialect).release_many(&self.inbox_table(), consumer, token, keys);
+        let statement = (self.0.dialect).release_many(&self.0.inbox_table(), consumer, token, keys);
         self.changed_by(conn, statement).await
-    }
-
-    /// In one short transaction, takes the keys `select` gives (expired records no other
-    /// transaction holds, locked), then deletes their records by key with `delete`'s statement
-    /// (MySQL/MariaDB).
-    pub(crate) async fn delete_unheld(
-        &self,
-        db: &DatabaseConnection,
-        select: sea_orm::Statement,
-        delete: fn(&InboxTable<'_>, usize) -> String,
-    ) -> Result<Vec<Deleted>, DbErr> {
-        let tx = begin_detached(db, TransactionOptions::default()).await?;
-        let rows = tx.query_all_raw(select).await?;
-        // A statement binds at most 65 535 values.
-        for rows in rows.chunks(MAX_BATCH) {
-            let padded = rows.len().max(1).next_power_of_two();
-            let mut values = Vec::with_capacity(padded * 2);
-            for row in rows {
-                values.push(text(&self.read_key(row, 0)?));
-                values.push(text(&self.read_key(row, 1)?));
-            }
-            // Padded with the last key again, which deletes nothing more.
-            let last = values[values.len() - 2..].to_vec();
-            for _ in rows.len()..padded {
-                values.extend(last.iter().cloned());
-            }
-            let sql = delete(&self.inbox_table(), padded);
-            tx.execute_raw(self.statement(&sql, values)).await?;
-        }
-        tx.commit().await?;
-        // Every row read is locked by this transaction: each is deleted.
-        rows.iter().map(|row| self.read_deleted(row)).collect()
-    }
-
-    /// A message key read back from column `index`: MySQL/MariaDB store keys as bytes.
-    pub(crate) fn read_key(&self, row: &QueryResult, index: usize) -> Result<String, DbErr> {
-        if !self.dialect.binary_keys() {
-            return row.try_get_by_index(index);
-        }
-        let bytes: Vec<u8> = row.try_get_by_index(index)?;
-        String::from_utf8(bytes)
-            .map_err(|_| DbErr::Custom("a message key that is not UTF-8".to_owned()))
     }
 }

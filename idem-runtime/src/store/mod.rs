@@ -16,5 +16,9 @@ pub(crate) mod values;
 
 pub use access::MAX_BATCH;
 pub(crate) use access::Store;
+pub(crate) use cleanup::Cleaning;
+pub(crate) use many::Batches;
+pub(crate) use setup::Setup;
+pub(crate) use stats::Census;
 pub(crate) use values::{BatchClaim, ClaimValues, Claims, Deleted, Row};
 pub use values::{LiveClaim, Status};

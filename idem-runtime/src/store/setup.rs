@@ -12,24 +12,32 @@ use super::dialect::{Failure, begin_detached, classify, lock_name};
 use super::values::{ClaimValues, Probed, Status, text};
 use crate::key::{ConsumerName, InboxKey, MessageKey};
 
-impl Store {
+/// What an inbox reads of its table when it starts, on an inbox's [`Store`].
+pub(crate) struct Setup<'s>(&'s mut Store);
+
+impl<'s> Setup<'s> {
+    /// The room of `store`.
+    pub(crate) fn of(store: &'s mut Store) -> Self {
+        Self(store)
+    }
+
     /// Reads which unique index of a MySQL/MariaDB table is on `(consumer, message_key)`: the
     /// primary key of the table idem creates, or the index a table provisioned otherwise has.
     /// Batch statements that look many keys up name it, so that the server looks each key up
     /// and locks only its record, where a plan that scans would lock every record it reads.
     pub(crate) async fn read_key_index(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
-        let Some(sql) = self.dialect.key_index_query() else {
+        let Some(sql) = self.0.dialect.key_index_query() else {
             return Ok(());
         };
         let rows = db
-            .query_all_raw(self.statement(sql, vec![text(self.table.as_str())]))
+            .query_all_raw(self.0.statement(sql, vec![text(self.0.table.as_str())]))
             .await?;
         for row in rows {
             let name: String = row.try_get_by_index(0)?;
             let columns: String = row.try_get_by_index(1)?;
             let prefixed: i64 = row.try_get_by_index(2)?;
             if columns == "consumer,message_key" && prefixed == 0 {
-                self.key_index = Some(self.dialect.key_index_hint(&name));
+                self.0.key_index = Some(self.0.dialect.key_index_hint(&name));
                 break;
             }
         }
@@ -39,9 +47,9 @@ impl Store {
     /// Reads the largest packet a MySQL/MariaDB server takes, which an output must leave room
     /// under (see [`Store::check_output`]).
     pub(crate) async fn read_packet_limit(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
-        if let Some(sql) = self.dialect.packet_limit_query() {
-            let limit: i64 = self.first_column(db, sql, Vec::new()).await?;
-            self.packet_limit = usize::try_from(limit).ok();
+        if let Some(sql) = self.0.dialect.packet_limit_query() {
+            let limit: i64 = self.0.first_column(db, sql, Vec::new()).await?;
+            self.0.packet_limit = usize::try_from(limit).ok();
         }
         Ok(())
     }
@@ -49,10 +57,10 @@ impl Store {
     /// Reads the `lock_timeout` PostgreSQL sessions have, which claims restore after bounding
     /// their own wait.
     pub(crate) async fn read_lock_timeout(&mut self, db: &DatabaseConnection) -> Result<(), DbErr> {
-        if let Some(sql) = self.dialect.read_lock_timeout()
-            && let Some(row) = db.query_one_raw(self.statement(sql, Vec::new())).await?
+        if let Some(sql) = self.0.dialect.read_lock_timeout()
+            && let Some(row) = db.query_one_raw(self.0.statement(sql, Vec::new())).await?
         {
-            self.lock_timeout = row.try_get_by_index(0)?;
+            self.0.lock_timeout = row.try_get_by_index(0)?;
         }
         Ok(())
     }
@@ -62,11 +70,11 @@ impl Store {
     pub(crate) async fn create_table(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
         let tx = begin_detached(db, TransactionOptions::default()).await?;
         if let Some((sql, values)) =
-            (self.dialect).schema_lock(&lock_name("schema", self.table.as_str()))
+            (self.0.dialect).schema_lock(&lock_name("schema", self.0.table.as_str()))
         {
-            tx.query_one_raw(self.statement(&sql, values)).await?;
+            tx.query_one_raw(self.0.statement(&sql, values)).await?;
         }
-        for sql in self.dialect.inbox_tables(self.table.as_str()) {
+        for sql in self.0.dialect.inbox_tables(self.0.table.as_str()) {
             tx.execute_unprepared(&sql).await?;
         }
         tx.commit().await
@@ -89,7 +97,7 @@ impl Store {
             .expect("valid"),
         };
         let fingerprint = [0xab; 32];
-        let [consumer, message_key] = Self::key_values(&key);
+        let [consumer, message_key] = Store::key_values(&key);
         let values = vec![
             consumer,
             message_key,
@@ -104,12 +112,13 @@ impl Store {
             Value::from(i64::MAX),
             Value::from(None::<String>),
         ];
-        tx.execute_raw(self.statement(&self.sql.insert_probe, values))
+        tx.execute_raw(self.0.statement(&self.0.sql.insert_probe, values))
             .await?;
         let completed = self
+            .0
             .complete(&tx, &key, i64::MIN, Some("{}"), Duration::ZERO)
             .await?;
-        let row = self.find(&tx, &key).await?;
+        let row = self.0.find(&tx, &key).await?;
         let merged = self.keys_merged(&tx, &key, &unique).await;
         tx.rollback().await?;
         if let Some(merged) = merged? {
@@ -138,7 +147,7 @@ impl Store {
     /// Checks that the table has every column this version reads, with a query that reads no
     /// row and writes nothing: what a read-only user or a standby can check.
     pub(crate) async fn check_columns(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
-        db.query_all_raw(self.statement(&self.sql.check_columns, Vec::new()))
+        db.query_all_raw(self.0.statement(&self.0.sql.check_columns, Vec::new()))
             .await?;
         Ok(())
     }
@@ -161,7 +170,7 @@ impl Store {
             lease: None,
             retention: Duration::ZERO,
         };
-        if self.insert_claim(conn, probe, &claim).await? {
+        if self.0.insert_claim(conn, probe, &claim).await? {
             return Ok(Some("in nothing (one key is claimed twice)"));
         }
         let key = |consumer: &str, message_key: String| InboxKey {
@@ -248,15 +257,15 @@ impl Store {
         key: &InboxKey,
         claim: &ClaimValues<'_>,
     ) -> Result<Probed, DbErr> {
-        let Some(sql) = self.dialect.counting_probe(&self.sql.insert_claim) else {
+        let Some(sql) = self.0.dialect.counting_probe(&self.0.sql.insert_claim) else {
             // Elsewhere a refused row is an error.
-            return Ok(match self.insert_claim(conn, key, claim).await? {
+            return Ok(match self.0.insert_claim(conn, key, claim).await? {
                 true => Probed::Stored,
                 false => Probed::Duplicate,
             });
         };
         let result = conn
-            .execute_raw(self.statement(&sql, self.claim_values(key, claim)))
+            .execute_raw(self.0.statement(&sql, self.0.claim_values(key, claim)))
             .await?;
         Ok(match result.rows_affected() {
             0 => Probed::Dropped,

@@ -6,7 +6,7 @@ use sea_orm::{ConnectionTrait, DbErr, QueryResult, Statement, Value};
 use super::access::Store;
 use super::values::{Status, text};
 
-/// The records of one consumer in one status, as one row of [`Store::stats`] reads them.
+/// The records of one consumer in one status, as one row of [`Census::count`] reads them.
 #[derive(Debug, Clone)]
 pub(crate) struct StatusCount {
     pub(crate) consumer: String,
@@ -24,30 +24,42 @@ pub(crate) struct StatusCount {
     pub(crate) retention_ms: Option<i64>,
 }
 
-impl Store {
+/// The records counted per consumer and status, on an inbox's [`Store`].
+pub(crate) struct Census<'s>(&'s Store);
+
+impl<'s> Census<'s> {
+    /// The room of `store`.
+    pub(crate) fn of(store: &'s Store) -> Self {
+        Self(store)
+    }
+
     /// Counts the records per consumer and status, of `consumer` only when given, in the
     /// order of consumers.
-    pub(crate) async fn stats(
+    pub(crate) async fn count(
         &self,
         conn: &impl ConnectionTrait,
         consumer: Option<&str>,
     ) -> Result<Vec<StatusCount>, DbErr> {
-        let now = self.dialect().now_ms();
+        let now = self.0.dialect().now_ms();
         let filter = if consumer.is_some() {
             " WHERE consumer = ?"
         } else {
             ""
         };
-        let sql = self.dialect().placeholders(&format!(
+        let sql = self.0.dialect().placeholders(&format!(
             "SELECT consumer, status, COUNT(*), COUNT(CASE WHEN expires_at <= {now} THEN 1 END), \
              MAX(attempts), MIN(created_at), MAX(created_at), MIN(claimed_at), {now}, \
              MAX(CASE WHEN completed_at IS NOT NULL THEN expires_at - completed_at END) \
              FROM {}{filter} GROUP BY consumer, status ORDER BY consumer, status",
-            self.quoted_table()
+            self.0.quoted_table()
         ));
         let values: Vec<Value> = consumer.into_iter().map(text).collect();
         let rows = conn
-            .query_all_raw(Statement::from_sql_and_values(self.backend(), sql, values))
+            .query_all_raw(Statement::from_sql_and_values(
+                self.0.backend(),
+                sql,
+                values,
+            ))
             .await?;
         rows.iter().map(read).collect()
     }

@@ -13,7 +13,7 @@ use crate::inbox::claim::{Deadlocks, new_token};
 use crate::inbox::inner::Inner;
 use crate::key::MessageKey;
 use crate::store::dialect::{Failure, classify, refuses_value};
-use crate::store::{BatchClaim, Claims, Store};
+use crate::store::{BatchClaim, Batches, Claims, Store};
 use crate::telemetry::Before;
 
 /// A try's transaction, its keys claimed.
@@ -112,7 +112,7 @@ async fn claim_all<H: Handler>(
             waits_bounded: false,
         });
     }
-    store
+    Batches::of(store)
         .insert_claims(tx, batch.consumer, claims, token, batch.retention)
         .await
 }
@@ -133,7 +133,9 @@ async fn read_known<H: Handler>(
     if known.is_empty() {
         return Ok(());
     }
-    let mut rows = store.find_many(tx, batch.consumer, &known).await?;
+    let mut rows = Batches::of(store)
+        .find_many(tx, batch.consumer, &known)
+        .await?;
     for lead in leads.iter_mut() {
         if !matches!(lead.fate, Fate::Deferred) || lead.failed_alone {
             continue;

@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::handler::Handler;
 use crate::inbox::inner::Inner;
 use crate::key::MessageKey;
+use crate::store::Batches;
 use crate::store::dialect::{Failure, classify, refuses_value};
 
 impl Inner {
@@ -38,7 +39,7 @@ impl Inner {
             .map(|lead| &lead.key.message_key)
             .collect();
         if !released.is_empty()
-            && let Err(error) = store
+            && let Err(error) = Batches::of(store)
                 .release_many(&tx, batch.consumer, token, &released)
                 .await
         {
@@ -134,7 +135,7 @@ impl Inner {
         if aborts && under_savepoints {
             lost::execute(tx, "SAVEPOINT idem_complete").await?;
         }
-        let completed = store
+        let completed = Batches::of(store)
             .complete_many(
                 tx,
                 batch.consumer,
