@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use idem_rabbitmq::lapin::options::QueueDeclareOptions;
 use idem_rabbitmq::lapin::types::FieldTable;
-use idem_rabbitmq::{AmqpUrl, Consumer, DeliveryStats, Publisher};
+use idem_rabbitmq::running::DeliveryStats;
+use idem_rabbitmq::{AmqpUrl, Consumer, Publisher};
 use idem_runtime::outbox::Outbox;
 use sea_orm::DatabaseConnection;
 use serde::Serialize;
@@ -104,7 +105,7 @@ pub async fn run(services: Services<'_>, settings: Settings<'_>) -> Result<(), B
 /// How many messages are ready in `queue`: those an earlier run, or an orders service with no
 /// billing running, left there.
 async fn ready_messages(amqp_url: &AmqpUrl, queue: &str) -> Result<u64, idem_rabbitmq::Error> {
-    let connection = idem_rabbitmq::connect(amqp_url, "billing demo").await?;
+    let connection = idem_rabbitmq::amqp::connect(amqp_url, "billing demo").await?;
     let channel = connection.create_channel().await;
     let passive = QueueDeclareOptions {
         passive: true,
@@ -117,7 +118,7 @@ async fn ready_messages(amqp_url: &AmqpUrl, queue: &str) -> Result<u64, idem_rab
             .map_err(amqp_error(format!("counting the messages of {queue:?}"))),
         Err(error) => Err(amqp_error("channel.open")(error)),
     };
-    let _ = idem_rabbitmq::close_within(&connection, "counted", Duration::from_secs(5)).await;
+    let _ = idem_rabbitmq::amqp::close_within(&connection, "counted", Duration::from_secs(5)).await;
     Ok(u64::from(declared?.message_count()))
 }
 

@@ -142,12 +142,13 @@ pub async fn declare(
     queue: &str,
     events_exchange: &str,
 ) -> Result<(), idem_rabbitmq::Error> {
-    let connection = idem_rabbitmq::connect(amqp_url, "notifications topology").await?;
+    let connection = idem_rabbitmq::amqp::connect(amqp_url, "notifications topology").await?;
     let declared = match connection.create_channel().await {
         Ok(channel) => declare_on(&channel, queue, events_exchange).await,
         Err(error) => Err(amqp_error("channel.open")(error)),
     };
-    let _ = idem_rabbitmq::close_within(&connection, "declared", Duration::from_secs(5)).await;
+    let _ =
+        idem_rabbitmq::amqp::close_within(&connection, "declared", Duration::from_secs(5)).await;
     declared
 }
 

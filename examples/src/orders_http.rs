@@ -69,7 +69,7 @@ pub async fn run(settings: Settings<'_>) -> Result<(), BoxError> {
             .with_graceful_shutdown(shutdown)
             .await
     });
-    tracing::info!(%addr, database = %idem_rabbitmq::redact_url(settings.database_url), "orders is serving POST /orders");
+    tracing::info!(%addr, database = %idem_rabbitmq::amqp::redact_url(settings.database_url), "orders is serving POST /orders");
     let result = match settings.demo {
         Some(count) => demo(settings, &broker, addr, &db, &outbox, count).await,
         None => {
@@ -168,7 +168,7 @@ async fn wait_for_billing(broker: &AmqpUrl, billing: &mut Child) -> Result<(), B
 
 /// How many consumers `queue` has; an error when it does not exist yet.
 async fn consumers(broker: &AmqpUrl, queue: &str) -> Result<u32, BoxError> {
-    let connection = idem_rabbitmq::connect(broker, "orders demo").await?;
+    let connection = idem_rabbitmq::amqp::connect(broker, "orders demo").await?;
     let passive = QueueDeclareOptions {
         passive: true,
         ..QueueDeclareOptions::default()
@@ -180,7 +180,7 @@ async fn consumers(broker: &AmqpUrl, queue: &str) -> Result<u32, BoxError> {
             .map(|queue| queue.consumer_count()),
         Err(error) => Err(error),
     };
-    let _ = idem_rabbitmq::close_within(&connection, "counted", Duration::from_secs(5)).await;
+    let _ = idem_rabbitmq::amqp::close_within(&connection, "counted", Duration::from_secs(5)).await;
     Ok(declared?)
 }
 

@@ -82,24 +82,40 @@ mod tls;
 mod topology;
 mod url;
 
-pub use broker::server_version;
 pub use codec::{Codec, DecodeError, Json};
-pub use connect::{close_within, connect, connect_once};
-pub use consumer::copy_properties;
-pub use consumer::{
-    Binding, Consumer, ConsumerBuilder, DEFAULT_BATCHES_IN_FLIGHT, DeliveryStats, ShutdownHandle,
-    ShutdownReport, headers,
-};
+pub use consumer::{Binding, Consumer, ConsumerBuilder, headers};
 pub use error::{Error, Result, SettingError};
-pub use metadata::metadata_of;
 pub use publisher::{PublishOptions, Publisher, PublisherBuilder};
 pub use queue_kind::QueueKind;
-#[allow(deprecated)]
-pub use relay::RelayHandle;
-pub use relay::{MAX_RELAY_BATCH, Relay, RelayBuilder, RelayStats};
-pub use tls::{TlsError, TlsSettings};
-pub use topology::{ExchangeBinding, QueueTopology, queue_kind};
-pub use url::{AmqpUrl, redact_url};
+pub use relay::{Relay, RelayBuilder};
+pub use tls::TlsSettings;
+pub use topology::{ExchangeBinding, QueueTopology};
+pub use url::AmqpUrl;
+
+/// AMQP at a lower level, for code that talks to the broker beside idem (a tool, a test, an
+/// adapter of its own): connections made and closed as idem makes them, a delivery's
+/// [`Metadata`](idem_runtime::Metadata), a message's properties copied, a queue's kind probed,
+/// a URL with its password hidden.
+pub mod amqp {
+    pub use crate::broker::server_version;
+    pub use crate::connect::{close_within, connect, connect_once};
+    pub use crate::consumer::copy_properties;
+    pub use crate::metadata::metadata_of;
+    pub use crate::tls::TlsError;
+    pub use crate::topology::queue_kind;
+    pub use crate::url::redact_url;
+}
+
+/// What a started consumer and relay give back (their handles, shutdown reports and counters),
+/// and the limits they run within.
+pub mod running {
+    pub use crate::consumer::{
+        DEFAULT_BATCHES_IN_FLIGHT, DeliveryStats, ShutdownHandle, ShutdownReport,
+    };
+    #[allow(deprecated)]
+    pub use crate::relay::RelayHandle;
+    pub use crate::relay::{MAX_RELAY_BATCH, RelayStats};
+}
 
 /// lapin, re-exported so applications name the same types.
 pub use lapin;

@@ -110,7 +110,7 @@ fn split_nodes(text: &str) -> Vec<&str> {
 /// `AMQP_URL` holds them) are each redacted.
 ///
 /// ```
-/// use idem_rabbitmq::redact_url;
+/// use idem_rabbitmq::amqp::redact_url;
 ///
 /// assert_eq!(redact_url("amqp://guest:s3cr%2Fet@rabbit/%2f"), "amqp://guest:***@rabbit/%2f");
 /// assert_eq!(

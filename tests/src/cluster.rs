@@ -190,7 +190,8 @@ async fn declare_probe(node: u8) -> Result<(), idem_rabbitmq::lapin::Error> {
     }
     .await;
     // Closed whatever the probe found: a node that keeps refusing is asked once a second.
-    let _ = idem_rabbitmq::close_within(&connection, "probe done", Duration::from_secs(5)).await;
+    let _ =
+        idem_rabbitmq::amqp::close_within(&connection, "probe done", Duration::from_secs(5)).await;
     probed.map(|_| ())
 }
 

@@ -99,7 +99,7 @@ pub fn with_id(id: &str) -> PublishOptions {
 
 /// A channel on a connection of its own, for what [`TestBroker`] has no method for.
 pub async fn setup_channel() -> Channel {
-    let connection = idem_rabbitmq::connect(&amqp_url().into(), "idem-test setup")
+    let connection = idem_rabbitmq::amqp::connect(&amqp_url().into(), "idem-test setup")
         .await
         .expect("the broker is reachable");
     connection.create_channel().await.expect("a channel")
@@ -224,7 +224,7 @@ impl TestBroker {
                 idem_rabbitmq::AmqpUrl::new(url.clone())
             )
         };
-        let connection = idem_rabbitmq::connect(&url.as_str().into(), "idem-test broker")
+        let connection = idem_rabbitmq::amqp::connect(&url.as_str().into(), "idem-test broker")
             .await
             .unwrap_or_else(|e| fail(&e));
         let channel = connection.create_channel().await.unwrap();
@@ -407,7 +407,7 @@ impl TestBroker {
             .await
             .unwrap()
         {
-            let metadata = idem_rabbitmq::metadata_of(&message.delivery.properties, false);
+            let metadata = idem_rabbitmq::amqp::metadata_of(&message.delivery.properties, false);
             let properties = &message.delivery.properties;
             messages.push(DeadLetter {
                 headers: metadata.headers,
@@ -546,7 +546,7 @@ impl Drop for TestBroker {
         let url = self.url.clone();
         crate::clean_up(async move {
             let Ok(connection) =
-                idem_rabbitmq::connect(&url.as_str().into(), "idem-test cleanup").await
+                idem_rabbitmq::amqp::connect(&url.as_str().into(), "idem-test cleanup").await
             else {
                 return;
             };
@@ -563,7 +563,8 @@ impl Drop for TestBroker {
                     .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
                     .await;
             }
-            let _ = idem_rabbitmq::close_within(&connection, "done", Duration::from_secs(5)).await;
+            let _ = idem_rabbitmq::amqp::close_within(&connection, "done", Duration::from_secs(5))
+                .await;
         });
     }
 }

@@ -241,7 +241,8 @@ async fn produce(queue: String, orders: u32, next: Arc<AtomicU32>, stop: Arc<Ato
 }
 
 async fn delete_queues(queues: &[&str]) {
-    let Ok(connection) = idem_rabbitmq::connect(&Cluster::urls_from(1).into(), "cleanup").await
+    let Ok(connection) =
+        idem_rabbitmq::amqp::connect(&Cluster::urls_from(1).into(), "cleanup").await
     else {
         return;
     };
@@ -252,7 +253,7 @@ async fn delete_queues(queues: &[&str]) {
                 .await;
         }
     }
-    let _ = idem_rabbitmq::close_within(&connection, "done", Duration::from_secs(5)).await;
+    let _ = idem_rabbitmq::amqp::close_within(&connection, "done", Duration::from_secs(5)).await;
 }
 
 /// Scenario 1: the node of the queue's leader is SIGKILLed while three consumers process and
@@ -414,18 +415,18 @@ async fn the_relay_publishes_through_a_node_kill_in_order_losing_nothing() {
 
 /// Declares `topology` on the cluster.
 async fn declare(topology: &QueueTopology) {
-    let connection = idem_rabbitmq::connect(&Cluster::urls_from(1).into(), "setup")
+    let connection = idem_rabbitmq::amqp::connect(&Cluster::urls_from(1).into(), "setup")
         .await
         .expect("the cluster is reachable");
     let channel = connection.create_channel().await.expect("a channel");
     topology.declare(&channel).await.expect("declared");
-    let _ = idem_rabbitmq::close_within(&connection, "done", Duration::from_secs(5)).await;
+    let _ = idem_rabbitmq::amqp::close_within(&connection, "done", Duration::from_secs(5)).await;
 }
 
 /// Takes messages off `queue` until `at_least` have come and a second passes without more;
 /// returns their bodies in the order they came.
 async fn take_all(queue: &str, at_least: u64) -> Vec<String> {
-    let connection = idem_rabbitmq::connect(&Cluster::urls_from(2).into(), "reader")
+    let connection = idem_rabbitmq::amqp::connect(&Cluster::urls_from(2).into(), "reader")
         .await
         .expect("the cluster is reachable");
     let channel = connection.create_channel().await.expect("a channel");
@@ -457,7 +458,7 @@ async fn take_all(queue: &str, at_least: u64) -> Vec<String> {
             }
         }
     }
-    let _ = idem_rabbitmq::close_within(&connection, "done", Duration::from_secs(5)).await;
+    let _ = idem_rabbitmq::amqp::close_within(&connection, "done", Duration::from_secs(5)).await;
     bodies
 }
 

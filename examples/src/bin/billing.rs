@@ -27,7 +27,8 @@ use idem_examples::demo::{self, BoxError};
 use idem_examples::notifications;
 use idem_examples::stub::Stub;
 use idem_rabbitmq::lapin::ExchangeKind;
-use idem_rabbitmq::{AmqpUrl, Binding, Consumer, DeliveryStats, Relay};
+use idem_rabbitmq::running::DeliveryStats;
+use idem_rabbitmq::{AmqpUrl, Binding, Consumer, Relay};
 use idem_runtime::outbox::Outbox;
 use idem_runtime::retention::RedeliveryWindow;
 use idem_runtime::transport::BatchChecks;
@@ -222,7 +223,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     } = started;
     tracing::info!(
         queue = args.queue,
-        database = %idem_rabbitmq::redact_url(&args.database_url),
+        database = %idem_rabbitmq::amqp::redact_url(&args.database_url),
         "billing is consuming"
     );
 
@@ -280,8 +281,8 @@ async fn start(args: &Args) -> Result<Started, BoxError> {
 
 fn log_settings(args: &Args) {
     tracing::info!(
-        broker = %idem_rabbitmq::redact_url(&args.broker.amqp_url),
-        database = %idem_rabbitmq::redact_url(&args.database_url),
+        broker = %idem_rabbitmq::amqp::redact_url(&args.broker.amqp_url),
+        database = %idem_rabbitmq::amqp::redact_url(&args.database_url),
         exchange = args.broker.exchange,
         queue = args.queue,
         connection_name = args.connection_name,

@@ -118,7 +118,7 @@ async fn publish(args: &Args) -> Result<(), BoxError> {
         tracing::info!(
             count = args.count,
             exchange,
-            broker = %idem_rabbitmq::redact_url(&args.broker.amqp_url),
+            broker = %idem_rabbitmq::amqp::redact_url(&args.broker.amqp_url),
             "publishing orders"
         );
         let wait = Some(args.broker.broker_wait);

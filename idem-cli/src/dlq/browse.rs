@@ -113,7 +113,7 @@ impl Browse {
         let url = AmqpUrl::new(args.amqp_url.as_str());
         let limit = args.step_limit();
         // A lost connection stops the command: what it holds goes back to the queue.
-        let connecting = idem_rabbitmq::connect_once(&url, "idem dlq");
+        let connecting = idem_rabbitmq::amqp::connect_once(&url, "idem dlq");
         let connection = answered(limit, "connecting", connecting).await?;
         let opening = connection.create_channel();
         let channel = answered(limit, "opening a channel", opening).await?;
@@ -236,7 +236,7 @@ impl Browse {
                 }
             }
         }
-        let closing = idem_rabbitmq::close_within(&self.connection, "done", CLOSE_TIMEOUT);
+        let closing = idem_rabbitmq::amqp::close_within(&self.connection, "done", CLOSE_TIMEOUT);
         if let Err(error) = closing.await {
             note!("idem: {error}");
         }

@@ -34,7 +34,7 @@ pub(super) async fn returns_are_free(args: &QueueArgs) -> Result<()> {
     };
     // Without the management API, AMQP still tells a classic queue, which counts nothing.
     let url = AmqpUrl::new(args.amqp_url.as_str());
-    let telling = idem_rabbitmq::queue_kind(&url, &args.queue, "idem dlq");
+    let telling = idem_rabbitmq::amqp::queue_kind(&url, &args.queue, "idem dlq");
     match answered(args.step_limit(), "telling the queue's type", telling).await? {
         QueueKind::Classic => Ok(()),
         _ => Err(Box::new(Refused(format!(

@@ -237,7 +237,8 @@ async fn move_one(
         ShortString::from(REPLAYED_FROM),
         AMQPValue::LongString(browse.queue.as_str().into()),
     );
-    let properties = idem_rabbitmq::copy_properties(&delivery.properties, FieldTable::from(table));
+    let properties =
+        idem_rabbitmq::amqp::copy_properties(&delivery.properties, FieldTable::from(table));
     let options = BasicPublishOptions {
         mandatory: true,
         ..BasicPublishOptions::default()

@@ -418,7 +418,7 @@ async fn every_invalid_setting_is_reported_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_quorum_dead_letter_queue_is_declared_without_a_delivery_limit() {
     let url = idem_rabbitmq::AmqpUrl::new(amqp_url());
-    let version = idem_rabbitmq::server_version(&url, Duration::from_secs(5))
+    let version = idem_rabbitmq::amqp::server_version(&url, Duration::from_secs(5))
         .await
         .expect("the broker tells its version");
     let major: u32 = version.split('.').next().unwrap().parse().unwrap();
