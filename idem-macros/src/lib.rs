@@ -1,8 +1,8 @@
 //! `#[idempotent(...)]`: the inbox bookkeeping generated around a message handler.
 //!
-//! Use it through `idem_runtime::idempotent` (the runtime's default `macros` feature); the
-//! generated code names only `::idem_runtime` items, so the runtime is the one dependency a
-//! handler crate needs. The function is emitted unchanged, next to a `<name>_handler()` that
+//! Use it through `idem::idempotent` or `idem_runtime::idempotent` (the runtime's default
+//! `macros` feature); the generated code names the items of whichever of the two the crate
+//! depends on (a renamed dependency too), so that one is the handler crate's one dependency. The function is emitted unchanged, next to a `<name>_handler()` that
 //! returns an `idem_runtime::Handler`; every mistake is reported at the token that causes it.
 //!
 //! See [`idempotent`] for an example and the options, and the guide page

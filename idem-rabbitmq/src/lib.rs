@@ -69,6 +69,7 @@ mod confirm;
 mod connect;
 mod consumer;
 mod error;
+pub mod guide;
 mod link_runtime;
 mod metadata;
 pub mod metrics;

@@ -12,8 +12,7 @@ mod stats;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::outbox::Outbox;
-use idem_runtime::sea_orm::DbBackend;
+use idem_runtime::outbox::{Outbox, Relaying};
 use idem_runtime::transport::Backoff;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -51,50 +50,11 @@ pub struct RelayBuilder {
 /// headers and content type, persistent and `mandatory`, waits for the broker's confirms, and
 /// marks the confirmed ones sent in the batch's transaction.
 ///
-/// - **Order, per run.** The messages of one run go out in the order they were staged: a
-///   handler run's ([`PendingMessage::run`](idem_runtime::outbox::PendingMessage::run)), or a run named
-///   outside handlers ([`OutboxMessage::in_run`](idem_runtime::OutboxMessage::in_run)), across
-///   transactions, relays and restarts. Messages of different runs, and messages staged outside
-///   handlers in no run, are not ordered among themselves: each goes out as soon as a relay
-///   takes it. A batch's publishes are in flight together, except that a message whose run
-///   has an earlier message in flight waits until every confirm in flight came; a run whose
-///   earlier message another relay has in hand is left to that relay. A message is marked
-///   sent only once the broker confirmed it.
-/// - **Holds.** A message the broker does not take (unroutable: no queue bound for its routing
-///   key; refused) stops its run for the rest of the batch, so no later message of its run
-///   overtakes it, and is held back with the rest of its run (5 s, doubling at each try up to
-///   5 min: [`hold_backoff`](RelayBuilder::hold_backoff)), while every other run goes on; it is counted
-///   (`idem_outbox_publish_failures_total{reason="unroutable"}`) at every try. Holds are
-///   written in the table (`held_until`), so a relay restarted, or another relay, keeps them;
-///   held messages are in no batch a relay takes, so a large held backlog costs the others
-///   nothing. A failed channel (no confirm in time, the connection lost) ends the batch, and
-///   the relay retries after a back-off ([`retry_backoff`](RelayBuilder::retry_backoff)).
-///   Returned messages are matched to publishes by message id, not by the confirm lapin hands
-///   them with. A message whose publish makes the broker close the channel (an exchange that
-///   does not exist, or that the relay's user may not write to) fails every publish in flight
-///   with it: the relay finds it (the first message to the exchange the broker's reply names;
-///   when it names none, by publishing one message at a time) and holds it back, with the rest
-///   of its run, 30 s at first and then longer, up to 5 minutes; when the broker refused its
-///   exchange (not found, no access), every message to that exchange is held back with it.
-///   Finding it is no failure to back off from.
-/// - **At least once, deduplicated downstream.** A message whose confirm is lost, or whose
-///   "sent" mark does not commit, is published again with the same id; the next hop's inbox
-///   recognises it.
-/// - **Wake-ups.** The relay takes messages as soon as a transaction that staged some commits:
-///   at once in this process ([`Outbox::notify_staged`], which the inbox calls), through
-///   PostgreSQL `LISTEN` on [`Relaying::channel`](idem_runtime::outbox::Relaying::channel) across processes (with this crate's `postgres`
-///   feature; the listening connection is reconnected when it drops), and every
-///   [`poll_interval`](RelayBuilder::poll_interval) whatever happens. While it runs, handlers
-///   in its process leave the announcement out ([`Relaying::local_relay`](idem_runtime::outbox::Relaying::local_relay)): it is woken
-///   in-process, and the announcement would cost every handler's commit its turn behind the
-///   others'.
-/// - **Several relays.** Relays in several processes can share one table on PostgreSQL and
-///   MySQL/MariaDB: each batch is locked with `FOR UPDATE SKIP LOCKED`, so a message goes out
-///   through one of them. A SQLite outbox is for one process, whose relays take turns; a batch
-///   holds no write lock while it is published, so handlers commit meanwhile.
-/// - **Outages.** A lost broker connection is replaced; a database or broker failure is retried
-///   with the back-off, messages staying in the table meanwhile. Messages in flight when a
-///   process dies are published again by the next relay.
+/// In short: the messages of one run go out in the order they were staged; a message the
+/// broker does not take is held back with the rest of its run while other runs go on; a message
+/// whose confirm is lost goes out again with the same id, for the next hop's inbox; several
+/// relays can share a table on PostgreSQL and MySQL/MariaDB. The whole of it, holds and
+/// wake-ups included: [`guide::relay`](crate::guide::relay).
 ///
 /// The relay needs no inbox. It uses one connection of the outbox's pool for each batch, and a
 /// second one on PostgreSQL for `LISTEN`. Without an inbox, whose cleaner deletes the sent
@@ -231,8 +191,7 @@ impl RelayBuilder {
         let (stop, stopped) = watch::channel(false);
         let stopped = StopSignal::new(stopped);
         let mut tasks = Vec::new();
-        let backend = self.outbox.connection().get_database_backend();
-        if backend == DbBackend::Postgres {
+        if self.outbox.announces() {
             match listen::start(&self.outbox, &wake, &settings, stopped.clone()).await {
                 Ok(Some(task)) => tasks.push(task),
                 Ok(None) => tracing::warn!(

@@ -68,6 +68,10 @@ pub trait Relaying {
     /// The PostgreSQL channel on which committed stagings are announced (`LISTEN` on it to wake
     /// a relay in another process).
     fn channel(&self) -> String;
+
+    /// Whether this outbox's backend announces committed stagings on [`Relaying::channel`]
+    /// (PostgreSQL does); elsewhere a relay in another process learns of them by polling.
+    fn announces(&self) -> bool;
 }
 
 impl Relaying for Outbox {
@@ -101,5 +105,9 @@ impl Relaying for Outbox {
 
     fn channel(&self) -> String {
         self.shared().channel()
+    }
+
+    fn announces(&self) -> bool {
+        self.shared().statements.stage().announces()
     }
 }

@@ -233,3 +233,23 @@ pub(crate) fn mark_sent(t: &str, now: &str, seqs: &[i64]) -> WithValues {
         .collect();
     (sql, values)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_written_for_powers_of_two() {
+        assert_eq!(placeholders(0), "");
+        assert_eq!(placeholders(3), "?, ?, ?");
+        assert_eq!(rows_for(0), 1);
+        assert_eq!(rows_for(3), 4);
+        assert_eq!(rows_for(1000), 1024);
+        let keys = [MessageKey::new("a").unwrap(), MessageKey::new("b").unwrap()];
+        let three: Vec<&MessageKey> = vec![&keys[0], &keys[1], &keys[1]];
+        // Padded with the last key again, up to the power of two.
+        let padded: Vec<Value> = padded_keys(&three).collect();
+        assert_eq!(padded.len(), 4);
+        assert_eq!(padded[3], text("b"));
+    }
+}
