@@ -278,19 +278,7 @@ pub fn check<M: Model>(model: &M, limits: Limits) -> Report<M> {
     let mut actions = Vec::new();
     while let Some((state, print, at)) = frontier.pop_front() {
         depth = depth.max(at);
-        for property in &properties {
-            if found.contains_key(property.name) {
-                continue;
-            }
-            let discovered = match property.expectation {
-                Expectation::Always => !(property.condition)(model, &state),
-                Expectation::Sometimes => (property.condition)(model, &state),
-                Expectation::Eventually => false,
-            };
-            if discovered {
-                found.insert(property.name, print);
-            }
-        }
+        discover_in_state(model, &properties, &state, print, &mut found);
         if limits.stop_at.is_some_and(|name| found.contains_key(name)) {
             complete = false;
             break;
@@ -313,14 +301,7 @@ pub fn check<M: Model>(model: &M, limits: Limits) -> Report<M> {
         }
         if terminal {
             terminal_states += 1;
-            for property in &properties {
-                let violated = property.expectation == Expectation::Eventually
-                    && !found.contains_key(property.name)
-                    && !(property.condition)(model, &state);
-                if violated {
-                    found.insert(property.name, print);
-                }
-            }
+            discover_at_end(model, &properties, &state, print, &mut found);
         }
         if parents.len() > limits.max_states {
             complete = false;
@@ -340,6 +321,48 @@ pub fn check<M: Model>(model: &M, limits: Limits) -> Report<M> {
         complete,
         properties: properties.iter().map(|p| (p.name, p.expectation)).collect(),
         discoveries,
+    }
+}
+
+/// Records, under `print`, each property that `state` shows: an `Always` it breaks, a
+/// `Sometimes` it reaches.
+fn discover_in_state<M: Model>(
+    model: &M,
+    properties: &[Property<M>],
+    state: &M::State,
+    print: u64,
+    found: &mut BTreeMap<&'static str, u64>,
+) {
+    for property in properties {
+        if found.contains_key(property.name) {
+            continue;
+        }
+        let discovered = match property.expectation {
+            Expectation::Always => !(property.condition)(model, state),
+            Expectation::Sometimes => (property.condition)(model, state),
+            Expectation::Eventually => false,
+        };
+        if discovered {
+            found.insert(property.name, print);
+        }
+    }
+}
+
+/// Records, under `print`, each `Eventually` that a terminal `state` ends without.
+fn discover_at_end<M: Model>(
+    model: &M,
+    properties: &[Property<M>],
+    state: &M::State,
+    print: u64,
+    found: &mut BTreeMap<&'static str, u64>,
+) {
+    for property in properties {
+        let violated = property.expectation == Expectation::Eventually
+            && !found.contains_key(property.name)
+            && !(property.condition)(model, state);
+        if violated {
+            found.insert(property.name, print);
+        }
     }
 }
 

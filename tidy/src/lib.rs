@@ -144,7 +144,9 @@ mod tests {
     use super::*;
 
     /// The library crates, by folder and name.
-    const CRATES: [(&str, &str); 7] = [
+    const CRATES: [(&str, &str); 9] = [
+        ("idem-model", "idem-model"),
+        ("idem-sim", "idem-sim"),
         ("idem", "idem"),
         ("idem-runtime", "idem-runtime"),
         ("idem-macros", "idem-macros"),
