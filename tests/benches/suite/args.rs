@@ -58,6 +58,13 @@ pub(crate) struct Args {
     /// Sent rows the cleaner deletes during a drain of `--outbox-drain`.
     #[arg(long, default_value_t = 10_000_000)]
     pub(crate) drain_sent: u64,
+    /// Runs the batch and per-message consumers and the outbox relay, idem's and the
+    /// hand-written ones, on tables filled with this many live records (and sent messages) each,
+    /// after the same on empty tables, instead of the suite: `--table-sizes
+    /// 1000000,5000000,20000000`. Keep to one backend per run on a small disk: each size's
+    /// tables are dropped after its rounds.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) table_sizes: Vec<u64>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     pub(crate) bench: bool,

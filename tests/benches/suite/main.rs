@@ -5,7 +5,8 @@
 //! --backends postgres,mysql,sqlite --prefetch 100,500 --modes raw,hand-batch,...]`, with
 //! PostgreSQL, MariaDB and RabbitMQ up (see README); `-- --help` lists every option. `--soak N`
 //! runs idem's batch consumer on N messages instead, printing its resident memory every 100 k;
-//! `--outbox-drain` runs the outbox relay's drains instead (see `drain.rs`).
+//! `--outbox-drain` runs the outbox relay's drains instead (see `drain.rs`), `--table-sizes
+//! 1000000,5000000` the consumers and the relay on tables grown to each size (see `sizes.rs`).
 //!
 //! Modes:
 //! - `raw`: consume and ack, no database: the broker's limit on this machine;
@@ -75,6 +76,7 @@ mod feeder;
 mod hand;
 mod outbox;
 mod report;
+mod sizes;
 mod soak;
 mod statement_probe;
 mod statement_report;
@@ -174,7 +176,7 @@ impl Suite {
 }
 
 /// The cases of one backend and prefetch, in the order they take turns.
-fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
+pub(crate) fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
     let mut plan = Vec::new();
     let wanted = |mode| modes.contains(&mode);
     if wanted(Mode::Raw) {
@@ -210,7 +212,7 @@ fn plan(modes: &[Mode]) -> Vec<(Mode, usize)> {
 /// Runs the warm-up round and the counted rounds of `cases`, which take turns round by round,
 /// in the same order, each round starting one case further on; the cleaner's cases top their
 /// expired records up first.
-async fn run_rounds(
+pub(crate) async fn run_rounds(
     suite: &mut Suite,
     (db, counter): (&TestDb, &StatementCounter),
     cases: &mut [Case],
@@ -364,6 +366,10 @@ async fn main() {
     match soak_messages {
         Some(n) => soak::soak(&mut suite, n).await,
         None if suite.args.outbox_drain => drain::outbox_drain(&suite).await,
+        None if !suite.args.table_sizes.is_empty() => {
+            let sizes = suite.args.table_sizes.clone();
+            sizes::table_sizes(&mut suite, &sizes).await;
+        }
         None => run_suite(&mut suite).await,
     }
 }

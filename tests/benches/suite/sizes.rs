@@ -1,0 +1,253 @@
+//! `--table-sizes`: the batch and per-message consumers and the outbox relay on tables grown by
+//! months of traffic, beside the hand-written code on tables of the same size. Before each size's
+//! rounds, every case's inbox is filled with live (completed, not expired) records and its outbox
+//! with messages sent a minute ago, by the database itself; its tables are dropped after, so that
+//! one size's tables are on disk at a time. The empty tables come first, as the baseline.
+
+use std::time::Instant;
+
+use idem_tests::TestDb;
+use idem_tests::bench::figures::median;
+use idem_tests::bench::seed;
+use serde_json::json;
+
+use crate::args::{BackendArg, Mode};
+use crate::case::Case;
+use crate::outbox::Staging;
+use crate::statements::StatementCounter;
+use crate::{DEFAULT_CONCURRENCY, POOL, Suite, plan, run_rounds};
+
+/// The modes a table's size can slow down: the inbox's claims and the outbox's writes and reads.
+const SIZED_MODES: [Mode; 6] = [
+    Mode::HandPerMessage,
+    Mode::IdemPerMessage,
+    Mode::HandBatch,
+    Mode::IdemBatch,
+    Mode::HandOutbox,
+    Mode::IdemOutbox,
+];
+
+/// The median rate of one mode at one table size.
+struct Point {
+    backend: BackendArg,
+    prefetch: u16,
+    mode: Mode,
+    concurrency: usize,
+    rows: u64,
+    msgs_per_s: f64,
+}
+
+/// Runs the sized modes at each of `sizes` (empty tables first), on each backend and prefetch,
+/// and prints the curve.
+pub(crate) async fn table_sizes(suite: &mut Suite, sizes: &[u64]) {
+    let mut sizes = sizes.to_vec();
+    if !sizes.contains(&0) {
+        sizes.insert(0, 0);
+    }
+    let modes: Vec<Mode> = (suite.args.modes.iter().copied())
+        .filter(|mode| SIZED_MODES.contains(mode))
+        .collect();
+    // Per message at the consumer's default concurrency only: its one-at-a-time figure adds
+    // nothing a table's size would change.
+    let cases: Vec<(Mode, usize)> = plan(&modes)
+        .into_iter()
+        .filter(|(mode, concurrency)| !mode.per_message() || *concurrency == DEFAULT_CONCURRENCY)
+        .collect();
+    let mut points = Vec::new();
+    for backend in suite.args.backends.clone() {
+        let mut db = TestDb::connect_with_pool(backend.backend(), POOL).await;
+        let counter = StatementCounter::attach(&mut db).await;
+        for prefetch in suite.args.prefetch.clone() {
+            for &rows in &sizes {
+                let mut group = Vec::new();
+                for &(mode, concurrency) in &cases {
+                    let case =
+                        Case::create(suite, &db, backend, prefetch, mode, concurrency, None).await;
+                    group.push(case);
+                }
+                fill(&db, &group, rows).await;
+                run_rounds(suite, (&db, &counter), &mut group, None).await;
+                for case in &group {
+                    if let Some(failure) = &case.failure {
+                        eprintln!("FAILED at {rows} rows: {failure}");
+                        continue;
+                    }
+                    points.push(Point {
+                        backend,
+                        prefetch,
+                        mode: case.mode,
+                        concurrency: case.concurrency,
+                        rows,
+                        msgs_per_s: median(case.rates.clone()),
+                    });
+                }
+                drop_tables(&db, &group).await;
+            }
+        }
+    }
+    if suite.args.json {
+        print_json(&points);
+    } else {
+        print_curves(&points, &sizes);
+    }
+}
+
+/// Fills the inbox and outbox tables of every case of `group` with `rows` rows each, then lets
+/// the database's planner know their sizes, as its statistics would after months.
+async fn fill(db: &TestDb, group: &[Case], rows: u64) {
+    if rows == 0 {
+        return;
+    }
+    let started = Instant::now();
+    let mut filled = Vec::new();
+    for case in group {
+        if let Some(inbox) = &case.inbox {
+            let table = inbox.table().as_str().to_owned();
+            seed::insert_live(db, &table, "bench", rows).await;
+            filled.push(table);
+        }
+        if let Some(hand) = &case.hand {
+            seed::insert_live_hand(db, hand.table(), rows).await;
+            filled.push(hand.table().to_owned());
+        }
+        match case
+            .downstream
+            .as_ref()
+            .map(|downstream| &downstream.outbox)
+        {
+            Some(Staging::Idem(outbox)) => {
+                let table = outbox.table().as_str().to_owned();
+                seed::insert_sent(db, &table, rows).await;
+                filled.push(table);
+            }
+            Some(Staging::Hand(outbox)) => {
+                seed::insert_sent_hand(db, outbox.table(), rows).await;
+                filled.push(outbox.table().to_owned());
+            }
+            None => {}
+        }
+    }
+    for table in &filled {
+        let analyze = match db.backend {
+            idem_tests::Backend::MySql => format!("ANALYZE TABLE {table}"),
+            _ => format!("ANALYZE {table}"),
+        };
+        db.exec(&analyze).await;
+    }
+    eprintln!(
+        "  filled {} tables with {rows} rows each in {:.0} s",
+        filled.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Drops every table of `group`: the next size starts from empty tables, and the disk holds
+/// one size's tables at a time.
+async fn drop_tables(db: &TestDb, group: &[Case]) {
+    for table in group.iter().flat_map(|case| &case.tables) {
+        db.exec(&format!("DROP TABLE IF EXISTS {table}")).await;
+    }
+}
+
+fn print_json(points: &[Point]) {
+    for point in points {
+        let line = json!({
+            "bench": "suite-table-sizes",
+            "backend": point.backend.name(),
+            "prefetch": point.prefetch,
+            "mode": point.mode.name(),
+            "concurrency": point.concurrency,
+            "rows": point.rows,
+            "msgs_per_s": (point.msgs_per_s * 10.0).round() / 10.0,
+        });
+        println!("{line}");
+    }
+}
+
+/// Per backend and prefetch: each mode's rate at every size, its share of the empty tables'
+/// rate at the largest, idem's share of the hand-written code's at each size, and the target.
+fn print_curves(points: &[Point], sizes: &[u64]) {
+    let largest = *sizes.iter().max().expect("a size");
+    let mut groups: Vec<(BackendArg, u16)> = Vec::new();
+    for point in points {
+        if !groups.contains(&(point.backend, point.prefetch)) {
+            groups.push((point.backend, point.prefetch));
+        }
+    }
+    for (backend, prefetch) in groups {
+        let at = |mode: Mode, rows: u64| {
+            points
+                .iter()
+                .find(|p| {
+                    (p.backend, p.prefetch, p.mode, p.rows) == (backend, prefetch, mode, rows)
+                })
+                .map(|p| p.msgs_per_s)
+        };
+        println!(
+            "\ntable sizes: {} prefetch {prefetch} (msg/s, median)",
+            backend.name()
+        );
+        let heads: Vec<String> = sizes
+            .iter()
+            .map(|rows| format!("{:>9}", rows_label(*rows)))
+            .collect();
+        println!("{:<22} {} {:>11}", "mode", heads.join(" "), "largest/0");
+        let modes: Vec<Mode> = SIZED_MODES
+            .into_iter()
+            .filter(|mode| {
+                points
+                    .iter()
+                    .any(|p| p.mode == *mode && p.backend == backend)
+            })
+            .collect();
+        for &mode in &modes {
+            let rates: Vec<String> = (sizes.iter())
+                .map(|rows| at(mode, *rows).map_or("-".to_owned(), |rate| format!("{rate:.0}")))
+                .map(|cell| format!("{cell:>9}"))
+                .collect();
+            let slope = match (at(mode, largest), at(mode, 0)) {
+                (Some(large), Some(empty)) if empty > 0.0 => format!("{:.2}", large / empty),
+                _ => "-".to_owned(),
+            };
+            println!("{:<22} {} {slope:>11}", mode.name(), rates.join(" "));
+        }
+        for (idem, hand) in [
+            (Mode::IdemBatch, Mode::HandBatch),
+            (Mode::IdemPerMessage, Mode::HandPerMessage),
+            (Mode::IdemOutbox, Mode::HandOutbox),
+        ] {
+            let shares: Vec<String> = (sizes.iter())
+                .map(|rows| match (at(idem, *rows), at(hand, *rows)) {
+                    (Some(i), Some(h)) if h > 0.0 => format!("{:>9.2}", i / h),
+                    _ => format!("{:>9}", "-"),
+                })
+                .collect();
+            println!(
+                "{:<22} {}",
+                format!("{} / hand", idem.name()),
+                shares.join(" ")
+            );
+        }
+        for mode in modes.iter().filter(|mode| mode.idem()) {
+            if let (Some(large), Some(empty)) = (at(*mode, largest), at(*mode, 0)) {
+                let share = large / empty;
+                let verdict = if share >= 0.9 { "met" } else { "NOT met" };
+                println!(
+                    "target: {} at {} rows >= 0.9 of empty tables: {share:.2}, {verdict}",
+                    mode.name(),
+                    rows_label(largest)
+                );
+            }
+        }
+    }
+}
+
+/// `1M`, `500k`, `0`.
+fn rows_label(rows: u64) -> String {
+    match rows {
+        0 => "empty".to_owned(),
+        r if r % 1_000_000 == 0 => format!("{}M", r / 1_000_000),
+        r if r % 1_000 == 0 => format!("{}k", r / 1_000),
+        r => r.to_string(),
+    }
+}
