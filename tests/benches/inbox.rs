@@ -124,6 +124,8 @@ async fn bench(backend: Backend, args: &Args) -> (f64, f64, f64) {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // A benchmark runs for as long as its arguments ask: no test's time limit.
+    idem_tests::watchdog::off();
     let args = parse_args();
     for &backend in &args.backends {
         let (idem, other, ratio) = bench(backend, &args).await;

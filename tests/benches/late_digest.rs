@@ -156,6 +156,8 @@ async fn bench(backend: Backend, args: &Args) -> Figures {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // A benchmark runs for as long as its arguments ask: no test's time limit.
+    idem_tests::watchdog::off();
     let args = Args::parse();
     let backends = match args.backend {
         Some(Which::Sqlite) => vec![Backend::Sqlite],

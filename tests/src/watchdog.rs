@@ -3,16 +3,30 @@
 //! rather than holding up the whole run until CI gives up on it.
 
 use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// How long a test process may run unless `IDEM_TEST_PROCESS_LIMIT_S` says otherwise: several
 /// times the longest suite (the cluster's, about 7 minutes on two cores).
 const DEFAULT_LIMIT: Duration = Duration::from_secs(25 * 60);
 
-/// Starts the watchdog of this process, once; every database and broker a test connects to
-/// starts it.
+/// Set by a program that runs for as long as it is asked to (a benchmark, a soak).
+static OFF: AtomicBool = AtomicBool::new(false);
+
+/// Keeps this process free of the watchdog: for benchmarks, whose runs last as long as their
+/// arguments say (a soak of ten million messages, tables of twenty million rows), not tests.
+/// Call it before anything connects.
+pub fn off() {
+    OFF.store(true, Ordering::SeqCst);
+}
+
+/// Starts the watchdog of this process, once, unless [`off`] was called; every database and
+/// broker a test connects to starts it.
 pub fn start() {
     static STARTED: Once = Once::new();
+    if OFF.load(Ordering::SeqCst) {
+        return;
+    }
     STARTED.call_once(|| {
         let limit = std::env::var("IDEM_TEST_PROCESS_LIMIT_S")
             .ok()

@@ -344,6 +344,8 @@ async fn run_suite(suite: &mut Suite) {
 
 #[tokio::main]
 async fn main() {
+    // A benchmark runs for as long as its arguments ask: no test's time limit.
+    idem_tests::watchdog::off();
     let args = Args::parse();
     let printed = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)

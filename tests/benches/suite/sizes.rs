@@ -72,6 +72,13 @@ pub(crate) async fn table_sizes(suite: &mut Suite, sizes: &[u64]) {
                         eprintln!("FAILED at {rows} rows: {failure}");
                         continue;
                     }
+                    eprintln!(
+                        "  {} rows: {} c={} {:.0} msg/s",
+                        rows,
+                        case.mode.name(),
+                        case.concurrency,
+                        median(case.rates.clone())
+                    );
                     points.push(Point {
                         backend,
                         prefetch,
