@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idem_rabbitmq::amqp::TlsError;
-use idem_rabbitmq::{AmqpUrl, TlsSettings};
+use idem_rabbitmq::{AmqpUrl, TlsError, TlsSettings};
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;

@@ -89,7 +89,7 @@ pub use error::{Error, Result, SettingError};
 pub use publisher::{PublishOptions, Publisher, PublisherBuilder};
 pub use queue_kind::QueueKind;
 pub use relay::{Relay, RelayBuilder};
-pub use tls::TlsSettings;
+pub use tls::{TlsError, TlsSettings};
 pub use topology::{ExchangeBinding, QueueTopology};
 pub use url::AmqpUrl;
 
@@ -102,7 +102,6 @@ pub mod amqp {
     pub use crate::connect::{close_within, connect, connect_once};
     pub use crate::consumer::copy_properties;
     pub use crate::metadata::metadata_of;
-    pub use crate::tls::TlsError;
     pub use crate::topology::queue_kind;
     pub use crate::url::redact_url;
 }

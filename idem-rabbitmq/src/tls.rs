@@ -12,7 +12,7 @@ use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 ///
 /// ```no_run
 /// use idem_rabbitmq::{AmqpUrl, TlsSettings};
-/// # fn demo() -> Result<(), idem_rabbitmq::amqp::TlsError> {
+/// # fn demo() -> Result<(), idem_rabbitmq::TlsError> {
 /// let tls = TlsSettings::new()
 ///     .ca_file("/etc/rabbitmq/ca.pem")?
 ///     .client_certificate("/etc/billing/client.pem", "/etc/billing/client.key")?;

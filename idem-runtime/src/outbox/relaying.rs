@@ -70,8 +70,11 @@ pub trait Relaying {
     fn channel(&self) -> String;
 
     /// Whether this outbox's backend announces committed stagings on [`Relaying::channel`]
-    /// (PostgreSQL does); elsewhere a relay in another process learns of them by polling.
-    fn announces(&self) -> bool;
+    /// (PostgreSQL does); elsewhere a relay in another process learns of them by polling. Not
+    /// unless an implementation says so.
+    fn announces(&self) -> bool {
+        false
+    }
 }
 
 impl Relaying for Outbox {

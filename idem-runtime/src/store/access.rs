@@ -29,10 +29,10 @@ pub(crate) struct Store {
     /// How long a claim waits for another transaction holding its key.
     pub(super) claim_wait: Duration,
     /// On MySQL/MariaDB, the hint naming the table's unique index on `(consumer, message_key)`
-    /// (see [`Store::read_key_index`]).
+    /// (see `Setup::read_key_index`).
     pub(super) key_index: Option<String>,
     /// On MySQL/MariaDB, the largest packet the server takes (`max_allowed_packet`, see
-    /// [`Store::read_packet_limit`]).
+    /// `Setup::read_packet_limit`).
     pub(super) packet_limit: Option<usize>,
 }
 

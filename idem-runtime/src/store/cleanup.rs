@@ -61,7 +61,7 @@ impl<'s> Cleaning<'s> {
     }
 
     /// Tries to take the cleaner lock for this table, held until the transaction `conn` ends
-    /// (PostgreSQL) or until [`Store::unlock_cleaner`] (MySQL/MariaDB).
+    /// (PostgreSQL) or until [`Cleaning::unlock_cleaner`] (MySQL/MariaDB).
     pub(crate) async fn try_lock_cleaner(
         &self,
         conn: &impl ConnectionTrait,

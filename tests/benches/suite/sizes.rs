@@ -4,11 +4,12 @@
 //! with messages sent a minute ago, by the database itself; its tables are dropped after, so that
 //! one size's tables are on disk at a time. The empty tables come first, as the baseline.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use idem_tests::TestDb;
 use idem_tests::bench::figures::median;
 use idem_tests::bench::seed;
+use idem_tests::{Backend, TestDb};
+use sea_orm::{ConnectionTrait, Statement};
 use serde_json::json;
 
 use crate::args::{BackendArg, Mode};
@@ -134,18 +135,72 @@ async fn fill(db: &TestDb, group: &[Case], rows: u64) {
             None => {}
         }
     }
-    for table in &filled {
-        let analyze = match db.backend {
-            idem_tests::Backend::MySql => format!("ANALYZE TABLE {table}"),
-            _ => format!("ANALYZE {table}"),
-        };
-        db.exec(&analyze).await;
-    }
+    let filling = started.elapsed();
+    settle(db, &filled).await;
     eprintln!(
-        "  filled {} tables with {rows} rows each in {:.0} s",
+        "  filled {} tables with {rows} rows each in {:.0} s, settled in {:.0} s",
         filled.len(),
-        started.elapsed().as_secs_f64()
+        filling.as_secs_f64(),
+        (started.elapsed() - filling).as_secs_f64()
     );
+}
+
+/// Lets the database finish what the fill left it to do, so that the rounds do not pay for it:
+/// statistics and the visibility map (PostgreSQL's `VACUUM (ANALYZE)`, then a checkpoint),
+/// dirty pages flushed and old row versions purged (MariaDB, waited for, at most 10 min), the
+/// write-ahead log folded in (SQLite).
+async fn settle(db: &TestDb, tables: &[String]) {
+    match db.backend {
+        Backend::Postgres => {
+            for table in tables {
+                db.exec(&format!("VACUUM (ANALYZE) {table}")).await;
+            }
+            db.exec("CHECKPOINT").await;
+        }
+        Backend::MySql => {
+            for table in tables {
+                db.exec(&format!("ANALYZE TABLE {table}")).await;
+            }
+            let deadline = Instant::now() + Duration::from_secs(600);
+            while Instant::now() < deadline {
+                let dirty = scalar(
+                    db,
+                    "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+                     WHERE VARIABLE_NAME = 'INNODB_BUFFER_POOL_PAGES_DIRTY'",
+                )
+                .await;
+                let history = scalar(
+                    db,
+                    "SELECT `COUNT` FROM information_schema.INNODB_METRICS \
+                     WHERE NAME = 'trx_rseg_history_len'",
+                )
+                .await;
+                if dirty < 1_000 && history < 10_000 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+        Backend::Sqlite => {
+            db.exec("ANALYZE").await;
+            db.exec("PRAGMA wal_checkpoint(TRUNCATE)").await;
+        }
+    }
+}
+
+/// The number the query's first row and column holds (0 when there is none).
+async fn scalar(db: &TestDb, sql: &str) -> i64 {
+    let statement = Statement::from_string(db.db.get_database_backend(), sql.to_owned());
+    let row = db
+        .db
+        .query_one_raw(statement)
+        .await
+        .expect("the database answers");
+    row.and_then(|row| {
+        (row.try_get_by_index::<i64>(0).ok())
+            .or_else(|| row.try_get_by_index::<String>(0).ok()?.parse().ok())
+    })
+    .unwrap_or(0)
 }
 
 /// Drops every table of `group`: the next size starts from empty tables, and the disk holds
@@ -153,6 +208,11 @@ async fn fill(db: &TestDb, group: &[Case], rows: u64) {
 async fn drop_tables(db: &TestDb, group: &[Case]) {
     for table in group.iter().flat_map(|case| &case.tables) {
         db.exec(&format!("DROP TABLE IF EXISTS {table}")).await;
+        // An idem inbox's companions: its late-duplicate digest and daily summaries.
+        for companion in ["_key_digest", "_dup_daily"] {
+            db.exec(&format!("DROP TABLE IF EXISTS {table}{companion}"))
+                .await;
+        }
     }
 }
 
@@ -249,7 +309,7 @@ fn print_curves(points: &[Point], sizes: &[u64]) {
     }
 }
 
-/// `1M`, `500k`, `0`.
+/// `1M`, `500k`, `empty`.
 fn rows_label(rows: u64) -> String {
     match rows {
         0 => "empty".to_owned(),

@@ -39,17 +39,30 @@ pub struct Order {
     pub amount: i64,
 }
 
-/// `n` orders for `round`, every tenth a copy of an earlier one: 10 % duplicates.
+/// `n` orders for `round`, every tenth a copy of an earlier one: 10 % duplicates. Their ids
+/// begin with 16 hex digits drawn from the round and the order, so that they spread over a key
+/// index as real ids (UUIDs, hashes) do, rather than all landing at its end.
 pub fn orders(n: usize, round: usize) -> Vec<Order> {
     (0..n)
         .map(|i| {
             let id = if i % 10 == 9 { i - 5 } else { i };
             Order {
-                id: format!("r{round}-o{id}"),
+                id: format!(
+                    "{:016x}-r{round}-o{id}",
+                    spread((round as u64) << 32 | id as u64)
+                ),
                 amount: id as i64,
             }
         })
         .collect()
+}
+
+/// SplitMix64's finaliser: a number that looks random, the same for the same `x`.
+fn spread(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// The tables of a benchmark run: the business table both sides write, and the hand-written

@@ -21,12 +21,12 @@ pub async fn insert_expired(db: &TestDb, table: &str, from: u64, count: u64) {
 pub async fn insert_expired_of(db: &TestDb, table: &str, consumer: &str, from: u64, count: u64) {
     let day_ago = now_ms() - 86_400_000;
     let created = day_ago - 8 * 86_400_000;
-    let last = from + count;
     let backend = db.backend;
     generate_rows(db, table, INBOX_COLUMNS, from, count, |n, _| {
+        // Each chunk's records expire over the same span, as one insert of a chunk made them.
         format!(
             "'{consumer}', {}, 'completed', NULL, 'null', 1, 1, {created}, {created}, NULL, \
-             {created}, {day_ago} - {last} + {n}",
+             {created}, {day_ago} - {CHUNK} + 1 + (({n} - {from} - 1) % {CHUNK})",
             prefixed(backend, "expired-", n)
         )
     })
@@ -94,14 +94,13 @@ async fn generate_rows(
 const WEEK_MS: i64 = 7 * 86_400_000;
 
 /// Inserts `count` live (completed, not expired) records of `consumer` into idem's inbox
-/// `table`, keyed `live-<32 hex digits>`: a table grown by months of traffic.
+/// `table`, keyed by 32 hex digits: a table grown by months of traffic, its keys spread over the
+/// same index as the benchmark's orders' ids (see [`orders`](super::orders)).
 pub async fn insert_live(db: &TestDb, table: &str, consumer: &str, count: u64) {
     let now = now_ms();
-    let backend = db.backend;
     generate_rows(db, table, INBOX_COLUMNS, 0, count, |_, hex| {
         format!(
-            "'{consumer}', {}, 'completed', NULL, 'null', 1, 1, {now}, {now}, NULL, {now}, {}",
-            prefixed(backend, "live-", hex),
+            "'{consumer}', {hex}, 'completed', NULL, 'null', 1, 1, {now}, {now}, NULL, {now}, {}",
             now + WEEK_MS
         )
     })
@@ -117,15 +116,9 @@ pub async fn insert_live_hand(db: &TestDb, table: &str, count: u64) {
     let backend = db.backend;
     generate_rows(db, table, columns, 0, count, |_, hex| {
         let (key, fingerprint) = match backend {
-            Backend::Postgres => (
-                format!("'live-' || {hex}"),
-                format!("sha256(convert_to({hex}, 'UTF8'))"),
-            ),
-            Backend::MySql => (
-                format!("CONCAT('live-', {hex})"),
-                format!("UNHEX(SHA2({hex}, 256))"),
-            ),
-            Backend::Sqlite => (format!("'live-' || {hex}"), "randomblob(32)".to_owned()),
+            Backend::Postgres => (hex.to_owned(), format!("sha256(convert_to({hex}, 'UTF8'))")),
+            Backend::MySql => (hex.to_owned(), format!("UNHEX(SHA2({hex}, 256))")),
+            Backend::Sqlite => (hex.to_owned(), "randomblob(32)".to_owned()),
         };
         format!(
             "'bench', {key}, 'completed', {fingerprint}, 'null', {now}, {now}, {}",
