@@ -169,6 +169,8 @@ async fn answers_on(database_url: &str) {
 
     // None of these client mistakes is the server's warning: the service logs none at all.
     let logs = service.stop();
+    // Still three once the service and its relay have stopped: no event went out twice.
+    assert_eq!(broker.depth(&events).await, 3, "one event per order placed");
     let warned: Vec<&String> = (logs.iter())
         .filter(|line| line.contains("WARN") || line.contains("ERROR"))
         .collect();
